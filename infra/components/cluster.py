@@ -1,0 +1,211 @@
+"""Cluster: the EKS control plane, its system node group, core add-ons and a Kubernetes provider."""
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_eks as eks
+import pulumi_kubernetes as k8s
+
+from infra.components.network import Network, discovery_tag
+from infra.config import ClusterConfig
+from infra.versions import EKS_ADDONS
+
+CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
+SYSTEM_NODE_LABEL = {"training-platform/node-role": "system"}
+NODE_MANAGED_POLICIES = [
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    # The VPC CNI add-on runs with the node's role unless given one of its own.
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+]
+
+
+def assume_role_policy(service: str, actions: list[str] | None = None) -> str:
+    """Trust policy letting one AWS service principal assume a role."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": service},
+                    "Action": actions or ["sts:AssumeRole"],
+                }
+            ],
+        }
+    )
+
+
+class Cluster(pulumi.ComponentResource):
+    name: pulumi.Output[str]
+    kubeconfig: pulumi.Output[str]
+    provider: k8s.Provider
+    cluster_security_group_id: pulumi.Output[str]
+    system_node_selector: dict[str, str]
+
+    def __init__(
+        self,
+        name: str,
+        config: ClusterConfig,
+        network: Network,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:Cluster", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        addons = EKS_ADDONS[config.kubernetes_version]
+
+        secrets_key = aws.kms.Key(
+            f"{name}-secrets",
+            description=f"Envelope encryption of Kubernetes secrets in EKS cluster {config.name}",
+            enable_key_rotation=True,
+            deletion_window_in_days=30,
+            tags=tags,
+            opts=child,
+        )
+        aws.kms.Alias(
+            f"{name}-secrets",
+            name=f"alias/{config.name}-eks-secrets",
+            target_key_id=secrets_key.key_id,
+            opts=child,
+        )
+
+        cluster = eks.Cluster(
+            name,
+            name=config.name,
+            version=config.kubernetes_version,
+            vpc_id=network.vpc_id,
+            private_subnet_ids=network.private_subnet_ids,
+            public_subnet_ids=network.public_subnet_ids,
+            node_associate_public_ip_address=False,
+            authentication_mode=eks.AuthenticationMode.API,
+            access_entries={
+                f"admin-{i}": eks.AccessEntryArgs(
+                    principal_arn=arn,
+                    access_policies={
+                        "cluster-admin": eks.AccessPolicyAssociationArgs(
+                            policy_arn=CLUSTER_ADMIN_POLICY,
+                            access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(
+                                type="cluster"
+                            ),
+                        )
+                    },
+                )
+                for i, arn in enumerate(config.admin_principal_arns)
+            },
+            # Nodes come from the managed system node group below and from Karpenter.
+            skip_default_node_group=True,
+            # Nodes use the security group EKS creates for the cluster; no extra pulumi-eks groups.
+            skip_default_security_groups=True,
+            # Workload identity is EKS Pod Identity, which needs no OIDC provider.
+            create_oidc_provider=False,
+            endpoint_public_access=config.endpoint.public_access,
+            endpoint_private_access=config.endpoint.private_access,
+            public_access_cidrs=[str(c) for c in config.endpoint.public_access_cidrs]
+            if config.endpoint.public_access
+            else None,
+            enabled_cluster_log_types=CONTROL_PLANE_LOG_TYPES,
+            encryption_config_key_arn=secrets_key.arn,
+            deletion_protection=config.deletion_protection,
+            vpc_cni_options=eks.VpcCniOptionsArgs(addon_version=addons["vpc-cni"]),
+            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(version=addons["coredns"]),
+            kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(version=addons["kube-proxy"]),
+            tags=tags,
+            opts=child,
+        )
+        cluster_name = cluster.eks_cluster.name
+        cluster_sg_id = cluster.eks_cluster.vpc_config.cluster_security_group_id
+
+        aws.eks.Addon(
+            f"{name}-eks-pod-identity-agent",
+            cluster_name=cluster_name,
+            addon_name="eks-pod-identity-agent",
+            addon_version=addons["eks-pod-identity-agent"],
+            resolve_conflicts_on_update="OVERWRITE",
+            tags=tags,
+            opts=child,
+        )
+        # Karpenter selects node security groups by this tag; EKS creates this group, so tag it.
+        for key, value in discovery_tag(config.name).items():
+            aws.ec2.Tag(
+                f"{name}-cluster-sg-discovery",
+                resource_id=cluster_sg_id,
+                key=key,
+                value=value,
+                opts=child,
+            )
+
+        self._system_node_group(name, config, cluster_name, network, tags)
+
+        self.name = cluster_name
+        self.kubeconfig = pulumi.Output.secret(cluster.kubeconfig_json)
+        self.cluster_security_group_id = cluster_sg_id
+        self.system_node_selector = SYSTEM_NODE_LABEL
+        self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, opts=child)
+        self.register_outputs(
+            {
+                "name": self.name,
+                "kubeconfig": self.kubeconfig,
+                "clusterSecurityGroupId": cluster_sg_id,
+            }
+        )
+
+    def _system_node_group(self, name, config: ClusterConfig, cluster_name, network, tags) -> None:
+        """On-demand CPU nodes for the controllers (Karpenter, Kueue, operators, CoreDNS)."""
+        child = pulumi.ResourceOptions(parent=self)
+        group = config.system_node_group
+        role = aws.iam.Role(
+            f"{name}-system-node",
+            assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
+            tags=tags,
+            opts=child,
+        )
+        for i, policy_arn in enumerate(NODE_MANAGED_POLICIES):
+            aws.iam.RolePolicyAttachment(
+                f"{name}-system-node-{i}", role=role.name, policy_arn=policy_arn, opts=child
+            )
+        launch_template = aws.ec2.LaunchTemplate(
+            f"{name}-system-node",
+            block_device_mappings=[
+                aws.ec2.LaunchTemplateBlockDeviceMappingArgs(
+                    device_name="/dev/xvda",
+                    ebs=aws.ec2.LaunchTemplateBlockDeviceMappingEbsArgs(
+                        volume_size=group.disk_size_gib,
+                        volume_type="gp3",
+                        encrypted="true",
+                        delete_on_termination="true",
+                    ),
+                )
+            ],
+            # IMDSv2 only, one hop: pods cannot borrow the node's credentials.
+            metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
+                http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
+            ),
+            tag_specifications=[
+                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type="instance", tags=tags)
+            ],
+            tags=tags,
+            opts=child,
+        )
+        aws.eks.NodeGroup(
+            f"{name}-system",
+            cluster_name=cluster_name,
+            node_role_arn=role.arn,
+            subnet_ids=network.private_subnet_ids,
+            instance_types=[group.instance_type],
+            ami_type="AL2023_x86_64_STANDARD",
+            capacity_type="ON_DEMAND",
+            scaling_config=aws.eks.NodeGroupScalingConfigArgs(
+                min_size=group.min_size, desired_size=group.desired_size, max_size=group.max_size
+            ),
+            update_config=aws.eks.NodeGroupUpdateConfigArgs(max_unavailable=1),
+            launch_template=aws.eks.NodeGroupLaunchTemplateArgs(
+                id=launch_template.id, version=launch_template.latest_version.apply(str)
+            ),
+            labels=SYSTEM_NODE_LABEL,
+            tags=tags,
+            opts=child,
+        )

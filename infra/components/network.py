@@ -1,0 +1,161 @@
+"""Network: the VPC the cluster lives in, created here or adopted from config."""
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.config import ConfigError, NetworkConfig
+
+# Subnet tags that the AWS Load Balancer Controller and Karpenter select by.
+PUBLIC_ELB_TAG = {"kubernetes.io/role/elb": "1"}
+INTERNAL_ELB_TAG = {"kubernetes.io/role/internal-elb": "1"}
+
+
+def discovery_tag(cluster_name: str) -> dict[str, str]:
+    """The tag Karpenter's EC2NodeClass selects subnets and security groups by."""
+    return {"karpenter.sh/discovery": cluster_name}
+
+
+class Network(pulumi.ComponentResource):
+    vpc_id: pulumi.Output[str]
+    private_subnet_ids: pulumi.Output[list[str]]
+    public_subnet_ids: pulumi.Output[list[str]]
+
+    def __init__(
+        self,
+        name: str,
+        config: NetworkConfig,
+        cluster_name: str,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:Network", name, None, opts)
+        self._child = pulumi.ResourceOptions(parent=self)
+        self._tags = tags
+        self._cluster_name = cluster_name
+        if config.existing_vpc:
+            self._adopt(name, config)
+        else:
+            self._create(name, config)
+        self.register_outputs(
+            {
+                "vpcId": self.vpc_id,
+                "privateSubnetIds": self.private_subnet_ids,
+                "publicSubnetIds": self.public_subnet_ids,
+            }
+        )
+
+    def _adopt(self, name: str, config: NetworkConfig) -> None:
+        existing = config.existing_vpc
+        # Karpenter finds node subnets by tag; an adopted VPC gets the tag on its private subnets.
+        for i, subnet_id in enumerate(existing.private_subnet_ids):
+            for key, value in {**discovery_tag(self._cluster_name), **INTERNAL_ELB_TAG}.items():
+                aws.ec2.Tag(
+                    f"{name}-private-{i}-{key.split('/')[-1]}",
+                    resource_id=subnet_id,
+                    key=key,
+                    value=value,
+                    opts=self._child,
+                )
+        self.vpc_id = pulumi.Output.from_input(existing.vpc_id)
+        self.private_subnet_ids = pulumi.Output.from_input(list(existing.private_subnet_ids))
+        self.public_subnet_ids = pulumi.Output.from_input(list(existing.public_subnet_ids))
+
+    def _create(self, name: str, config: NetworkConfig) -> None:
+        zones = aws.get_availability_zones(state="available").names[: config.az_count]
+        if len(zones) < config.az_count:
+            raise ConfigError(
+                f"Invalid stack config:\n  training-platform:network.azCount: {config.az_count}, "
+                f"but the region has {len(zones)} available AZs; allowed: at most {len(zones)}"
+            )
+        private_cidrs, public_cidrs = config.subnet_cidrs()
+
+        vpc = aws.ec2.Vpc(
+            name,
+            cidr_block=str(config.cidr),
+            enable_dns_hostnames=True,
+            enable_dns_support=True,
+            tags=self._named(name),
+            opts=self._child,
+        )
+        igw = aws.ec2.InternetGateway(name, vpc_id=vpc.id, tags=self._named(name), opts=self._child)
+        public_rt = aws.ec2.RouteTable(
+            f"{name}-public",
+            vpc_id=vpc.id,
+            routes=[aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", gateway_id=igw.id)],
+            tags=self._named(f"{name}-public"),
+            opts=self._child,
+        )
+
+        public_subnets, private_subnets, nats = [], [], []
+        for i, (zone, private_cidr, public_cidr) in enumerate(
+            zip(zones, private_cidrs, public_cidrs, strict=True)
+        ):
+            public = aws.ec2.Subnet(
+                f"{name}-public-{i}",
+                vpc_id=vpc.id,
+                cidr_block=str(public_cidr),
+                availability_zone=zone,
+                map_public_ip_on_launch=False,
+                tags=self._named(f"{name}-public-{zone}", PUBLIC_ELB_TAG),
+                opts=self._child,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-public-{i}",
+                subnet_id=public.id,
+                route_table_id=public_rt.id,
+                opts=self._child,
+            )
+            public_subnets.append(public)
+            if i == 0 or config.nat_gateways == "perAz":
+                eip = aws.ec2.Eip(
+                    f"{name}-nat-{i}",
+                    domain="vpc",
+                    tags=self._named(f"{name}-nat-{zone}"),
+                    opts=self._child,
+                )
+                nats.append(
+                    aws.ec2.NatGateway(
+                        f"{name}-{i}",
+                        allocation_id=eip.id,
+                        subnet_id=public.id,
+                        tags=self._named(f"{name}-{zone}"),
+                        opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
+                    )
+                )
+            private = aws.ec2.Subnet(
+                f"{name}-private-{i}",
+                vpc_id=vpc.id,
+                cidr_block=str(private_cidr),
+                availability_zone=zone,
+                tags=self._named(
+                    f"{name}-private-{zone}", INTERNAL_ELB_TAG, discovery_tag(self._cluster_name)
+                ),
+                opts=self._child,
+            )
+            # A single NAT serves every AZ: cheaper, but one AZ outage cuts egress.
+            private_rt = aws.ec2.RouteTable(
+                f"{name}-private-{i}",
+                vpc_id=vpc.id,
+                routes=[
+                    aws.ec2.RouteTableRouteArgs(cidr_block="0.0.0.0/0", nat_gateway_id=nats[-1].id)
+                ],
+                tags=self._named(f"{name}-private-{zone}"),
+                opts=self._child,
+            )
+            aws.ec2.RouteTableAssociation(
+                f"{name}-private-{i}",
+                subnet_id=private.id,
+                route_table_id=private_rt.id,
+                opts=self._child,
+            )
+            private_subnets.append(private)
+
+        self.vpc_id = vpc.id
+        self.private_subnet_ids = pulumi.Output.all(*[s.id for s in private_subnets])
+        self.public_subnet_ids = pulumi.Output.all(*[s.id for s in public_subnets])
+
+    def _named(self, name: str, *extra: dict[str, str]) -> dict[str, str]:
+        tags = {**self._tags, "Name": name}
+        for more in extra:
+            tags.update(more)
+        return tags

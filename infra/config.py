@@ -1,0 +1,306 @@
+"""Typed stack config: the `training-platform:` namespace of `Pulumi.<stack>.yaml`, validated once.
+
+Every key is camelCase in YAML, as Pulumi config is written. A bad value stops the program with a
+single ConfigError that names each offending key path and what is allowed there.
+"""
+
+import ipaddress
+import json
+import re
+from collections.abc import Mapping
+from pathlib import Path
+from typing import Annotated, Any, Literal, Union, get_args, get_origin
+
+import pulumi
+import yaml
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    ValidationError,
+    model_validator,
+)
+from pydantic.alias_generators import to_camel
+
+from infra.catalog import load_catalog
+from infra.versions import EKS_ADDONS
+
+NAMESPACE = "training-platform"
+PROJECT_DIR = Path(__file__).resolve().parent.parent
+
+
+class ConfigError(pulumi.RunError):
+    """Invalid stack config. A RunError, so `pulumi up` prints the message without a traceback."""
+
+
+class Model(BaseModel):
+    model_config = ConfigDict(
+        extra="forbid", alias_generator=to_camel, frozen=True, hide_input_in_errors=True
+    )
+
+
+def _ipv4_network(value: Any) -> ipaddress.IPv4Network:
+    if not isinstance(value, str):
+        raise ValueError("must be a string such as 10.0.0.0/16")
+    try:
+        return ipaddress.IPv4Network(value, strict=True)
+    except ValueError:
+        raise ValueError(
+            f"{value!r} is not an IPv4 CIDR; allowed: a network address with prefix, "
+            "such as 10.0.0.0/16 (host bits zero)"
+        ) from None
+
+
+Cidr = Annotated[Any, AfterValidator(_ipv4_network)]
+
+
+def _known_instance_type(gpu: bool):
+    def check(name: str) -> str:
+        allowed = load_catalog().names(gpu=gpu)
+        if name not in allowed:
+            kind = "GPU" if gpu else "CPU"
+            raise ValueError(
+                f"{name!r} is not a {kind} instance type in infra/catalog/instance_types.yaml; "
+                f"allowed: {', '.join(allowed)}"
+            )
+        return name
+
+    return AfterValidator(check)
+
+
+CpuInstanceType = Annotated[str, _known_instance_type(gpu=False)]
+VpcId = Annotated[str, Field(pattern=r"^vpc-[0-9a-f]{8,17}$")]
+SubnetId = Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")]
+IamPrincipalArn = Annotated[
+    str, Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
+]
+
+
+class ExistingVpc(Model):
+    """Adopt a VPC someone else owns: the program tags its subnets but creates none."""
+
+    vpc_id: VpcId
+    private_subnet_ids: list[SubnetId] = Field(min_length=2, max_length=6)
+    public_subnet_ids: list[SubnetId] = Field(default_factory=list, max_length=6)
+
+
+class NetworkConfig(Model):
+    cidr: Cidr = Field(default="10.0.0.0/16", validate_default=True)
+    az_count: int = Field(default=2, ge=2, le=3)
+    nat_gateways: Literal["single", "perAz"] = "single"
+    # Explicit subnet CIDRs, one per AZ; by default they are carved from `cidr`.
+    private_subnet_cidrs: list[Cidr] | None = None
+    public_subnet_cidrs: list[Cidr] | None = None
+    existing_vpc: ExistingVpc | None = None
+
+    @model_validator(mode="after")
+    def _subnets_fit(self) -> "NetworkConfig":
+        if not 16 <= self.cidr.prefixlen <= 20:
+            raise ValueError(
+                f"cidr {self.cidr} has prefix /{self.cidr.prefixlen}; allowed: /16 to /20 "
+                "(pods take VPC addresses, small VPCs run out)"
+            )
+        private, public = self.subnet_cidrs()
+        for key, subnets in (("privateSubnetCidrs", private), ("publicSubnetCidrs", public)):
+            if len(subnets) != self.az_count:
+                raise ValueError(
+                    f"{key} has {len(subnets)} entries; allowed: one per AZ ({self.az_count})"
+                )
+            for subnet in subnets:
+                if not subnet.subnet_of(self.cidr):
+                    raise ValueError(f"{key}: {subnet} lies outside the VPC cidr {self.cidr}")
+        every = private + public
+        for i, a in enumerate(every):
+            for b in every[i + 1 :]:
+                if a.overlaps(b):
+                    raise ValueError(f"subnets {a} and {b} overlap; allowed: disjoint subnets")
+        return self
+
+    def subnet_cidrs(self) -> tuple[list[ipaddress.IPv4Network], list[ipaddress.IPv4Network]]:
+        """(private, public) CIDRs per AZ: explicit ones from config, else carved from `cidr`.
+
+        The VPC splits into eight blocks: the first az_count are private (nodes and pods need
+        most addresses), the last is cut into /24-or-smaller public subnets for NAT and LBs.
+        """
+        eighths = list(self.cidr.subnets(prefixlen_diff=3))
+        public_prefix = max(eighths[-1].prefixlen + 2, 24)
+        carved_public = list(eighths[-1].subnets(new_prefix=public_prefix))
+        private = self.private_subnet_cidrs or eighths[: self.az_count]
+        public = self.public_subnet_cidrs or carved_public[: self.az_count]
+        return list(private), list(public)
+
+
+class EndpointAccess(Model):
+    public_access: bool = True
+    private_access: bool = True
+    public_access_cidrs: list[Cidr] = Field(
+        default=["0.0.0.0/0"], min_length=1, validate_default=True
+    )
+
+    @model_validator(mode="after")
+    def _reachable(self) -> "EndpointAccess":
+        if not (self.public_access or self.private_access):
+            raise ValueError(
+                "publicAccess and privateAccess are both false; allowed: at least one true"
+            )
+        return self
+
+
+class NodeGroupConfig(Model):
+    instance_type: CpuInstanceType = "m6i.large"
+    min_size: int = Field(default=2, ge=1, le=20)
+    desired_size: int = Field(default=2, ge=1, le=20)
+    max_size: int = Field(default=3, ge=1, le=20)
+    disk_size_gib: int = Field(default=50, ge=20, le=1000)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "NodeGroupConfig":
+        if not self.min_size <= self.desired_size <= self.max_size:
+            raise ValueError(
+                f"sizes min={self.min_size} desired={self.desired_size} max={self.max_size}; "
+                "allowed: minSize <= desiredSize <= maxSize"
+            )
+        return self
+
+
+class ClusterConfig(Model):
+    name: str = Field(default="training-platform", pattern=r"^[a-zA-Z][a-zA-Z0-9-]{0,62}$")
+    kubernetes_version: Literal[tuple(EKS_ADDONS)] = next(iter(EKS_ADDONS))  # type: ignore[valid-type]
+    endpoint: EndpointAccess = EndpointAccess()
+    # IAM principals given cluster-admin through EKS access entries.
+    admin_principal_arns: list[IamPrincipalArn] = Field(default_factory=list)
+    system_node_group: NodeGroupConfig = NodeGroupConfig()
+    deletion_protection: bool = False
+
+
+class StackConfig(Model):
+    """The whole `training-platform:` namespace. Later concerns add their sections here."""
+
+    region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    network: NetworkConfig = NetworkConfig()
+    cluster: ClusterConfig = ClusterConfig()
+
+
+def parse_stack_config(values: Mapping[str, Any], source: str) -> StackConfig:
+    """Validate flat Pulumi config (`aws:region`, `training-platform:<key>`, ...) into StackConfig.
+
+    Values may be JSON strings, as the Pulumi engine hands structured config to the program.
+    """
+    raw: dict[str, Any] = {}
+    for key, value in values.items():
+        namespace, _, name = key.partition(":")
+        if key == "aws:region":
+            raw["region"] = value
+        elif namespace == NAMESPACE:
+            raw[name] = _decode(value)
+    if "region" not in raw:
+        raise ConfigError(
+            f"Invalid stack config in {source}:\n  aws:region: missing; "
+            "allowed: an AWS region, e.g. `pulumi config set aws:region us-west-2`"
+        )
+    try:
+        return StackConfig.model_validate(raw)
+    except ValidationError as e:
+        lines = [f"  {_key_path(err['loc'])}: {_explain(err)}" for err in e.errors()]
+        raise ConfigError(f"Invalid stack config in {source}:\n" + "\n".join(lines)) from None
+
+
+def read_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
+    """The `config:` map of Pulumi.<stack>.yaml, as the Pulumi CLI would pass it."""
+    path = project_dir / f"Pulumi.{stack}.yaml"
+    if not path.is_file():
+        stacks = sorted(
+            p.name[len("Pulumi.") : -len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml")
+        )
+        raise ConfigError(f"No stack file {path.name}; allowed stacks: {', '.join(stacks)}")
+    try:
+        document = yaml.safe_load(path.read_text()) or {}
+    except yaml.YAMLError as e:
+        raise ConfigError(f"Invalid stack config in {path.name}: not YAML ({e})") from None
+    config = document.get("config", {}) if isinstance(document, dict) else None
+    if not isinstance(config, dict):
+        raise ConfigError(f"Invalid stack config in {path.name}: `config` must be a mapping")
+    return config
+
+
+def load_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> StackConfig:
+    return parse_stack_config(read_stack_file(stack, project_dir), f"Pulumi.{stack}.yaml")
+
+
+def config_from_pulumi() -> StackConfig:
+    """The running stack's config, read from the Pulumi runtime (real engine or mocks)."""
+    from pulumi.runtime.config import CONFIG, get_config_env
+
+    values = {**get_config_env(), **CONFIG.get()}
+    return parse_stack_config(values, f"Pulumi.{pulumi.get_stack()}.yaml")
+
+
+def _decode(value: Any) -> Any:
+    if isinstance(value, str) and value[:1] in "[{":
+        try:
+            return json.loads(value)
+        except json.JSONDecodeError:
+            return value
+    return value
+
+
+def _key_path(loc: tuple) -> str:
+    if loc[:1] == ("region",):
+        return "aws:region"
+    path = f"{NAMESPACE}:"
+    for i, part in enumerate(loc):
+        if isinstance(part, int):
+            path += f"[{part}]"
+        elif not re.fullmatch(r"[\w.-]+", part):
+            path += (
+                f"[{json.dumps(part)}]"  # a key with spaces or control characters stays one line
+            )
+        else:
+            path += part if i == 0 else f".{part}"
+    return path
+
+
+def _explain(err: dict) -> str:
+    if err["type"] == "extra_forbidden":
+        allowed = _allowed_keys(err["loc"][:-1])
+        return f"unknown key; allowed keys here: {', '.join(allowed)}"
+    if err["type"] == "missing":
+        return "missing; this key is required"
+    message = err["msg"].removeprefix("Value error, ")
+    if err["type"] in {"model_type", "dict_type"}:
+        message = "must be a mapping of keys to values"
+    return message
+
+
+def _allowed_keys(loc: tuple) -> list[str]:
+    """The camelCase keys a model accepts at `loc`, found by walking StackConfig's annotations."""
+    annotation: Any = StackConfig
+    for part in loc:
+        annotation = _model_in(annotation)
+        if isinstance(part, int) or annotation is None:
+            continue
+        field = next(
+            (f for n, f in annotation.model_fields.items() if (f.alias or n) == part), None
+        )
+        annotation = field.annotation if field else None
+    model = _model_in(annotation)
+    if model is None:
+        return []
+    # aws:region comes from the aws namespace, not from a training-platform key.
+    return sorted(f.alias or n for n, f in model.model_fields.items() if n != "region")
+
+
+def _model_in(annotation: Any) -> Any:
+    """The pydantic model inside Optional[...] / list[...] / Annotated[...], or None."""
+    if isinstance(annotation, type) and issubclass(annotation, BaseModel):
+        return annotation
+    if (
+        get_origin(annotation) in (Union, list, Annotated)
+        or type(annotation).__name__ == "UnionType"
+    ):
+        for arg in get_args(annotation):
+            found = _model_in(arg)
+            if found is not None:
+                return found
+    return None

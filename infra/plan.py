@@ -1,0 +1,95 @@
+"""Offline plan, the `cdk synth` Pulumi lacks: run the program under mocks, write what it declares.
+
+    python -m infra.plan --stack dev --out build/plan/dev
+
+writes `plan.json` (one object per registered resource) and `manifests/` (one YAML file per
+Kubernetes object), then prints a summary. Invalid stack config exits 2 with the config message.
+"""
+
+import argparse
+import json
+import shutil
+import sys
+from collections import Counter
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from infra.config import PROJECT_DIR, ConfigError, load_stack_file, read_stack_file
+from infra.offline import Plan, run_offline
+from infra.program import build_platform
+
+# Kubernetes types that are not objects in the cluster (providers, Helm wrappers).
+_NOT_MANIFESTS = ("kubernetes:helm.sh/", "pulumi:providers:")
+
+
+def make_plan(stack: str, project_dir: Path = PROJECT_DIR) -> Plan:
+    """Validate the stack's config, then run the program offline. Raises ConfigError."""
+    config = load_stack_file(stack, project_dir)
+    return run_offline(lambda: build_platform(config), stack, read_stack_file(stack, project_dir))
+
+
+def kubernetes_manifests(plan: Plan) -> list[dict[str, Any]]:
+    """Every Kubernetes object the program declares, as it would be applied."""
+    manifests = []
+    for resource in plan.resources:
+        if not resource.type.startswith("kubernetes:") or resource.type.startswith(_NOT_MANIFESTS):
+            continue
+        manifest = {k: v for k, v in resource.inputs.items() if v is not None}
+        metadata = dict(manifest.get("metadata") or {})
+        metadata.setdefault("name", resource.name)
+        manifest["metadata"] = metadata
+        manifests.append(manifest)
+    return manifests
+
+
+def write_plan(plan: Plan, out: Path) -> None:
+    out.mkdir(parents=True, exist_ok=True)
+    entries = [r.as_plan_entry() for r in plan.resources]
+    (out / "plan.json").write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+    manifest_dir = out / "manifests"
+    shutil.rmtree(manifest_dir, ignore_errors=True)
+    manifest_dir.mkdir()
+    for manifest in kubernetes_manifests(plan):
+        meta = manifest["metadata"]
+        parts = [manifest.get("kind", "Object"), meta.get("namespace"), meta["name"]]
+        filename = "_".join(p for p in parts if p).replace("/", "-") + ".yaml"
+        (manifest_dir / filename).write_text(yaml.safe_dump(manifest, sort_keys=True))
+
+
+def summary(plan: Plan) -> str:
+    counts = Counter(r.type for r in plan.resources)
+    width = max(len(t) for t in counts)
+    lines = [f"Stack {plan.stack}: {len(plan.resources)} resources", ""]
+    lines += [f"  {t:<{width}}  {n:>3}" for t, n in sorted(counts.items())]
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.plan", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    parser.add_argument("--out", type=Path, help="output folder (default build/plan/<stack>)")
+    parser.add_argument(
+        "--project-dir",
+        type=Path,
+        default=PROJECT_DIR,
+        help="folder holding the Pulumi.<stack>.yaml files",
+    )
+    args = parser.parse_args(argv)
+    out = args.out or Path("build/plan") / args.stack
+    try:
+        plan = make_plan(args.stack, args.project_dir)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    write_plan(plan, out)
+    print(summary(plan))
+    print(f"\nWrote {out / 'plan.json'} and {out / 'manifests'}/")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,53 @@
+"""Shared fixtures: plans of the real stack files, and plans of edited copies of them."""
+
+import copy
+from typing import Any
+
+import pytest
+
+from infra.config import parse_stack_config, read_stack_file
+from infra.offline import Plan, run_offline
+from infra.program import build_platform
+
+STACKS = ["dev", "prod"]
+
+
+def deep_merge(base: Any, patch: Any) -> Any:
+    """`patch` laid over `base`: mappings merge key by key, anything else replaces."""
+    if isinstance(base, dict) and isinstance(patch, dict):
+        merged = dict(base)
+        for key, value in patch.items():
+            merged[key] = deep_merge(base.get(key), value)
+        return merged
+    return copy.deepcopy(patch)
+
+
+def stack_values(stack: str, **sections: Any) -> dict[str, Any]:
+    """A stack file's config with `training-platform:<section>` patches laid over it."""
+    values = read_stack_file(stack)
+    for section, patch in sections.items():
+        key = f"training-platform:{section}"
+        values[key] = deep_merge(values.get(key), patch)
+    return values
+
+
+def plan_of(stack: str, **sections: Any) -> Plan:
+    """Offline plan of `stack`, optionally with config sections patched (camelCase keys)."""
+    values = stack_values(stack, **sections)
+    config = parse_stack_config(values, f"Pulumi.{stack}.yaml")
+    return run_offline(lambda: build_platform(config), stack, values)
+
+
+@pytest.fixture(scope="session")
+def dev_plan() -> Plan:
+    return plan_of("dev")
+
+
+@pytest.fixture(scope="session")
+def prod_plan() -> Plan:
+    return plan_of("prod")
+
+
+@pytest.fixture(scope="session", params=STACKS)
+def stack_plan(request) -> Plan:
+    return request.getfixturevalue(f"{request.param}_plan")
