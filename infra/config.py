@@ -23,8 +23,8 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from infra.catalog import load_catalog
-from infra.versions import EKS_ADDONS
+from infra.catalog import InstanceType, load_catalog
+from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
 
 NAMESPACE = "training-platform"
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -55,11 +55,11 @@ def _ipv4_network(value: Any) -> ipaddress.IPv4Network:
 Cidr = Annotated[Any, AfterValidator(_ipv4_network)]
 
 
-def _known_instance_type(gpu: bool):
+def _known_instance_type(gpu: bool | None):
     def check(name: str) -> str:
         allowed = load_catalog().names(gpu=gpu)
         if name not in allowed:
-            kind = "GPU" if gpu else "CPU"
+            kind = {True: "GPU", False: "CPU", None: "known"}[gpu]
             raise ValueError(
                 f"{name!r} is not a {kind} instance type in infra/catalog/instance_types.yaml; "
                 f"allowed: {', '.join(allowed)}"
@@ -70,6 +70,9 @@ def _known_instance_type(gpu: bool):
 
 
 CpuInstanceType = Annotated[str, _known_instance_type(gpu=False)]
+InstanceTypeName = Annotated[str, _known_instance_type(gpu=None)]
+K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")]
+Duration = Annotated[str, Field(pattern=r"^([0-9]+[smh])+$")]
 VpcId = Annotated[str, Field(pattern=r"^vpc-[0-9a-f]{8,17}$")]
 SubnetId = Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")]
 IamPrincipalArn = Annotated[
@@ -174,12 +177,93 @@ class ClusterConfig(Model):
     deletion_protection: bool = False
 
 
+class PoolCeiling(BaseModel):
+    """The most a NodePool can ever hold; Karpenter limits and Kueue quotas both come from it."""
+
+    nodes: int
+    gpus: int
+    vcpu: int
+    memory_gib: int
+    usd_per_hour: float
+
+
+class NodePoolConfig(Model):
+    """A Karpenter NodePool. GPU or CPU follows from its instance types, which may not mix."""
+
+    name: K8sName
+    instance_types: list[InstanceTypeName] = Field(min_length=1)
+    max_nodes: int = Field(ge=1, le=1000)
+    capacity_types: list[Literal["on-demand", "spot"]] = Field(default=["on-demand"], min_length=1)
+    efa: bool = False
+    disk_size_gib: int = Field(default=200, ge=50, le=16000)
+    expire_after: Duration = "720h"
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "NodePoolConfig":
+        if len(set(self.capacity_types)) != len(self.capacity_types):
+            raise ValueError(
+                "capacityTypes repeats a value; allowed: on-demand and/or spot, once each"
+            )
+        if len({t.gpus > 0 for t in self.types}) > 1:
+            raise ValueError("instanceTypes mixes GPU and CPU types; allowed: all GPU or all CPU")
+        without_efa = [t.name for t in self.types if not t.efa]
+        if self.efa and without_efa:
+            raise ValueError(
+                f"efa is true but {', '.join(without_efa)} has no EFA; allowed with efa: "
+                + ", ".join(t for t in load_catalog().names(gpu=True) if load_catalog()[t].efa)
+            )
+        return self
+
+    @property
+    def types(self) -> list[InstanceType]:
+        return [load_catalog()[name] for name in self.instance_types]
+
+    @property
+    def gpu(self) -> bool:
+        return self.types[0].gpus > 0
+
+    @property
+    def gpus_per_node(self) -> int:
+        """GPUs on the smallest node of the pool: what one pod per node can safely request."""
+        return min(t.gpus for t in self.types)
+
+    @property
+    def efa_network_cards(self) -> int:
+        """EFA interfaces every instance type of the pool can take (one per network card)."""
+        return min(t.efa_network_cards for t in self.types) if self.efa else 0
+
+    def ceiling(self) -> PoolCeiling:
+        """maxNodes times the largest figure among the pool's types, per resource."""
+        return PoolCeiling(
+            nodes=self.max_nodes,
+            gpus=self.max_nodes * max(t.gpus for t in self.types),
+            vcpu=self.max_nodes * max(t.vcpu for t in self.types),
+            memory_gib=self.max_nodes * max(t.memory_gib for t in self.types),
+            usd_per_hour=round(self.max_nodes * max(t.usd_per_hour for t in self.types), 2),
+        )
+
+
+class KarpenterConfig(Model):
+    # Pinned AL2023 release (al2023@vYYYYMMDD): `@latest` would silently roll every node.
+    ami_alias: str = Field(default=KARPENTER_AMI_ALIAS, pattern=r"^al2023@v\d{8}$")
+
+
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
     region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
     network: NetworkConfig = NetworkConfig()
     cluster: ClusterConfig = ClusterConfig()
+    karpenter: KarpenterConfig = KarpenterConfig()
+    node_pools: list[NodePoolConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique_pool_names(self) -> "StackConfig":
+        names = [p.name for p in self.node_pools]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"nodePools names {', '.join(repeated)} repeat; allowed: unique names")
+        return self
 
 
 def parse_stack_config(values: Mapping[str, Any], source: str) -> StackConfig:

@@ -143,10 +143,12 @@ class PlatformMocks(mocks.Mocks):
         id_ = _fake_id(args.typ, args.name)
         outputs = dict(args.inputs)
         outputs.setdefault("arn", self._arn(args.typ, args.name))
+        if args.typ.startswith("aws:"):
+            # The engine auto-names resources created without an explicit name.
+            outputs.setdefault("name", f"{args.name}-{id_[-7:]}")
         if args.typ == "eks:index:Cluster":
             outputs.update(self._eks_cluster_outputs(args.inputs))
         elif args.typ == "aws:iam/role:Role":
-            outputs.setdefault("name", args.name)
             outputs["arn"] = f"arn:aws:iam::{ACCOUNT_ID}:role/{outputs['name']}"
         elif args.typ == "aws:kms/key:Key":
             outputs["keyId"] = id_

@@ -16,7 +16,8 @@ from typing import Any
 
 import yaml
 
-from infra.config import PROJECT_DIR, ConfigError, load_stack_file, read_stack_file
+from infra.catalog import load_catalog
+from infra.config import PROJECT_DIR, ConfigError, StackConfig, load_stack_file, read_stack_file
 from infra.offline import Plan, run_offline
 from infra.program import build_platform
 
@@ -24,10 +25,11 @@ from infra.program import build_platform
 _NOT_MANIFESTS = ("kubernetes:helm.sh/", "pulumi:providers:")
 
 
-def make_plan(stack: str, project_dir: Path = PROJECT_DIR) -> Plan:
+def make_plan(stack: str, project_dir: Path = PROJECT_DIR) -> tuple[StackConfig, Plan]:
     """Validate the stack's config, then run the program offline. Raises ConfigError."""
     config = load_stack_file(stack, project_dir)
-    return run_offline(lambda: build_platform(config), stack, read_stack_file(stack, project_dir))
+    plan = run_offline(lambda: build_platform(config), stack, read_stack_file(stack, project_dir))
+    return config, plan
 
 
 def kubernetes_manifests(plan: Plan) -> list[dict[str, Any]]:
@@ -58,11 +60,44 @@ def write_plan(plan: Plan, out: Path) -> None:
         (manifest_dir / filename).write_text(yaml.safe_dump(manifest, sort_keys=True))
 
 
-def summary(plan: Plan) -> str:
+def table(header: list[str], rows: list[list[Any]]) -> list[str]:
+    """Rows of a plain-text table: numbers right-aligned, text left-aligned."""
+    cells = [header, *[[str(c) for c in row] for row in rows]]
+    widths = [max(len(row[i]) for row in cells) for i in range(len(header))]
+
+    def cell(text: str, width: int) -> str:
+        numeric = text.replace(",", "").replace(".", "").isdigit()
+        return text.rjust(width) if numeric else text.ljust(width)
+
+    return ["  " + "  ".join(cell(c, w) for c, w in zip(row, widths, strict=True)) for row in cells]
+
+
+def summary(config: StackConfig, plan: Plan) -> str:
     counts = Counter(r.type for r in plan.resources)
-    width = max(len(t) for t in counts)
     lines = [f"Stack {plan.stack}: {len(plan.resources)} resources", ""]
-    lines += [f"  {t:<{width}}  {n:>3}" for t, n in sorted(counts.items())]
+    lines += table(["resource type", "count"], sorted(counts.items()))
+    if config.node_pools:
+        ceilings = [(p, p.ceiling()) for p in config.node_pools]
+        rows = [
+            [p.name, ", ".join(p.instance_types), c.nodes, c.gpus, c.vcpu, f"{c.usd_per_hour:,.2f}"]
+            for p, c in ceilings
+        ]
+        rows.append(
+            [
+                "total",
+                "",
+                sum(c.nodes for _, c in ceilings),
+                sum(c.gpus for _, c in ceilings),
+                sum(c.vcpu for _, c in ceilings),
+                f"{sum(c.usd_per_hour for _, c in ceilings):,.2f}",
+            ]
+        )
+        catalog = load_catalog()
+        lines += ["", "NodePools (ceilings; cost at on-demand prices):"]
+        lines += table(
+            ["pool", "instance types", "max nodes", "max GPUs", "max vCPU", "max $/hour"], rows
+        )
+        lines.append(f"  prices: {catalog.price_source}, as of {catalog.price_as_of}")
     return "\n".join(lines)
 
 
@@ -81,12 +116,12 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     out = args.out or Path("build/plan") / args.stack
     try:
-        plan = make_plan(args.stack, args.project_dir)
+        config, plan = make_plan(args.stack, args.project_dir)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     write_plan(plan, out)
-    print(summary(plan))
+    print(summary(config, plan))
     print(f"\nWrote {out / 'plan.json'} and {out / 'manifests'}/")
     return 0
 

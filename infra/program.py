@@ -3,7 +3,10 @@
 import pulumi
 
 from infra.components.cluster import Cluster
+from infra.components.karpenter import Karpenter
 from infra.components.network import Network
+from infra.components.node_pools import NodePools
+from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.config import StackConfig, config_from_pulumi
 
 
@@ -13,6 +16,19 @@ def build_platform(config: StackConfig) -> None:
 
     network = Network("network", config.network, cluster_name=config.cluster.name, tags=tags)
     cluster = Cluster("cluster", config.cluster, network=network, tags=tags)
+    karpenter = Karpenter("karpenter", cluster, cluster_name=config.cluster.name, tags=tags)
+    NodePools(
+        "nodepools",
+        config.node_pools,
+        cluster_name=config.cluster.name,
+        instance_profile=karpenter.instance_profile_name,
+        ami_alias=config.karpenter.ami_alias,
+        karpenter_release=karpenter.release,
+        provider=cluster.provider,
+        tags=tags,
+    )
+    if any(pool.gpu for pool in config.node_pools):
+        NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
 
     pulumi.export("vpcId", network.vpc_id)
     pulumi.export("privateSubnetIds", network.private_subnet_ids)

@@ -101,7 +101,11 @@ def error_for(**sections) -> str:
             "should match pattern",
         ),
         ({"cluster": "tp-dev"}, "training-platform:cluster", "must be a mapping"),
-        ({"clusterr": {}}, "training-platform:clusterr", "allowed keys here: cluster, network"),
+        (
+            {"clusterr": {}},
+            "training-platform:clusterr",
+            "allowed keys here: cluster, karpenter, network, nodePools",
+        ),
     ],
 )
 def test_invalid_config_names_key_path_and_what_is_allowed(sections, key_path, allowed):

@@ -17,8 +17,12 @@ class InstanceType:
     gpus: int
     gpu_model: str | None
     gpu_memory_gib: int
-    efa: bool
+    efa_network_cards: int  # 0: no EFA
     usd_per_hour: float
+
+    @property
+    def efa(self) -> bool:
+        return self.efa_network_cards > 0
 
 
 @dataclass(frozen=True)
@@ -53,7 +57,7 @@ def load_catalog() -> Catalog:
                 gpus=gpus,
                 gpu_model=spec["gpuModel"],
                 gpu_memory_gib=spec.get("gpuMemoryGiB", 0),
-                efa=size in spec["efa"],
+                efa_network_cards=spec["efa"].get(size, 0),
                 usd_per_hour=price,
             )
     return Catalog(types=types, price_source=raw["priceSource"], price_as_of=raw["priceAsOf"])

@@ -1,0 +1,338 @@
+"""Karpenter: the controller that turns pending pods into EC2 nodes, its IAM and interruption queue.
+
+The node pools it provisions are declared by NodePools (node_pools.py); this component is the
+controller and what it needs from AWS.
+"""
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+from infra.components.cluster import NODE_MANAGED_POLICIES, Cluster, assume_role_policy
+from infra.components.helm import helm_release
+from infra.versions import KARPENTER_CHART
+
+NAMESPACE = "kube-system"
+SERVICE_ACCOUNT = "karpenter"
+
+# Events Karpenter reacts to before AWS takes a node away (upstream getting-started template).
+INTERRUPTION_EVENTS = {
+    "health": ("aws.health", "AWS Health Event"),
+    "spot-interruption": ("aws.ec2", "EC2 Spot Instance Interruption Warning"),
+    "rebalance": ("aws.ec2", "EC2 Instance Rebalance Recommendation"),
+    "instance-state-change": ("aws.ec2", "EC2 Instance State-change Notification"),
+    "capacity-reservation-interruption": (
+        "aws.ec2",
+        "EC2 Capacity Reservation Instance Interruption Warning",
+    ),
+}
+
+
+def controller_policy(
+    cluster_name: str, region: str, partition: str, account: str, queue_arn: str, node_role_arn: str
+) -> dict:
+    """The controller's permissions, scoped as upstream scopes them.
+
+    Writes are limited to resources tagged as this cluster's (`kubernetes.io/cluster/<name>:
+    owned` plus a NodePool tag); reads to this region. Instance profiles are created by this
+    program, so the controller gets no instance-profile management rights.
+    """
+    ec2 = f"arn:{partition}:ec2:{region}"
+    owned = f"kubernetes.io/cluster/{cluster_name}"
+    launched = [
+        f"{ec2}:*:{kind}/*"
+        for kind in (
+            "fleet",
+            "instance",
+            "volume",
+            "network-interface",
+            "launch-template",
+            "spot-instances-request",
+        )
+    ]
+    request_tagged = {
+        "StringEquals": {
+            f"aws:RequestTag/{owned}": "owned",
+            "aws:RequestTag/eks:eks-cluster-name": cluster_name,
+        },
+        "StringLike": {"aws:RequestTag/karpenter.sh/nodepool": "*"},
+    }
+    resource_tagged = {
+        "StringEquals": {f"aws:ResourceTag/{owned}": "owned"},
+        "StringLike": {"aws:ResourceTag/karpenter.sh/nodepool": "*"},
+    }
+    return {
+        "Version": "2012-10-17",
+        "Statement": [
+            {
+                "Sid": "AllowScopedEC2InstanceAccessActions",
+                "Effect": "Allow",
+                "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+                "Resource": [
+                    f"{ec2}::image/*",
+                    f"{ec2}::snapshot/*",
+                    f"{ec2}:*:security-group/*",
+                    f"{ec2}:*:subnet/*",
+                    f"{ec2}:*:capacity-reservation/*",
+                ],
+            },
+            {
+                "Sid": "AllowScopedEC2LaunchTemplateAccessActions",
+                "Effect": "Allow",
+                "Action": ["ec2:RunInstances", "ec2:CreateFleet"],
+                "Resource": f"{ec2}:*:launch-template/*",
+                "Condition": resource_tagged,
+            },
+            {
+                "Sid": "AllowScopedEC2InstanceActionsWithTags",
+                "Effect": "Allow",
+                "Action": ["ec2:RunInstances", "ec2:CreateFleet", "ec2:CreateLaunchTemplate"],
+                "Resource": launched,
+                "Condition": request_tagged,
+            },
+            {
+                "Sid": "AllowScopedResourceCreationTagging",
+                "Effect": "Allow",
+                "Action": "ec2:CreateTags",
+                "Resource": launched,
+                "Condition": {
+                    "StringEquals": {
+                        **request_tagged["StringEquals"],
+                        "ec2:CreateAction": ["RunInstances", "CreateFleet", "CreateLaunchTemplate"],
+                    },
+                    "StringLike": request_tagged["StringLike"],
+                },
+            },
+            {
+                "Sid": "AllowScopedResourceTagging",
+                "Effect": "Allow",
+                "Action": "ec2:CreateTags",
+                "Resource": f"{ec2}:*:instance/*",
+                "Condition": {
+                    **resource_tagged,
+                    "StringEqualsIfExists": {"aws:RequestTag/eks:eks-cluster-name": cluster_name},
+                    "ForAllValues:StringEquals": {
+                        "aws:TagKeys": ["eks:eks-cluster-name", "karpenter.sh/nodeclaim", "Name"]
+                    },
+                },
+            },
+            {
+                "Sid": "AllowScopedDeletion",
+                "Effect": "Allow",
+                "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
+                "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
+                "Condition": resource_tagged,
+            },
+            {
+                "Sid": "AllowRegionalReadActions",
+                "Effect": "Allow",
+                "Action": [
+                    "ec2:DescribeAvailabilityZones",
+                    "ec2:DescribeCapacityReservations",
+                    "ec2:DescribeImages",
+                    "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceTypeOfferings",
+                    "ec2:DescribeInstanceTypes",
+                    "ec2:DescribeLaunchTemplates",
+                    "ec2:DescribeSecurityGroups",
+                    "ec2:DescribeSpotPriceHistory",
+                    "ec2:DescribeSubnets",
+                ],
+                "Resource": "*",
+                "Condition": {"StringEquals": {"aws:RequestedRegion": region}},
+            },
+            {
+                "Sid": "AllowSSMReadActions",
+                "Effect": "Allow",
+                "Action": "ssm:GetParameter",
+                "Resource": f"arn:{partition}:ssm:{region}::parameter/aws/service/*",
+            },
+            {
+                "Sid": "AllowPricingReadActions",
+                "Effect": "Allow",
+                "Action": "pricing:GetProducts",
+                "Resource": "*",
+            },
+            {
+                "Sid": "AllowInterruptionQueueActions",
+                "Effect": "Allow",
+                "Action": ["sqs:DeleteMessage", "sqs:GetQueueUrl", "sqs:ReceiveMessage"],
+                "Resource": queue_arn,
+            },
+            {
+                "Sid": "AllowPassingInstanceRole",
+                "Effect": "Allow",
+                "Action": "iam:PassRole",
+                "Resource": node_role_arn,
+                "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}},
+            },
+            {
+                "Sid": "AllowInstanceProfileReadActions",
+                "Effect": "Allow",
+                "Action": "iam:GetInstanceProfile",
+                "Resource": f"arn:{partition}:iam::{account}:instance-profile/*",
+            },
+            {
+                "Sid": "AllowAPIServerEndpointDiscovery",
+                "Effect": "Allow",
+                "Action": "eks:DescribeCluster",
+                "Resource": f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}",
+            },
+        ],
+    }
+
+
+def interruption_queue_policy(queue_arn: str) -> dict:
+    return {
+        "Version": "2012-10-17",
+        "Id": "EC2InterruptionPolicy",
+        "Statement": [
+            {
+                "Sid": "EventBridgeDelivers",
+                "Effect": "Allow",
+                "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
+                "Action": "sqs:SendMessage",
+                "Resource": queue_arn,
+            },
+            {
+                "Sid": "DenyNonTLS",
+                "Effect": "Deny",
+                "Principal": "*",
+                "Action": "sqs:*",
+                "Resource": queue_arn,
+                "Condition": {"Bool": {"aws:SecureTransport": "false"}},
+            },
+        ],
+    }
+
+
+class Karpenter(pulumi.ComponentResource):
+    node_role_name: pulumi.Output[str]
+    instance_profile_name: pulumi.Output[str]
+    release: pulumi.Resource
+
+    def __init__(
+        self,
+        name: str,
+        cluster: Cluster,
+        cluster_name: str,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:Karpenter", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        region = aws.get_region().region
+        partition = aws.get_partition().partition
+        account = aws.get_caller_identity().account_id
+
+        # Nodes: role, instance profile, and an access entry so they can join the cluster.
+        node_role = aws.iam.Role(
+            f"{name}-node",
+            name=f"KarpenterNode-{cluster_name}",
+            assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
+            tags=tags,
+            opts=child,
+        )
+        for i, policy_arn in enumerate(NODE_MANAGED_POLICIES):
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-{i}", role=node_role.name, policy_arn=policy_arn, opts=child
+            )
+        profile = aws.iam.InstanceProfile(
+            f"{name}-node",
+            name=f"KarpenterNode-{cluster_name}",
+            role=node_role.name,
+            tags=tags,
+            opts=child,
+        )
+        node_access = aws.eks.AccessEntry(
+            f"{name}-node",
+            cluster_name=cluster.name,
+            principal_arn=node_role.arn,
+            type="EC2_LINUX",
+            tags=tags,
+            opts=child,
+        )
+
+        # Interruption handling: EventBridge -> SQS -> controller drains before AWS reclaims.
+        queue = aws.sqs.Queue(
+            f"{name}-interruption",
+            name=f"karpenter-{cluster_name}",
+            message_retention_seconds=300,
+            sqs_managed_sse_enabled=True,
+            tags=tags,
+            opts=child,
+        )
+        aws.sqs.QueuePolicy(
+            f"{name}-interruption",
+            queue_url=queue.url,
+            policy=queue.arn.apply(lambda arn: json.dumps(interruption_queue_policy(arn))),
+            opts=child,
+        )
+        for event, (source, detail_type) in INTERRUPTION_EVENTS.items():
+            rule = aws.cloudwatch.EventRule(
+                f"{name}-{event}",
+                description=f"{detail_type} events for Karpenter in {cluster_name}",
+                event_pattern=json.dumps({"source": [source], "detail-type": [detail_type]}),
+                tags=tags,
+                opts=child,
+            )
+            aws.cloudwatch.EventTarget(f"{name}-{event}", rule=rule.name, arn=queue.arn, opts=child)
+
+        # Controller: Pod Identity role for the chart's service account.
+        controller_role = aws.iam.Role(
+            f"{name}-controller",
+            name=f"KarpenterController-{cluster_name}",
+            assume_role_policy=assume_role_policy(
+                "pods.eks.amazonaws.com", ["sts:AssumeRole", "sts:TagSession"]
+            ),
+            tags=tags,
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-controller",
+            role=controller_role.name,
+            policy=pulumi.Output.all(queue.arn, node_role.arn).apply(
+                lambda arns: json.dumps(
+                    controller_policy(cluster_name, region, partition, account, *arns)
+                )
+            ),
+            opts=child,
+        )
+        identity = aws.eks.PodIdentityAssociation(
+            f"{name}-controller",
+            cluster_name=cluster.name,
+            namespace=NAMESPACE,
+            service_account=SERVICE_ACCOUNT,
+            role_arn=controller_role.arn,
+            tags=tags,
+            opts=child,
+        )
+
+        self.release = helm_release(
+            "karpenter",
+            KARPENTER_CHART,
+            NAMESPACE,
+            {
+                "settings": {"clusterName": cluster_name, "interruptionQueue": queue.name},
+                "serviceAccount": {"name": SERVICE_ACCOUNT},
+                "replicas": 2,
+                # Karpenter must not run on the nodes it manages.
+                "nodeSelector": cluster.system_node_selector,
+                "dnsPolicy": "Default",
+                "controller": {
+                    "resources": {
+                        "requests": {"cpu": "500m", "memory": "1Gi"},
+                        "limits": {"memory": "1Gi"},
+                    }
+                },
+            },
+            pulumi.ResourceOptions(
+                parent=self, provider=cluster.provider, depends_on=[identity, node_access]
+            ),
+        )
+        self.node_role_name = node_role.name
+        self.instance_profile_name = profile.name
+        self.register_outputs(
+            {"nodeRoleName": node_role.name, "instanceProfile": profile.name, "queue": queue.name}
+        )

@@ -1,0 +1,155 @@
+"""NodePools: Karpenter EC2NodeClasses and NodePools, one pair per pool in stack config.
+
+A pool's `maxNodes` is the single knob: its Karpenter `limits` here, its Kueue quota and the
+plan's cost ceiling all come from NodePoolConfig.ceiling().
+"""
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.components.network import discovery_tag
+from infra.config import NodePoolConfig
+
+POOL_LABEL = "training-platform/pool"
+GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+# The NVIDIA device plugin chart schedules itself onto nodes carrying this label.
+GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
+
+
+def ec2_node_class_spec(
+    pool: NodePoolConfig, cluster_name: str, instance_profile: str, ami_alias: str, tags: dict
+) -> dict:
+    spec = {
+        "instanceProfile": instance_profile,
+        # For GPU instance types the alias resolves to the AL2023 NVIDIA variant by itself.
+        "amiSelectorTerms": [{"alias": ami_alias}],
+        "subnetSelectorTerms": [{"tags": discovery_tag(cluster_name)}],
+        "securityGroupSelectorTerms": [{"tags": discovery_tag(cluster_name)}],
+        "blockDeviceMappings": [
+            {
+                "deviceName": "/dev/xvda",
+                "ebs": {
+                    # CUDA images run to tens of GB; pulling several must not fill the root disk.
+                    "volumeSize": f"{pool.disk_size_gib}Gi",
+                    "volumeType": "gp3",
+                    "encrypted": True,
+                    "deleteOnTermination": True,
+                },
+            }
+        ],
+        # IMDSv2 only, one hop: pods cannot reach the node's credentials.
+        "metadataOptions": {
+            "httpEndpoint": "enabled",
+            "httpProtocolIPv6": "disabled",
+            "httpPutResponseHopLimit": 1,
+            "httpTokens": "required",
+        },
+        "tags": {**tags, POOL_LABEL: pool.name},
+    }
+    if pool.efa:
+        spec["networkInterfaces"] = efa_network_interfaces(pool.efa_network_cards)
+    return spec
+
+
+def efa_network_interfaces(network_cards: int) -> list[dict]:
+    """The primary ENI plus one EFA-only interface on every network card."""
+    interfaces = [{"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}]
+    interfaces.append({"networkCardIndex": 0, "deviceIndex": 1, "interfaceType": "efa-only"})
+    interfaces += [
+        {"networkCardIndex": card, "deviceIndex": 0, "interfaceType": "efa-only"}
+        for card in range(1, network_cards)
+    ]
+    return interfaces
+
+
+def node_pool_spec(pool: NodePoolConfig) -> dict:
+    ceiling = pool.ceiling()
+    labels = {POOL_LABEL: pool.name, **(GPU_NODE_LABELS if pool.gpu else {})}
+    template_spec = {
+        "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": pool.name},
+        "requirements": [
+            {
+                "key": "node.kubernetes.io/instance-type",
+                "operator": "In",
+                "values": pool.instance_types,
+            },
+            {"key": "karpenter.sh/capacity-type", "operator": "In", "values": pool.capacity_types},
+            {"key": "kubernetes.io/arch", "operator": "In", "values": ["amd64"]},
+            {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
+        ],
+        "expireAfter": pool.expire_after,
+    }
+    limits = {
+        "nodes": str(ceiling.nodes),
+        "cpu": str(ceiling.vcpu),
+        "memory": f"{ceiling.memory_gib}Gi",
+    }
+    if pool.gpu:
+        template_spec["taints"] = [GPU_TAINT]
+        limits["nvidia.com/gpu"] = str(ceiling.gpus)
+        # A training job holds its nodes end to end: remove a GPU node only once it is empty,
+        # one node at a time, and never for underuse while pods still run on it.
+        disruption = {
+            "consolidationPolicy": "WhenEmpty",
+            "consolidateAfter": "5m",
+            "budgets": [
+                {"nodes": "1", "reasons": ["Empty", "Drifted"]},
+                {"nodes": "0", "reasons": ["Underutilized"]},
+            ],
+        }
+    else:
+        disruption = {
+            "consolidationPolicy": "WhenEmptyOrUnderutilized",
+            "consolidateAfter": "1m",
+            "budgets": [{"nodes": "10%"}],
+        }
+    return {
+        "template": {"metadata": {"labels": labels}, "spec": template_spec},
+        "disruption": disruption,
+        "limits": limits,
+    }
+
+
+class NodePools(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        pools: list[NodePoolConfig],
+        cluster_name: str,
+        instance_profile: pulumi.Input[str],
+        ami_alias: str,
+        karpenter_release: pulumi.Resource,
+        provider: k8s.Provider,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:NodePools", name, None, opts)
+        # The Karpenter chart brings the CRDs: nothing here can be created before it.
+        child = pulumi.ResourceOptions(
+            parent=self, provider=provider, depends_on=[karpenter_release]
+        )
+        self.node_pools = {}
+        for pool in pools:
+            node_class = k8s.apiextensions.CustomResource(
+                f"{name}-{pool.name}-nodeclass",
+                api_version="karpenter.k8s.aws/v1",
+                kind="EC2NodeClass",
+                metadata={"name": pool.name},
+                spec=pulumi.Output.from_input(instance_profile).apply(
+                    lambda profile, pool=pool: ec2_node_class_spec(
+                        pool, cluster_name, profile, ami_alias, tags
+                    )
+                ),
+                opts=child,
+            )
+            self.node_pools[pool.name] = k8s.apiextensions.CustomResource(
+                f"{name}-{pool.name}",
+                api_version="karpenter.sh/v1",
+                kind="NodePool",
+                metadata={"name": pool.name},
+                spec=node_pool_spec(pool),
+                opts=pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(depends_on=[node_class])
+                ),
+            )
+        self.register_outputs({"nodePools": sorted(self.node_pools)})

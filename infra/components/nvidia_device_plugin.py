@@ -1,0 +1,35 @@
+"""NVIDIA device plugin: advertises `nvidia.com/gpu` on GPU nodes, without which no pod gets a GPU.
+
+AL2023 NVIDIA AMIs ship the driver but not the plugin (Bottlerocket would; never run both).
+"""
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.components.helm import helm_release
+from infra.components.node_pools import GPU_NODE_LABELS, GPU_TAINT
+from infra.versions import NVIDIA_DEVICE_PLUGIN_CHART
+
+
+class NvidiaDevicePlugin(pulumi.ComponentResource):
+    def __init__(
+        self, name: str, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("training-platform:infra:NvidiaDevicePlugin", name, None, opts)
+        self.release = helm_release(
+            "nvidia-device-plugin",
+            NVIDIA_DEVICE_PLUGIN_CHART,
+            "nvidia-device-plugin",
+            {
+                # Only GPU nodes: the pools label them, and their taint is tolerated.
+                "nodeSelector": GPU_NODE_LABELS,
+                "tolerations": [
+                    {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+                ],
+                "priorityClassName": "system-node-critical",
+                "gfd": {"enabled": False},
+                "nfd": {"enabled": False},
+            },
+            pulumi.ResourceOptions(parent=self, provider=provider),
+        )
+        self.register_outputs({})

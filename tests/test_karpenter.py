@@ -1,0 +1,317 @@
+"""Karpenter controller, NodePools and EC2NodeClasses from stack config; NVIDIA device plugin."""
+
+import copy
+import json
+
+import pytest
+
+from infra.components.karpenter import INTERRUPTION_EVENTS
+from infra.components.node_pools import GPU_TAINT
+from infra.config import ConfigError, load_stack_file, parse_stack_config
+from infra.plan import summary
+from infra.versions import KARPENTER_CHART, NVIDIA_DEVICE_PLUGIN_CHART
+from tests.conftest import STACKS, plan_of, stack_values
+from tests.crd_schema import conformance_errors
+
+NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+
+
+def spec_of(plan, type_, pool):
+    (resource,) = [r for r in plan.of_type(type_) if r.inputs["metadata"]["name"] == pool]
+    return resource.inputs["spec"]
+
+
+def test_gpu_pool_limits_are_max_nodes_times_the_instance_figures(dev_plan):
+    # g5.12xlarge: 4 GPUs, 48 vCPU, 192 GiB; p4d.24xlarge: 8 GPUs, 96 vCPU, 1152 GiB.
+    assert spec_of(dev_plan, NODEPOOL, "gpu-small")["limits"] == {
+        "nodes": "4",
+        "nvidia.com/gpu": "16",
+        "cpu": "192",
+        "memory": "768Gi",
+    }
+    assert spec_of(dev_plan, NODEPOOL, "gpu-large")["limits"] == {
+        "nodes": "16",
+        "nvidia.com/gpu": "128",
+        "cpu": "1536",
+        "memory": "18432Gi",
+    }
+
+
+def test_cpu_pool_limits_take_the_largest_type_and_have_no_gpus(dev_plan):
+    # m6i.4xlarge is the larger of the two: 16 vCPU, 64 GiB.
+    assert spec_of(dev_plan, NODEPOOL, "cpu")["limits"] == {
+        "nodes": "10",
+        "cpu": "160",
+        "memory": "640Gi",
+    }
+
+
+def requirement(spec, key):
+    (req,) = [r for r in spec["template"]["spec"]["requirements"] if r["key"] == key]
+    assert req["operator"] == "In"
+    return req["values"]
+
+
+def test_requirements_taints_and_labels_per_pool(dev_plan):
+    small = spec_of(dev_plan, NODEPOOL, "gpu-small")
+    large = spec_of(dev_plan, NODEPOOL, "gpu-large")
+    cpu = spec_of(dev_plan, NODEPOOL, "cpu")
+    assert requirement(small, "node.kubernetes.io/instance-type") == ["g5.12xlarge"]
+    assert requirement(small, "karpenter.sh/capacity-type") == ["on-demand"]
+    assert requirement(large, "karpenter.sh/capacity-type") == ["spot", "on-demand"]
+    assert requirement(cpu, "node.kubernetes.io/instance-type") == ["m6i.2xlarge", "m6i.4xlarge"]
+    for gpu_pool in (small, large):
+        assert gpu_pool["template"]["spec"]["taints"] == [GPU_TAINT]
+        assert gpu_pool["template"]["spec"]["expireAfter"] == "720h"
+    assert "taints" not in cpu["template"]["spec"]
+    assert small["template"]["metadata"]["labels"]["training-platform/pool"] == "gpu-small"
+    assert small["template"]["spec"]["nodeClassRef"] == {
+        "group": "karpenter.k8s.aws",
+        "kind": "EC2NodeClass",
+        "name": "gpu-small",
+    }
+
+
+def test_gpu_nodes_are_only_removed_when_empty(dev_plan):
+    for pool in ("gpu-small", "gpu-large"):
+        disruption = spec_of(dev_plan, NODEPOOL, pool)["disruption"]
+        assert disruption["consolidationPolicy"] == "WhenEmpty"
+        assert {"nodes": "0", "reasons": ["Underutilized"]} in disruption["budgets"]
+    assert (
+        spec_of(dev_plan, NODEPOOL, "cpu")["disruption"]["consolidationPolicy"]
+        == "WhenEmptyOrUnderutilized"
+    )
+
+
+def test_node_class_security_settings(stack_plan):
+    cluster = stack_plan.one("eks:index:Cluster").inputs["name"]
+    for resource in stack_plan.of_type(NODECLASS):
+        spec = resource.inputs["spec"]
+        assert spec["amiSelectorTerms"] == [{"alias": "al2023@v20261020"}]
+        assert spec["subnetSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": cluster}}]
+        assert spec["securityGroupSelectorTerms"] == [{"tags": {"karpenter.sh/discovery": cluster}}]
+        assert spec["metadataOptions"]["httpTokens"] == "required"
+        assert spec["metadataOptions"]["httpPutResponseHopLimit"] == 1
+        (root,) = spec["blockDeviceMappings"]
+        assert root["ebs"]["encrypted"] is True and root["ebs"]["volumeType"] == "gp3"
+        assert spec["instanceProfile"] == f"KarpenterNode-{cluster}"
+
+
+def test_gpu_root_volume_fits_cuda_images_and_ami_alias_follows_config(dev_plan):
+    assert (
+        spec_of(dev_plan, NODECLASS, "gpu-small")["blockDeviceMappings"][0]["ebs"]["volumeSize"]
+        == "200Gi"
+    )
+    assert (
+        spec_of(dev_plan, NODECLASS, "cpu")["blockDeviceMappings"][0]["ebs"]["volumeSize"]
+        == "100Gi"
+    )
+    plan = plan_of("dev", karpenter={"amiAlias": "al2023@v20260101"})
+    assert spec_of(plan, NODECLASS, "gpu-small")["amiSelectorTerms"] == [
+        {"alias": "al2023@v20260101"}
+    ]
+
+
+def test_efa_pool_gets_an_efa_interface_per_network_card(dev_plan):
+    interfaces = spec_of(dev_plan, NODECLASS, "gpu-large")["networkInterfaces"]
+    assert interfaces[0] == {"networkCardIndex": 0, "deviceIndex": 0, "interfaceType": "interface"}
+    efa_cards = sorted(
+        i["networkCardIndex"] for i in interfaces if i["interfaceType"] == "efa-only"
+    )
+    assert efa_cards == [0, 1, 2, 3]  # p4d.24xlarge has four network cards
+    assert "networkInterfaces" not in spec_of(dev_plan, NODECLASS, "gpu-small")
+
+
+def statements(plan):
+    policy = plan.one("aws:iam/rolePolicy:RolePolicy", "karpenter-controller").inputs["policy"]
+    return json.loads(policy)["Statement"]
+
+
+def test_controller_policy_is_scoped(dev_plan):
+    for statement in statements(dev_plan):
+        actions = (
+            statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+        )
+        assert "*" not in actions and not any(a.endswith(":*") for a in actions)
+        mutating = [
+            a for a in actions if not a.split(":")[1].startswith(("Describe", "Get", "List"))
+        ]
+        if statement["Resource"] == "*":
+            assert not mutating or statement.get("Condition"), statement["Sid"]
+    by_sid = {s["Sid"]: s for s in statements(dev_plan)}
+    deletion = by_sid["AllowScopedDeletion"]
+    assert deletion["Condition"]["StringEquals"] == {
+        "aws:ResourceTag/kubernetes.io/cluster/tp-dev": "owned"
+    }
+    assert by_sid["AllowRegionalReadActions"]["Condition"] == {
+        "StringEquals": {"aws:RequestedRegion": "us-west-2"}
+    }
+    assert (
+        by_sid["AllowPassingInstanceRole"]["Resource"]
+        == "arn:aws:iam::123456789012:role/KarpenterNode-tp-dev"
+    )
+    assert by_sid["AllowInterruptionQueueActions"]["Resource"].endswith(":karpenter-interruption")
+    assert not any("CreateInstanceProfile" in json.dumps(s) for s in statements(dev_plan))
+
+
+def test_controller_identity_is_pod_identity_for_the_chart_service_account(dev_plan):
+    role = dev_plan.one("aws:iam/role:Role", "karpenter-controller").inputs
+    (trust,) = json.loads(role["assumeRolePolicy"])["Statement"]
+    assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
+    assert sorted(trust["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
+    association = dev_plan.one("aws:eks/podIdentityAssociation:PodIdentityAssociation").inputs
+    values = dev_plan.one(RELEASE, "karpenter").inputs["values"]
+    assert (association["namespace"], association["serviceAccount"]) == (
+        "kube-system",
+        values["serviceAccount"]["name"],
+    )
+
+
+def test_nodes_join_through_an_ec2_linux_access_entry(dev_plan):
+    entry = dev_plan.one("aws:eks/accessEntry:AccessEntry", "karpenter-node").inputs
+    assert entry["type"] == "EC2_LINUX"
+    assert entry["principalArn"] == "arn:aws:iam::123456789012:role/KarpenterNode-tp-dev"
+    profile = dev_plan.one("aws:iam/instanceProfile:InstanceProfile").inputs
+    assert profile["role"] == "KarpenterNode-tp-dev"
+
+
+def test_interruption_queue_and_its_five_rules(dev_plan):
+    queue = dev_plan.one("aws:sqs/queue:Queue").inputs
+    assert queue["messageRetentionSeconds"] == 300 and queue["sqsManagedSseEnabled"] is True
+    policy = json.loads(dev_plan.one("aws:sqs/queuePolicy:QueuePolicy").inputs["policy"])
+    (deny,) = [s for s in policy["Statement"] if s["Effect"] == "Deny"]
+    assert deny["Condition"] == {"Bool": {"aws:SecureTransport": "false"}}
+    rules = dev_plan.of_type("aws:cloudwatch/eventRule:EventRule")
+    patterns = sorted(tuple(json.loads(r.inputs["eventPattern"])["detail-type"]) for r in rules)
+    assert patterns == sorted((d,) for _, d in INTERRUPTION_EVENTS.values())
+    assert len(rules) == 5
+    targets = dev_plan.of_type("aws:cloudwatch/eventTarget:EventTarget")
+    assert sorted(t.inputs["rule"].rsplit("-", 1)[0] for t in targets) == sorted(
+        r.name for r in rules
+    )
+    assert all(t.inputs["arn"].endswith(":karpenter-interruption") for t in targets)
+
+
+def test_helm_release_pinned_and_configured(dev_plan):
+    release = dev_plan.one(RELEASE, "karpenter").inputs
+    assert (release["chart"], release["version"]) == (
+        KARPENTER_CHART.chart,
+        KARPENTER_CHART.version,
+    )
+    assert release["version"] == "1.14.1"
+    settings = release["values"]["settings"]
+    assert settings == {"clusterName": "tp-dev", "interruptionQueue": "karpenter-tp-dev"}
+    assert release["values"]["nodeSelector"] == {"training-platform/node-role": "system"}
+
+
+def test_custom_resources_wait_for_the_karpenter_chart(dev_plan):
+    release_urn = dev_plan.one(RELEASE, "karpenter").urn
+    for resource in dev_plan.of_type(NODEPOOL) + dev_plan.of_type(NODECLASS):
+        assert release_urn in resource.dependencies
+
+
+def test_device_plugin_runs_only_on_gpu_nodes(dev_plan):
+    plugin = dev_plan.one(RELEASE, "nvidia-device-plugin").inputs
+    assert plugin["version"] == NVIDIA_DEVICE_PLUGIN_CHART.version
+    selector = plugin["values"]["nodeSelector"]
+    for pool in ("gpu-small", "gpu-large"):
+        labels = spec_of(dev_plan, NODEPOOL, pool)["template"]["metadata"]["labels"]
+        assert selector.items() <= labels.items()
+    assert (
+        not selector.items()
+        <= spec_of(dev_plan, NODEPOOL, "cpu")["template"]["metadata"]["labels"].items()
+    )
+    assert {"key": "nvidia.com/gpu", "operator": "Exists", "effect": "NoSchedule"} in plugin[
+        "values"
+    ]["tolerations"]
+
+
+def test_no_device_plugin_without_gpu_pools():
+    plan = plan_of(
+        "dev", nodePools=[{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
+    )
+    assert not [r for r in plan.of_type(RELEASE) if r.name == "nvidia-device-plugin"]
+
+
+def test_max_nodes_edit_changes_that_pool_and_its_cost_only(dev_plan):
+    pools = copy.deepcopy(stack_values("dev")["training-platform:nodePools"])
+    pools[0]["maxNodes"] = 6
+    edited = plan_of("dev", nodePools=pools)
+    before = {r.urn: r.as_plan_entry() for r in dev_plan.resources}
+    after = {r.urn: r.as_plan_entry() for r in edited.resources}
+    assert before.keys() == after.keys()
+    changed = [urn for urn in before if before[urn] != after[urn]]
+    assert changed == [dev_plan.one(NODEPOOL, "nodepools-gpu-small").urn]
+    assert spec_of(edited, NODEPOOL, "gpu-small")["limits"] == {
+        "nodes": "6",
+        "nvidia.com/gpu": "24",
+        "cpu": "288",
+        "memory": "1152Gi",
+    }
+    edited_config = parse_stack_config(stack_values("dev", nodePools=pools), "Pulumi.dev.yaml")
+    old_rows = summary(load_stack_file("dev"), dev_plan).splitlines()
+    new_rows = summary(edited_config, edited).splitlines()
+    differing = [(a, b) for a, b in zip(old_rows, new_rows, strict=True) if a != b]
+    assert [a.split()[0] for a, _ in differing] == ["gpu-small", "total"]
+    assert "34.03" in differing[0][1] and "22.69" in differing[0][0]  # 6 vs 4 x $5.672
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_karpenter_resource_conforms_to_its_crd(stack, request):
+    plan = request.getfixturevalue(f"{stack}_plan")
+    resources = plan.of_type(NODEPOOL) + plan.of_type(NODECLASS)
+    assert resources
+    for resource in resources:
+        assert conformance_errors(resource.inputs) == [], resource.name
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda m: m["spec"]["disruption"].update(consolidateAftr="5m"), "consolidateAftr"),
+        (
+            lambda m: m["spec"]["template"]["spec"].update(expireAfter=7),
+            "7 is not of type 'string'",
+        ),
+        (
+            lambda m: m["spec"]["disruption"].update(consolidationPolicy="WhenIdle"),
+            "'WhenIdle' is not one of",
+        ),
+        (lambda m: m.update(apiVersion="karpenter.sh/v1beta1"), "not served"),
+    ],
+)
+def test_conformance_catches_misspellings_bad_values_and_versions(dev_plan, mutate, expected):
+    manifest = copy.deepcopy(dev_plan.one(NODEPOOL, "nodepools-gpu-small").inputs)
+    mutate(manifest)
+    assert any(expected in e for e in conformance_errors(manifest)), conformance_errors(manifest)
+
+
+@pytest.mark.parametrize(
+    ("pool", "key_path", "message"),
+    [
+        (
+            {"instanceTypes": ["g5.13xlarge"]},
+            "nodePools[0].instanceTypes[0]",
+            "not a known instance type",
+        ),
+        ({"instanceTypes": ["g5.xlarge"], "efa": True}, "nodePools[0]", "g5.xlarge has no EFA"),
+        ({"instanceTypes": ["g5.xlarge", "m6i.large"]}, "nodePools[0]", "mixes GPU and CPU"),
+        ({"maxNodes": 0}, "nodePools[0].maxNodes", "greater than or equal to 1"),
+        ({"capacityTypes": ["reserved"]}, "nodePools[0].capacityTypes[0]", "'on-demand' or 'spot'"),
+        ({"name": "GPU_small"}, "nodePools[0].name", "should match pattern"),
+    ],
+)
+def test_bad_pool_config_is_a_config_error(pool, key_path, message):
+    base = {"name": "gpu", "instanceTypes": ["g5.12xlarge"], "maxNodes": 2}
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(stack_values("dev", nodePools=[{**base, **pool}]), "Pulumi.dev.yaml")
+    line = next(x for x in str(caught.value).splitlines() if f"training-platform:{key_path}:" in x)
+    assert message in line
+
+
+def test_repeated_pool_names_are_a_config_error():
+    pool = {"name": "gpu", "instanceTypes": ["g5.12xlarge"], "maxNodes": 2}
+    with pytest.raises(ConfigError, match="nodePools names gpu repeat"):
+        parse_stack_config(stack_values("dev", nodePools=[pool, pool]), "Pulumi.dev.yaml")
