@@ -4,10 +4,10 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: demo test plan lint venv clean
+.PHONY: demo test plan train-local bench lint venv clean
 
 # Reinstall only when the pinned dependencies change.
-$(VENV)/.installed: pyproject.toml
+$(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/dev.txt trainer/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@
@@ -15,8 +15,19 @@ $(VENV)/.installed: pyproject.toml
 ## venv: the pinned Python environment (Pulumi.yaml runs the program in it)
 venv: $(VENV)/.installed
 
-## demo: the offline plan of the dev stack (no cloud account needed)
-demo: plan
+## demo: the offline plan of the dev stack, then a short 2-worker training run (no cloud, no GPU)
+demo: plan train-local
+
+## train-local: the trainer under torchrun, 2 CPU workers (gloo), on the embedded corpus; starts
+## fresh each time, checkpoints every 50 steps, prints the loss falling
+train-local: $(VENV)/.installed
+	rm -rf build/checkpoints/local
+	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m trainer --steps 200 \
+		--checkpoint-dir build/checkpoints/local --metrics build/checkpoints/local-metrics.jsonl
+
+## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 3 minutes)
+bench: $(VENV)/.installed
+	$(PY) -m trainer.bench
 
 ## plan: offline plan of STACK (default dev) into build/plan/STACK
 plan: $(VENV)/.installed

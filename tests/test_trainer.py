@@ -1,0 +1,339 @@
+"""The trainer on CPU with gloo: DDP/FSDP2 correctness, elastic resume, signals, crashes, S3."""
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import boto3
+import pytest
+import torch
+import torch.distributed as dist
+from torch.distributed.checkpoint.api import CheckpointException
+from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
+
+from trainer.checkpoint import Checkpointer, LocalStore, step_name
+from trainer.data import TokenData, prepare
+from trainer.data import main as data_main
+
+ROOT = Path(__file__).resolve().parent.parent
+FAST = ["--global-batch", "8", "--micro-batch", "4", "--log-every", "5", "--checkpoint-every", "10"]
+
+
+def command(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
+    """torchrun for several workers; a plain `python -m trainer` for one."""
+    if nproc == 1:
+        return [sys.executable, "-m", "trainer", *args]
+    return [
+        sys.executable,
+        "-m",
+        "torch.distributed.run",
+        "--standalone",
+        f"--nproc-per-node={nproc}",
+        f"--max-restarts={max_restarts}",
+        "-m",
+        "trainer",
+        *args,
+    ]
+
+
+def records(metrics: Path) -> list[dict]:
+    return (
+        [json.loads(line) for line in metrics.read_text().splitlines()] if metrics.exists() else []
+    )
+
+
+def train(tmp: Path, nproc: int, ckpt: str, *args: str, env: dict | None = None) -> list[dict]:
+    metrics = tmp / f"metrics-{time.monotonic_ns()}.jsonl"
+    result = subprocess.run(
+        command(nproc, *FAST, "--checkpoint-dir", ckpt, "--metrics", str(metrics), *args),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=300,
+        env={**os.environ, **(env or {})},
+    )
+    assert result.returncode == 0, result.stderr[-3000:]
+    return records(metrics)
+
+
+def final_model(ckpt: Path) -> dict[str, torch.Tensor]:
+    committed, _ = LocalStore(str(ckpt)).steps()
+    out = ckpt.parent / f"{ckpt.name}-final.pt"
+    dcp_to_torch_save(ckpt / step_name(committed[-1]), out)
+    return torch.load(out, weights_only=False)["train"]["model"]
+
+
+def event(recs: list[dict], name: str) -> dict:
+    return next(r for r in recs if r.get("event") == name)
+
+
+def test_two_worker_ddp_loss_falls_and_ranks_hold_identical_parameters(tmp_path):
+    recs = train(tmp_path, 2, str(tmp_path / "ckpt"), "--steps", "30")
+    losses = [r["loss"] for r in recs if "loss" in r]
+    assert losses[-1] < losses[0] - 1.0, losses
+    done = event(recs, "done")
+    assert done["step"] == 30 and done["samples"] == 30 * 8
+    assert len(done["param_digests"]) == 2 and len(set(done["param_digests"])) == 1
+    assert event(recs, "start")["accumulation"] == 1
+
+
+def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path):
+    whole = event(train(tmp_path, 2, str(tmp_path / "whole"), "--steps", "20"), "done")
+    train(tmp_path, 2, str(tmp_path / "split"), "--steps", "10")
+    resumed = train(tmp_path, 2, str(tmp_path / "split"), "--steps", "20")
+    assert event(resumed, "start")["resumed_from"] == 10
+    assert event(resumed, "done")["param_digests"] == whole["param_digests"]
+    a, b = final_model(tmp_path / "whole"), final_model(tmp_path / "split")
+    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+
+
+@pytest.mark.parametrize(
+    ("parallel", "first", "second"), [("ddp", 2, 1), ("ddp", 1, 2), ("fsdp", 2, 1), ("fsdp", 1, 2)]
+)
+def test_resume_at_a_different_world_size(tmp_path, parallel, first, second):
+    reference = tmp_path / "reference"
+    train(tmp_path, first, str(reference), "--steps", "20", "--parallel", parallel)
+    resized = tmp_path / "resized"
+    train(tmp_path, first, str(resized), "--steps", "10", "--parallel", parallel)
+    recs = train(tmp_path, second, str(resized), "--steps", "20", "--parallel", parallel)
+    start = event(recs, "start")
+    assert (start["world_size"], start["resumed_from"], start["samples"]) == (second, 10, 80)
+    # The global batch is fixed, so accumulation makes up for the missing (or extra) workers.
+    assert start["accumulation"] == 2 // second
+    a, b = final_model(reference), final_model(resized)
+    # Same samples, same schedule; only the order of floating-point sums differs.
+    for name in a:
+        torch.testing.assert_close(a[name], b[name], atol=2e-4, rtol=1e-3)
+
+
+def wait_for_step(
+    metrics: Path, step: int, process: subprocess.Popen, timeout: float = 120
+) -> None:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        if any(r.get("step", 0) >= step and "loss" in r for r in records(metrics)):
+            return
+        assert process.poll() is None, "trainer ended before the step was reached"
+        time.sleep(0.01)
+    raise TimeoutError(f"step {step} not reached")
+
+
+def test_sigterm_saves_a_checkpoint_and_exits_then_resumes(tmp_path):
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    args = ["--steps", "100000", "--log-every", "1", "--checkpoint-every", "100000"]
+    process = subprocess.Popen(
+        command(2, *FAST, *args, "--checkpoint-dir", str(ckpt), "--metrics", str(metrics)),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    wait_for_step(metrics, 5, process)
+    process.send_signal(signal.SIGTERM)  # what the kubelet sends torchrun, PID 1 of the pod
+    process.wait(timeout=60)
+    stopped = event(records(metrics), "stopped")
+    committed, uncommitted = LocalStore(str(ckpt)).steps()
+    assert committed == [stopped["step"]] and not uncommitted
+    resumed = train(tmp_path, 2, str(ckpt), "--steps", str(stopped["step"] + 5))
+    assert event(resumed, "start")["resumed_from"] == stopped["step"]
+    assert event(resumed, "done")["step"] == stopped["step"] + 5
+
+
+def worker_pids(agent_pid: int) -> list[int]:
+    pids = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == agent_pid:
+            pids.append(int(stat.parent.name))
+    return pids
+
+
+def test_killed_worker_restarts_and_finishes_with_the_same_parameters(tmp_path):
+    args = ["--steps", "60", "--global-batch", "16", "--log-every", "1", "--checkpoint-every", "20"]
+    reference = event(train(tmp_path, 2, str(tmp_path / "reference"), *args), "done")
+    ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
+    process = subprocess.Popen(
+        command(
+            2,
+            *FAST,
+            *args,
+            "--checkpoint-dir",
+            str(ckpt),
+            "--metrics",
+            str(metrics),
+            max_restarts=1,
+        ),
+        cwd=ROOT,
+        stdout=subprocess.DEVNULL,
+        stderr=(tmp_path / "torchrun.log").open("w"),
+    )
+    wait_for_step(metrics, 25, process)
+    workers = worker_pids(process.pid)
+    assert len(workers) == 2
+    os.kill(workers[1], signal.SIGKILL)
+    assert process.wait(timeout=180) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
+    starts = [r for r in records(metrics) if r.get("event") == "start"]
+    assert [s["resumed_from"] for s in starts] == [None, 20]
+    assert event(records(metrics), "done")["param_digests"] == reference["param_digests"]
+
+
+class FailingStore(LocalStore):
+    """A store whose writer dies halfway through a save, like a node lost mid-checkpoint."""
+
+    fail = False
+
+    def writer(self, step):
+        writer = super().writer(step)
+        if self.fail:
+
+            def write_data(plan, planner):
+                (self.root / step_name(step) / "partial.distcp").write_bytes(b"torn")
+                raise OSError("disk vanished")
+
+            writer.write_data = write_data
+        return writer
+
+
+@pytest.fixture
+def process_group():
+    dist.init_process_group("gloo", store=dist.HashStore(), rank=0, world_size=1)
+    yield
+    dist.destroy_process_group()
+
+
+def test_crash_during_save_leaves_the_previous_checkpoint_loadable(tmp_path, process_group):
+    store = FailingStore(str(tmp_path))
+    checkpointer = Checkpointer(store, keep_last=2)
+    checkpointer.save({"w": torch.arange(4.0)}, step=1)
+    store.fail = True
+    with pytest.raises(CheckpointException, match="disk vanished"):
+        checkpointer.save({"w": torch.full((4,), 9.0)}, step=2)
+    assert store.steps() == ([1], [2])
+    assert checkpointer.latest() == 1
+    state = {"w": torch.zeros(4)}
+    checkpointer.load(state, 1)
+    assert torch.equal(state["w"], torch.arange(4.0))
+    store.fail = False
+    checkpointer.save({"w": torch.ones(4)}, step=3)
+    assert store.steps() == ([1, 3], [])  # the torn save is cleaned away once a newer one commits
+
+
+def test_retention_keeps_the_last_n(tmp_path, process_group):
+    checkpointer = Checkpointer(LocalStore(str(tmp_path)), keep_last=2)
+    for step in range(1, 6):
+        checkpointer.save({"w": torch.tensor([float(step)])}, step)
+    assert LocalStore(str(tmp_path)).steps() == ([4, 5], [])
+
+
+def test_async_save_commits_only_when_written(tmp_path, process_group):
+    store = LocalStore(str(tmp_path))
+    checkpointer = Checkpointer(store, keep_last=3, async_save=True)
+    checkpointer.save({"w": torch.ones(1000)}, step=1)
+    checkpointer.wait()
+    assert store.steps() == ([1], [])
+    state = {"w": torch.zeros(1000)}
+    checkpointer.load(state, 1)
+    assert torch.equal(state["w"], torch.ones(1000))
+
+
+@pytest.fixture
+def moto_server():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    server = subprocess.Popen(
+        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
+        stdout=subprocess.DEVNULL,
+        stderr=subprocess.DEVNULL,
+    )
+    endpoint = f"http://127.0.0.1:{port}"
+    env = {
+        "AWS_ENDPOINT_URL": endpoint,
+        "AWS_ACCESS_KEY_ID": "testing",
+        "AWS_SECRET_ACCESS_KEY": "testing",
+        "AWS_REGION": "us-east-1",
+        "AWS_EC2_METADATA_DISABLED": "true",
+    }
+    deadline = time.monotonic() + 30
+    while True:
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=1).close()
+            break
+        except OSError:
+            assert time.monotonic() < deadline, "moto server did not start"
+            time.sleep(0.1)
+    yield env
+    server.terminate()
+    server.wait(timeout=10)
+
+
+def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto_server):
+    s3 = boto3.client(
+        "s3",
+        endpoint_url=moto_server["AWS_ENDPOINT_URL"],
+        region_name="us-east-1",
+        aws_access_key_id="testing",
+        aws_secret_access_key="testing",
+    )
+    s3.create_bucket(Bucket="ckpts")
+    uri = "s3://ckpts/runs/tiny"
+    train(
+        tmp_path,
+        1,
+        uri,
+        "--steps",
+        "10",
+        "--checkpoint-every",
+        "5",
+        "--keep-last",
+        "1",
+        env=moto_server,
+    )
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"]]
+    assert "runs/tiny/step-00000010/COMMITTED" in keys
+    assert not any(k.startswith("runs/tiny/step-00000005/") for k in keys)  # pruned
+    assert any(k.endswith(".distcp") for k in keys)
+    resumed = train(tmp_path, 1, uri, "--steps", "15", "--checkpoint-every", "5", env=moto_server)
+    assert event(resumed, "start")["resumed_from"] == 10
+    assert event(resumed, "done")["step"] == 15
+
+
+def test_global_batch_must_divide_evenly(tmp_path):
+    result = subprocess.run(
+        command(1, "--global-batch", "6", "--micro-batch", "4", "--checkpoint-dir", str(tmp_path)),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 2
+    assert "--global-batch 6 is not a multiple of world size 1 x --micro-batch 4" in result.stderr
+
+
+def test_data_prepare_and_sample_addressing(tmp_path, capsys):
+    corpus = tmp_path / "corpus"
+    corpus.mkdir()
+    (corpus / "a.txt").write_text("hello world " * 50)
+    (corpus / "b.md").write_text("more text " * 50)
+    (corpus / "skip.bin").write_bytes(b"\x00" * 10)
+    assert data_main(["--input", str(corpus), "--out", str(tmp_path / "t.bin")]) == 0
+    assert "from 2 files" in capsys.readouterr().out
+    data = TokenData(tmp_path / "t.bin", seq_len=16)
+    x, y = data.batch([0, 1, 2])
+    assert x.shape == (3, 16) and torch.equal(x[:, 1:], y[:, :-1])
+    # Every window is visited once per pass, whatever the order.
+    starts = {(i * data.stride) % data.windows for i in range(data.windows)}
+    assert len(starts) == data.windows
+    assert data_main(["--input", str(tmp_path / "missing")]) == 2
+
+
+def test_prepare_refuses_an_empty_corpus(tmp_path):
+    with pytest.raises(ValueError, match="no text files"):
+        prepare([], tmp_path / "t.bin")

@@ -1,0 +1,101 @@
+"""Token data: byte-level token files, and the embedded default corpus.
+
+    python -m trainer.data --input PATH [--out data/corpus.bin]
+
+turns a text file or a directory of them into a file of uint8 tokens. With no --input it uses the
+default corpus: the CPython standard library's own sources, real text on every machine with Python.
+"""
+
+import argparse
+import sys
+import sysconfig
+from pathlib import Path
+
+import numpy as np
+import torch
+
+DEFAULT_TOKENS = Path("build/data/stdlib.bin")
+TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".yaml", ".yml", ".toml", ".c", ".h"}
+
+
+def default_corpus_files() -> list[Path]:
+    stdlib = Path(sysconfig.get_paths()["stdlib"])
+    return sorted(stdlib.glob("*.py"))
+
+
+def text_files(source: Path) -> list[Path]:
+    if source.is_file():
+        return [source]
+    if source.is_dir():
+        return sorted(p for p in source.rglob("*") if p.is_file() and p.suffix in TEXT_SUFFIXES)
+    raise FileNotFoundError(f"no such file or directory: {source}")
+
+
+def prepare(files: list[Path], out: Path) -> int:
+    """Concatenate files as bytes into `out`; returns the token count."""
+    if not files:
+        raise ValueError("no text files to prepare")
+    out.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out.with_suffix(".tmp")
+    with tmp.open("wb") as sink:
+        for path in files:
+            sink.write(path.read_bytes())
+            sink.write(b"\n")
+    tmp.replace(out)  # a half-written token file is never visible under the final name
+    return out.stat().st_size
+
+
+class TokenData:
+    """Training samples addressed by a global sample index.
+
+    Sample i is a fixed window of the token file, independent of the world size, so a run that
+    resumes on a different number of workers sees the same samples in the same order.
+    """
+
+    def __init__(self, path: Path, seq_len: int):
+        self.tokens = np.memmap(path, dtype=np.uint8, mode="r")
+        self.seq_len = seq_len
+        self.windows = len(self.tokens) - seq_len - 1
+        if self.windows < 1:
+            raise ValueError(f"{path} has {len(self.tokens)} tokens; needs more than {seq_len + 1}")
+        # A stride coprime with the window count visits every window once per pass, in an order
+        # that jumps through the corpus instead of reading it front to back.
+        stride = int(self.windows * 0.6180339887) | 1
+        while np.gcd(stride, self.windows) != 1:
+            stride += 2
+        self.stride = stride
+
+    def batch(self, sample_indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
+        starts = [(i * self.stride) % self.windows for i in sample_indices]
+        rows = np.stack([self.tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
+        rows = torch.from_numpy(rows)
+        return rows[:, :-1], rows[:, 1:]
+
+
+def ensure_default_tokens(path: Path = DEFAULT_TOKENS) -> Path:
+    if not path.exists():
+        prepare(default_corpus_files(), path)
+    return path
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m trainer.data", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument(
+        "--input", type=Path, help="text file or directory (default: Python stdlib)"
+    )
+    parser.add_argument("--out", type=Path, default=DEFAULT_TOKENS)
+    args = parser.parse_args(argv)
+    try:
+        files = text_files(args.input) if args.input else default_corpus_files()
+        count = prepare(files, args.out)
+    except (OSError, ValueError) as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    print(f"wrote {count:,} tokens from {len(files)} files to {args.out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,89 @@
+"""A decoder-only transformer language model over bytes (GPT-2 shaped, nanoGPT-direct)."""
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn.functional as F
+from torch import nn
+
+
+@dataclass(frozen=True)
+class ModelConfig:
+    n_layer: int
+    n_head: int
+    d_model: int
+    seq_len: int
+    vocab_size: int = 256  # byte-level tokens: no tokenizer files, nothing to download
+
+    def params(self) -> int:
+        """Parameter count (embeddings tied with the output head)."""
+        d = self.d_model
+        per_block = 12 * d * d + 13 * d
+        return self.vocab_size * d + self.seq_len * d + self.n_layer * per_block + 2 * d
+
+    def flops_per_token(self) -> float:
+        """Training FLOPs per token: 6N for the matmuls plus attention (PaLM, appendix B)."""
+        return 6 * self.params() + 12 * self.n_layer * self.d_model * self.seq_len
+
+
+PRESETS = {
+    # Trains in about a minute on two CPU cores.
+    "tiny": ModelConfig(n_layer=2, n_head=4, d_model=128, seq_len=128),
+    "small": ModelConfig(n_layer=6, n_head=8, d_model=384, seq_len=256),
+    # GPT-2 124M shape (byte vocabulary instead of BPE).
+    "gpt2-124m": ModelConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024),
+}
+
+
+class Block(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.n_head = config.n_head
+        self.ln_1 = nn.LayerNorm(config.d_model)
+        self.qkv = nn.Linear(config.d_model, 3 * config.d_model)
+        self.proj = nn.Linear(config.d_model, config.d_model)
+        self.ln_2 = nn.LayerNorm(config.d_model)
+        self.mlp = nn.Sequential(
+            nn.Linear(config.d_model, 4 * config.d_model),
+            nn.GELU(approximate="tanh"),
+            nn.Linear(4 * config.d_model, config.d_model),
+        )
+
+    def forward(self, x: torch.Tensor) -> torch.Tensor:
+        b, t, d = x.shape
+        q, k, v = self.qkv(self.ln_1(x)).split(d, dim=2)
+        q, k, v = (z.view(b, t, self.n_head, d // self.n_head).transpose(1, 2) for z in (q, k, v))
+        y = F.scaled_dot_product_attention(q, k, v, is_causal=True)
+        x = x + self.proj(y.transpose(1, 2).contiguous().view(b, t, d))
+        return x + self.mlp(self.ln_2(x))
+
+
+class GPT(nn.Module):
+    def __init__(self, config: ModelConfig):
+        super().__init__()
+        self.config = config
+        self.tok_emb = nn.Embedding(config.vocab_size, config.d_model)
+        self.pos_emb = nn.Embedding(config.seq_len, config.d_model)
+        self.blocks = nn.ModuleList(Block(config) for _ in range(config.n_layer))
+        self.ln_f = nn.LayerNorm(config.d_model)
+        self.apply(self._init)
+        # GPT-2: scale residual projections by depth so activations stay bounded.
+        for block in self.blocks:
+            nn.init.normal_(block.proj.weight, std=0.02 / math.sqrt(2 * config.n_layer))
+
+    @staticmethod
+    def _init(module: nn.Module) -> None:
+        if isinstance(module, nn.Linear):
+            nn.init.normal_(module.weight, std=0.02)
+            nn.init.zeros_(module.bias)
+        elif isinstance(module, nn.Embedding):
+            nn.init.normal_(module.weight, std=0.02)
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        positions = torch.arange(tokens.shape[1], device=tokens.device)
+        x = self.tok_emb(tokens) + self.pos_emb(positions)
+        for block in self.blocks:
+            x = block(x)
+        logits = self.ln_f(x) @ self.tok_emb.weight.T  # output head tied to the embedding
+        return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
