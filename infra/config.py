@@ -248,6 +248,48 @@ class KarpenterConfig(Model):
     ami_alias: str = Field(default=KARPENTER_AMI_ALIAS, pattern=r"^al2023@v\d{8}$")
 
 
+class TeamConfig(Model):
+    """A team submitting jobs: a namespace with a LocalQueue, optionally its own ClusterQueue."""
+
+    name: K8sName
+    namespace: K8sName | None = None  # default: the team name
+    # Own ClusterQueue in the platform cohort: no quota of its own, it borrows unused platform
+    # quota up to this share of each pool's ceiling, and is reclaimed first when others need it.
+    own_cluster_queue: bool = False
+    borrowing_limit_percent: int = Field(default=100, ge=1, le=100)
+
+    @property
+    def namespace_name(self) -> str:
+        return self.namespace or self.name
+
+
+class QueuesConfig(Model):
+    cohort: K8sName = "training-platform"
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Any"
+    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = (
+        "LowerPriority"
+    )
+    teams: list[TeamConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "QueuesConfig":
+        for what, values in (
+            ("names", [t.name for t in self.teams]),
+            ("namespaces", [t.namespace_name for t in self.teams]),
+        ):
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(
+                    f"team {what} {', '.join(repeated)} repeat; allowed: unique {what}"
+                )
+        return self
+
+
+class MonitoringConfig(Model):
+    # kube-prometheus-stack with the DCGM dashboard; the DCGM exporter runs whenever GPUs do.
+    prometheus_stack: bool = False
+
+
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
@@ -256,6 +298,8 @@ class StackConfig(Model):
     cluster: ClusterConfig = ClusterConfig()
     karpenter: KarpenterConfig = KarpenterConfig()
     node_pools: list[NodePoolConfig] = Field(default_factory=list)
+    queues: QueuesConfig = QueuesConfig()
+    monitoring: MonitoringConfig = MonitoringConfig()
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> "StackConfig":

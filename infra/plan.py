@@ -17,12 +17,18 @@ from typing import Any
 import yaml
 
 from infra.catalog import load_catalog
+from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
 from infra.config import PROJECT_DIR, ConfigError, StackConfig, load_stack_file, read_stack_file
 from infra.offline import Plan, run_offline
 from infra.program import build_platform
 
 # Kubernetes types that are not objects in the cluster (providers, Helm wrappers).
-_NOT_MANIFESTS = ("kubernetes:helm.sh/", "pulumi:providers:")
+_NOT_MANIFESTS = (
+    "kubernetes:helm.sh/",
+    "kubernetes:kustomize/",
+    "kubernetes:yaml/",
+    "pulumi:providers:",
+)
 
 
 def make_plan(stack: str, project_dir: Path = PROJECT_DIR) -> tuple[StackConfig, Plan]:
@@ -72,14 +78,40 @@ def table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return ["  " + "  ".join(cell(c, w) for c, w in zip(row, widths, strict=True)) for row in cells]
 
 
+def platform_quota(plan: Plan) -> dict[tuple[str, str], str]:
+    """(flavor, resource) -> nominal quota of the platform ClusterQueue, as the plan declares it."""
+    queues = [
+        r
+        for r in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue")
+        if r.inputs["metadata"]["name"] == PLATFORM_QUEUE
+    ]
+    return {
+        (flavor["name"], res["name"]): res["nominalQuota"]
+        for queue in queues
+        for group in queue.inputs["spec"]["resourceGroups"]
+        for flavor in group["flavors"]
+        for res in flavor["resources"]
+    }
+
+
 def summary(config: StackConfig, plan: Plan) -> str:
     counts = Counter(r.type for r in plan.resources)
     lines = [f"Stack {plan.stack}: {len(plan.resources)} resources", ""]
     lines += table(["resource type", "count"], sorted(counts.items()))
     if config.node_pools:
         ceilings = [(p, p.ceiling()) for p in config.node_pools]
+        quota = platform_quota(plan)
         rows = [
-            [p.name, ", ".join(p.instance_types), c.nodes, c.gpus, c.vcpu, f"{c.usd_per_hour:,.2f}"]
+            [
+                p.name,
+                ", ".join(p.instance_types),
+                c.nodes,
+                c.gpus,
+                c.vcpu,
+                quota.get((p.name, "nvidia.com/gpu"), "-"),
+                quota.get((p.name, "cpu"), "-"),
+                f"{c.usd_per_hour:,.2f}",
+            ]
             for p, c in ceilings
         ]
         rows.append(
@@ -89,15 +121,43 @@ def summary(config: StackConfig, plan: Plan) -> str:
                 sum(c.nodes for _, c in ceilings),
                 sum(c.gpus for _, c in ceilings),
                 sum(c.vcpu for _, c in ceilings),
+                "",
+                "",
                 f"{sum(c.usd_per_hour for _, c in ceilings):,.2f}",
             ]
         )
         catalog = load_catalog()
         lines += ["", "NodePools (ceilings; cost at on-demand prices):"]
         lines += table(
-            ["pool", "instance types", "max nodes", "max GPUs", "max vCPU", "max $/hour"], rows
+            [
+                "pool",
+                "instance types",
+                "max nodes",
+                "max GPUs",
+                "max vCPU",
+                "queue GPUs",
+                "queue vCPU",
+                "max $/hour",
+            ],
+            rows,
         )
         lines.append(f"  prices: {catalog.price_source}, as of {catalog.price_as_of}")
+        lines.append("  queue: nominal quota of the platform ClusterQueue, per pool's flavor")
+    if config.queues.teams:
+        lines += ["", "Teams (Kueue):"]
+        lines += table(
+            ["team", "namespace", "LocalQueue", "ClusterQueue", "borrowing limit"],
+            [
+                [
+                    t.name,
+                    t.namespace_name,
+                    t.name,
+                    team_cluster_queue(t),
+                    f"{t.borrowing_limit_percent}%" if t.own_cluster_queue else "-",
+                ]
+                for t in config.queues.teams
+            ],
+        )
     return "\n".join(lines)
 
 

@@ -3,10 +3,14 @@
 import pulumi
 
 from infra.components.cluster import Cluster
+from infra.components.gpu_metrics import GpuMetrics
 from infra.components.karpenter import Karpenter
+from infra.components.kueue import Kueue
 from infra.components.network import Network
 from infra.components.node_pools import NodePools
 from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
+from infra.components.queues import Queues
+from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi
 
 
@@ -29,6 +33,11 @@ def build_platform(config: StackConfig) -> None:
     )
     if any(pool.gpu for pool in config.node_pools):
         NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
+        GpuMetrics("gpu-metrics", cluster.provider, config.monitoring.prometheus_stack)
+
+    operators = TrainingOperators("training-operators", provider=cluster.provider)
+    kueue = Kueue("kueue", provider=cluster.provider, depends_on=operators.installs)
+    Queues("queues", config.node_pools, config.queues, kueue.release, provider=cluster.provider)
 
     pulumi.export("vpcId", network.vpc_id)
     pulumi.export("privateSubnetIds", network.private_subnet_ids)

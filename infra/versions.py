@@ -37,3 +37,20 @@ NVIDIA_DEVICE_PLUGIN_CHART = ChartPin(
 # instance types by the same alias. A stack may pin another with `karpenter.amiAlias`. List them:
 # aws ssm get-parameters-by-path --path /aws/service/eks/optimized-ami/1.34/amazon-linux-2023/
 KARPENTER_AMI_ALIAS = "al2023@v20261020"
+
+KUEUE_CHART = ChartPin("oci://registry.k8s.io/kueue/charts/kueue", "0.19.2")
+DCGM_EXPORTER_CHART = ChartPin(
+    "dcgm-exporter", "4.8.3", repo="https://nvidia.github.io/dcgm-exporter/helm-charts"
+)
+KUBE_PROMETHEUS_STACK_CHART = ChartPin(
+    "kube-prometheus-stack", "88.6.5", repo="https://prometheus-community.github.io/helm-charts"
+)
+# Kubeflow training operator (v1 line, PyTorchJob kubeflow.org/v1): the upstream standalone
+# overlay at this tag, patched by infra/manifests/training-operator/kustomization.yaml.
+TRAINING_OPERATOR_VERSION = "v1.9.4"
+# MPI operator (MPIJob kubeflow.org/v2beta1): upstream's single-file install at this tag.
+MPI_OPERATOR_VERSION = "v0.8.0"
+MPI_OPERATOR_MANIFEST = (
+    "https://raw.githubusercontent.com/kubeflow/mpi-operator/"
+    f"{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
+)

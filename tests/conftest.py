@@ -1,6 +1,7 @@
 """Shared fixtures: plans of the real stack files, and plans of edited copies of them."""
 
 import copy
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -9,6 +10,7 @@ from infra.config import parse_stack_config, read_stack_file
 from infra.offline import Plan, run_offline
 from infra.program import build_platform
 
+ROOT = Path(__file__).resolve().parent.parent
 STACKS = ["dev", "prod"]
 
 

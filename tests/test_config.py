@@ -104,7 +104,7 @@ def error_for(**sections) -> str:
         (
             {"clusterr": {}},
             "training-platform:clusterr",
-            "allowed keys here: cluster, karpenter, network, nodePools",
+            "allowed keys here: cluster, karpenter, monitoring, network, nodePools, queues",
         ),
     ],
 )

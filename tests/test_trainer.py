@@ -337,3 +337,26 @@ def test_data_prepare_and_sample_addressing(tmp_path, capsys):
 def test_prepare_refuses_an_empty_corpus(tmp_path):
     with pytest.raises(ValueError, match="no text files"):
         prepare([], tmp_path / "t.bin")
+
+
+def test_concurrent_first_preparation_of_the_default_corpus(tmp_path):
+    """Fresh clone, several workers: all prepare the corpus at once and all get a whole file."""
+    out = tmp_path / "stdlib.bin"
+    script = (
+        "import sys; from pathlib import Path; from trainer.data import ensure_default_tokens; "
+        "print(Path(ensure_default_tokens(Path(sys.argv[1]))).stat().st_size)"
+    )
+    workers = [
+        subprocess.Popen(
+            [sys.executable, "-c", script, str(out)],
+            cwd=ROOT,
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            text=True,
+        )
+        for _ in range(4)
+    ]
+    results = [w.communicate(timeout=120) for w in workers]
+    assert [w.returncode for w in workers] == [0] * 4, [err for _, err in results]
+    assert len({out for out, _ in results}) == 1
+    assert not list(tmp_path.glob(".*.tmp"))

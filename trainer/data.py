@@ -7,6 +7,7 @@ default corpus: the CPython standard library's own sources, real text on every m
 """
 
 import argparse
+import os
 import sys
 import sysconfig
 from pathlib import Path
@@ -36,12 +37,14 @@ def prepare(files: list[Path], out: Path) -> int:
     if not files:
         raise ValueError("no text files to prepare")
     out.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out.with_suffix(".tmp")
+    # Every worker of a fresh run may prepare the default corpus at once: each writes its own
+    # temporary file and renames it into place, so readers only ever see a complete file.
+    tmp = out.with_name(f".{out.name}.{os.getpid()}.tmp")
     with tmp.open("wb") as sink:
         for path in files:
             sink.write(path.read_bytes())
             sink.write(b"\n")
-    tmp.replace(out)  # a half-written token file is never visible under the final name
+    tmp.replace(out)
     return out.stat().st_size
 
 

@@ -1,0 +1,147 @@
+"""Kueue queues derived from the NodePools: flavors, ClusterQueues with quotas, team LocalQueues.
+
+Each pool's nominal quota is its Karpenter ceiling (NodePoolConfig.ceiling), so Kueue admits no
+more than Karpenter may launch; Karpenter then scales on the admitted pods.
+"""
+
+import math
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.components.node_pools import GPU_TAINT, POOL_LABEL
+from infra.config import NodePoolConfig, QueuesConfig, TeamConfig
+
+API_VERSION = "kueue.x-k8s.io/v1beta2"
+PLATFORM_QUEUE = "platform"
+QUEUE_ACCESS_LABEL = "training-platform/queue-access"
+COVERED_RESOURCES = ["cpu", "memory", "nvidia.com/gpu"]
+
+
+def resource_flavor_spec(pool: NodePoolConfig) -> dict:
+    spec: dict = {"nodeLabels": {POOL_LABEL: pool.name}}
+    if pool.gpu:
+        # Admitted pods get the toleration injected, so job specs need not carry it.
+        spec["nodeTaints"] = [GPU_TAINT]
+        spec["tolerations"] = [{**GPU_TAINT, "operator": "Equal"}]
+    return spec
+
+
+def quotas(pool: NodePoolConfig, share: float | None = None) -> list[dict]:
+    """Nominal quota = the pool's ceiling; with `share`, a borrowing-only quota instead."""
+    ceiling = pool.ceiling()
+    amounts = {"cpu": ceiling.vcpu, "memory": ceiling.memory_gib, "nvidia.com/gpu": ceiling.gpus}
+    resources = []
+    for name in COVERED_RESOURCES:
+        unit = "Gi" if name == "memory" else ""
+        entry = {"name": name, "nominalQuota": f"0{unit}" if share else f"{amounts[name]}{unit}"}
+        if share:
+            entry["borrowingLimit"] = f"{math.ceil(amounts[name] * share)}{unit}"
+        resources.append(entry)
+    return resources
+
+
+def cluster_queue_spec(
+    pools: list[NodePoolConfig],
+    queues: QueuesConfig,
+    namespace_selector: dict,
+    share: float | None = None,
+) -> dict:
+    # CPU flavors first: a job without GPU requests (and no pool selector) lands on CPU nodes.
+    ordered = sorted(pools, key=lambda p: p.gpu)
+    return {
+        "cohortName": queues.cohort,
+        "namespaceSelector": namespace_selector,
+        "queueingStrategy": "BestEffortFIFO",
+        "preemption": {
+            "reclaimWithinCohort": queues.reclaim_within_cohort,
+            "withinClusterQueue": queues.within_cluster_queue,
+        },
+        "resourceGroups": [
+            {
+                "coveredResources": COVERED_RESOURCES,
+                "flavors": [{"name": p.name, "resources": quotas(p, share)} for p in ordered],
+            }
+        ],
+    }
+
+
+def team_cluster_queue(team: TeamConfig) -> str:
+    return f"team-{team.name}" if team.own_cluster_queue else PLATFORM_QUEUE
+
+
+class Queues(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        pools: list[NodePoolConfig],
+        queues: QueuesConfig,
+        kueue_release: pulumi.Resource,
+        provider: k8s.Provider,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:Queues", name, None, opts)
+        # The Kueue chart brings the CRDs: nothing here can be created before it.
+        child = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[kueue_release])
+
+        def custom(resource_name: str, kind: str, metadata: dict, spec: dict, depends=()):
+            return k8s.apiextensions.CustomResource(
+                resource_name,
+                api_version=API_VERSION,
+                kind=kind,
+                metadata=metadata,
+                spec=spec,
+                opts=pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(depends_on=list(depends))
+                ),
+            )
+
+        flavors = [
+            custom(
+                f"{name}-flavor-{p.name}",
+                "ResourceFlavor",
+                {"name": p.name},
+                resource_flavor_spec(p),
+            )
+            for p in pools
+        ]
+        cluster_queues = {
+            PLATFORM_QUEUE: custom(
+                f"{name}-{PLATFORM_QUEUE}",
+                "ClusterQueue",
+                {"name": PLATFORM_QUEUE},
+                cluster_queue_spec(pools, queues, {"matchLabels": {QUEUE_ACCESS_LABEL: "true"}}),
+                flavors,
+            )
+        }
+        for team in queues.teams:
+            if team.own_cluster_queue:
+                selector = {"matchLabels": {"kubernetes.io/metadata.name": team.namespace_name}}
+                share = team.borrowing_limit_percent / 100
+                cluster_queues[team_cluster_queue(team)] = custom(
+                    f"{name}-team-{team.name}",
+                    "ClusterQueue",
+                    {"name": team_cluster_queue(team)},
+                    cluster_queue_spec(pools, queues, selector, share),
+                    flavors,
+                )
+        for team in queues.teams:
+            namespace = k8s.core.v1.Namespace(
+                f"{name}-ns-{team.name}",
+                metadata={
+                    "name": team.namespace_name,
+                    "labels": {
+                        QUEUE_ACCESS_LABEL: str(not team.own_cluster_queue).lower(),
+                        "training-platform/team": team.name,
+                    },
+                },
+                opts=pulumi.ResourceOptions(parent=self, provider=provider),
+            )
+            custom(
+                f"{name}-lq-{team.name}",
+                "LocalQueue",
+                {"name": team.name, "namespace": team.namespace_name},
+                {"clusterQueue": team_cluster_queue(team)},
+                [namespace, cluster_queues[team_cluster_queue(team)]],
+            )
+        self.register_outputs({"clusterQueues": sorted(cluster_queues)})

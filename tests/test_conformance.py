@@ -1,0 +1,73 @@
+"""Every custom resource in every stack's plan validates against its upstream CRD."""
+
+import copy
+
+import pytest
+
+from tests.conftest import STACKS
+from tests.crd_schema import conformance_errors
+
+CORE_GROUPS = ("kubernetes:core/", "kubernetes:apps/", "kubernetes:rbac.authorization.k8s.io/")
+NOT_OBJECTS = ("kubernetes:helm.sh/", "kubernetes:kustomize/", "kubernetes:yaml/")
+
+
+def custom_resources(plan):
+    return [
+        r
+        for r in plan.resources
+        if r.type.startswith("kubernetes:") and not r.type.startswith(CORE_GROUPS + NOT_OBJECTS)
+    ]
+
+
+@pytest.mark.parametrize("stack", STACKS)
+def test_every_custom_resource_conforms_to_its_served_crd_version(stack, request):
+    plan = request.getfixturevalue(f"{stack}_plan")
+    resources = custom_resources(plan)
+    kinds = {r.inputs["kind"] for r in resources}
+    assert {"NodePool", "EC2NodeClass", "ResourceFlavor", "ClusterQueue", "LocalQueue"} <= kinds
+    failures = {r.name: conformance_errors(r.inputs) for r in resources}
+    assert {name: errors for name, errors in failures.items() if errors} == {}
+
+
+def first(plan, kind):
+    return copy.deepcopy(next(r.inputs for r in custom_resources(plan) if r.inputs["kind"] == kind))
+
+
+@pytest.mark.parametrize(
+    ("kind", "mutate", "expected"),
+    [
+        (
+            "NodePool",
+            lambda m: m["spec"]["disruption"].update(consolidateAftr="5m"),
+            "consolidateAftr",
+        ),
+        (
+            "NodePool",
+            lambda m: m["spec"]["disruption"].update(consolidationPolicy="WhenIdle"),
+            "'WhenIdle' is not one of",
+        ),
+        ("NodePool", lambda m: m.update(apiVersion="karpenter.sh/v1beta1"), "not served"),
+        (
+            "EC2NodeClass",
+            lambda m: m["spec"]["metadataOptions"].update(httpTokens="always"),
+            "'always' is not one of",
+        ),
+        ("ClusterQueue", lambda m: m["spec"].update(cohort="x"), "'cohort' was unexpected"),
+        (
+            "ClusterQueue",
+            lambda m: m["spec"]["preemption"].update(reclaimWithinCohort="Sometimes"),
+            "'Sometimes' is not one of",
+        ),
+        ("ClusterQueue", lambda m: m.update(apiVersion="kueue.x-k8s.io/v1alpha1"), "not served"),
+        ("LocalQueue", lambda m: m["spec"].update(clusterQueueName="platform"), "clusterQueueName"),
+        ("ResourceFlavor", lambda m: m["spec"].update(nodeLabel={"a": "b"}), "nodeLabel"),
+    ],
+)
+def test_conformance_catches_misspellings_bad_enums_and_wrong_versions(
+    dev_plan, kind, mutate, expected
+):
+    manifest = first(dev_plan, kind)
+    assert conformance_errors(manifest) == []
+    mutate(manifest)
+    errors = conformance_errors(manifest)
+    assert any(expected in e for e in errors), errors
