@@ -290,6 +290,43 @@ class MonitoringConfig(Model):
     prometheus_stack: bool = False
 
 
+class BucketConfig(Model):
+    kms: bool = False  # SSE-KMS with a key of this stack; default SSE-S3
+    checkpoint_retention_days: int = Field(default=30, ge=1, le=3650)
+    force_destroy: bool = False  # let `pulumi destroy` delete a bucket that still holds objects
+
+
+class EfsConfig(Model):
+    enabled: bool = True
+
+
+class FsxConfig(Model):
+    """FSx for Lustre PERSISTENT_2, linked to the bucket's `datasetPrefix` (auto import/export)."""
+
+    enabled: bool = False
+    storage_capacity_gib: int = 1200
+    throughput_per_tib: Literal[125, 250, 500, 1000] = 125
+    dataset_prefix: str = Field(
+        default="datasets", pattern=r"^[a-zA-Z0-9!_.*'()-]+(/[a-zA-Z0-9!_.*'()-]+)*$"
+    )
+
+    @model_validator(mode="after")
+    def _capacity(self) -> "FsxConfig":
+        capacity = self.storage_capacity_gib
+        if capacity != 1200 and (capacity < 2400 or capacity % 2400):
+            raise ValueError(
+                f"storageCapacityGib {capacity}; allowed for PERSISTENT_2 SSD: 1200 or a multiple "
+                "of 2400 (2400, 4800, ...)"
+            )
+        return self
+
+
+class StorageConfig(Model):
+    bucket: BucketConfig = BucketConfig()
+    efs: EfsConfig = EfsConfig()
+    fsx: FsxConfig = FsxConfig()
+
+
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
@@ -300,6 +337,7 @@ class StackConfig(Model):
     node_pools: list[NodePoolConfig] = Field(default_factory=list)
     queues: QueuesConfig = QueuesConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
+    storage: StorageConfig = StorageConfig()
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> "StackConfig":

@@ -106,6 +106,8 @@ def _fake_id(type_: str, name: str) -> str:
         "aws:ec2/eip:Eip": "eipalloc-",
         "aws:ec2/routeTable:RouteTable": "rtb-",
         "aws:ec2/launchTemplate:LaunchTemplate": "lt-",
+        "aws:fsx/lustreFileSystem:LustreFileSystem": "fs-",
+        "aws:efs/fileSystem:FileSystem": "fs-",
     }.get(type_)
     return f"{prefix}{digest[:17]}" if prefix else f"{name}-{digest[:8]}"
 
@@ -153,6 +155,12 @@ class PlatformMocks(mocks.Mocks):
         elif args.typ == "aws:kms/key:Key":
             outputs["keyId"] = id_
             outputs["arn"] = f"arn:aws:kms:{self.region}:{ACCOUNT_ID}:key/{id_}"
+        elif args.typ == "aws:s3/bucket:Bucket":
+            outputs.setdefault("bucket", f"{args.name}-{id_[-7:]}")
+            outputs["arn"] = f"arn:aws:s3:::{outputs['bucket']}"
+        elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
+            outputs["dnsName"] = f"{id_}.fsx.{self.region}.amazonaws.com"
+            outputs["mountName"] = id_[-8:]
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outputs["latestVersion"] = 1
         elif args.typ.startswith("kubernetes:") and "metadata" in outputs:

@@ -16,8 +16,10 @@ from typing import Any
 
 import yaml
 
-from infra.catalog import load_catalog
+from infra.catalog import load_catalog, load_storage_prices
+from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
+from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import PROJECT_DIR, ConfigError, StackConfig, load_stack_file, read_stack_file
 from infra.offline import Plan, run_offline
 from infra.program import build_platform
@@ -94,6 +96,44 @@ def platform_quota(plan: Plan) -> dict[tuple[str, str], str]:
     }
 
 
+def storage_rows(config: StackConfig) -> list[str]:
+    storage, prices = config.storage, load_storage_prices()
+    encryption = "SSE-KMS" if storage.bucket.kms else "SSE-S3"
+    rows = [
+        [
+            "S3 bucket",
+            f"{encryption}, versioned, checkpoints expire after "
+            f"{storage.bucket.checkpoint_retention_days} days",
+            "per GiB stored",
+        ],
+        ["EBS", "gp3 StorageClass (default, encrypted)", "per volume"],
+    ]
+    if storage.efs.enabled:
+        rows.append(
+            [
+                "EFS",
+                f"encrypted, elastic; claim {EFS_CLAIM} in every team namespace",
+                "per GiB used",
+            ]
+        )
+    if storage.fsx.enabled:
+        fsx = storage.fsx
+        monthly = fsx.storage_capacity_gib * prices.fsx_per_gib_month[fsx.throughput_per_tib]
+        rows.append(
+            [
+                "FSx for Lustre",
+                f"PERSISTENT_2 {fsx.storage_capacity_gib} GiB, "
+                f"{fsx.throughput_per_tib} MB/s/TiB, s3://<bucket>/{fsx.dataset_prefix}; "
+                f"claim {FSX_CLAIM}",
+                f"${monthly:,.2f}/month",
+            ]
+        )
+    lines = table(["store", "configuration", "cost"], rows)
+    if storage.fsx.enabled:
+        lines.append(f"  prices: {prices.price_source}, as of {prices.price_as_of}")
+    return lines
+
+
 def summary(config: StackConfig, plan: Plan) -> str:
     counts = Counter(r.type for r in plan.resources)
     lines = [f"Stack {plan.stack}: {len(plan.resources)} resources", ""]
@@ -143,6 +183,7 @@ def summary(config: StackConfig, plan: Plan) -> str:
         )
         lines.append(f"  prices: {catalog.price_source}, as of {catalog.price_as_of}")
         lines.append("  queue: nominal quota of the platform ClusterQueue, per pool's flavor")
+    lines += ["", "Storage:"] + storage_rows(config)
     if config.queues.teams:
         lines += ["", "Teams (Kueue):"]
         lines += table(

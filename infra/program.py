@@ -2,16 +2,21 @@
 
 import pulumi
 
+from infra.components.block_storage import BlockStorage
+from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.karpenter import Karpenter
 from infra.components.kueue import Kueue
+from infra.components.lustre import LustreFileSystem
 from infra.components.network import Network
 from infra.components.node_pools import NodePools
 from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.components.queues import Queues
+from infra.components.shared_file_system import SharedFileSystem
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi
+from infra.versions import EKS_ADDONS
 
 
 def build_platform(config: StackConfig) -> None:
@@ -37,7 +42,42 @@ def build_platform(config: StackConfig) -> None:
 
     operators = TrainingOperators("training-operators", provider=cluster.provider)
     kueue = Kueue("kueue", provider=cluster.provider, depends_on=operators.installs)
-    Queues("queues", config.node_pools, config.queues, kueue.release, provider=cluster.provider)
+    queues = Queues(
+        "queues", config.node_pools, config.queues, kueue.release, provider=cluster.provider
+    )
+
+    addons = EKS_ADDONS[config.cluster.kubernetes_version]
+    storage = config.storage
+    bucket = TrainingBucket("training-bucket", storage.bucket, tags=tags)
+    BlockStorage("ebs", cluster.name, addons["aws-ebs-csi-driver"], cluster.provider, tags)
+    if storage.efs.enabled:
+        SharedFileSystem(
+            "efs",
+            cluster.name,
+            addons["aws-efs-csi-driver"],
+            network.vpc_id,
+            network.private_subnets,
+            cluster.cluster_security_group_id,
+            queues.namespaces,
+            cluster.provider,
+            tags,
+        )
+    if storage.fsx.enabled:
+        LustreFileSystem(
+            "fsx",
+            storage.fsx,
+            cluster.name,
+            addons["aws-fsx-csi-driver"],
+            network.vpc_id,
+            network.private_subnets[0],
+            cluster.cluster_security_group_id,
+            bucket.name,
+            queues.namespaces,
+            cluster.provider,
+            tags,
+        )
+    pulumi.export("bucketName", bucket.name)
+    pulumi.export("checkpointPrefixPolicy", bucket.prefix_policy(CHECKPOINT_PREFIX))
 
     pulumi.export("vpcId", network.vpc_id)
     pulumi.export("privateSubnetIds", network.private_subnet_ids)

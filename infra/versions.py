@@ -15,6 +15,9 @@ EKS_ADDONS = {
         "coredns": "v1.12.4-eksbuild.1",
         "kube-proxy": "v1.34.0-eksbuild.4",
         "eks-pod-identity-agent": "v1.3.9-eksbuild.3",
+        "aws-ebs-csi-driver": "v1.51.1-eksbuild.1",
+        "aws-efs-csi-driver": "v2.1.13-eksbuild.1",
+        "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
     },
 }
 
@@ -27,6 +30,9 @@ class ChartPin:
     version: str
     repo: str | None = None
 
+
+# FSx for Lustre server version.
+LUSTRE_VERSION = "2.15"
 
 KARPENTER_CHART = ChartPin("oci://public.ecr.aws/karpenter/karpenter", "1.14.1")
 NVIDIA_DEVICE_PLUGIN_CHART = ChartPin(

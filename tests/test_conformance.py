@@ -7,15 +7,27 @@ import pytest
 from tests.conftest import STACKS
 from tests.crd_schema import conformance_errors
 
-CORE_GROUPS = ("kubernetes:core/", "kubernetes:apps/", "kubernetes:rbac.authorization.k8s.io/")
-NOT_OBJECTS = ("kubernetes:helm.sh/", "kubernetes:kustomize/", "kubernetes:yaml/")
+# Kubernetes' own API groups (validated by the API server, not by CRDs) and Pulumi wrappers.
+BUILT_IN = {
+    "core",
+    "apps",
+    "batch",
+    "policy",
+    "rbac.authorization.k8s.io",
+    "storage.k8s.io",
+    "networking.k8s.io",
+    "scheduling.k8s.io",
+    "apiextensions.k8s.io",
+}
+NOT_OBJECTS = {"helm.sh", "kustomize", "yaml"}
 
 
 def custom_resources(plan):
     return [
         r
         for r in plan.resources
-        if r.type.startswith("kubernetes:") and not r.type.startswith(CORE_GROUPS + NOT_OBJECTS)
+        if r.type.startswith("kubernetes:")
+        and r.type.split(":")[1].split("/")[0] not in BUILT_IN | NOT_OBJECTS
     ]
 
 

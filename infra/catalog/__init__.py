@@ -61,3 +61,20 @@ def load_catalog() -> Catalog:
                 usd_per_hour=price,
             )
     return Catalog(types=types, price_source=raw["priceSource"], price_as_of=raw["priceAsOf"])
+
+
+@dataclass(frozen=True)
+class StoragePrices:
+    fsx_per_gib_month: dict[int, float]  # PERSISTENT_2 SSD, by throughput per TiB
+    price_source: str
+    price_as_of: str
+
+
+@cache
+def load_storage_prices() -> StoragePrices:
+    raw = yaml.safe_load(CATALOG_FILE.with_name("storage_prices.yaml").read_text())
+    return StoragePrices(
+        fsx_per_gib_month={int(k): float(v) for k, v in raw["fsxPersistent2PerGibMonth"].items()},
+        price_source=raw["priceSource"],
+        price_as_of=raw["priceAsOf"],
+    )

@@ -1,12 +1,11 @@
 """Cluster: the EKS control plane, its system node group, core add-ons and a Kubernetes provider."""
 
-import json
-
 import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
+from infra.components.iam import assume_role_policy
 from infra.components.network import Network, discovery_tag
 from infra.config import ClusterConfig
 from infra.versions import EKS_ADDONS
@@ -21,22 +20,6 @@ NODE_MANAGED_POLICIES = [
     "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
     "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
 ]
-
-
-def assume_role_policy(service: str, actions: list[str] | None = None) -> str:
-    """Trust policy letting one AWS service principal assume a role."""
-    return json.dumps(
-        {
-            "Version": "2012-10-17",
-            "Statement": [
-                {
-                    "Effect": "Allow",
-                    "Principal": {"Service": service},
-                    "Action": actions or ["sts:AssumeRole"],
-                }
-            ],
-        }
-    )
 
 
 class Cluster(pulumi.ComponentResource):

@@ -9,8 +9,9 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.components.cluster import NODE_MANAGED_POLICIES, Cluster, assume_role_policy
+from infra.components.cluster import NODE_MANAGED_POLICIES, Cluster
 from infra.components.helm import helm_release
+from infra.components.iam import assume_role_policy, pod_identity_role
 from infra.versions import KARPENTER_CHART
 
 NAMESPACE = "kube-system"
@@ -280,24 +281,17 @@ class Karpenter(pulumi.ComponentResource):
             aws.cloudwatch.EventTarget(f"{name}-{event}", rule=rule.name, arn=queue.arn, opts=child)
 
         # Controller: Pod Identity role for the chart's service account.
-        controller_role = aws.iam.Role(
+        controller_role = pod_identity_role(
             f"{name}-controller",
-            name=f"KarpenterController-{cluster_name}",
-            assume_role_policy=assume_role_policy(
-                "pods.eks.amazonaws.com", ["sts:AssumeRole", "sts:TagSession"]
-            ),
-            tags=tags,
-            opts=child,
-        )
-        aws.iam.RolePolicy(
-            f"{name}-controller",
-            role=controller_role.name,
-            policy=pulumi.Output.all(queue.arn, node_role.arn).apply(
+            [],
+            tags,
+            child,
+            inline_policy=pulumi.Output.all(queue.arn, node_role.arn).apply(
                 lambda arns: json.dumps(
                     controller_policy(cluster_name, region, partition, account, *arns)
                 )
             ),
-            opts=child,
+            role_name=f"KarpenterController-{cluster_name}",
         )
         identity = aws.eks.PodIdentityAssociation(
             f"{name}-controller",

@@ -18,6 +18,7 @@ def discovery_tag(cluster_name: str) -> dict[str, str]:
 class Network(pulumi.ComponentResource):
     vpc_id: pulumi.Output[str]
     private_subnet_ids: pulumi.Output[list[str]]
+    private_subnets: list[pulumi.Input[str]]  # one id per AZ, for per-subnet resources
     public_subnet_ids: pulumi.Output[list[str]]
 
     def __init__(
@@ -57,7 +58,8 @@ class Network(pulumi.ComponentResource):
                     opts=self._child,
                 )
         self.vpc_id = pulumi.Output.from_input(existing.vpc_id)
-        self.private_subnet_ids = pulumi.Output.from_input(list(existing.private_subnet_ids))
+        self.private_subnets = list(existing.private_subnet_ids)
+        self.private_subnet_ids = pulumi.Output.from_input(self.private_subnets)
         self.public_subnet_ids = pulumi.Output.from_input(list(existing.public_subnet_ids))
 
     def _create(self, name: str, config: NetworkConfig) -> None:
@@ -151,7 +153,8 @@ class Network(pulumi.ComponentResource):
             private_subnets.append(private)
 
         self.vpc_id = vpc.id
-        self.private_subnet_ids = pulumi.Output.all(*[s.id for s in private_subnets])
+        self.private_subnets = [s.id for s in private_subnets]
+        self.private_subnet_ids = pulumi.Output.all(*self.private_subnets)
         self.public_subnet_ids = pulumi.Output.all(*[s.id for s in public_subnets])
 
     def _named(self, name: str, *extra: dict[str, str]) -> dict[str, str]:

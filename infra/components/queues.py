@@ -71,6 +71,8 @@ def team_cluster_queue(team: TeamConfig) -> str:
 
 
 class Queues(pulumi.ComponentResource):
+    namespaces: dict[str, k8s.core.v1.Namespace]  # team name -> its namespace
+
     def __init__(
         self,
         name: str,
@@ -125,8 +127,9 @@ class Queues(pulumi.ComponentResource):
                     cluster_queue_spec(pools, queues, selector, share),
                     flavors,
                 )
+        self.namespaces = {}
         for team in queues.teams:
-            namespace = k8s.core.v1.Namespace(
+            namespace = self.namespaces[team.name] = k8s.core.v1.Namespace(
                 f"{name}-ns-{team.name}",
                 metadata={
                     "name": team.namespace_name,

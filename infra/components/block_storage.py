@@ -1,0 +1,49 @@
+"""BlockStorage: the EBS CSI driver and the default gp3 StorageClass."""
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.components.iam import csi_driver_addon, pod_identity_role
+
+EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
+STORAGE_CLASS = "gp3"
+
+
+class BlockStorage(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        cluster_name: pulumi.Input[str],
+        addon_version: str,
+        provider: k8s.Provider,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:BlockStorage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        role = pod_identity_role(f"{name}-csi", [EBS_CSI_POLICY], tags, child)
+        addon = csi_driver_addon(
+            f"{name}-csi",
+            cluster_name,
+            "aws-ebs-csi-driver",
+            addon_version,
+            "ebs-csi-controller-sa",
+            role,
+            tags,
+            child,
+        )
+        k8s.storage.v1.StorageClass(
+            STORAGE_CLASS,
+            metadata={
+                "name": STORAGE_CLASS,
+                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
+            },
+            provisioner="ebs.csi.aws.com",
+            parameters={"type": "gp3", "encrypted": "true", "fsType": "ext4"},
+            # Create the volume in the AZ the pod lands in, not before.
+            volume_binding_mode="WaitForFirstConsumer",
+            allow_volume_expansion=True,
+            reclaim_policy="Delete",
+            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[addon]),
+        )
+        self.register_outputs({"storageClass": STORAGE_CLASS})

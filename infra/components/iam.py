@@ -1,0 +1,72 @@
+"""IAM building blocks shared by components: trust policies and Pod Identity roles."""
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+
+POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
+
+
+def assume_role_policy(service: str, actions: list[str] | None = None) -> str:
+    """Trust policy letting one AWS service principal assume a role."""
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": service},
+                    "Action": actions or ["sts:AssumeRole"],
+                }
+            ],
+        }
+    )
+
+
+def pod_identity_role(
+    name: str,
+    managed_policy_arns: list[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+    inline_policy: pulumi.Input[str] | None = None,
+    role_name: str | None = None,
+) -> aws.iam.Role:
+    """A role that EKS Pod Identity lets one service account assume."""
+    role = aws.iam.Role(
+        name,
+        name=role_name,
+        assume_role_policy=assume_role_policy(
+            POD_IDENTITY_SERVICE, ["sts:AssumeRole", "sts:TagSession"]
+        ),
+        tags=tags,
+        opts=opts,
+    )
+    for i, arn in enumerate(managed_policy_arns):
+        aws.iam.RolePolicyAttachment(f"{name}-{i}", role=role.name, policy_arn=arn, opts=opts)
+    if inline_policy is not None:
+        aws.iam.RolePolicy(name, role=role.name, policy=inline_policy, opts=opts)
+    return role
+
+
+def csi_driver_addon(
+    name: str,
+    cluster_name: pulumi.Input[str],
+    addon: str,
+    version: str,
+    service_account: str,
+    role: aws.iam.Role,
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> aws.eks.Addon:
+    """An EKS add-on whose controller runs as `service_account` with `role` via Pod Identity."""
+    return aws.eks.Addon(
+        name,
+        cluster_name=cluster_name,
+        addon_name=addon,
+        addon_version=version,
+        resolve_conflicts_on_update="OVERWRITE",
+        pod_identity_associations=[{"role_arn": role.arn, "service_account": service_account}],
+        tags=tags,
+        opts=opts,
+    )

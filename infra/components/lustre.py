@@ -1,0 +1,158 @@
+"""LustreFileSystem: FSx for Lustre PERSISTENT_2 linked to the bucket, its CSI driver and claims.
+
+Jobs read datasets and write checkpoints at Lustre speed; the data repository association imports
+new, changed and deleted S3 objects and exports the file system's changes back.
+"""
+
+import json
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.components.iam import csi_driver_addon, pod_identity_role
+from infra.config import FsxConfig
+from infra.versions import LUSTRE_VERSION
+
+# Lustre clients talk to the file system servers on 988 and 1018-1023.
+LUSTRE_PORTS = [(988, 988), (1018, 1023)]
+SYNC_EVENTS = ["NEW", "CHANGED", "DELETED"]
+MOUNT_PATH = "/data"
+CLAIM = "fsx-training-data"
+
+
+def csi_policy() -> str:
+    # Static volumes only: the driver describes file systems, it never creates or deletes them.
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {"Effect": "Allow", "Action": ["fsx:DescribeFileSystems"], "Resource": "*"}
+            ],
+        }
+    )
+
+
+class LustreFileSystem(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        config: FsxConfig,
+        cluster_name: pulumi.Input[str],
+        addon_version: str,
+        vpc_id: pulumi.Input[str],
+        subnet_id: pulumi.Input[str],
+        client_security_group_id: pulumi.Input[str],
+        bucket_name: pulumi.Input[str],
+        namespaces: dict[str, pulumi.Resource],
+        provider: k8s.Provider,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:LustreFileSystem", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        group = aws.ec2.SecurityGroup(
+            f"{name}-lustre",
+            vpc_id=vpc_id,
+            description="FSx for Lustre: clients and file system servers",
+            tags=tags,
+            opts=child,
+        )
+        # From the cluster's nodes and between the file system's own servers, nothing else.
+        for source, peer in (("nodes", client_security_group_id), ("self", group.id)):
+            for low, high in LUSTRE_PORTS:
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-{source}-{low}",
+                    security_group_id=group.id,
+                    referenced_security_group_id=peer,
+                    ip_protocol="tcp",
+                    from_port=low,
+                    to_port=high,
+                    description=f"Lustre from {source}",
+                    opts=child,
+                )
+                aws.vpc.SecurityGroupEgressRule(
+                    f"{name}-to-{source}-{low}",
+                    security_group_id=group.id,
+                    referenced_security_group_id=peer,
+                    ip_protocol="tcp",
+                    from_port=low,
+                    to_port=high,
+                    description=f"Lustre to {source}",
+                    opts=child,
+                )
+        file_system = aws.fsx.LustreFileSystem(
+            name,
+            deployment_type="PERSISTENT_2",
+            storage_type="SSD",
+            storage_capacity=config.storage_capacity_gib,
+            per_unit_storage_throughput=config.throughput_per_tib,
+            subnet_ids=subnet_id,  # one subnet: a Lustre file system lives in one AZ
+            security_group_ids=[group.id],
+            file_system_type_version=LUSTRE_VERSION,
+            data_compression_type="LZ4",
+            tags=tags,
+            opts=child,
+        )
+        aws.fsx.DataRepositoryAssociation(
+            name,
+            file_system_id=file_system.id,
+            file_system_path=f"/{config.dataset_prefix}",
+            data_repository_path=pulumi.Output.concat(
+                "s3://", bucket_name, "/", config.dataset_prefix
+            ),
+            batch_import_meta_data_on_create=True,
+            s3={
+                "auto_import_policy": {"events": SYNC_EVENTS},
+                "auto_export_policy": {"events": SYNC_EVENTS},
+            },
+            tags=tags,
+            opts=child,
+        )
+        role = pod_identity_role(f"{name}-csi", [], tags, child, inline_policy=csi_policy())
+        addon = csi_driver_addon(
+            f"{name}-csi",
+            cluster_name,
+            "aws-fsx-csi-driver",
+            addon_version,
+            "fsx-csi-controller-sa",
+            role,
+            tags,
+            child,
+        )
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[addon])
+        capacity = f"{config.storage_capacity_gib}Gi"
+        # A PersistentVolume binds one claim, so each team namespace gets its own pair.
+        for team, namespace in namespaces.items():
+            volume = k8s.core.v1.PersistentVolume(
+                f"{name}-{team}",
+                metadata={"name": f"fsx-{team}"},
+                spec={
+                    "capacity": {"storage": capacity},
+                    "accessModes": ["ReadWriteMany"],
+                    "persistentVolumeReclaimPolicy": "Retain",
+                    "storageClassName": "",
+                    "mountOptions": ["flock"],
+                    "csi": {
+                        "driver": "fsx.csi.aws.com",
+                        "volumeHandle": file_system.id,
+                        "volumeAttributes": {
+                            "dnsname": file_system.dns_name,
+                            "mountname": file_system.mount_name,
+                        },
+                    },
+                },
+                opts=k8s_opts,
+            )
+            k8s.core.v1.PersistentVolumeClaim(
+                f"{name}-{team}",
+                metadata={"name": CLAIM, "namespace": namespace.metadata.name},
+                spec={
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": "",
+                    "volumeName": volume.metadata.name,
+                    "resources": {"requests": {"storage": capacity}},
+                },
+                opts=k8s_opts,
+            )
+        self.register_outputs({"fileSystemId": file_system.id, "claim": CLAIM})

@@ -1,0 +1,113 @@
+"""SharedFileSystem: encrypted EFS in every private subnet, its CSI driver and StorageClass."""
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.components.iam import csi_driver_addon, pod_identity_role
+
+EFS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+NFS_PORT = 2049
+STORAGE_CLASS = "efs"
+CLAIM = "efs-shared"
+
+
+class SharedFileSystem(pulumi.ComponentResource):
+    file_system_id: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        cluster_name: pulumi.Input[str],
+        addon_version: str,
+        vpc_id: pulumi.Input[str],
+        private_subnet_ids: list[pulumi.Input[str]],
+        client_security_group_id: pulumi.Input[str],
+        namespaces: dict[str, pulumi.Resource],
+        provider: k8s.Provider,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:SharedFileSystem", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        file_system = aws.efs.FileSystem(
+            name,
+            encrypted=True,
+            performance_mode="generalPurpose",
+            throughput_mode="elastic",
+            lifecycle_policies=[{"transition_to_ia": "AFTER_30_DAYS"}],
+            tags=tags,
+            opts=child,
+        )
+        # NFS from the nodes' (and pods') security group only.
+        group = aws.ec2.SecurityGroup(
+            f"{name}-nfs",
+            vpc_id=vpc_id,
+            description="EFS: NFS from cluster nodes",
+            tags=tags,
+            opts=child,
+        )
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-nfs",
+            security_group_id=group.id,
+            referenced_security_group_id=client_security_group_id,
+            ip_protocol="tcp",
+            from_port=NFS_PORT,
+            to_port=NFS_PORT,
+            description="NFS from cluster nodes",
+            opts=child,
+        )
+        targets = [
+            aws.efs.MountTarget(
+                f"{name}-{i}",
+                file_system_id=file_system.id,
+                subnet_id=subnet_id,
+                security_groups=[group.id],
+                opts=child,
+            )
+            for i, subnet_id in enumerate(private_subnet_ids)
+        ]
+        role = pod_identity_role(f"{name}-csi", [EFS_CSI_POLICY], tags, child)
+        addon = csi_driver_addon(
+            f"{name}-csi",
+            cluster_name,
+            "aws-efs-csi-driver",
+            addon_version,
+            "efs-csi-controller-sa",
+            role,
+            tags,
+            child,
+        )
+        k8s_opts = pulumi.ResourceOptions(
+            parent=self, provider=provider, depends_on=[addon, *targets]
+        )
+        storage_class = k8s.storage.v1.StorageClass(
+            STORAGE_CLASS,
+            metadata={"name": STORAGE_CLASS},
+            provisioner="efs.csi.aws.com",
+            # One access point per claim, each rooted in its own directory.
+            parameters={
+                "provisioningMode": "efs-ap",
+                "fileSystemId": file_system.id,
+                "directoryPerms": "700",
+                "basePath": "/dynamic",
+            },
+            reclaim_policy="Delete",
+            volume_binding_mode="Immediate",
+            opts=k8s_opts,
+        )
+        for team, namespace in namespaces.items():
+            k8s.core.v1.PersistentVolumeClaim(
+                f"{name}-{team}",
+                metadata={"name": CLAIM, "namespace": namespace.metadata.name},
+                spec={
+                    "accessModes": ["ReadWriteMany"],
+                    "storageClassName": STORAGE_CLASS,
+                    "resources": {"requests": {"storage": "100Gi"}},
+                },
+                opts=pulumi.ResourceOptions.merge(
+                    k8s_opts, pulumi.ResourceOptions(depends_on=[storage_class])
+                ),
+            )
+        self.file_system_id = file_system.id
+        self.register_outputs({"fileSystemId": file_system.id, "claim": CLAIM})
