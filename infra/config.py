@@ -327,6 +327,14 @@ class StorageConfig(Model):
     fsx: FsxConfig = FsxConfig()
 
 
+class PolicyConfig(Model):
+    """Policy pack settings; a real preview takes the same keys via --policy-pack-config."""
+
+    budget_usd_per_hour: float = Field(default=1000, gt=0)
+    allowed_public_ingress: list[str] = Field(default_factory=list)  # resource names
+    production_stacks: list[str] = Field(default_factory=lambda: ["prod"])
+
+
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
@@ -338,6 +346,7 @@ class StackConfig(Model):
     queues: QueuesConfig = QueuesConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
     storage: StorageConfig = StorageConfig()
+    policy: PolicyConfig = PolicyConfig()
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> "StackConfig":

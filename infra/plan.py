@@ -23,6 +23,7 @@ from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import PROJECT_DIR, ConfigError, StackConfig, load_stack_file, read_stack_file
 from infra.offline import Plan, run_offline
 from infra.program import build_platform
+from policies.offline import check
 
 # Kubernetes types that are not objects in the cluster (providers, Helm wrappers).
 _NOT_MANIFESTS = (
@@ -224,7 +225,11 @@ def main(argv: list[str] | None = None) -> int:
     write_plan(plan, out)
     print(summary(config, plan))
     print(f"\nWrote {out / 'plan.json'} and {out / 'manifests'}/")
-    return 0
+    violations = check(plan, config.policy.model_dump(by_alias=True))
+    print(f"\nPolicies: {len(violations)} violations")
+    for violation in violations:
+        print(f"  {violation}")
+    return 1 if any(v.enforcement == "mandatory" for v in violations) else 0
 
 
 if __name__ == "__main__":

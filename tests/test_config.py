@@ -104,7 +104,8 @@ def error_for(**sections) -> str:
         (
             {"clusterr": {}},
             "training-platform:clusterr",
-            "allowed keys here: cluster, karpenter, monitoring, network, nodePools, queues",
+            "allowed keys here: cluster, karpenter, monitoring, network, nodePools, policy, "
+            "queues, storage",
         ),
     ],
 )

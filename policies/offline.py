@@ -1,0 +1,62 @@
+"""Run the CrossGuard rules over an offline plan, as `pulumi preview --policy-pack` runs them."""
+
+from dataclasses import dataclass
+from typing import Any
+
+from pulumi_policy import (
+    PolicyResource,
+    ResourceValidationArgs,
+    StackValidationArgs,
+    StackValidationPolicy,
+)
+
+from infra.offline import Plan
+from policies.rules import POLICIES
+
+
+@dataclass(frozen=True)
+class Violation:
+    policy: str
+    enforcement: str
+    urn: str
+    message: str
+
+    def __str__(self) -> str:
+        name = self.urn.rsplit("::", 1)[-1] if self.urn else "stack"
+        return f"[{self.enforcement}] {self.policy}: {name}: {self.message}"
+
+
+def check(plan: Plan, config: dict[str, Any] | None = None) -> list[Violation]:
+    """Every violation of every rule in `plan`, with `config` as the policy pack config."""
+    config = config or {}
+    violations: list[Violation] = []
+
+    def reporter(policy, default_urn: str):
+        def report(message: str, urn: str | None = None) -> None:
+            violations.append(
+                Violation(policy.name, policy.enforcement_level.value, urn or default_urn, message)
+            )
+
+        return report
+
+    policy_resources = {
+        r.urn: PolicyResource(r.type, r.inputs, r.urn, r.name, None, None, None, [], {})
+        for r in plan.resources
+    }
+    for resource in plan.resources:
+        policy_resources[resource.urn].parent = policy_resources.get(resource.parent)
+        policy_resources[resource.urn].dependencies = [
+            policy_resources[d] for d in resource.dependencies if d in policy_resources
+        ]
+    for policy in POLICIES:
+        if isinstance(policy, StackValidationPolicy):
+            policy.validate(
+                StackValidationArgs(list(policy_resources.values()), config), reporter(policy, "")
+            )
+            continue
+        for resource in plan.resources:
+            args = ResourceValidationArgs(
+                resource.type, resource.inputs, resource.urn, resource.name, None, None, config
+            )
+            policy.validate(args, reporter(policy, resource.urn))
+    return violations
