@@ -305,6 +305,28 @@ def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto_server):
     assert event(resumed, "done")["step"] == 15
 
 
+def test_single_process_run_creates_its_metrics_folder(tmp_path):
+    metrics = tmp_path / "not" / "yet" / "metrics.jsonl"
+    result = subprocess.run(
+        command(
+            1,
+            *FAST,
+            "--steps",
+            "2",
+            "--checkpoint-dir",
+            str(tmp_path / "ckpt"),
+            "--metrics",
+            str(metrics),
+        ),
+        cwd=ROOT,
+        capture_output=True,
+        text=True,
+        timeout=120,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    assert event(records(metrics), "done")["step"] == 2
+
+
 def test_global_batch_must_divide_evenly(tmp_path):
     result = subprocess.run(
         command(1, "--global-batch", "6", "--micro-batch", "4", "--checkpoint-dir", str(tmp_path)),

@@ -196,6 +196,8 @@ class Logger:
 
     def __init__(self, rank: int, path: str, total_steps: int):
         self.enabled = rank == 0
+        if self.enabled and path:
+            Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a") if self.enabled and path else None  # noqa: SIM115
         self.total = total_steps
         self.tty = sys.stderr.isatty()
