@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: demo test plan train-local bench lint venv clean
+.PHONY: demo test plan train-local job-local bench lint venv clean
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/dev.txt trainer/requirements.txt
@@ -24,6 +24,11 @@ train-local: $(VENV)/.installed
 	rm -rf build/checkpoints/local
 	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m trainer --steps 200 \
 		--checkpoint-dir build/checkpoints/local --metrics build/checkpoints/local-metrics.jsonl
+
+## job-local: a job from stack config (JOB=name, STACK=dev) run locally on CPU before it costs GPUs
+JOB ?= smoke-cpu
+job-local: $(VENV)/.installed
+	$(PY) -m workloads.local $(JOB) --stack $(STACK)
 
 ## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 3 minutes)
 bench: $(VENV)/.installed

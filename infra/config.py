@@ -25,6 +25,7 @@ from pydantic.alias_generators import to_camel
 
 from infra.catalog import InstanceType, load_catalog
 from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
+from trainer.options import OptionsError, parse_options
 
 NAMESPACE = "training-platform"
 PROJECT_DIR = Path(__file__).resolve().parent.parent
@@ -228,6 +229,11 @@ class NodePoolConfig(Model):
         return min(t.gpus for t in self.types)
 
     @property
+    def procs_per_node(self) -> int:
+        """Trainer processes per node: one per GPU; one on CPU pools (gloo)."""
+        return self.gpus_per_node if self.gpu else 1
+
+    @property
     def efa_network_cards(self) -> int:
         """EFA interfaces every instance type of the pool can take (one per network card)."""
         return min(t.efa_network_cards for t in self.types) if self.efa else 0
@@ -335,6 +341,38 @@ class PolicyConfig(Model):
     production_stacks: list[str] = Field(default_factory=lambda: ["prod"])
 
 
+class ImageConfig(Model):
+    # A prebuilt trainer image by digest; empty: build trainer/Dockerfile and push it to ECR.
+    uri: str = Field(
+        default="", pattern=r"^$|^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[a-f0-9]{64}$"
+    )
+
+
+class JobConfig(Model):
+    """A training job: the trainer on `nodePool`, admitted through a team's queue."""
+
+    name: K8sName
+    kind: Literal["PyTorchJob", "MPIJob"] = "PyTorchJob"
+    node_pool: K8sName
+    min_nodes: int = Field(default=1, ge=1, le=1000)
+    max_nodes: int = Field(default=1, ge=1, le=1000)
+    queue: K8sName  # a team name from queues.teams
+    args: list[str] = Field(default_factory=list)  # trainer arguments (python -m trainer --help)
+    checkpoint: Literal["s3", "fsx", "efs"] = "s3"
+    max_restarts: int = Field(default=3, ge=0, le=100)
+
+    @model_validator(mode="after")
+    def _range(self) -> "JobConfig":
+        if self.min_nodes > self.max_nodes:
+            raise ValueError(
+                f"minNodes {self.min_nodes} > maxNodes {self.max_nodes}; "
+                "allowed: minNodes <= maxNodes"
+            )
+        if self.kind == "MPIJob" and self.min_nodes != self.max_nodes:
+            raise ValueError("an MPIJob is not elastic; allowed: minNodes == maxNodes")
+        return self
+
+
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
@@ -347,6 +385,8 @@ class StackConfig(Model):
     monitoring: MonitoringConfig = MonitoringConfig()
     storage: StorageConfig = StorageConfig()
     policy: PolicyConfig = PolicyConfig()
+    image: ImageConfig = ImageConfig()
+    jobs: list[JobConfig] = Field(default_factory=list)
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> "StackConfig":
@@ -375,10 +415,58 @@ def parse_stack_config(values: Mapping[str, Any], source: str) -> StackConfig:
             "allowed: an AWS region, e.g. `pulumi config set aws:region us-west-2`"
         )
     try:
-        return StackConfig.model_validate(raw)
+        config = StackConfig.model_validate(raw)
     except ValidationError as e:
-        lines = [f"  {_key_path(err['loc'])}: {_explain(err)}" for err in e.errors()]
+        lines = [f"  {_key_path(err['loc'])}: {_one_line(_explain(err))}" for err in e.errors()]
         raise ConfigError(f"Invalid stack config in {source}:\n" + "\n".join(lines)) from None
+    problems = cross_reference_errors(config)
+    if problems:
+        lines = [f"  {_key_path(loc)}: {_one_line(message)}" for loc, message in problems]
+        raise ConfigError(f"Invalid stack config in {source}:\n" + "\n".join(lines))
+    return config
+
+
+def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    """Checks between sections (a job's pool, queue and storage), once each section is valid."""
+    pools = {p.name: p for p in config.node_pools}
+    teams = [t.name for t in config.queues.teams]
+    storage = {"s3": True, "fsx": config.storage.fsx.enabled, "efs": config.storage.efs.enabled}
+    problems = []
+    names = [j.name for j in config.jobs]
+    for i, job in enumerate(config.jobs):
+        loc = ("jobs", i)
+        if names.count(job.name) > 1:
+            problems.append(((*loc, "name"), f"{job.name!r} repeats; allowed: unique job names"))
+        pool = pools.get(job.node_pool)
+        if pool is None:
+            problems.append(
+                (
+                    (*loc, "nodePool"),
+                    f"{job.node_pool!r} is not a node pool; allowed: {', '.join(pools)}",
+                )
+            )
+        elif job.max_nodes > pool.max_nodes:
+            problems.append(
+                (
+                    (*loc, "maxNodes"),
+                    f"{job.max_nodes} exceeds pool {pool.name}'s maxNodes "
+                    f"{pool.max_nodes}; allowed: at most {pool.max_nodes}",
+                )
+            )
+        if job.queue not in teams:
+            problems.append(
+                ((*loc, "queue"), f"{job.queue!r} is not a team queue; allowed: {', '.join(teams)}")
+            )
+        problems += [((*loc, "args"), message) for message in _job_args_errors(job)]
+        if not storage[job.checkpoint]:
+            problems.append(
+                (
+                    (*loc, "checkpoint"),
+                    f"{job.checkpoint} is not enabled in storage; allowed: "
+                    + ", ".join(k for k, on in storage.items() if on),
+                )
+            )
+    return problems
 
 
 def read_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
@@ -409,6 +497,22 @@ def config_from_pulumi() -> StackConfig:
 
     values = {**get_config_env(), **CONFIG.get()}
     return parse_stack_config(values, f"Pulumi.{pulumi.get_stack()}.yaml")
+
+
+def _job_args_errors(job: "JobConfig") -> list[str]:
+    """What the trainer would refuse in this job's arguments, by the trainer's own parser."""
+    try:
+        parse_options(job.args)
+    except OptionsError as e:
+        return [f"{e}; see python -m trainer --help"]
+    if "--checkpoint-dir" in job.args:
+        return ["--checkpoint-dir is set by the platform from `checkpoint`; allowed: leave it out"]
+    return []
+
+
+def _one_line(message: str) -> str:
+    """Control characters from the config (a key, an argument) escaped: one error, one line."""
+    return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
 def _decode(value: Any) -> Any:

@@ -137,6 +137,14 @@ class PlatformMocks(mocks.Mocks):
             }, []
         if args.token == "aws:index/getPartition:getPartition":
             return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}, []
+        if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
+            return {
+                "userName": "AWS",
+                "password": "offline-token",
+                "authorizationToken": "T0ZGTElORQ==",
+                "proxyEndpoint": f"https://{ACCOUNT_ID}.dkr.ecr.{self.region}.amazonaws.com",
+                "id": "t",
+            }, []
         if args.token == "aws:index/getRegion:getRegion":
             return {"name": self.region, "region": self.region, "id": self.region}, []
         raise NotImplementedError(f"offline plan has no mock for invoke {args.token}")
@@ -161,6 +169,16 @@ class PlatformMocks(mocks.Mocks):
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             outputs["dnsName"] = f"{id_}.fsx.{self.region}.amazonaws.com"
             outputs["mountName"] = id_[-8:]
+        elif args.typ == "docker-build:index:Image":
+            outputs["digest"] = (
+                "sha256:"
+                + hashlib.sha256(json.dumps(args.inputs, sort_keys=True).encode()).hexdigest()
+            )
+        elif args.typ == "aws:ecr/repository:Repository":
+            outputs["registryId"] = ACCOUNT_ID
+            outputs["repositoryUrl"] = (
+                f"{ACCOUNT_ID}.dkr.ecr.{self.region}.amazonaws.com/{args.inputs['name']}"
+            )
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outputs["latestVersion"] = 1
         elif args.typ.startswith("kubernetes:") and "metadata" in outputs:

@@ -185,6 +185,30 @@ def summary(config: StackConfig, plan: Plan) -> str:
         lines.append(f"  prices: {catalog.price_source}, as of {catalog.price_as_of}")
         lines.append("  queue: nominal quota of the platform ClusterQueue, per pool's flavor")
     lines += ["", "Storage:"] + storage_rows(config)
+    if config.jobs:
+        pools = {p.name: p for p in config.node_pools}
+
+        def gpus(job):  # per node: the pod asks for all of the node's GPUs
+            return pools[job.node_pool].gpus_per_node
+
+        image = plan.outputs.get("trainerImage") or config.image.uri
+        lines += ["", "Jobs:"]
+        lines += table(
+            ["job", "kind", "pool", "nodes", "GPUs", "queue", "checkpoint"],
+            [
+                [
+                    j.name,
+                    j.kind,
+                    j.node_pool,
+                    f"{j.min_nodes}-{j.max_nodes}",
+                    f"{gpus(j) * j.min_nodes}-{gpus(j) * j.max_nodes}",
+                    j.queue,
+                    j.checkpoint,
+                ]
+                for j in config.jobs
+            ],
+        )
+        lines.append(f"  image: {image}")
     if config.queues.teams:
         lines += ["", "Teams (Kueue):"]
         lines += table(

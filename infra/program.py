@@ -17,6 +17,8 @@ from infra.components.shared_file_system import SharedFileSystem
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi
 from infra.versions import EKS_ADDONS
+from workloads.image import TrainerImage
+from workloads.training_job import TrainingJob
 
 
 def build_platform(config: StackConfig) -> None:
@@ -76,6 +78,28 @@ def build_platform(config: StackConfig) -> None:
             cluster.provider,
             tags,
         )
+    pools = {p.name: p for p in config.node_pools}
+    enabled_storage = {
+        k for k, on in (("fsx", storage.fsx.enabled), ("efs", storage.efs.enabled)) if on
+    }
+    if config.jobs:
+        image = TrainerImage("trainer-image", config.image, config.cluster.name, tags)
+        for job in config.jobs:
+            TrainingJob(
+                f"job-{job.name}",
+                job,
+                pools[job.node_pool],
+                queues.namespaces[job.queue],
+                image.ref,
+                bucket,
+                cluster.name,
+                enabled_storage,
+                operators.installs,
+                cluster.provider,
+                tags,
+                opts=pulumi.ResourceOptions(depends_on=[queues]),
+            )
+        pulumi.export("trainerImage", image.ref)
     pulumi.export("bucketName", bucket.name)
     pulumi.export("checkpointPrefixPolicy", bucket.prefix_policy(CHECKPOINT_PREFIX))
 

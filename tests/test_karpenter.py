@@ -161,7 +161,9 @@ def test_controller_identity_is_pod_identity_for_the_chart_service_account(dev_p
     (trust,) = json.loads(role["assumeRolePolicy"])["Statement"]
     assert trust["Principal"] == {"Service": "pods.eks.amazonaws.com"}
     assert sorted(trust["Action"]) == ["sts:AssumeRole", "sts:TagSession"]
-    association = dev_plan.one("aws:eks/podIdentityAssociation:PodIdentityAssociation").inputs
+    association = dev_plan.one(
+        "aws:eks/podIdentityAssociation:PodIdentityAssociation", "karpenter-controller"
+    ).inputs
     values = dev_plan.one(RELEASE, "karpenter").inputs["values"]
     assert (association["namespace"], association["serviceAccount"]) == (
         "kube-system",
@@ -229,9 +231,8 @@ def test_device_plugin_runs_only_on_gpu_nodes(dev_plan):
 
 
 def test_no_device_plugin_without_gpu_pools():
-    plan = plan_of(
-        "dev", nodePools=[{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
-    )
+    cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
+    plan = plan_of("dev", nodePools=cpu_only, jobs=[])
     assert not [r for r in plan.of_type(RELEASE) if r.name == "nvidia-device-plugin"]
 
 

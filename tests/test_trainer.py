@@ -327,16 +327,62 @@ def test_single_process_run_creates_its_metrics_folder(tmp_path):
     assert event(records(metrics), "done")["step"] == 2
 
 
-def test_global_batch_must_divide_evenly(tmp_path):
+def test_a_world_size_that_does_not_divide_the_global_batch_still_trains(tmp_path):
+    # 7 sequences over 2 workers: 4 and 3 of them, weighted so the gradient is the batch mean.
+    recs = train(
+        tmp_path,
+        2,
+        str(tmp_path / "ckpt"),
+        "--steps",
+        "30",
+        "--global-batch",
+        "7",
+        "--micro-batch",
+        "2",
+    )
+    assert event(recs, "start")["accumulation"] == 2
+    losses = [r["loss"] for r in recs if "loss" in r]
+    assert losses[-1] < losses[0] - 1.0
+    done = event(recs, "done")
+    assert done["samples"] == 30 * 7 and len(set(done["param_digests"])) == 1
+
+
+def test_bad_trainer_arguments_exit_2_with_the_reason(tmp_path):
     result = subprocess.run(
-        command(1, "--global-batch", "6", "--micro-batch", "4", "--checkpoint-dir", str(tmp_path)),
+        command(1, "--model", "huge", "--checkpoint-dir", str(tmp_path)),
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 2
-    assert "--global-batch 6 is not a multiple of world size 1 x --micro-batch 4" in result.stderr
+    assert "--model 'huge'; allowed: tiny, small, gpt2-124m" in result.stderr
+
+
+def test_ranks_come_from_openmpi_under_mpirun(tmp_path):
+    env = {
+        "OMPI_COMM_WORLD_RANK": "0",
+        "OMPI_COMM_WORLD_SIZE": "1",
+        "OMPI_COMM_WORLD_LOCAL_RANK": "0",
+        "OMPI_COMM_WORLD_LOCAL_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }
+    recs = train(tmp_path, 1, str(tmp_path / "ckpt"), "--steps", "2", env=env)
+    assert event(recs, "start")["world_size"] == 1 and event(recs, "done")["step"] == 2
+
+
+def _free_port() -> int:
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def test_option_model_names_are_the_presets():
+    from trainer.model import PRESETS
+    from trainer.options import MODELS
+
+    assert tuple(PRESETS) == MODELS
 
 
 def test_data_prepare_and_sample_addressing(tmp_path, capsys):

@@ -7,7 +7,6 @@ On SIGTERM (Spot interruption, Karpenter drain, `kubectl delete`) every rank fin
 a checkpoint is saved, and the process exits 0 well inside the pod's grace period.
 """
 
-import argparse
 import gc
 import hashlib
 import json
@@ -18,7 +17,7 @@ import socket
 import sys
 import time
 from contextlib import nullcontext
-from dataclasses import asdict, dataclass, fields
+from dataclasses import asdict
 from datetime import timedelta
 from pathlib import Path
 
@@ -35,6 +34,7 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.checkpoint import Checkpointer, open_store
 from trainer.data import TokenData, ensure_default_tokens
 from trainer.model import GPT, PRESETS
+from trainer.options import TrainConfig, parse_args
 
 # Dense bf16 tensor peak per GPU (vendor datasheets), for MFU.
 PEAK_FLOPS = {
@@ -46,45 +46,6 @@ PEAK_FLOPS = {
     "L4": 121e12,
     "T4": 65e12,
 }
-
-
-@dataclass
-class TrainConfig:
-    model: str = "tiny"
-    data: str = ""  # token file from `python -m trainer.data`; empty: the embedded stdlib corpus
-    steps: int = 200
-    global_batch: int = 32  # sequences per optimizer step, whatever the world size
-    micro_batch: int = 8  # sequences per forward/backward on one worker
-    lr: float = 3e-3
-    warmup: int = 20
-    weight_decay: float = 0.1
-    seed: int = 1337
-    parallel: str = "ddp"  # ddp | fsdp
-    checkpoint_dir: str = "build/checkpoints/tiny"  # a path (local, FSx, EFS) or s3://bucket/prefix
-    checkpoint_every: int = 50
-    keep_last: int = 3
-    async_save: bool = False
-    metrics: str = ""  # JSON-lines file; empty: stdout only
-    log_every: int = 10
-    bf16: bool = True  # autocast, CUDA only
-    compile: bool = False  # torch.compile, CUDA only
-    threads: int = 0  # intra-op threads per worker; 0: cores / local workers
-
-
-def parse_args(argv: list[str] | None) -> TrainConfig:
-    parser = argparse.ArgumentParser(prog="python -m trainer", description=__doc__.splitlines()[0])
-    for f in fields(TrainConfig):
-        flag = "--" + f.name.replace("_", "-")
-        if f.type is bool or f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
-        else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
-    config = TrainConfig(**vars(parser.parse_args(argv)))
-    if config.model not in PRESETS:
-        parser.error(f"--model {config.model!r}; allowed: {', '.join(PRESETS)}")
-    if config.parallel not in ("ddp", "fsdp"):
-        parser.error(f"--parallel {config.parallel!r}; allowed: ddp, fsdp")
-    return config
 
 
 class Progress(Stateful):
@@ -132,7 +93,18 @@ class StopOnSignal:
         self.requested = True
 
 
+# Under mpirun (MPIJob) the ranks come from OpenMPI; MASTER_ADDR/PORT from the launcher's env.
+_OPENMPI_ENV = {
+    "RANK": "OMPI_COMM_WORLD_RANK",
+    "WORLD_SIZE": "OMPI_COMM_WORLD_SIZE",
+    "LOCAL_RANK": "OMPI_COMM_WORLD_LOCAL_RANK",
+    "LOCAL_WORLD_SIZE": "OMPI_COMM_WORLD_LOCAL_SIZE",
+}
+
+
 def init_distributed() -> tuple[int, int, torch.device]:
+    if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
+        os.environ.update({ours: os.environ[theirs] for ours, theirs in _OPENMPI_ENV.items()})
     if "RANK" not in os.environ:  # plain `python -m trainer`: a group of one
         with socket.socket() as s:
             s.bind(("127.0.0.1", 0))
@@ -253,16 +225,10 @@ def train(config: TrainConfig) -> int:
 def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> int:
     local_workers = int(os.environ.get("LOCAL_WORLD_SIZE", "1"))
     torch.set_num_threads(config.threads or max(1, (os.cpu_count() or 1) // local_workers))
-    per_step = world * config.micro_batch
-    if config.global_batch % per_step:
-        if rank == 0:
-            print(
-                f"error: --global-batch {config.global_batch} is not a multiple of world size "
-                f"{world} x --micro-batch {config.micro_batch}",
-                file=sys.stderr,
-            )
-        return 2
-    accumulation = config.global_batch // per_step
+    # Rank r takes samples r, r+W, r+2W, ... of each step's global batch, so any world size
+    # works, even one that does not divide the batch; every rank runs the same number of
+    # micro-steps (DDP/FSDP need matching collectives), a rank short of samples a zero-weight one.
+    accumulation = math.ceil(math.ceil(config.global_batch / world) / config.micro_batch)
     model_config = PRESETS[config.model]
     data = TokenData(
         Path(config.data) if config.data else ensure_default_tokens(), model_config.seq_len
@@ -314,9 +280,13 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
     while progress.step < config.steps:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(progress.step, config)
+        mine = range(progress.samples + rank, progress.samples + config.global_batch, world)
         for micro in range(accumulation):
-            first = progress.samples + (micro * world + rank) * config.micro_batch
-            tokens, targets = data.batch(list(range(first, first + config.micro_batch)))
+            samples = list(mine[micro * config.micro_batch : (micro + 1) * config.micro_batch])
+            tokens, targets = data.batch(samples or [mine.start])
+            # Gradients are averaged over ranks; this weight makes the result the mean over the
+            # whole global batch, however unevenly it was split.
+            weight = len(samples) * world / config.global_batch
             last = micro == accumulation - 1
             ddp = isinstance(model, DistributedDataParallel)
             sync = model.no_sync() if ddp and not last else nullcontext()
@@ -324,8 +294,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
                 loss = model(
                     tokens.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 )
-                (loss / accumulation).backward()
-            loss_sum += loss.detach() / accumulation
+                (loss * weight).backward()
+            loss_sum += loss.detach() * len(samples) / config.global_batch
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
@@ -339,7 +309,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
         stopping = bool(flag.item())
 
         if progress.step % config.log_every == 0 or progress.step == config.steps or stopping:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.AVG)
+            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
             elapsed = time.perf_counter() - window_start
             record = {
                 "step": progress.step,

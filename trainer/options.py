@@ -1,0 +1,85 @@
+"""The trainer's options, parsed without torch, so stack config can check a job's arguments."""
+
+import argparse
+from dataclasses import dataclass, fields
+
+# The names of trainer.model.PRESETS (a test keeps the two equal).
+MODELS = ("tiny", "small", "gpt2-124m")
+PARALLEL = ("ddp", "fsdp")
+
+
+@dataclass
+class TrainConfig:
+    model: str = "tiny"
+    data: str = ""  # token file from `python -m trainer.data`; empty: the embedded stdlib corpus
+    steps: int = 200
+    global_batch: int = 32  # sequences per optimizer step, whatever the world size
+    micro_batch: int = 8  # sequences per forward/backward on one worker
+    lr: float = 3e-3
+    warmup: int = 20
+    weight_decay: float = 0.1
+    seed: int = 1337
+    parallel: str = "ddp"  # ddp | fsdp
+    checkpoint_dir: str = "build/checkpoints/tiny"  # a path (local, FSx, EFS) or s3://bucket/prefix
+    checkpoint_every: int = 50
+    keep_last: int = 3
+    async_save: bool = False
+    metrics: str = ""  # JSON-lines file; empty: stdout only
+    log_every: int = 10
+    bf16: bool = True  # autocast, CUDA only
+    compile: bool = False  # torch.compile, CUDA only
+    threads: int = 0  # intra-op threads per worker; 0: cores / local workers
+
+
+class OptionsError(ValueError):
+    """Arguments the trainer would refuse."""
+
+
+class _Parser(argparse.ArgumentParser):
+    def error(self, message: str):  # raise instead of exiting, so callers decide
+        raise OptionsError(message)
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = _Parser(
+        prog="python -m trainer", description="Train the byte-level GPT (DDP or FSDP2)."
+    )
+    for f in fields(TrainConfig):
+        flag = "--" + f.name.replace("_", "-")
+        if f.type is bool or f.type == "bool":
+            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+        else:
+            parser.add_argument(flag, type=type(f.default), default=f.default)
+    return parser
+
+
+def parse_options(argv: list[str]) -> TrainConfig:
+    """TrainConfig from command-line arguments; OptionsError names what is wrong."""
+    config = TrainConfig(**vars(_parser().parse_args(argv)))
+    if config.model not in MODELS:
+        raise OptionsError(f"--model {config.model!r}; allowed: {', '.join(MODELS)}")
+    if config.parallel not in PARALLEL:
+        raise OptionsError(f"--parallel {config.parallel!r}; allowed: {', '.join(PARALLEL)}")
+    for name in (
+        "steps",
+        "global_batch",
+        "micro_batch",
+        "checkpoint_every",
+        "keep_last",
+        "log_every",
+    ):
+        if getattr(config, name) < 1:
+            raise OptionsError(f"--{name.replace('_', '-')} must be at least 1")
+    return config
+
+
+def parse_args(argv: list[str] | None) -> TrainConfig:
+    """For the command line: usage and exit status 2 on bad arguments."""
+    import sys
+
+    try:
+        return parse_options(sys.argv[1:] if argv is None else argv)
+    except OptionsError as e:
+        _parser().print_usage(sys.stderr)
+        print(f"python -m trainer: error: {e}", file=sys.stderr)
+        raise SystemExit(2) from None

@@ -1,0 +1,211 @@
+"""PyTorchJob and MPIJob manifests for a job in stack config: pure functions, no Pulumi.
+
+The same trainer arguments feed the cluster manifests and the local twin (workloads/local.py).
+"""
+
+from infra.components.lustre import CLAIM as FSX_CLAIM
+from infra.components.node_pools import GPU_TAINT, POOL_LABEL
+from infra.components.shared_file_system import CLAIM as EFS_CLAIM
+from infra.config import JobConfig, NodePoolConfig
+
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+API_VERSIONS = {"PyTorchJob": "kubeflow.org/v1", "MPIJob": "kubeflow.org/v2beta1"}
+JOB_LABEL = "training-platform/job"
+MOUNTS = {"fsx": ("/fsx", FSX_CLAIM), "efs": ("/efs", EFS_CLAIM)}
+RDZV_PORT = 29500
+# Pods get this long after SIGTERM; the trainer saves a checkpoint and exits well inside it.
+GRACE_SECONDS = 120
+# libfabric/NCCL settings for EFA (aws-ofi-nccl ships in the AWS and NVIDIA CUDA images).
+EFA_ENV = {
+    "FI_PROVIDER": "efa",
+    "FI_EFA_USE_DEVICE_RDMA": "1",
+    "FI_EFA_FORK_SAFE": "1",
+    "NCCL_DEBUG": "WARN",
+}
+
+
+def checkpoint_dir(job: JobConfig, namespace: str, bucket: str) -> str:
+    if job.checkpoint == "s3":
+        return f"s3://{bucket}/checkpoints/{namespace}/{job.name}"
+    return f"{MOUNTS[job.checkpoint][0]}/checkpoints/{job.name}"
+
+
+def trainer_args(job: JobConfig, checkpoint: str) -> list[str]:
+    return [*job.args, "--checkpoint-dir", checkpoint]
+
+
+def _resources(pool: NodePoolConfig) -> dict:
+    if not pool.gpu:
+        return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+    # The pod asks for every GPU (and EFA interface) of the node: one pod per node.
+    limits = {"nvidia.com/gpu": str(pool.gpus_per_node)}
+    if pool.efa:
+        limits["vpc.amazonaws.com/efa"] = str(pool.efa_network_cards)
+    return {"requests": dict(limits), "limits": limits}
+
+
+def pod_template(
+    job: JobConfig,
+    pool: NodePoolConfig,
+    image: str,
+    service_account: str,
+    container: str,
+    command: list[str],
+    storage: set[str],
+    with_resources: bool = True,
+) -> dict:
+    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    if pool.efa and with_resources:
+        env += [{"name": k, "value": v} for k, v in EFA_ENV.items()]
+    volumes = [
+        {
+            "name": "dshm",
+            "emptyDir": {"medium": "Memory", "sizeLimit": "64Gi" if pool.gpu else "2Gi"},
+        }
+    ]
+    mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
+    for kind in sorted(storage):
+        path, claim = MOUNTS[kind]
+        volumes.append({"name": kind, "persistentVolumeClaim": {"claimName": claim}})
+        mounts.append({"name": kind, "mountPath": path})
+    spec = {
+        "serviceAccountName": service_account,
+        "nodeSelector": {POOL_LABEL: pool.name},
+        "terminationGracePeriodSeconds": GRACE_SECONDS,
+        "containers": [
+            {
+                "name": container,
+                "image": image,
+                "command": command,
+                "env": env,
+                "volumeMounts": mounts,
+                **({"resources": _resources(pool)} if with_resources else {}),
+            }
+        ],
+        "volumes": volumes,
+    }
+    if pool.gpu:
+        spec["tolerations"] = [{**GPU_TAINT, "operator": "Equal"}]
+    return {
+        "metadata": {
+            "labels": {JOB_LABEL: job.name},
+            # Karpenter must not consolidate a node away under a running job.
+            "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+        },
+        "spec": spec,
+    }
+
+
+def _metadata(job: JobConfig, namespace: str) -> dict:
+    return {
+        "name": job.name,
+        "namespace": namespace,
+        "labels": {QUEUE_LABEL: job.queue, JOB_LABEL: job.name},
+    }
+
+
+def _run_policy(job: JobConfig) -> dict:
+    return {
+        "backoffLimit": job.max_restarts,
+        "ttlSecondsAfterFinished": 7 * 24 * 3600,
+        "cleanPodPolicy": "None",
+    }
+
+
+def pytorch_job(
+    job: JobConfig,
+    pool: NodePoolConfig,
+    namespace: str,
+    image: str,
+    service_account: str,
+    checkpoint: str,
+    storage: set[str],
+) -> dict:
+    """Elastic PyTorchJob: torchrun reads nodes, rendezvous and restarts from the operator's env."""
+    command = ["torchrun", "-m", "trainer", *trainer_args(job, checkpoint)]
+    return {
+        "apiVersion": API_VERSIONS["PyTorchJob"],
+        "kind": "PyTorchJob",
+        "metadata": _metadata(job, namespace),
+        "spec": {
+            "nprocPerNode": str(pool.procs_per_node),
+            "elasticPolicy": {
+                "rdzvBackend": "c10d",
+                "minReplicas": job.min_nodes,
+                "maxReplicas": job.max_nodes,
+                "maxRestarts": job.max_restarts,
+            },
+            "runPolicy": _run_policy(job),
+            "pytorchReplicaSpecs": {
+                "Worker": {
+                    "replicas": job.max_nodes,
+                    "restartPolicy": "OnFailure",
+                    "template": pod_template(
+                        job, pool, image, service_account, "pytorch", command, storage
+                    ),
+                }
+            },
+        },
+    }
+
+
+def mpi_job(
+    job: JobConfig,
+    pool: NodePoolConfig,
+    namespace: str,
+    image: str,
+    service_account: str,
+    checkpoint: str,
+    storage: set[str],
+) -> dict:
+    """MPIJob: the launcher runs the same trainer through mpirun, `slots` processes per worker."""
+    slots = pool.procs_per_node
+    # The MPI operator names workers <job>-worker-<i> behind the headless service <job>.
+    master = f"{job.name}-worker-0.{job.name}.{namespace}.svc"
+    exported = ["MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED", *(EFA_ENV if pool.efa else {})]
+    launch = [
+        "mpirun",
+        "-np",
+        str(job.max_nodes * slots),
+        "--map-by",
+        f"ppr:{slots}:node",
+        "--bind-to",
+        "none",
+        *[a for name in exported for a in ("-x", name)],
+        "python",
+        "-m",
+        "trainer",
+        *trainer_args(job, checkpoint),
+    ]
+    launcher = pod_template(
+        job, pool, image, service_account, "launcher", launch, storage, with_resources=False
+    )
+    launcher["spec"]["containers"][0]["env"] += [
+        {"name": "MASTER_ADDR", "value": master},
+        {"name": "MASTER_PORT", "value": str(RDZV_PORT)},
+        *[{"name": k, "value": v} for k, v in EFA_ENV.items() if pool.efa],
+    ]
+    worker = pod_template(
+        job, pool, image, service_account, "worker", ["/usr/sbin/sshd", "-De"], storage
+    )
+    return {
+        "apiVersion": API_VERSIONS["MPIJob"],
+        "kind": "MPIJob",
+        "metadata": _metadata(job, namespace),
+        "spec": {
+            "slotsPerWorker": slots,
+            "mpiImplementation": "OpenMPI",
+            "launcherCreationPolicy": "WaitForWorkersReady",
+            # The image runs as the non-root user `trainer`; its SSH keys go to its home.
+            "sshAuthMountPath": "/home/trainer/.ssh",
+            "runPolicy": _run_policy(job),
+            "mpiReplicaSpecs": {
+                "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher},
+                "Worker": {
+                    "replicas": job.max_nodes,
+                    "restartPolicy": "OnFailure",
+                    "template": worker,
+                },
+            },
+        },
+    }

@@ -1,0 +1,78 @@
+"""TrainingJob: a job from stack config as a PyTorchJob or MPIJob, with an S3-scoped identity."""
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from infra.components.bucket import TrainingBucket
+from infra.components.iam import pod_identity_role
+from infra.config import JobConfig, NodePoolConfig
+from workloads.manifests import API_VERSIONS, checkpoint_dir, mpi_job, pytorch_job
+
+RENDER = {"PyTorchJob": pytorch_job, "MPIJob": mpi_job}
+
+
+class TrainingJob(pulumi.ComponentResource):
+    def __init__(
+        self,
+        name: str,
+        job: JobConfig,
+        pool: NodePoolConfig,
+        namespace: k8s.core.v1.Namespace,
+        image: pulumi.Input[str],
+        bucket: TrainingBucket,
+        cluster_name: pulumi.Input[str],
+        storage: set[str],
+        operators: list[pulumi.Resource],
+        provider: k8s.Provider,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:workloads:TrainingJob", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        k8s_child = pulumi.ResourceOptions(parent=self, provider=provider)
+        namespace_name = namespace.metadata.name
+        # The job's pods may read and write its own checkpoint prefix, and nothing else in S3.
+        prefix = namespace_name.apply(lambda ns: f"checkpoints/{ns}/{job.name}")
+        role = pod_identity_role(
+            f"{name}-pods",
+            [],
+            tags,
+            child,
+            inline_policy=prefix.apply(lambda p: bucket.prefix_policy(p)),
+        )
+        account = k8s.core.v1.ServiceAccount(
+            name, metadata={"name": job.name, "namespace": namespace_name}, opts=k8s_child
+        )
+        identity = aws.eks.PodIdentityAssociation(
+            name,
+            cluster_name=cluster_name,
+            namespace=namespace_name,
+            service_account=job.name,
+            role_arn=role.arn,
+            tags=tags,
+            opts=child,
+        )
+        manifest = pulumi.Output.all(namespace_name, image, bucket.name).apply(
+            lambda values: RENDER[job.kind](
+                job,
+                pool,
+                values[0],
+                values[1],
+                job.name,
+                checkpoint_dir(job, values[0], values[2]),
+                storage,
+            )
+        )
+        k8s.apiextensions.CustomResource(
+            name,
+            api_version=API_VERSIONS[job.kind],
+            kind=job.kind,
+            metadata=manifest["metadata"],
+            spec=manifest["spec"],
+            # The operators bring the CRDs; the identity must exist before the first pod starts.
+            opts=pulumi.ResourceOptions.merge(
+                k8s_child, pulumi.ResourceOptions(depends_on=[*operators, account, identity])
+            ),
+        )
+        self.register_outputs({})
