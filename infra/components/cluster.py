@@ -5,7 +5,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from infra.components.iam import assume_role_policy
+from infra.components.iam import node_role
 from infra.components.network import Network, discovery_tag
 from infra.config import ClusterConfig
 from infra.versions import EKS_ADDONS
@@ -13,13 +13,6 @@ from infra.versions import EKS_ADDONS
 CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
 SYSTEM_NODE_LABEL = {"training-platform/node-role": "system"}
-NODE_MANAGED_POLICIES = [
-    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
-    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
-    # The VPC CNI add-on runs with the node's role unless given one of its own.
-    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
-    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
-]
 
 
 class Cluster(pulumi.ComponentResource):
@@ -140,16 +133,7 @@ class Cluster(pulumi.ComponentResource):
         """On-demand CPU nodes for the controllers (Karpenter, Kueue, operators, CoreDNS)."""
         child = pulumi.ResourceOptions(parent=self)
         group = config.system_node_group
-        role = aws.iam.Role(
-            f"{name}-system-node",
-            assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
-            tags=tags,
-            opts=child,
-        )
-        for i, policy_arn in enumerate(NODE_MANAGED_POLICIES):
-            aws.iam.RolePolicyAttachment(
-                f"{name}-system-node-{i}", role=role.name, policy_arn=policy_arn, opts=child
-            )
+        role = node_role(f"{name}-system-node", tags, child)
         launch_template = aws.ec2.LaunchTemplate(
             f"{name}-system-node",
             block_device_mappings=[

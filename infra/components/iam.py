@@ -24,6 +24,32 @@ def assume_role_policy(service: str, actions: list[str] | None = None) -> str:
     )
 
 
+NODE_MANAGED_POLICIES = [
+    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
+    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    # The VPC CNI add-on runs with the node's role unless given one of its own.
+    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
+    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+]
+
+
+def _role(
+    name: str,
+    trust_policy: str,
+    managed_policy_arns: list[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+    inline_policy: pulumi.Input[str] | None,
+    role_name: str | None,
+) -> aws.iam.Role:
+    role = aws.iam.Role(name, name=role_name, assume_role_policy=trust_policy, tags=tags, opts=opts)
+    for i, arn in enumerate(managed_policy_arns):
+        aws.iam.RolePolicyAttachment(f"{name}-{i}", role=role.name, policy_arn=arn, opts=opts)
+    if inline_policy is not None:
+        aws.iam.RolePolicy(name, role=role.name, policy=inline_policy, opts=opts)
+    return role
+
+
 def pod_identity_role(
     name: str,
     managed_policy_arns: list[str],
@@ -33,20 +59,16 @@ def pod_identity_role(
     role_name: str | None = None,
 ) -> aws.iam.Role:
     """A role that EKS Pod Identity lets one service account assume."""
-    role = aws.iam.Role(
-        name,
-        name=role_name,
-        assume_role_policy=assume_role_policy(
-            POD_IDENTITY_SERVICE, ["sts:AssumeRole", "sts:TagSession"]
-        ),
-        tags=tags,
-        opts=opts,
-    )
-    for i, arn in enumerate(managed_policy_arns):
-        aws.iam.RolePolicyAttachment(f"{name}-{i}", role=role.name, policy_arn=arn, opts=opts)
-    if inline_policy is not None:
-        aws.iam.RolePolicy(name, role=role.name, policy=inline_policy, opts=opts)
-    return role
+    trust = assume_role_policy(POD_IDENTITY_SERVICE, ["sts:AssumeRole", "sts:TagSession"])
+    return _role(name, trust, managed_policy_arns, tags, opts, inline_policy, role_name)
+
+
+def node_role(
+    name: str, tags: dict[str, str], opts: pulumi.ResourceOptions, role_name: str | None = None
+) -> aws.iam.Role:
+    """The role EC2 worker nodes run with: join the cluster, pull images, pod networking, SSM."""
+    trust = assume_role_policy("ec2.amazonaws.com")
+    return _role(name, trust, NODE_MANAGED_POLICIES, tags, opts, None, role_name)
 
 
 def csi_driver_addon(

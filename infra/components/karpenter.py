@@ -9,9 +9,9 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.components.cluster import NODE_MANAGED_POLICIES, Cluster
+from infra.components.cluster import Cluster
 from infra.components.helm import helm_release
-from infra.components.iam import assume_role_policy, pod_identity_role
+from infra.components.iam import node_role, pod_identity_role
 from infra.versions import KARPENTER_CHART
 
 NAMESPACE = "kube-system"
@@ -228,28 +228,18 @@ class Karpenter(pulumi.ComponentResource):
         account = aws.get_caller_identity().account_id
 
         # Nodes: role, instance profile, and an access entry so they can join the cluster.
-        node_role = aws.iam.Role(
-            f"{name}-node",
-            name=f"KarpenterNode-{cluster_name}",
-            assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
-            tags=tags,
-            opts=child,
-        )
-        for i, policy_arn in enumerate(NODE_MANAGED_POLICIES):
-            aws.iam.RolePolicyAttachment(
-                f"{name}-node-{i}", role=node_role.name, policy_arn=policy_arn, opts=child
-            )
+        nodes = node_role(f"{name}-node", tags, child, role_name=f"KarpenterNode-{cluster_name}")
         profile = aws.iam.InstanceProfile(
             f"{name}-node",
             name=f"KarpenterNode-{cluster_name}",
-            role=node_role.name,
+            role=nodes.name,
             tags=tags,
             opts=child,
         )
         node_access = aws.eks.AccessEntry(
             f"{name}-node",
             cluster_name=cluster.name,
-            principal_arn=node_role.arn,
+            principal_arn=nodes.arn,
             type="EC2_LINUX",
             tags=tags,
             opts=child,
@@ -286,7 +276,7 @@ class Karpenter(pulumi.ComponentResource):
             [],
             tags,
             child,
-            inline_policy=pulumi.Output.all(queue.arn, node_role.arn).apply(
+            inline_policy=pulumi.Output.all(queue.arn, nodes.arn).apply(
                 lambda arns: json.dumps(
                     controller_policy(cluster_name, region, partition, account, *arns)
                 )
@@ -325,8 +315,8 @@ class Karpenter(pulumi.ComponentResource):
                 parent=self, provider=cluster.provider, depends_on=[identity, node_access]
             ),
         )
-        self.node_role_name = node_role.name
+        self.node_role_name = nodes.name
         self.instance_profile_name = profile.name
         self.register_outputs(
-            {"nodeRoleName": node_role.name, "instanceProfile": profile.name, "queue": queue.name}
+            {"nodeRoleName": nodes.name, "instanceProfile": profile.name, "queue": queue.name}
         )
