@@ -100,6 +100,16 @@ def test_mpijob_with_efa_runs_the_trainer_through_mpirun(dev_plan):
     assert command[:3] == ["mpirun", "-np", "16"] and "trainer" in command
     assert command[-2:] == ["--checkpoint-dir", "/efs/checkpoints/gpt-large-mpi"]
     assert "resources" not in launcher  # the launcher takes no GPU
+    # Workers serve SSH as the image's non-root user, with the key the operator mounts there.
+    assert container(worker["template"])["command"] == [
+        "/usr/sbin/sshd",
+        "-De",
+        "-f",
+        "/home/trainer/.sshd_config",
+    ]
+    assert spec["sshAuthMountPath"] == "/home/trainer/.ssh"
+    dockerfile = (ROOT / "trainer" / "Dockerfile").read_text()
+    assert "openmpi-bin" in dockerfile and "/home/trainer/.sshd_config" in dockerfile
     launcher_env = {e["name"]: e["value"] for e in launcher["env"]}
     assert launcher_env["MASTER_ADDR"] == "gpt-large-mpi-worker-0.gpt-large-mpi.research.svc"
 

@@ -149,11 +149,20 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--model", default="small", choices=sorted(PRESETS))
     parser.add_argument("--steps", type=int, default=40)
     parser.add_argument("--batch", type=int, default=8)
+    parser.add_argument("--repeats", type=int, default=3, help="runs per figure; the best counts")
     args = parser.parse_args(argv)
 
-    plain = plain_loop_tokens_per_s(args.model, args.steps, args.batch, threads=2)
-    full = trainer_tokens_per_s(args.model, args.steps, args.batch, nproc=1, threads=2)
-    two_procs = trainer_tokens_per_s(args.model, args.steps, args.batch, nproc=2, threads=1)
+    # Interleaved repeats, best of each: on a shared 2-core machine a single run swings by
+    # +-10%, more than the margins the targets test.
+    plain = full = two_procs = 0.0
+    for _ in range(args.repeats):
+        plain = max(plain, plain_loop_tokens_per_s(args.model, args.steps, args.batch, threads=2))
+        full = max(
+            full, trainer_tokens_per_s(args.model, args.steps, args.batch, nproc=1, threads=2)
+        )
+        two_procs = max(
+            two_procs, trainer_tokens_per_s(args.model, args.steps, args.batch, nproc=2, threads=1)
+        )
     ckpt = checkpoint_figures(args.model)
 
     rows = [
@@ -170,7 +179,9 @@ def main(argv: list[str] | None = None) -> int:
         ("load throughput", f"{ckpt['load_mb_s']:,.0f} MB/s", ""),
     ]
     width = max(len(r[0]) for r in rows)
-    setup = f"model {args.model}, {args.steps} timed steps, batch {args.batch}"
+    setup = (
+        f"model {args.model}, {args.steps} timed steps, batch {args.batch}, best of {args.repeats}"
+    )
     print(f"{setup}, torch {torch.__version__}")
     for name, value, target in rows:
         print(f"  {name:<{width}}  {value:>14}  {target}")

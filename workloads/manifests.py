@@ -185,9 +185,9 @@ def mpi_job(
         {"name": "MASTER_PORT", "value": str(RDZV_PORT)},
         *[{"name": k, "value": v} for k, v in EFA_ENV.items() if pool.efa],
     ]
-    worker = pod_template(
-        job, pool, image, service_account, "worker", ["/usr/sbin/sshd", "-De"], storage
-    )
+    # sshd as the image's non-root user, with the config trainer/Dockerfile writes.
+    sshd = ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]
+    worker = pod_template(job, pool, image, service_account, "worker", sshd, storage)
     return {
         "apiVersion": API_VERSIONS["MPIJob"],
         "kind": "MPIJob",
