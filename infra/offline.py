@@ -6,8 +6,10 @@ resource references kept as `{"$ref": urn}` instead of being rehydrated on a wor
 hangs or fails about half the time (pulumi/pulumi#6561).
 """
 
+import asyncio
 import hashlib
 import json
+import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
@@ -247,6 +249,18 @@ class PlatformMocks(mocks.Mocks):
 
 class RecordingMonitor(mocks.MockMonitor):
     """MockMonitor that records each registration's wire-form inputs and never rehydrates refs."""
+
+    def Invoke(self, request):
+        try:
+            return super().Invoke(request)
+        finally:
+            # The SDK gives each executor thread an event loop and never closes it; one left
+            # to the garbage collector at interpreter exit prints a spurious traceback.
+            if threading.current_thread() is not threading.main_thread():
+                loop = asyncio.get_event_loop()
+                if not loop.is_running():
+                    loop.close()
+                    asyncio.set_event_loop(None)
 
     def __init__(self, platform_mocks: PlatformMocks):
         super().__init__(platform_mocks)
