@@ -3,7 +3,7 @@
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.components.iam import csi_driver_addon, pod_identity_role
+from infra.components.iam import csi_driver_addon
 
 EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
 STORAGE_CLASS = "gp3"
@@ -21,16 +21,15 @@ class BlockStorage(pulumi.ComponentResource):
     ):
         super().__init__("training-platform:infra:BlockStorage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        role = pod_identity_role(f"{name}-csi", [EBS_CSI_POLICY], tags, child)
         addon = csi_driver_addon(
             f"{name}-csi",
             cluster_name,
             "aws-ebs-csi-driver",
             addon_version,
             "ebs-csi-controller-sa",
-            role,
             tags,
             child,
+            managed_policy_arns=[EBS_CSI_POLICY],
         )
         k8s.storage.v1.StorageClass(
             STORAGE_CLASS,

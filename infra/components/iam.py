@@ -77,11 +77,15 @@ def csi_driver_addon(
     addon: str,
     version: str,
     service_account: str,
-    role: aws.iam.Role,
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
+    managed_policy_arns: list[str] | None = None,
+    inline_policy: pulumi.Input[str] | None = None,
 ) -> aws.eks.Addon:
-    """An EKS add-on whose controller runs as `service_account` with `role` via Pod Identity."""
+    """An EKS add-on whose controller runs as `service_account` with its own Pod Identity role."""
+    role = pod_identity_role(
+        name, managed_policy_arns or [], tags, opts, inline_policy=inline_policy
+    )
     return aws.eks.Addon(
         name,
         cluster_name=cluster_name,

@@ -10,7 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.components.iam import csi_driver_addon, pod_identity_role
+from infra.components.iam import csi_driver_addon
 from infra.config import FsxConfig
 from infra.versions import LUSTRE_VERSION
 
@@ -109,16 +109,15 @@ class LustreFileSystem(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        role = pod_identity_role(f"{name}-csi", [], tags, child, inline_policy=csi_policy())
         addon = csi_driver_addon(
             f"{name}-csi",
             cluster_name,
             "aws-fsx-csi-driver",
             addon_version,
             "fsx-csi-controller-sa",
-            role,
             tags,
             child,
+            inline_policy=csi_policy(),
         )
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[addon])
         capacity = f"{config.storage_capacity_gib}Gi"

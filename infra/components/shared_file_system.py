@@ -4,7 +4,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.components.iam import csi_driver_addon, pod_identity_role
+from infra.components.iam import csi_driver_addon
 
 EFS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
 NFS_PORT = 2049
@@ -67,16 +67,15 @@ class SharedFileSystem(pulumi.ComponentResource):
             )
             for i, subnet_id in enumerate(private_subnet_ids)
         ]
-        role = pod_identity_role(f"{name}-csi", [EFS_CSI_POLICY], tags, child)
         addon = csi_driver_addon(
             f"{name}-csi",
             cluster_name,
             "aws-efs-csi-driver",
             addon_version,
             "efs-csi-controller-sa",
-            role,
             tags,
             child,
+            managed_policy_arns=[EFS_CSI_POLICY],
         )
         k8s_opts = pulumi.ResourceOptions(
             parent=self, provider=provider, depends_on=[addon, *targets]
