@@ -1,4 +1,4 @@
-"""Validate rendered custom resources against the upstream CRDs in ../shared/crds.
+"""Validate rendered custom resources against the upstream CRDs vendored in tests/crds.
 
 CRD schemas accept unknown fields, so a misspelled optional field would pass. Every object schema
 that lists `properties` and does not preserve unknown fields is closed here
@@ -13,7 +13,7 @@ from pathlib import Path
 import yaml
 from openapi_schema_validator import OAS30Validator
 
-CRD_DIR = Path(__file__).resolve().parents[2] / "shared" / "crds"
+CRD_DIR = Path(__file__).resolve().parent / "crds"
 
 
 def _closed(schema):

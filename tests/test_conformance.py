@@ -1,6 +1,10 @@
 """Every custom resource in every stack's plan validates against its upstream CRD."""
 
 import copy
+import hashlib
+import re
+import subprocess
+from pathlib import Path
 
 import pytest
 
@@ -83,3 +87,37 @@ def test_conformance_catches_misspellings_bad_enums_and_wrong_versions(
     mutate(manifest)
     errors = conformance_errors(manifest)
     assert any(expected in e for e in errors), errors
+
+
+def test_vendored_crds_match_the_checksums_in_sources_md():
+    """tests/crds holds upstream files byte for byte: SOURCES.md names each and its sha256."""
+    crds = Path(__file__).parent / "crds"
+    sources = (crds / "SOURCES.md").read_text()
+    listed = dict(
+        reversed(line.split()) for line in re.findall(r"^[0-9a-f]{64}  \S+$", sources, re.M)
+    )
+    present = {str(p.relative_to(crds)) for p in crds.rglob("*.yaml")}
+    assert present and set(listed) == present
+    for name, digest in listed.items():
+        assert hashlib.sha256((crds / name).read_bytes()).hexdigest() == digest, name
+
+
+def test_nothing_in_the_repository_reads_outside_it():
+    """A clone has no ../shared: no tracked source may name it or climb above the project."""
+    root = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(
+        ["git", "ls-files", "*.py", "Makefile", "*.yml", "*.yaml", "*.toml", ".ci/*"],
+        cwd=root,
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout.split()
+    outside = re.compile(r"\.\./shared|parents\[[2-9]\]|\.\./\.\./")
+    offenders = [
+        f"{name}:{n}"
+        for name in tracked
+        if (root / name).is_file() and not name.startswith("tests/crds/")
+        for n, line in enumerate((root / name).read_text().splitlines(), 1)
+        if outside.search(line) and "outside = re.compile" not in line
+    ]
+    assert offenders == []
