@@ -74,7 +74,7 @@ def test_elastic_pytorchjob_on_a_gpu_pool(dev_plan):
         "nvidia.com/gpu": "4"
     }  # all the node's GPUs, no EFA on g5 here
     assert "@sha256:" in main["image"]
-    assert main["command"][:3] == ["torchrun", "-m", "trainer"]
+    assert main["command"][:5] == ["python", "-m", "trainer.launch", "-m", "trainer"]
     bucket = dev_plan.outputs["bucketName"]
     assert main["command"][-2:] == [
         "--checkpoint-dir",

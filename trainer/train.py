@@ -215,14 +215,20 @@ def build_model(config: TrainConfig, device: torch.device) -> tuple[torch.nn.Mod
     torch.manual_seed(config.seed)  # every rank starts from the same weights
     core = GPT(PRESETS[config.model]).to(device)
     cuda = device.type == "cuda"
+    world = dist.get_world_size()
     model = wrap(
-        core, config.parallel, device, compile=config.compile and cuda, bf16=config.bf16 and cuda
+        core,
+        config.parallel,
+        world,
+        device,
+        compile=config.compile and cuda,
+        bf16=config.bf16 and cuda,
     )
     return model, core
 
 
 def wrap(
-    core: GPT, parallel: str, device: torch.device, compile: bool, bf16: bool
+    core: GPT, parallel: str, world: int, device: torch.device, compile: bool, bf16: bool
 ) -> torch.nn.Module:
     if compile:
         # Block by block and before wrapping, as torchtitan does: DDP's no_sync and FSDP's
@@ -243,7 +249,7 @@ def wrap(
             fully_shard(block, mp_policy=policy)
         fully_shard(core, mp_policy=policy)
         return core
-    if dist.get_world_size() > 1:  # with one worker DDP would only copy gradients around
+    if world > 1:  # with one worker DDP would only copy gradients around
         return DistributedDataParallel(
             core, device_ids=[device.index] if device.type == "cuda" else None
         )
