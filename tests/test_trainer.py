@@ -99,27 +99,17 @@ def test_two_worker_ddp_loss_falls_and_ranks_hold_identical_parameters(tmp_path)
     assert event(again, "complete")["step"] == 30 and not [r for r in again if "loss" in r]
 
 
-def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path):
-    whole = event(train(tmp_path, 2, str(tmp_path / "whole"), "--steps", "20"), "done")
-    train(tmp_path, 2, str(tmp_path / "split"), "--steps", "10")
-    resumed = train(tmp_path, 2, str(tmp_path / "split"), "--steps", "20")
-    assert event(resumed, "start")["resumed_from"] == 10
-    assert event(resumed, "done")["param_digests"] == whole["param_digests"]
-    a, b = final_model(tmp_path / "whole"), final_model(tmp_path / "split")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
-
-
-@pytest.mark.parametrize(
-    ("parallel", "first", "second"), [("ddp", 2, 1), ("ddp", 1, 2), ("fsdp", 2, 1), ("fsdp", 1, 2)]
-)
+# Both directions and both kinds of parallelism, in two cases to keep the suite short.
+@pytest.mark.parametrize(("parallel", "first", "second"), [("ddp", 2, 1), ("fsdp", 1, 2)])
 def test_resume_at_a_different_world_size(tmp_path, parallel, first, second):
+    args = ["--parallel", parallel, "--checkpoint-every", "5"]
     reference = tmp_path / "reference"
-    train(tmp_path, first, str(reference), "--steps", "20", "--parallel", parallel)
+    train(tmp_path, first, str(reference), "--steps", "10", *args)
     resized = tmp_path / "resized"
-    train(tmp_path, first, str(resized), "--steps", "10", "--parallel", parallel)
-    recs = train(tmp_path, second, str(resized), "--steps", "20", "--parallel", parallel)
+    train(tmp_path, first, str(resized), "--steps", "5", *args)
+    recs = train(tmp_path, second, str(resized), "--steps", "10", *args)
     start = event(recs, "start")
-    assert (start["world_size"], start["resumed_from"], start["samples"]) == (second, 10, 80)
+    assert (start["world_size"], start["resumed_from"], start["samples"]) == (second, 5, 40)
     # The global batch is fixed, so accumulation makes up for the missing (or extra) workers.
     assert start["accumulation"] == 2 // second
     a, b = final_model(reference), final_model(resized)
@@ -160,7 +150,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_then_resumes(tmp_path):
     assert event(resumed, "done")["step"] == stopped["step"] + 5
 
 
-KILL_ARGS = ["--steps", "60", "--global-batch", "16", "--log-every", "1"]
+KILL_ARGS = ["--steps", "30", "--log-every", "1"]
 
 
 @pytest.fixture(scope="module")
@@ -171,7 +161,7 @@ def uninterrupted(tmp_path_factory):
 
 
 @pytest.mark.parametrize(
-    "saving", [["--checkpoint-every", "20"], ["--checkpoint-every", "3", "--async-save"]]
+    "saving", [["--checkpoint-every", "10"], ["--checkpoint-every", "3", "--async-save"]]
 )
 def test_killed_worker_restarts_and_finishes_with_the_same_parameters(
     tmp_path, uninterrupted, saving
@@ -194,7 +184,7 @@ def test_killed_worker_restarts_and_finishes_with_the_same_parameters(
         stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "torchrun.log").open("w"),
     )
-    wait_for_step(metrics, 25, process)
+    wait_for_step(metrics, 14, process)
     torchrun = children(process.pid)[0]  # trainer.launch's one child
     workers = children(torchrun)
     assert len(workers) == 2
@@ -203,7 +193,7 @@ def test_killed_worker_restarts_and_finishes_with_the_same_parameters(
     starts = [r for r in records(metrics) if r.get("event") == "start"]
     every = int(saving[1])
     assert starts[0]["resumed_from"] is None and len(starts) == 2
-    assert starts[1]["resumed_from"] >= 20 and starts[1]["resumed_from"] % every == 0
+    assert starts[1]["resumed_from"] >= 10 and starts[1]["resumed_from"] % every == 0
     assert event(records(metrics), "done")["param_digests"] == uninterrupted["param_digests"]
 
 
@@ -360,7 +350,7 @@ def test_a_world_size_that_does_not_divide_the_global_batch_still_trains(tmp_pat
         2,
         str(tmp_path / "ckpt"),
         "--steps",
-        "30",
+        "20",
         "--global-batch",
         "7",
         "--micro-batch",
@@ -370,7 +360,7 @@ def test_a_world_size_that_does_not_divide_the_global_batch_still_trains(tmp_pat
     losses = [r["loss"] for r in recs if "loss" in r]
     assert losses[-1] < losses[0] - 1.0
     done = event(recs, "done")
-    assert done["samples"] == 30 * 7 and len(set(done["param_digests"])) == 1
+    assert done["samples"] == 20 * 7 and len(set(done["param_digests"])) == 1
 
 
 def test_bad_trainer_arguments_exit_2_with_the_reason(tmp_path):
