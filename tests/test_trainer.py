@@ -25,7 +25,10 @@ from trainer.train import main as trainer_main
 from trainer.train import wrap
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = ["--global-batch", "8", "--micro-batch", "4", "--log-every", "5", "--checkpoint-every", "10"]
+FAST = [
+    *("--global-batch", "8", "--micro-batch", "4", "--log-every", "5", "--checkpoint-every", "10"),
+    *("--eval-samples", "8"),
+]
 
 
 def command(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
@@ -305,20 +308,20 @@ def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto_server):
         1,
         uri,
         "--steps",
-        "10",
+        "4",
         "--checkpoint-every",
-        "5",
+        "2",
         "--keep-last",
         "1",
         env=moto_server,
     )
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"]]
-    assert "runs/tiny/step-00000010/COMMITTED" in keys
-    assert not any(k.startswith("runs/tiny/step-00000005/") for k in keys)  # pruned
+    assert "runs/tiny/step-00000004/COMMITTED" in keys
+    assert not any(k.startswith("runs/tiny/step-00000002/") for k in keys)  # pruned
     assert any(k.endswith(".distcp") for k in keys)
-    resumed = train(tmp_path, 1, uri, "--steps", "15", "--checkpoint-every", "5", env=moto_server)
-    assert event(resumed, "start")["resumed_from"] == 10
-    assert event(resumed, "done")["step"] == 15
+    resumed = train(tmp_path, 1, uri, "--steps", "6", "--checkpoint-every", "2", env=moto_server)
+    assert event(resumed, "start")["resumed_from"] == 4
+    assert event(resumed, "done")["step"] == 6
 
 
 def test_single_process_run_creates_its_metrics_folder(tmp_path):
