@@ -30,7 +30,7 @@ JOB ?= smoke-cpu
 job-local: $(VENV)/.installed
 	$(PY) -m workloads.local $(JOB) --stack $(STACK)
 
-## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 8 minutes)
+## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 15 minutes)
 bench: $(VENV)/.installed
 	$(PY) -m trainer.bench
 
