@@ -200,11 +200,11 @@ def test_bucket_needs_public_access_block_and_tls_policy():
 
 def test_cost_budget():
     pool = (NODEPOOL, gpu_pool({"nodes": "4", "nvidia.com/gpu": "32"}))  # 4 x p5.48xlarge
-    assert violations_of(plan_with(pool), "cost-budget", {"budgetUsdPerHour": 300}) == []
+    assert violations_of(plan_with(pool), "cost-budget", {"budgetUsdPerHour": 300, "region": "us-east-1"}) == []
     (violation,) = violations_of(
         plan_with((pool[0], gpu_pool({"nodes": "8", "nvidia.com/gpu": "64"}))),
         "cost-budget",
-        {"budgetUsdPerHour": 300},
+        {"budgetUsdPerHour": 300, "region": "us-east-1"},
     )
     assert "$440.32/hour exceeds the budget $300.00/hour" in violation.message
 
