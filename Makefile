@@ -17,8 +17,8 @@ help:
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/dev.txt trainer/requirements.txt
-	@echo "Creating $(VENV): the pinned packages from PyPI (pulumi, torch CPU, boto3, ...; about"
-	@echo "1.5 GB). Measured here: about 3.5 minutes cold, seconds once pip's cache is warm."
+	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
+	@echo "tools; about 1.5 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e '.[dev]'
 	touch $@
@@ -33,7 +33,7 @@ demo: plan train-local
 ## fresh each time, checkpoints every 50 steps, prints the loss falling
 train-local: $(VENV)/.installed
 	rm -rf build/checkpoints/local
-	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m trainer --steps 200 \
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m trainer --steps 200 \
 		--checkpoint-dir build/checkpoints/local --metrics build/checkpoints/local-metrics.jsonl
 
 ## job-local: a job from stack config (JOB=name, STACK=dev, STEPS=20, MODEL=small) on this CPU
@@ -50,8 +50,7 @@ bench: $(VENV)/.installed
 ## plan: offline plan of STACK (default dev) into build/plan/STACK, with what changed since the
 ## last plan there (AGAINST=DIR: another plan; AGAINST_REF=origin/main: the stack file at a ref)
 plan: $(VENV)/.installed
-	$(PY) -m infra.plan --stack $(STACK) --out build/plan/$(STACK) \
-		$(if $(AGAINST),--against $(AGAINST)) $(if $(AGAINST_REF),--against-ref $(AGAINST_REF))
+	$(PY) -m infra.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))
 
 ## test: lint and the whole offline test suite
 test: $(VENV)/.installed lint

@@ -7,8 +7,16 @@ import pytest
 import yaml
 
 from infra.catalog import load_prices, supported_regions
-from infra.config import ConfigError, load_stack_file, placeholder_errors
+from infra.config import (
+    ConfigError,
+    config_from_pulumi,
+    load_stack_file,
+    placeholder_errors,
+    read_stack_file,
+)
+from infra.offline import run_offline
 from infra.plan import CHANGES_FILE, main
+from infra.program import main as program_main
 from tests.conftest import ROOT, stack_values
 
 MAX_NODES_4_TO_12 = [
@@ -115,4 +123,22 @@ def test_prod_placeholders_are_listed_for_the_engine_to_refuse():
         "training-platform:cluster.adminPrincipalArns[0]: arn:aws:iam::123456789012:role/"
         "platform-admins is in AWS's documentation account 123456789012; allowed: a role or "
         "user of your account",
+    ]
+
+
+def test_the_real_program_entry_refuses_prod_placeholders_until_replaced():
+    with pytest.raises(ConfigError) as refused:
+        run_offline(program_main, "prod", read_stack_file("prod"))
+    assert "Pulumi.prod.yaml: placeholders left in" in str(refused.value)
+    values = stack_values(
+        "prod",
+        cluster={
+            "endpoint": {"publicAccessCidrs": ["100.64.10.0/24"]},
+            "adminPrincipalArns": ["arn:aws:iam::210987654321:role/platform-admins"],
+        },
+    )
+    seen = []
+    run_offline(lambda: seen.append(config_from_pulumi()), "prod", values)
+    assert seen[0].cluster.admin_principal_arns == [
+        "arn:aws:iam::210987654321:role/platform-admins"
     ]
