@@ -29,15 +29,15 @@ class StackCost:
 
     @property
     def baseline_per_hour(self) -> float:
-        return round(sum(line.usd_per_hour for line in self.baseline), 2)
+        return sum(line.usd_per_hour for line in self.baseline)
 
     @property
     def pools_per_hour(self) -> float:
-        return round(sum(line.usd_per_hour for line in self.pools), 2)
+        return sum(line.usd_per_hour for line in self.pools)
 
     @property
     def total_per_hour(self) -> float:
-        return round(self.baseline_per_hour + self.pools_per_hour, 2)
+        return self.baseline_per_hour + self.pools_per_hour
 
 
 def stack_cost(config: StackConfig, plan: Plan) -> StackCost:

@@ -24,7 +24,7 @@ def test_a_model_too_big_for_cpu_is_refused_with_a_smaller_one_proposed():
     process = local("gpt-large-mpi")
     out, err = process.communicate(timeout=60)
     assert process.returncode == 2
-    assert "trains --model gpt2-124m, too big for a CPU run here" in err
+    assert "job gpt-large-mpi trains --model gpt2-124m, too big for a CPU run here" in err
     assert "python -m workloads.local gpt-large-mpi --stack dev --model small" in err
 
 

@@ -234,12 +234,13 @@ def test_local_twin_runs_the_jobs_own_arguments(tmp_path):
     config = parse_stack_config(stack_values("dev"), "Pulumi.dev.yaml")
     (job,) = [j for j in config.jobs if j.name == "smoke-cpu"]
     command = local_command(list(job.args), nproc=2, steps=3, checkpoint=tmp_path / "ckpt")
+    steps = job.args.index("--steps")
     assert command[command.index("trainer") + 1 :] == [
-        *job.args,
+        *job.args[: steps + 1],
+        "3",
+        *job.args[steps + 2 :],
         "--checkpoint-dir",
         str(tmp_path / "ckpt"),
-        "--steps",
-        "3",
     ]
     result = subprocess.run(
         [sys.executable, "-m", "workloads.local", "smoke-cpu", "--steps", "3"],

@@ -27,12 +27,12 @@ CPU_MODELS = ("tiny", "small")
 WORKER_ENV = {"OMP_NUM_THREADS": "1"}
 
 
-def with_model(args: list[str], model: str) -> list[str]:
-    """The job's trainer arguments with `--model` set to `model`."""
-    if "--model" in args:
-        i = args.index("--model")
-        return [*args[: i + 1], model, *args[i + 2 :]]
-    return [*args, "--model", model]
+def with_option(args: list[str], option: str, value: str) -> list[str]:
+    """Trainer arguments with `option` set to `value`, in place if the job sets it already."""
+    if option in args:
+        i = args.index(option)
+        return [*args[: i + 1], value, *args[i + 2 :]]
+    return [*args, option, value]
 
 
 def local_command(job_args: list[str], nproc: int, steps: int, checkpoint: Path) -> list[str]:
@@ -45,11 +45,9 @@ def local_command(job_args: list[str], nproc: int, steps: int, checkpoint: Path)
         f"--nproc-per-node={nproc}",
         "-m",
         "trainer",
-        *job_args,
+        *with_option(job_args, "--steps", str(steps)),
         "--checkpoint-dir",
         str(checkpoint),
-        "--steps",
-        str(steps),
     ]
 
 
@@ -120,8 +118,8 @@ def main(argv: list[str] | None = None) -> int:
     model = args.model or parse_options(job_args).model
     if model not in CPU_MODELS:
         print(
-            f"error: job {args.job} trains --model {model}, too big for a CPU run here (minutes "
-            f"per step); try it with a smaller preset:\n"
+            f"error: job {args.job} trains --model {model}, too big for a CPU run here; try its "
+            f"configuration with a smaller preset:\n"
             f"  make job-local JOB={args.job} STACK={args.stack} STEPS={args.steps} MODEL=small\n"
             f"  python -m workloads.local {args.job} --stack {args.stack} --model small",
             file=sys.stderr,
@@ -130,7 +128,8 @@ def main(argv: list[str] | None = None) -> int:
     checkpoint = Path("build/local-jobs") / args.job
     if not args.resume:
         shutil.rmtree(checkpoint, ignore_errors=True)
-    command = local_command(with_model(job_args, model), args.nproc, args.steps, checkpoint)
+    job_args = with_option(job_args, "--model", model)
+    command = local_command(job_args, args.nproc, args.steps, checkpoint)
     print("+ " + shown(command), flush=True)
     code = run(command)
     print(f"checkpoints: {checkpoint}/ (continue with --resume)", flush=True)
