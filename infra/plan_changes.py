@@ -16,8 +16,8 @@ Facts = dict[str, dict[str, str]]
 ABSENT = "-"
 
 
-def _money(value: float) -> str:
-    return f"{value:,.2f}"
+def _money(value: float, digits: int = 2) -> str:
+    return f"{value:,.{digits}f}"
 
 
 def plan_facts(config: StackConfig, plan: Plan) -> Facts:
@@ -62,12 +62,13 @@ def plan_facts(config: StackConfig, plan: Plan) -> Facts:
     cost = stack_cost(config, plan)
     for line in cost.pools:
         facts[f"NodePool {line.item}"]["max $/hour"] = _money(line.usd_per_hour)
+    # Three decimals, as the summary's cost table: a NAT gateway hour is $0.045.
     facts["Cost"] = {
         "region": cost.prices.region,
-        **{f"{line.item} $/hour": _money(line.usd_per_hour) for line in cost.baseline},
-        "baseline $/hour": _money(cost.baseline_per_hour),
-        "NodePools max $/hour": _money(cost.pools_per_hour),
-        "total max $/hour": _money(cost.total_per_hour),
+        **{f"{line.item} $/hour": _money(line.usd_per_hour, 3) for line in cost.baseline},
+        "baseline $/hour": _money(cost.baseline_per_hour, 3),
+        "NodePools max $/hour": _money(cost.pools_per_hour, 3),
+        "total max $/hour": _money(cost.total_per_hour, 3),
     }
     return facts
 

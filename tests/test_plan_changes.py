@@ -11,13 +11,16 @@ from infra.config import (
     ConfigError,
     config_from_pulumi,
     load_stack_file,
+    parse_stack_config,
     placeholder_errors,
     read_stack_file,
 )
 from infra.offline import run_offline
 from infra.plan import CHANGES_FILE, main
+from infra.plan_changes import changes, plan_facts
+from infra.program import build_platform
 from infra.program import main as program_main
-from tests.conftest import ROOT, stack_values
+from tests.conftest import ROOT, plan_of, stack_values
 
 MAX_NODES_4_TO_12 = [
     "NodePool gpu-small limits.cpu 192 -> 576",
@@ -31,8 +34,8 @@ MAX_NODES_4_TO_12 = [
     "ClusterQueue team-research borrowing.gpu-small.cpu 96 -> 288",
     "ClusterQueue team-research borrowing.gpu-small.memory 384Gi -> 1152Gi",
     "ClusterQueue team-research borrowing.gpu-small.nvidia.com/gpu 8 -> 24",
-    "Cost NodePools max $/hour 381.69 -> 427.06",
-    "Cost total max $/hour 382.04 -> 427.41",
+    "Cost NodePools max $/hour 381.690 -> 427.060",
+    "Cost total max $/hour 382.038 -> 427.408",
 ]
 
 
@@ -90,7 +93,7 @@ def test_each_supported_region_has_dated_sourced_prices(region):
 
 def test_prices_follow_the_region_in_plan_and_config():
     east, ireland, frankfurt = (load_prices(r) for r in ("us-east-1", "eu-west-1", "eu-central-1"))
-    assert east.instance("g5.12xlarge") == 5.672 and ireland.instance("g5.12xlarge") == 6.332
+    assert east.instance("g5.12xlarge") == 5.672 and ireland.instance("g5.12xlarge") == 6.33167
     assert (east.nat_gateway_per_hour, frankfurt.nat_gateway_per_hour) == (0.045, 0.052)
     assert supported_regions() == ["eu-central-1", "eu-west-1", "us-east-1", "us-west-2"]
 
@@ -105,12 +108,38 @@ def test_a_region_or_type_without_a_price_is_a_config_error_naming_the_key(tmp_p
         "aws:region: no prices for region 'ap-northeast-1' in infra/catalog/prices/; "
         "supported regions: eu-central-1, eu-west-1, us-east-1, us-west-2"
     ) in str(unsupported.value)
-    (tmp_path / "Pulumi.tokyo.yaml").write_text(text.replace("ap-northeast-1", "eu-west-1"))
+    pools = stack_values("dev")["training-platform:nodePools"]
+    pools[1] = {**pools[1], "instanceTypes": ["p5.48xlarge"]}  # no p5 in Ireland
+    write_stack(tmp_path, stack="ireland", nodePools=pools)
+    text = (tmp_path / "Pulumi.ireland.yaml").read_text().replace("us-west-2", "eu-west-1")
+    (tmp_path / "Pulumi.ireland.yaml").write_text(text)
     with pytest.raises(ConfigError) as unpriced:
-        load_stack_file("tokyo", tmp_path)
+        load_stack_file("ireland", tmp_path)
     assert (
-        "training-platform:nodePools[1].instanceTypes[0]: p4d.24xlarge has no eu-west-1 price"
+        "training-platform:nodePools[1].instanceTypes[0]: p5.48xlarge has no eu-west-1 price"
     ) in str(unpriced.value)
+
+
+def test_moving_the_stack_to_another_region_reprices_it():
+    oregon = plan_of("dev")
+    values = {**stack_values("dev"), "aws:region": "eu-central-1"}
+    frankfurt_config = parse_stack_config(values, "Pulumi.dev.yaml")
+    frankfurt = run_offline(lambda: build_platform(frankfurt_config), "dev", values)
+    lines = changes(
+        plan_facts(load_stack_file("dev"), oregon), plan_facts(frankfurt_config, frankfurt)
+    )
+    assert lines == [
+        "NodePool cpu max $/hour 7.68 -> 9.20",  # 10 x m6i.4xlarge at $0.92
+        "NodePool gpu-large max $/hour 351.32 -> 438.93",  # 16 x p4d.24xlarge at $27.43298
+        "NodePool gpu-small max $/hour 22.69 -> 28.37",  # 4 x g5.12xlarge at $7.09282
+        "Cost region us-west-2 -> eu-central-1",
+        "Cost NAT gateways $/hour 0.045 -> 0.052",
+        "Cost system nodes $/hour 0.192 -> 0.230",
+        "Cost system node disks $/hour 0.011 -> 0.013",
+        "Cost baseline $/hour 0.348 -> 0.395",
+        "Cost NodePools max $/hour 381.690 -> 476.500",
+        "Cost total max $/hour 382.038 -> 476.895",
+    ]
 
 
 def test_prod_placeholders_are_listed_for_the_engine_to_refuse():
