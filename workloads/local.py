@@ -71,7 +71,13 @@ def run(command: list[str]) -> int:
     sends the workers SIGTERM: each finishes its step, saves a checkpoint and exits 0, and
     torchrun ends cleanly (signalled itself, it would print a traceback and exit 1).
     """
-    process = subprocess.Popen(command, env={**os.environ, **WORKER_ENV}, start_new_session=True)
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, **WORKER_ENV},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
 
     def stop(signum, frame):
         print(f"\n{signal.Signals(signum).name}: stopping the workers at a checkpoint", flush=True)
@@ -79,7 +85,13 @@ def run(command: list[str]) -> int:
             os.kill(pid, signal.SIGTERM)
 
     previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # On a terminal the trainer redraws a progress line on stderr ("\r[###...] step ..."); each
+    # JSON event from stdout starts at column 0 of a cleared line, so it gets a line of its own.
+    start = "\r\033[K" if sys.stderr.isatty() else ""
     try:
+        for line in process.stdout:
+            sys.stdout.write(start + line)
+            sys.stdout.flush()
         return process.wait()
     finally:
         for sig, handler in previous.items():
