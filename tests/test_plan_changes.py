@@ -98,26 +98,36 @@ def test_prices_follow_the_region_in_plan_and_config():
     assert supported_regions() == ["eu-central-1", "eu-west-1", "us-east-1", "us-west-2"]
 
 
-def test_a_region_or_type_without_a_price_is_a_config_error_naming_the_key(tmp_path):
-    write_stack(tmp_path, stack="tokyo")
-    text = (tmp_path / "Pulumi.tokyo.yaml").read_text().replace("us-west-2", "ap-northeast-1")
-    (tmp_path / "Pulumi.tokyo.yaml").write_text(text)
-    with pytest.raises(ConfigError) as unsupported:
-        load_stack_file("tokyo", tmp_path)
-    assert (
-        "aws:region: no prices for region 'ap-northeast-1' in infra/catalog/prices/; "
-        "supported regions: eu-central-1, eu-west-1, us-east-1, us-west-2"
-    ) in str(unsupported.value)
+def with_gpu_large_types(types: list[str]) -> list[dict]:
     pools = stack_values("dev")["training-platform:nodePools"]
-    pools[1] = {**pools[1], "instanceTypes": ["p5.48xlarge"]}  # no p5 in Ireland
-    write_stack(tmp_path, stack="ireland", nodePools=pools)
-    text = (tmp_path / "Pulumi.ireland.yaml").read_text().replace("us-west-2", "eu-west-1")
-    (tmp_path / "Pulumi.ireland.yaml").write_text(text)
-    with pytest.raises(ConfigError) as unpriced:
-        load_stack_file("ireland", tmp_path)
-    assert (
-        "training-platform:nodePools[1].instanceTypes[0]: p5.48xlarge has no eu-west-1 price"
-    ) in str(unpriced.value)
+    return [{**p, "instanceTypes": types} if p["name"] == "gpu-large" else p for p in pools]
+
+
+@pytest.mark.parametrize(
+    ("region", "p5", "message"),
+    [
+        (
+            "ap-northeast-1",
+            False,
+            "aws:region: no prices for region 'ap-northeast-1' in infra/catalog/prices/; "
+            "supported regions: eu-central-1, eu-west-1, us-east-1, us-west-2",
+        ),
+        (
+            "eu-west-1",  # no p5 in Ireland
+            True,
+            "training-platform:nodePools[1].instanceTypes[0]: p5.48xlarge has no eu-west-1 price",
+        ),
+    ],
+)
+def test_a_region_or_type_without_a_price_is_a_config_error_naming_the_key(
+    tmp_path, region, p5, message
+):
+    pools = with_gpu_large_types(["p5.48xlarge"] if p5 else ["p4d.24xlarge"])
+    values = {**stack_values("dev", nodePools=pools), "aws:region": region}
+    (tmp_path / "Pulumi.moved.yaml").write_text(yaml.safe_dump({"config": values}))
+    with pytest.raises(ConfigError) as refused:
+        load_stack_file("moved", tmp_path)
+    assert message in str(refused.value)
 
 
 def test_moving_the_stack_to_another_region_reprices_it():
