@@ -1,9 +1,11 @@
 """Offline plan, the `cdk synth` Pulumi lacks: run the program under mocks, write what it declares.
 
-    python -m infra.plan --stack dev --out build/plan/dev
+    python -m infra.plan --stack dev [--out build/plan/dev] [--against DIR | --against-ref REF]
 
-writes `plan.json` (one object per registered resource) and `manifests/` (one YAML file per
-Kubernetes object), then prints a summary. Invalid stack config exits 2 with the config message.
+writes `plan.json` (one object per registered resource), `manifests/` (one YAML file per
+Kubernetes object), `facts.json` (limits, quotas, sizes, cost) and `changes.txt` (those facts
+against the previous plan in the out folder, DIR, or the stack file at git REF), then prints a
+summary led by NodePools and cost. Invalid stack config exits 2 with the config message.
 """
 
 import argparse
@@ -276,17 +278,27 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
 
 
 def base_facts(stack: str, ref: str, project_dir: Path) -> Facts:
-    """Facts of the stack file as it was at git `ref`, planned by this checkout's program."""
-    shown = subprocess.run(
-        ["git", "-C", str(project_dir), "show", f"{ref}:./Pulumi.{stack}.yaml"],
-        capture_output=True,
-        text=True,
-    )
+    """Facts of the stack file as it was at git `ref`, planned by this checkout's program.
+
+    A stack file the ref does not have yet (a new stack) has no facts: everything is new.
+    """
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["git", "-C", str(project_dir), *args], capture_output=True, text=True
+        )
+
+    if git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
+        raise ConfigError(f"--against-ref: {ref!r} is not a commit in {project_dir}")
+    shown = git("show", f"{ref}:./Pulumi.{stack}.yaml")
     if shown.returncode != 0:
-        raise ConfigError(f"no Pulumi.{stack}.yaml at git ref {ref}: {shown.stderr.strip()}")
+        return {}
     with tempfile.TemporaryDirectory() as tmp:
         (Path(tmp) / f"Pulumi.{stack}.yaml").write_text(shown.stdout)
-        config, plan = make_plan(stack, Path(tmp))
+        try:
+            config, plan = make_plan(stack, Path(tmp))
+        except ConfigError as e:
+            raise ConfigError(f"Pulumi.{stack}.yaml at {ref} does not plan: {e}") from None
     return plan_facts(config, plan)
 
 

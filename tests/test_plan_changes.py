@@ -79,7 +79,14 @@ def test_against_a_git_ref_plans_the_stack_file_as_it_was_there(tmp_path, capsys
     assert (tmp_path / "out" / CHANGES_FILE).read_text().splitlines() == MAX_NODES_4_TO_12
     assert "Changes against Pulumi.dev.yaml at HEAD:" in capsys.readouterr().out
     assert main([*args, "--against-ref", "no-such-ref"]) == 2
-    assert "no Pulumi.dev.yaml at git ref no-such-ref" in capsys.readouterr().err
+    assert "--against-ref: 'no-such-ref' is not a commit" in capsys.readouterr().err
+    # A stack the ref does not have yet: every fact is new.
+    (tmp_path / "Pulumi.dev.yaml").rename(tmp_path / "Pulumi.fresh.yaml")
+    fresh = ["--stack", "fresh", "--project-dir", str(tmp_path), "--out", str(tmp_path / "f")]
+    assert main([*fresh, "--against-ref", "HEAD"]) == 0
+    lines = (tmp_path / "f" / CHANGES_FILE).read_text().splitlines()
+    assert "NodePool gpu-small limits.nodes - -> 12" in lines
+    assert all(" - -> " in line for line in lines)
 
 
 @pytest.mark.parametrize("region", ["us-east-1", "us-west-2", "eu-west-1", "eu-central-1"])
