@@ -25,7 +25,6 @@ from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import (
-    PROJECT_DIR,
     ConfigError,
     StackConfig,
     load_stack_file,
@@ -34,6 +33,7 @@ from infra.config import (
 )
 from infra.cost import StackCost, stack_cost
 from infra.offline import Plan, run_offline
+from infra.paths import PROJECT_DIR
 from infra.plan_changes import Facts, changes, plan_facts
 from infra.program import build_platform
 from policies.offline import check
@@ -238,7 +238,7 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
         def gpus(job):  # per node: the pod asks for all of the node's GPUs
             return pools[job.node_pool].gpus_per_node
 
-        image = plan.outputs.get("trainerImage") or config.image.uri
+        images = plan.outputs.get("trainerImages") or {"all": config.image.uri}
         lines += ["", "Jobs (start, and bill, on pulumi up):"]
         lines += table(
             ["job", "kind", "pool", "nodes", "GPUs", "queue", "checkpoint"],
@@ -255,7 +255,7 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
                 for j in config.jobs
             ],
         )
-        lines.append(f"  image: {image}")
+        lines += [f"  image ({target}): {ref}" for target, ref in sorted(images.items())]
     if config.queues.teams:
         lines += ["", "Teams (Kueue):"]
         lines += table(
