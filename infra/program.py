@@ -42,9 +42,9 @@ def build_platform(config: StackConfig) -> None:
     )
     if any(pool.gpu for pool in config.node_pools):
         NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
+        GpuMetrics("gpu-metrics", cluster.provider, config.monitoring.prometheus_stack)
     if any(pool.efa for pool in config.node_pools):
         EfaDevicePlugin("efa-device-plugin", provider=cluster.provider)
-        GpuMetrics("gpu-metrics", cluster.provider, config.monitoring.prometheus_stack)
 
     operators = TrainingOperators(
         "training-operators", cluster.provider, cluster.controller_prerequisites
