@@ -60,3 +60,11 @@ MPI_OPERATOR_MANIFEST = (
     "https://raw.githubusercontent.com/kubeflow/mpi-operator/"
     f"{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
 )
+
+# Hybrid nodes (infra/components/hybrid_nodes.py). The WireGuard gateway boots the AL2023 AMI this
+# public SSM parameter names when it is created; a later AMI does not replace a running gateway.
+WIREGUARD_GATEWAY_AMI_PARAMETER = (
+    "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-6.1-x86_64"
+)
+# NVIDIA container toolkit the bootstrap installs on GPU hybrid nodes (apt/dnf package version).
+NVIDIA_CONTAINER_TOOLKIT_VERSION = "1.18.1-1"
