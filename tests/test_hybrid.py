@@ -311,3 +311,13 @@ def test_peer_configs_and_bootstraps_are_secret_outputs():
     for name in ("hybridPeerConfigs", "hybridBootstrap"):
         assert _sync_await(exports[name].is_secret()), name
     assert not _sync_await(exports["hybridGatewayIp"].is_secret())
+
+
+def test_policy_pack_wants_the_gateway_allowed_by_name(plan):
+    from policies.offline import check
+
+    found = check(plan)
+    assert [(v.policy, v.urn.rsplit("::", 1)[1]) for v in found] == [
+        ("no-world-ingress", "hybrid-gateway")
+    ], [str(v) for v in found]
+    assert check(plan, {"allowedPublicIngress": ["hybrid-gateway"]}) == []
