@@ -200,6 +200,10 @@ def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(pla
     alice = pages["alice-4090"]
     assert "nodeadm install 1.34 --credential-provider ssm" in alice
     assert "--node-ip=10.200.0.2" in alice
+    assert (
+        "--node-labels=training-platform/pool=hybrid,training-platform/node-role=hybrid,"
+        "training-platform/machine=alice-4090,nvidia.com/gpu.present=true" in alice
+    )
     assert "--register-with-taints=training-platform/hybrid=true:NoSchedule" in alice
     assert re.search(r"activationCode: offline-activation-code-\w+", alice)
     assert (

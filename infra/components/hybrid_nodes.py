@@ -74,7 +74,9 @@ def kueue_flavor(config: HybridConfig) -> Flavor:
 
 
 def node_labels(machine: HybridMachine) -> dict[str, str]:
-    labels = dict(HYBRID_LABELS)
+    # SSM-registered nodes are named after their managed instance id (mi-...): the machine label
+    # says which machine a node is.
+    labels = {**HYBRID_LABELS, "training-platform/machine": machine.name}
     if machine.gpus:
         labels.update(GPU_NODE_LABELS)
     return labels
