@@ -6,7 +6,7 @@ from infra.components.block_storage import BlockStorage
 from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
 from infra.components.gpu_metrics import GpuMetrics
-from infra.components.hybrid_nodes import HybridNodes, kueue_flavor
+from infra.components.hybrid_nodes import HybridNodes, VpcPlacement, kueue_flavor
 from infra.components.karpenter import Karpenter
 from infra.components.kueue import Kueue
 from infra.components.lustre import LustreFileSystem
@@ -60,11 +60,13 @@ def build_platform(config: StackConfig) -> None:
             config.hybrid,
             cluster.name,
             config.cluster.kubernetes_version,
-            config.network.cidr,
-            network.vpc_id,
-            network.public_subnets[0],
-            network.route_table_ids,
-            cluster.cluster_security_group_id,
+            VpcPlacement(
+                config.network.cidr,
+                network.vpc_id,
+                network.public_subnets[0],
+                network.route_table_ids,
+                cluster.cluster_security_group_id,
+            ),
             tags,
         )
         pulumi.export("hybridGatewayIp", hybrid.gateway_public_ip)

@@ -11,6 +11,7 @@ tolerating the taint) run there.
 import ipaddress
 import json
 import textwrap
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
@@ -181,6 +182,17 @@ def _policy(statements: list[dict]) -> str:
     return json.dumps({"Version": "2012-10-17", "Statement": statements})
 
 
+@dataclass(frozen=True)
+class VpcPlacement:
+    """Where the gateway goes and what it routes: the stack's VPC (infra/components/network.py)."""
+
+    cidr: ipaddress.IPv4Network
+    vpc_id: pulumi.Input[str]
+    public_subnet_id: pulumi.Input[str]
+    route_table_ids: list[pulumi.Input[str]]
+    cluster_security_group_id: pulumi.Input[str]
+
+
 class HybridNodes(pulumi.ComponentResource):
     peer_configs: pulumi.Output[dict[str, str]]  # machine -> wg-quick config (secret)
     bootstraps: pulumi.Output[dict[str, str]]  # machine -> bootstrap script (secret)
@@ -192,27 +204,22 @@ class HybridNodes(pulumi.ComponentResource):
         config: HybridConfig,
         cluster_name: pulumi.Input[str],
         kubernetes_version: str,
-        vpc_cidr: ipaddress.IPv4Network,
-        vpc_id: pulumi.Input[str],
-        public_subnet_id: pulumi.Input[str],
-        route_table_ids: list[pulumi.Input[str]],
-        cluster_security_group_id: pulumi.Input[str],
+        vpc: VpcPlacement,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:HybridNodes", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
+        self._name, self._config, self._tags = name, config, tags
         partition = aws.get_partition().partition
         account = aws.get_caller_identity().account_id
-        region = aws.get_region().region
+        region = self._region = aws.get_region().region
         cluster_arn = pulumi.Output.concat(
             f"arn:{partition}:eks:{region}:{account}:cluster/", cluster_name
         )
         remote_cidrs = [str(c) for c in config.remote_node_cidrs + config.remote_pod_cidrs]
 
-        role, hybrid_credentials = self._credentials(
-            name, config, cluster_arn, partition, account, region, tags
-        )
+        role, hybrid_credentials = self._credentials(cluster_arn, partition, account)
         aws.eks.AccessEntry(
             f"{name}-nodes",
             cluster_name=cluster_name,
@@ -226,7 +233,7 @@ class HybridNodes(pulumi.ComponentResource):
         for i, cidr in enumerate(remote_cidrs):
             aws.vpc.SecurityGroupIngressRule(
                 f"{name}-cluster-https-{i}",
-                security_group_id=cluster_security_group_id,
+                security_group_id=vpc.cluster_security_group_id,
                 description="Kubernetes API from hybrid nodes and their pods",
                 ip_protocol="tcp",
                 from_port=443,
@@ -242,25 +249,11 @@ class HybridNodes(pulumi.ComponentResource):
             for machine in config.machines
         }
         gateway_key = random.RandomBytes(f"{name}-wg-gateway", length=32, opts=child)
-        gateway_ip = self._gateway(
-            name,
-            config,
-            region,
-            vpc_cidr,
-            vpc_id,
-            public_subnet_id,
-            route_table_ids,
-            remote_cidrs,
-            gateway_address,
-            node_ips,
-            keys,
-            gateway_key,
-            tags,
-        )
+        gateway_ip = self._gateway(vpc, remote_cidrs, keys, gateway_key)
 
         def render(args: list) -> tuple[dict[str, str], dict[str, str]]:
             public_ip, gateway_private, credentials, *private_keys = args
-            hub = Hub(gateway_private, gateway_address, public_ip, WIREGUARD_PORT, (vpc_cidr,))
+            hub = Hub(gateway_private, gateway_address, public_ip, WIREGUARD_PORT, (vpc.cidr,))
             peers, pages = {}, {}
             machine_spokes = spokes(config, node_ips, private_keys)
             for machine, spoke in zip(config.machines, machine_spokes, strict=True):
@@ -293,8 +286,9 @@ class HybridNodes(pulumi.ComponentResource):
         self.gateway_public_ip = gateway_ip
         self.register_outputs({"gatewayPublicIp": gateway_ip})
 
-    def _credentials(self, name, config, cluster_arn, partition, account, region, tags):
+    def _credentials(self, cluster_arn, partition, account):
         """The hybrid node role, its credential source, and each machine's spec.hybrid block."""
+        name, config, tags, region = self._name, self._config, self._tags, self._region
         child = pulumi.ResourceOptions(parent=self)
         inline = [
             # nodeadm reads the endpoint, CA and service CIDR of the cluster.
@@ -424,26 +418,19 @@ class HybridNodes(pulumi.ComponentResource):
 
     def _gateway(
         self,
-        name,
-        config: HybridConfig,
-        region: str,
-        vpc_cidr,
-        vpc_id,
-        public_subnet_id,
-        route_table_ids,
-        remote_cidrs,
-        gateway_address,
-        node_ips,
-        keys,
-        gateway_key,
-        tags,
+        vpc: VpcPlacement,
+        remote_cidrs: list[str],
+        keys: dict[str, random.RandomBytes],
+        gateway_key: random.RandomBytes,
     ) -> pulumi.Output[str]:
         """The WireGuard hub instance, its address, firewall and the VPC's routes through it."""
+        name, config, tags, region = self._name, self._config, self._tags, self._region
+        gateway_address, node_ips = config.addresses()
         child = pulumi.ResourceOptions(parent=self)
         group = aws.ec2.SecurityGroup(
             f"{name}-gateway",
             description="WireGuard gateway to EKS hybrid nodes",
-            vpc_id=vpc_id,
+            vpc_id=vpc.vpc_id,
             ingress=[
                 # The only port open to the internet: WireGuard answers no unauthenticated packet.
                 {
@@ -458,7 +445,7 @@ class HybridNodes(pulumi.ComponentResource):
                     "protocol": "-1",
                     "from_port": 0,
                     "to_port": 0,
-                    "cidr_blocks": [str(vpc_cidr)],
+                    "cidr_blocks": [str(vpc.cidr)],
                     "description": "VPC traffic forwarded to the hybrid nodes",
                 },
             ],
@@ -525,7 +512,7 @@ class HybridNodes(pulumi.ComponentResource):
             f"{name}-gateway",
             ami=ami,
             instance_type=config.gateway_instance_type,
-            subnet_id=public_subnet_id,
+            subnet_id=vpc.public_subnet_id,
             vpc_security_group_ids=[group.id],
             iam_instance_profile=profile.name,
             # It forwards packets for addresses that are not its own.
@@ -549,7 +536,7 @@ class HybridNodes(pulumi.ComponentResource):
             tags={**tags, "Name": f"{name}-gateway"},
             opts=child,
         )
-        for i, table in enumerate(route_table_ids):
+        for i, table in enumerate(vpc.route_table_ids):
             for j, cidr in enumerate(remote_cidrs):
                 aws.ec2.Route(
                     f"{name}-route-{i}-{j}",
