@@ -18,7 +18,7 @@ import pulumi_aws as aws
 import pulumi_random as random
 import yaml
 
-from infra.components.iam import assume_role_policy
+from infra.components.iam import assume_role_policy, managed_policy_arn, partition
 from infra.components.node_pools import GPU_NODE_LABELS, POOL_LABEL
 from infra.components.queues import Flavor
 from infra.config import HybridConfig, HybridMachine
@@ -28,6 +28,8 @@ from mesh.wireguard import Hub, Spoke, hub_config, spoke_config
 HYBRID_FLAVOR = "hybrid"
 HYBRID_LABELS = {POOL_LABEL: HYBRID_FLAVOR, "training-platform/node-role": "hybrid"}
 HYBRID_TAINT = {"key": "training-platform/hybrid", "value": "true", "effect": "NoSchedule"}
+# For node agents (device plugins): a workload opts in through Kueue's flavor instead.
+HYBRID_TOLERATION = {"key": HYBRID_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
 WIREGUARD_PORT = 51820
 NODEADM_URL = "https://hybrid-assets.eks.amazonaws.com/releases/latest/bin/linux/amd64/nodeadm"
 NODEADM_CREDENTIAL_PROVIDER = {"ssm": "ssm", "iam-roles-anywhere": "iam-ra"}
@@ -211,15 +213,14 @@ class HybridNodes(pulumi.ComponentResource):
         super().__init__("training-platform:infra:HybridNodes", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self._name, self._config, self._tags = name, config, tags
-        partition = aws.get_partition().partition
         account = aws.get_caller_identity().account_id
         region = self._region = aws.get_region().region
         cluster_arn = pulumi.Output.concat(
-            f"arn:{partition}:eks:{region}:{account}:cluster/", cluster_name
+            f"arn:{partition()}:eks:{region}:{account}:cluster/", cluster_name
         )
         remote_cidrs = [str(c) for c in config.remote_node_cidrs + config.remote_pod_cidrs]
 
-        role, hybrid_credentials = self._credentials(cluster_arn, partition, account)
+        role, hybrid_credentials = self._credentials(cluster_arn, account)
         aws.eks.AccessEntry(
             f"{name}-nodes",
             cluster_name=cluster_name,
@@ -286,7 +287,7 @@ class HybridNodes(pulumi.ComponentResource):
         self.gateway_public_ip = gateway_ip
         self.register_outputs({"gatewayPublicIp": gateway_ip})
 
-    def _credentials(self, cluster_arn, partition, account):
+    def _credentials(self, cluster_arn, account):
         """The hybrid node role, its credential source, and each machine's spec.hybrid block."""
         name, config, tags, region = self._name, self._config, self._tags, self._region
         child = pulumi.ResourceOptions(parent=self)
@@ -300,7 +301,7 @@ class HybridNodes(pulumi.ComponentResource):
                 "Resource": cluster_arn,
             },
         ]
-        managed = [f"arn:{partition}:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly"]
+        managed = [managed_policy_arn("AmazonEC2ContainerRegistryPullOnly")]
         if config.credential_provider == "ssm":
             trust = json.dumps(
                 {
@@ -313,14 +314,14 @@ class HybridNodes(pulumi.ComponentResource):
                             "Condition": {
                                 "StringEquals": {"aws:SourceAccount": account},
                                 "ArnEquals": {
-                                    "aws:SourceArn": f"arn:{partition}:ssm:{region}:{account}:*"
+                                    "aws:SourceArn": f"arn:{partition()}:ssm:{region}:{account}:*"
                                 },
                             },
                         }
                     ],
                 }
             )
-            managed.append(f"arn:{partition}:iam::aws:policy/AmazonSSMManagedInstanceCore")
+            managed.append(managed_policy_arn("AmazonSSMManagedInstanceCore"))
             # `nodeadm uninstall` deregisters the machine from SSM.
             inline.append(
                 {
