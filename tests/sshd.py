@@ -74,8 +74,12 @@ class LoopbackSshd:
             pump.start()
         for pump in pumps:
             pump.join()
-        channel.send_exit_status(process.wait())
-        channel.close()
+        code = process.wait()
+        try:
+            channel.send_exit_status(code)
+            channel.close()
+        except (EOFError, OSError):
+            pass  # the client hung up first (it had read the exit status or gave up)
 
     @staticmethod
     def _pump(stream, send) -> None:
