@@ -8,11 +8,16 @@ from pathlib import Path
 
 import pulumi
 import pytest
+from pulumi.runtime import settings
+from pulumi.runtime.sync_await import _sync_await
 
 from infra import hybrid_bootstrap
 from infra.components.hybrid_nodes import HYBRID_TAINT, remote_network_transform
 from infra.config import ConfigError, HybridConfig, parse_stack_config
+from infra.offline import run_offline
+from infra.program import build_platform
 from mesh.wireguard import public_key
+from policies.offline import check
 from tests.conftest import plan_of, stack_values
 
 HYBRID = {
@@ -35,8 +40,25 @@ CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBofflineCA\n-----END CERTIFICATE-----\
 
 
 @pytest.fixture(scope="module")
-def plan():
-    return plan_of("dev", hybrid=HYBRID, cluster=PRIVATE_ENDPOINT_OFF)
+def hybrid_run():
+    """The dev stack with HYBRID: its offline plan, and which hybrid exports are secret."""
+    values = stack_values("dev", cluster=PRIVATE_ENDPOINT_OFF)
+    values["training-platform:hybrid"] = HYBRID
+    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    exports = {}
+
+    def program():
+        build_platform(config)
+        exports.update(settings.get_root_resource().outputs)
+
+    plan = run_offline(program, "dev", values)
+    secret = {n: _sync_await(o.is_secret()) for n, o in exports.items() if n.startswith("hybrid")}
+    return plan, secret
+
+
+@pytest.fixture(scope="module")
+def plan(hybrid_run):
+    return hybrid_run[0]
 
 
 def sections(config: str) -> list[dict[str, str]]:
@@ -176,12 +198,6 @@ def test_kueue_flavor_is_opt_in_and_the_device_plugin_reaches_hybrid_gpus(plan):
     } in plugin.inputs["values"]["tolerations"]
 
 
-def test_hybrid_gpus_alone_bring_the_device_plugin():
-    cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
-    plan = plan_of("dev", hybrid=HYBRID, cluster=PRIVATE_ENDPOINT_OFF, nodePools=cpu_only, jobs=[])
-    assert plan.one("kubernetes:helm.sh/v3:Release", "nvidia-device-plugin")
-
-
 def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(plan):
     peers, pages = plan.outputs["hybridPeerConfigs"], plan.outputs["hybridBootstrap"]
     assert set(peers) == set(pages) == {"alice-4090", "bob-cpu"}
@@ -211,12 +227,17 @@ def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(pla
     )
 
 
-def test_roles_anywhere_variant(tmp_path):
+def test_roles_anywhere_variant_without_gpu_pools():
+    cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
     plan = plan_of(
         "dev",
         hybrid={**HYBRID, "credentialProvider": "iam-roles-anywhere", "caBundlePem": CA_PEM},
         cluster=PRIVATE_ENDPOINT_OFF,
+        nodePools=cpu_only,
+        jobs=[],
     )
+    # The machines' GPUs alone bring the NVIDIA device plugin.
+    assert plan.one("kubernetes:helm.sh/v3:Release", "nvidia-device-plugin")
     anchor = plan.one("aws:rolesanywhere/trustAnchor:TrustAnchor")
     assert anchor.inputs["source"]["sourceData"]["x509CertificateData"] == CA_PEM
     role = plan.one("aws:iam/role:Role", "hybrid-node")
@@ -295,31 +316,15 @@ def test_bootstrap_cli_prints_one_machine_from_the_stack_outputs(tmp_path, monke
     assert "allowed: alice-4090" in capsys.readouterr().err
 
 
-def test_peer_configs_and_bootstraps_are_secret_outputs():
-    from pulumi.runtime import settings
-    from pulumi.runtime.sync_await import _sync_await
-
-    from infra.offline import run_offline
-    from infra.program import build_platform
-
-    values = stack_values("dev", cluster=PRIVATE_ENDPOINT_OFF)
-    values["training-platform:hybrid"] = HYBRID
-    config = parse_stack_config(values, "Pulumi.dev.yaml")
-    exports = {}
-
-    def program():
-        build_platform(config)
-        exports.update(settings.get_root_resource().outputs)
-
-    run_offline(program, "dev", values)
-    for name in ("hybridPeerConfigs", "hybridBootstrap"):
-        assert _sync_await(exports[name].is_secret()), name
-    assert not _sync_await(exports["hybridGatewayIp"].is_secret())
+def test_peer_configs_and_bootstraps_are_secret_outputs(hybrid_run):
+    assert hybrid_run[1] == {
+        "hybridGatewayIp": False,
+        "hybridPeerConfigs": True,
+        "hybridBootstrap": True,
+    }
 
 
 def test_policy_pack_wants_the_gateway_allowed_by_name(plan):
-    from policies.offline import check
-
     found = check(plan)
     assert [(v.policy, v.urn.rsplit("::", 1)[1]) for v in found] == [
         ("no-world-ingress", "hybrid-gateway")
