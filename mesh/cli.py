@@ -6,6 +6,7 @@ tp-mesh launch mesh.yaml --nnodes 2:3 -- -m trainer --steps 2000 --checkpoint-di
 """
 
 import argparse
+import logging
 import re
 import sys
 from pathlib import Path
@@ -128,6 +129,8 @@ def main(argv: list[str] | None = None) -> int:
     split = argv.index("--") if "--" in argv else len(argv)
     argv, script = argv[:split], argv[split + 1 :]
     args = parser.parse_args(argv)
+    # paramiko logs each failed connection with a traceback; the node report already says why.
+    logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:
         mesh = load_mesh(args.mesh)
         if args.command == "wireguard":
