@@ -229,8 +229,8 @@ class HybridNodes(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        # The control plane and VPC pods reach kubelets and pods on the machines, and the
-        # machines reach the API server, through the gateway.
+        # The machines and their pods reach the cluster's ENIs (API server, webhooks' callers)
+        # through the gateway; the cluster security group lets them in on HTTPS.
         for i, cidr in enumerate(remote_cidrs):
             aws.vpc.SecurityGroupIngressRule(
                 f"{name}-cluster-https-{i}",
