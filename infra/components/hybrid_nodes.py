@@ -229,7 +229,7 @@ class HybridNodes(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        # The machines and their pods reach the cluster's ENIs (API server, webhooks' callers)
+        # The machines and their pods reach the API server's ENIs in the VPC
         # through the gateway; the cluster security group lets them in on HTTPS.
         for i, cidr in enumerate(remote_cidrs):
             aws.vpc.SecurityGroupIngressRule(
