@@ -16,7 +16,8 @@ help:
 		/^## /{printf "  %-12s %s\n", "", substr($$0, 4)}' $(MAKEFILE_LIST)
 
 # Reinstall only when the pinned dependencies change.
-$(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/dev.txt trainer/requirements.txt
+$(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
+		trainer/requirements.txt
 	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
 	@echo "tools; about 1.5 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)
