@@ -244,10 +244,15 @@ def node_pool_cost_per_hour(props: dict, prices: RegionPrices) -> float:
 
 
 def _region(args: StackValidationArgs) -> str | None:
-    """The policy config's `region`, else the region of the stack's AWS provider."""
-    providers = [r for r in args.resources if r.resource_type == "pulumi:providers:aws"]
-    regions = [(r.props or {}).get("region") for r in providers]
-    return config_of(args).get("region") or next(filter(None, regions), None)
+    """The policy config's `region`, else the stack's AWS provider's, else its subnets' AZs'."""
+    regions = [config_of(args).get("region")]
+    for r in args.resources:
+        props = r.props or {}
+        if r.resource_type == "pulumi:providers:aws":
+            regions.append(props.get("region"))
+        elif r.resource_type == "aws:ec2/subnet:Subnet" and props.get("availabilityZone"):
+            regions.append(props["availabilityZone"][:-1])  # us-west-2a -> us-west-2
+    return next(filter(None, regions), None)
 
 
 def _budget(args: StackValidationArgs, report: ReportViolation) -> None:

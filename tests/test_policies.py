@@ -217,14 +217,16 @@ def test_cost_budget_prices_in_the_stack_region_and_names_what_it_cannot_price()
     assert "p5.48xlarge has no eu-west-1 price in infra/catalog/prices/eu-west-1.yaml" in (
         violation.message
     )
+    subnet = ("aws:ec2/subnet:Subnet", {"availabilityZone": "eu-central-1a"})
+    (violation,) = violations_of(plan_with(eight, subnet), "cost-budget")
+    assert "p5.48xlarge has no eu-central-1 price" in violation.message
     (violation,) = violations_of(plan_with(eight), "cost-budget")
     assert 'set "region" in the policy pack config' in violation.message
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_both_stacks_are_clean(stack, request):
-    # The offline plan records no AWS provider; `make plan` passes the stack region the same way.
-    assert check(request.getfixturevalue(f"{stack}_plan"), {"region": "us-west-2"}) == []
+    assert check(request.getfixturevalue(f"{stack}_plan")) == []
 
 
 @pytest.mark.parametrize(
