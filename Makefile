@@ -19,7 +19,7 @@ help:
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
 		trainer/requirements.txt
 	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
-	@echo "tools; about 1.5 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
+	@echo "tools; about 1.7 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e '.[dev]'
 	touch $@
