@@ -24,7 +24,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from infra.catalog import InstanceType, load_catalog
+from infra.catalog import InstanceType, RegionPrices, UnpricedError, load_catalog, load_prices
 from infra.paths import PROJECT_DIR
 from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
 from trainer.options import OptionsError, parse_options
@@ -186,7 +186,6 @@ class PoolCeiling(BaseModel):
     gpus: int
     vcpu: int
     memory_gib: int
-    usd_per_hour: float
 
 
 class NodePoolConfig(Model):
@@ -265,8 +264,11 @@ class NodePoolConfig(Model):
             gpus=self.max_nodes * max(t.gpus for t in self.types),
             vcpu=self.max_nodes * max(t.vcpu for t in self.types),
             memory_gib=self.max_nodes * max(t.memory_gib for t in self.types),
-            usd_per_hour=round(self.max_nodes * max(t.usd_per_hour for t in self.types), 2),
         )
+
+    def max_usd_per_hour(self, prices: RegionPrices) -> float:
+        """maxNodes times the dearest of the pool's types at the region's on-demand price."""
+        return round(self.max_nodes * max(prices.instance(t) for t in self.instance_types), 2)
 
 
 class KarpenterConfig(Model):
@@ -393,6 +395,88 @@ class JobConfig(Model):
         return self
 
 
+# Address ranges EKS accepts for hybrid nodes' remote node and pod networks (RFC 1918, CGNAT).
+HYBRID_ALLOWED_RANGES = [
+    ipaddress.IPv4Network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+]
+
+
+class HybridMachine(Model):
+    """A machine outside AWS joining the cluster as an EKS hybrid node."""
+
+    name: K8sName
+    gpus: int = Field(ge=0, le=16)
+    gpu_model: str = Field(default="", pattern=r"^[A-Za-z0-9 ._-]{0,40}$")
+    vcpu: int = Field(ge=1, le=512)  # what Kueue may admit onto it, with memoryGib and gpus
+    memory_gib: int = Field(ge=1, le=8192)
+    # Its slice of remotePodCidrs: the WireGuard gateway routes these pod addresses to it.
+    pod_cidr: Cidr
+
+
+class HybridConfig(Model):
+    """EKS Hybrid Nodes reached through a WireGuard gateway in a public subnet of the VPC.
+
+    remoteNodeCidrs[0] is the WireGuard network: the gateway takes its first host address, the
+    machines the next ones in order (their node IPs).
+    """
+
+    remote_node_cidrs: list[Cidr] = Field(min_length=1, max_length=15)
+    remote_pod_cidrs: list[Cidr] = Field(min_length=1, max_length=15)
+    credential_provider: Literal["ssm", "iam-roles-anywhere"] = "ssm"
+    # PEM CA bundle that signs the machines' certificates (iam-roles-anywhere only).
+    ca_bundle_pem: str = ""
+    gateway_instance_type: CpuInstanceType = "c6i.large"
+    machines: list[HybridMachine] = Field(min_length=1, max_length=100)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "HybridConfig":
+        every = self.remote_node_cidrs + self.remote_pod_cidrs
+        for cidr in every:
+            if not any(cidr.subnet_of(r) for r in HYBRID_ALLOWED_RANGES):
+                raise ValueError(
+                    f"{cidr} is not allowed for hybrid nodes; allowed: inside "
+                    + ", ".join(str(r) for r in HYBRID_ALLOWED_RANGES)
+                )
+        for i, a in enumerate(every):
+            for b in every[i + 1 :]:
+                if a.overlaps(b):
+                    raise ValueError(f"remote CIDRs {a} and {b} overlap; allowed: disjoint CIDRs")
+        if (self.credential_provider == "iam-roles-anywhere") != bool(self.ca_bundle_pem):
+            raise ValueError(
+                "caBundlePem goes with credentialProvider iam-roles-anywhere; allowed: a PEM CA "
+                "bundle for iam-roles-anywhere, none for ssm"
+            )
+        names = [m.name for m in self.machines]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"machine names {', '.join(repeated)} repeat; allowed: unique names")
+        if len(self.machines) + 1 > self.remote_node_cidrs[0].num_addresses - 2:
+            raise ValueError(
+                f"remoteNodeCidrs[0] {self.remote_node_cidrs[0]} holds fewer addresses than the "
+                f"gateway and {len(self.machines)} machines need"
+            )
+        pods = [m.pod_cidr for m in self.machines]
+        for machine in self.machines:
+            if not any(machine.pod_cidr.subnet_of(c) for c in self.remote_pod_cidrs):
+                raise ValueError(
+                    f"machine {machine.name}: podCidr {machine.pod_cidr} lies outside "
+                    "remotePodCidrs; allowed: a slice of one of them"
+                )
+            if sum(machine.pod_cidr.overlaps(other) for other in pods) > 1:
+                raise ValueError(
+                    f"machine {machine.name}: podCidr {machine.pod_cidr} overlaps another "
+                    "machine's; allowed: disjoint slices"
+                )
+        return self
+
+    def addresses(self) -> tuple[ipaddress.IPv4Address, dict[str, ipaddress.IPv4Address]]:
+        """(gateway, machine name -> node IP) in the WireGuard network remoteNodeCidrs[0]."""
+        hosts = self.remote_node_cidrs[0].hosts()
+        gateway = next(hosts)
+        return gateway, {m.name: next(hosts) for m in self.machines}
+
+
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
@@ -407,6 +491,7 @@ class StackConfig(Model):
     policy: PolicyConfig = PolicyConfig()
     image: ImageConfig = ImageConfig()
     jobs: list[JobConfig] = Field(default_factory=list)
+    hybrid: HybridConfig | None = None  # GPUs outside AWS as EKS hybrid nodes
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> "StackConfig":
@@ -439,7 +524,7 @@ def parse_stack_config(values: Mapping[str, Any], source: str) -> StackConfig:
     except ValidationError as e:
         lines = [f"  {_key_path(err['loc'])}: {_one_line(_explain(err))}" for err in e.errors()]
         raise ConfigError(f"Invalid stack config in {source}:\n" + "\n".join(lines)) from None
-    problems = cross_reference_errors(config)
+    problems = cross_reference_errors(config) + price_errors(config)
     if problems:
         lines = [f"  {_key_path(loc)}: {_one_line(message)}" for loc, message in problems]
         raise ConfigError(f"Invalid stack config in {source}:\n" + "\n".join(lines))
@@ -504,7 +589,100 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     + ", ".join(k for k, on in storage.items() if on),
                 )
             )
+    return problems + _hybrid_errors(config)
+
+
+def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    """Hybrid nodes against the rest of the stack: endpoint mode and the VPC's addresses."""
+    if config.hybrid is None:
+        return []
+    problems = []
+    endpoint = config.cluster.endpoint
+    if endpoint.public_access and endpoint.private_access:
+        problems.append(
+            (
+                ("cluster", "endpoint"),
+                "hybrid nodes need publicAccess or privateAccess, not both (the endpoint would "
+                "resolve to public IPs for nodes outside the VPC); allowed: one of them true",
+            )
+        )
+    remote = config.hybrid.remote_node_cidrs + config.hybrid.remote_pod_cidrs
+    for cidr in remote:
+        if cidr.overlaps(config.network.cidr):
+            problems.append(
+                (
+                    ("hybrid",),
+                    f"{cidr} overlaps the VPC cidr {config.network.cidr}; allowed: "
+                    "remote CIDRs outside the VPC",
+                )
+            )
+    if config.network.existing_vpc is not None:
+        problems.append(
+            (
+                ("hybrid",),
+                "hybrid nodes need routes in the VPC's route tables, which an adopted VPC "
+                "(network.existingVpc) keeps to itself; allowed: hybrid with this stack's VPC",
+            )
+        )
     return problems
+
+
+def price_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    """The plan prices every node at the stack's region: each type and store needs a price there."""
+    try:
+        prices = load_prices(config.region)
+    except UnpricedError as e:
+        return [(("region",), str(e))]
+    wanted = [
+        (
+            ("cluster", "systemNodeGroup", "instanceType"),
+            config.cluster.system_node_group.instance_type,
+        )
+    ]
+    for i, pool in enumerate(config.node_pools):
+        wanted += [
+            (("nodePools", i, "instanceTypes", j), t) for j, t in enumerate(pool.instance_types)
+        ]
+    problems = []
+    for loc, name in wanted:
+        try:
+            prices.instance(name)
+        except UnpricedError as e:
+            problems.append((loc, str(e)))
+    if config.storage.fsx.enabled:
+        try:
+            prices.fsx(config.storage.fsx.throughput_per_tib)
+        except UnpricedError as e:
+            problems.append((("storage", "fsx", "throughputPerTib"), str(e)))
+    return problems
+
+
+# Documentation values (RFC 5737 networks, AWS's example account) that Pulumi.prod.yaml ships as
+# placeholders: a real deployment with them would lock the real admins out of the cluster.
+DOCUMENTATION_CIDRS = [
+    ipaddress.IPv4Network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
+]
+DOCUMENTATION_ACCOUNT = "123456789012"
+
+
+def placeholder_errors(config: StackConfig) -> list[str]:
+    """`key: message` per key still holding a documentation placeholder; the engine refuses them."""
+    endpoint = ("cluster", "endpoint", "publicAccessCidrs")
+    problems = [
+        ((*endpoint, i), f"{cidr} is a documentation range (RFC 5737); allowed: your own CIDRs")
+        for i, cidr in enumerate(config.cluster.endpoint.public_access_cidrs)
+        if any(cidr.subnet_of(doc) for doc in DOCUMENTATION_CIDRS)
+    ]
+    problems += [
+        (
+            ("cluster", "adminPrincipalArns", i),
+            f"{arn} is in AWS's documentation account {DOCUMENTATION_ACCOUNT}; "
+            "allowed: a role or user of your account",
+        )
+        for i, arn in enumerate(config.cluster.admin_principal_arns)
+        if f":{DOCUMENTATION_ACCOUNT}:" in arn
+    ]
+    return [f"{_key_path(loc)}: {message}" for loc, message in problems]
 
 
 def read_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
@@ -534,7 +712,15 @@ def config_from_pulumi() -> StackConfig:
     from pulumi.runtime.config import CONFIG, get_config_env
 
     values = {**get_config_env(), **CONFIG.get()}
-    return parse_stack_config(values, f"Pulumi.{pulumi.get_stack()}.yaml")
+    source = f"Pulumi.{pulumi.get_stack()}.yaml"
+    config = parse_stack_config(values, source)
+    placeholders = placeholder_errors(config)
+    if placeholders:
+        raise ConfigError(
+            f"Invalid stack config in {source}: placeholders left in\n  "
+            + "\n  ".join(placeholders)
+        )
+    return config
 
 
 def _job_args_errors(job: "JobConfig") -> list[str]:
