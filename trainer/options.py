@@ -84,11 +84,13 @@ def parse_options(argv: list[str]) -> TrainConfig:
 
 def parse_args(argv: list[str] | None) -> TrainConfig:
     """For the command line: usage and exit status 2 on bad arguments."""
+    import os
     import sys
 
     try:
         return parse_options(sys.argv[1:] if argv is None else argv)
     except OptionsError as e:
-        _parser().print_usage(sys.stderr)
-        print(f"python -m trainer: error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank would say the same
+            _parser().print_usage(sys.stderr)
+            print(f"python -m trainer: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None
