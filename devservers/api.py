@@ -32,8 +32,18 @@ def crds() -> tuple[dict, ...]:
     return tuple(yaml.safe_load(p.read_text()) for p in sorted(CRD_DIR.glob("*.yaml")))
 
 
-def flavor_object(name: str, node_pool: str, gpus: int, cpu: int, memory_gib: int) -> dict:
-    """A DevServerFlavor: requests equal limits (a dev server gets what it asked for, no more)."""
+def flavor_object(
+    name: str,
+    node_pool: str,
+    node_selector: dict[str, str],
+    tolerations: list[dict],
+    gpus: int,
+    cpu: int,
+    memory_gib: int,
+) -> dict:
+    """A DevServerFlavor: where its pods go and what each asks for (requests equal limits: a dev
+    server gets what it asked for, no more). Placement travels in the flavor, so the operator
+    needs no knowledge of the cluster's pool labels and taints."""
     amounts = {"cpu": str(cpu), "memory": f"{memory_gib}Gi"}
     if gpus:
         amounts[GPU] = str(gpus)
@@ -43,6 +53,8 @@ def flavor_object(name: str, node_pool: str, gpus: int, cpu: int, memory_gib: in
         "metadata": {"name": name},
         "spec": {
             "nodePool": node_pool,
+            "nodeSelector": node_selector,
+            "tolerations": tolerations,
             "resources": {"requests": dict(amounts), "limits": dict(amounts)},
         },
     }

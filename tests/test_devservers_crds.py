@@ -7,6 +7,18 @@ from devservers.api import API_VERSION, crds, flavor_object
 from tests.crd_schema import cel_violations, conformance_errors
 
 KUBERNETES = "1.34"
+GPU_TOLERATION = {
+    "key": "nvidia.com/gpu",
+    "operator": "Equal",
+    "value": "true",
+    "effect": "NoSchedule",
+}
+
+
+def gpu_flavor() -> dict:
+    return flavor_object(
+        "gpu-1", "gpu-small", {"training-platform/pool": "gpu-small"}, [GPU_TOLERATION], 1, 8, 40
+    )
 
 
 def server(**spec) -> dict:
@@ -37,7 +49,7 @@ def test_the_devserver_crd_has_a_status_subresource_and_phase_columns():
 def test_a_well_formed_server_and_flavor_conform():
     assert conformance_errors(server()) == []
     assert cel_violations(server()) == []
-    flavor = flavor_object("gpu-1", "gpu-small", 1, 8, 40)
+    flavor = gpu_flavor()
     assert conformance_errors(flavor) == []
     assert cel_violations(flavor) == []
 
@@ -83,6 +95,6 @@ def test_transition_rules_keep_owner_and_home_size():
 
 
 def test_flavor_memory_limit_must_equal_its_request():
-    flavor = flavor_object("gpu-1", "gpu-small", 1, 8, 40)
+    flavor = gpu_flavor()
     flavor["spec"]["resources"]["limits"]["memory"] = "80Gi"
     assert any("memory limit must equal" in v for v in cel_violations(flavor))

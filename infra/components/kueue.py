@@ -9,8 +9,16 @@ from infra.versions import KUEUE_CHART
 
 NAMESPACE = "kueue-system"
 # pytorchjob is off by default in Kueue 0.19 and must be listed; mpijob is on but listed anyway
-# because this list replaces the default one.
-FRAMEWORKS = ["batch/job", "kubeflow.org/pytorchjob", "kubeflow.org/mpijob"]
+# because this list replaces the default one. DevServers are StatefulSets: `statefulset` admits
+# one as a single pod group (all pods or none; 0.19 allows only scaling to and from zero) and
+# needs `pod`, whose webhook gates the pods.
+FRAMEWORKS = [
+    "batch/job",
+    "kubeflow.org/pytorchjob",
+    "kubeflow.org/mpijob",
+    "pod",
+    "statefulset",
+]
 
 
 def manager_config() -> dict:
