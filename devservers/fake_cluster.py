@@ -31,6 +31,7 @@ class FakeCluster:
         self.processes: dict[str, str] = {}  # pod name -> what the activity probe prints
         self.gpu: float | None = None
         self.admit = True  # Kueue admits new pods (else they stay gated)
+        self.forbidden: set[str] = set()  # namespaces where RBAC refuses every verb
         self._uids = 0
 
     @staticmethod
@@ -39,11 +40,17 @@ class FakeCluster:
 
     # controller.Cluster
 
+    def _allowed(self, namespace):
+        if namespace in self.forbidden:
+            raise PermissionError(f"forbidden in namespace {namespace}")
+
     def get(self, api_version, kind, name, namespace):
+        self._allowed(namespace)
         found = self.objects.get(self._key(api_version, kind, name, namespace))
         return copy.deepcopy(found)
 
     def list(self, api_version, kind, namespace, labels):
+        self._allowed(namespace)
         return [
             copy.deepcopy(obj)
             for (version, k, ns, _), obj in sorted(self.objects.items())
@@ -67,6 +74,7 @@ class FakeCluster:
         return copy.deepcopy(obj)
 
     def patch(self, api_version, kind, name, namespace, patch):
+        self._allowed(namespace)
         obj = self.objects[self._key(api_version, kind, name, namespace)]
         before = copy.deepcopy(obj.get("spec"))
         merge_patch(obj, patch)
@@ -76,6 +84,7 @@ class FakeCluster:
         return copy.deepcopy(obj)
 
     def delete(self, api_version, kind, name, namespace):
+        self._allowed(namespace)
         obj = self.objects.get(self._key(api_version, kind, name, namespace))
         if obj is not None:
             obj["metadata"]["deletionTimestamp"] = datetime.now(UTC).isoformat()

@@ -4,7 +4,8 @@ import os
 import urllib.request
 
 from kubernetes import client, config, dynamic
-from kubernetes.dynamic.exceptions import NotFoundError
+from kubernetes.config.config_exception import ConfigException
+from kubernetes.dynamic.exceptions import ForbiddenError, NotFoundError
 from kubernetes.stream import stream
 
 from devservers.activity import gpu_utilization
@@ -24,6 +25,24 @@ def settings_from_env() -> Settings:
     )
 
 
+class _Denied:
+    """A dynamic resource whose 403s are PermissionError, the boundary's one error for RBAC."""
+
+    def __init__(self, resource):
+        self._resource = resource
+
+    def __getattr__(self, verb):
+        method = getattr(self._resource, verb)
+
+        def call(**kwargs):
+            try:
+                return method(**kwargs)
+            except ForbiddenError as e:
+                raise PermissionError(e.summary()) from None
+
+        return call
+
+
 def _selector(labels: dict) -> str:
     return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
 
@@ -33,7 +52,10 @@ class KubeCluster:
 
     def __init__(self, api_client: client.ApiClient | None = None):
         if api_client is None:
-            config.load_config()
+            try:
+                config.load_config()
+            except ConfigException as e:
+                raise OSError(f"no cluster credentials: {e}") from None
             api_client = client.ApiClient()
         self.dynamic = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
@@ -41,7 +63,7 @@ class KubeCluster:
         self.dcgm_namespace = os.environ.get("DEVSERVERS_DCGM_NAMESPACE", "monitoring")
 
     def _api(self, api_version: str, kind: str):
-        return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        return _Denied(self.dynamic.resources.get(api_version=api_version, kind=kind))
 
     def get(self, api_version, kind, name, namespace):
         try:
