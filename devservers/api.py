@@ -20,6 +20,10 @@ NAMESPACE_PREFIX = "dev-"
 LOCAL_QUEUE = "dev"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GPU = "nvidia.com/gpu"
+# The ResourceQuota in every user namespace, and the two amounts it caps.
+QUOTA = "devservers"
+SERVER_COUNT = f"count/{SERVERS}.{GROUP}"
+GPU_REQUESTS = f"requests.{GPU}"
 
 
 def user_namespace(user: str) -> str:

@@ -22,12 +22,16 @@ from pathlib import Path
 
 import yaml
 
-from devservers.api import API_VERSION, GPU, NAMESPACE_PREFIX, SERVER_LABEL, SERVERS
+from devservers.api import (
+    API_VERSION,
+    GPU,
+    GPU_REQUESTS,
+    NAMESPACE_PREFIX,
+    QUOTA,
+    SERVER_COUNT,
+    SERVER_LABEL,
+)
 from devservers.render import CONTAINER, HOME, SCRIPTS, SSH_PORT, owner_of_namespace
-
-QUOTA = "devservers"  # the ResourceQuota the platform puts in every user namespace
-SERVER_COUNT = f"count/{SERVERS}.{API_VERSION.split('/')[0]}"
-GPU_REQUESTS = f"requests.{GPU}"
 
 
 class CliError(Exception):

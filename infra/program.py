@@ -5,6 +5,7 @@ import pulumi
 from infra.components.block_storage import BlockStorage
 from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
+from infra.components.dev_servers import DevServers
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.karpenter import Karpenter
 from infra.components.kueue import Kueue
@@ -38,15 +39,33 @@ def build_platform(config: StackConfig) -> None:
         provider=cluster.provider,
         tags=tags,
     )
+    gpu_metrics = None
     if any(pool.gpu for pool in config.node_pools):
         NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
-        GpuMetrics("gpu-metrics", cluster.provider, config.monitoring.prometheus_stack)
+        gpu_metrics = GpuMetrics(
+            "gpu-metrics", cluster.provider, config.monitoring.prometheus_stack
+        )
 
     operators = TrainingOperators("training-operators", provider=cluster.provider)
     kueue = Kueue("kueue", provider=cluster.provider, depends_on=operators.installs)
     queues = Queues(
         "queues", config.node_pools, config.queues, kueue.release, provider=cluster.provider
     )
+
+    dev_namespaces = {}
+    if config.dev_servers.enabled:
+        dev_namespaces = DevServers(
+            "dev-servers",
+            config.dev_servers,
+            config.node_pools,
+            config.queues.teams,
+            cluster.name,
+            cluster.system_node_selector,
+            [kueue.release, queues],
+            gpu_metrics,
+            cluster.provider,
+            tags,
+        ).namespaces
 
     addons = EKS_ADDONS[config.cluster.kubernetes_version]
     storage = config.storage
@@ -60,7 +79,8 @@ def build_platform(config: StackConfig) -> None:
             network.vpc_id,
             network.private_subnets,
             cluster.cluster_security_group_id,
-            queues.namespaces,
+            # Every team namespace and every user's DevServer namespace gets the shared claim.
+            {**queues.namespaces, **dev_namespaces},
             cluster.provider,
             tags,
         )

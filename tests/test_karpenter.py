@@ -232,7 +232,8 @@ def test_device_plugin_runs_only_on_gpu_nodes(dev_plan):
 
 def test_no_device_plugin_without_gpu_pools():
     cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
-    plan = plan_of("dev", nodePools=cpu_only, jobs=[])
+    no_flavors = {"enabled": False, "flavors": [], "users": []}
+    plan = plan_of("dev", nodePools=cpu_only, jobs=[], devServers=no_flavors)
     assert not [r for r in plan.of_type(RELEASE) if r.name == "nvidia-device-plugin"]
 
 

@@ -160,14 +160,14 @@ def test_jobs_wait_for_operators_identity_and_service_account(dev_plan):
 
 
 def test_trainer_image_is_built_into_a_scanned_immutable_repository(dev_plan):
-    repository = dev_plan.one("aws:ecr/repository:Repository").inputs
+    repository = dev_plan.one("aws:ecr/repository:Repository", "trainer-image").inputs
     assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
     assert repository["imageTagMutability"] == "IMMUTABLE"
-    rules = json.loads(dev_plan.one("aws:ecr/lifecyclePolicy:LifecyclePolicy").inputs["policy"])[
-        "rules"
-    ]
+    rules = json.loads(
+        dev_plan.one("aws:ecr/lifecyclePolicy:LifecyclePolicy", "trainer-image").inputs["policy"]
+    )["rules"]
     assert {r["selection"]["tagStatus"] for r in rules} == {"untagged", "any"}
-    image = dev_plan.one("docker-build:index:Image").inputs
+    image = dev_plan.one("docker-build:index:Image", "trainer-image").inputs
     assert image["dockerfile"] == {"location": "trainer/Dockerfile"} and image["push"] is True
     (tag,) = image["tags"]
     assert ":src-" in tag
@@ -183,7 +183,7 @@ def test_trainer_image_is_built_into_a_scanned_immutable_repository(dev_plan):
 
 
 def test_prebuilt_image_by_digest_skips_the_build():
-    plan = plan_of("dev", image={"uri": DIGEST})
+    plan = plan_of("dev", image={"uri": DIGEST}, devServers={"operatorImage": {"uri": DIGEST}})
     assert not plan.of_type("docker-build:index:Image") and not plan.of_type(
         "aws:ecr/repository:Repository"
     )

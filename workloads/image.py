@@ -30,7 +30,7 @@ LIFECYCLE = {
         },
         {
             "rulePriority": 2,
-            "description": "keep the newest 50 trainer builds",
+            "description": "keep the newest 50 builds",
             "selection": {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": 50},
             "action": {"type": "expire"},
         },
@@ -38,15 +38,58 @@ LIFECYCLE = {
 }
 
 
-def source_tag() -> str:
-    """A tag that changes exactly when the trainer's files do (ECR tags here are immutable)."""
+def source_tag(sources: Path = TRAINER_SOURCES) -> str:
+    """A tag that changes exactly when the image's files do (ECR tags here are immutable)."""
     digest = hashlib.sha256()
     for path in sorted(
-        p for p in TRAINER_SOURCES.rglob("*") if p.is_file() and "__pycache__" not in p.parts
+        p for p in sources.rglob("*") if p.is_file() and "__pycache__" not in p.parts
     ):
-        digest.update(str(path.relative_to(TRAINER_SOURCES)).encode())
+        digest.update(str(path.relative_to(sources)).encode())
         digest.update(path.read_bytes())
     return f"src-{digest.hexdigest()[:16]}"
+
+
+def ecr_image(
+    name: str,
+    repository_name: pulumi.Input[str],
+    dockerfile: Path,
+    sources: Path,
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> pulumi.Output[str]:
+    """Build `dockerfile` (context: the project root) and push it to a new ECR repository with
+    scan on push, immutable tags named after `sources`' content and a lifecycle policy.
+    Returns repository@sha256:digest. Shared by the trainer and the DevServers operator images."""
+    repository = aws.ecr.Repository(
+        name,
+        name=repository_name,
+        image_tag_mutability="IMMUTABLE",
+        image_scanning_configuration={"scan_on_push": True},
+        encryption_configurations=[{"encryption_type": "AES256"}],
+        tags=tags,
+        opts=opts,
+    )
+    aws.ecr.LifecyclePolicy(
+        name, repository=repository.name, policy=json.dumps(LIFECYCLE), opts=opts
+    )
+    token = aws.ecr.get_authorization_token_output(registry_id=repository.registry_id)
+    image = docker_build.Image(
+        name,
+        context={"location": str(BUILD_CONTEXT)},
+        dockerfile={"location": str(dockerfile)},
+        platforms=["linux/amd64"],
+        push=True,
+        tags=[pulumi.Output.concat(repository.repository_url, ":", source_tag(sources))],
+        registries=[
+            {
+                "address": repository.repository_url,
+                "username": token.user_name,
+                "password": token.password,
+            }
+        ],
+        opts=opts,
+    )
+    return pulumi.Output.concat(repository.repository_url, "@", image.digest)
 
 
 class TrainerImage(pulumi.ComponentResource):
@@ -63,37 +106,13 @@ class TrainerImage(pulumi.ComponentResource):
         super().__init__("training-platform:workloads:TrainerImage", name, None, opts)
         if config.uri:
             self.ref = pulumi.Output.from_input(config.uri)
-            self.register_outputs({"ref": self.ref})
-            return
-        child = pulumi.ResourceOptions(parent=self)
-        repository = aws.ecr.Repository(
-            name,
-            name=f"{cluster_name}/trainer",
-            image_tag_mutability="IMMUTABLE",
-            image_scanning_configuration={"scan_on_push": True},
-            encryption_configurations=[{"encryption_type": "AES256"}],
-            tags=tags,
-            opts=child,
-        )
-        aws.ecr.LifecyclePolicy(
-            name, repository=repository.name, policy=json.dumps(LIFECYCLE), opts=child
-        )
-        token = aws.ecr.get_authorization_token_output(registry_id=repository.registry_id)
-        image = docker_build.Image(
-            name,
-            context={"location": str(BUILD_CONTEXT)},
-            dockerfile={"location": str(DOCKERFILE)},
-            platforms=["linux/amd64"],
-            push=True,
-            tags=[pulumi.Output.concat(repository.repository_url, ":", source_tag())],
-            registries=[
-                {
-                    "address": repository.repository_url,
-                    "username": token.user_name,
-                    "password": token.password,
-                }
-            ],
-            opts=child,
-        )
-        self.ref = pulumi.Output.concat(repository.repository_url, "@", image.digest)
+        else:
+            self.ref = ecr_image(
+                name,
+                f"{cluster_name}/trainer",
+                DOCKERFILE,
+                TRAINER_SOURCES,
+                tags,
+                pulumi.ResourceOptions(parent=self),
+            )
         self.register_outputs({"ref": self.ref})
