@@ -4,7 +4,7 @@ VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: demo test plan train-local job-local bench lint venv clean
+.PHONY: demo test plan train-local job-local devserver-demo bench devserver-bench lint venv clean
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/dev.txt trainer/requirements.txt \
@@ -16,8 +16,13 @@ $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/dev.tx
 ## venv: the pinned Python environment (Pulumi.yaml runs the program in it)
 venv: $(VENV)/.installed
 
-## demo: the offline plan of the dev stack, then a short 2-worker training run (no cloud, no GPU)
-demo: plan train-local
+## demo: the offline plan of the dev stack, a short 2-worker training run (no cloud, no GPU), and
+## a DevServer rendered for dev
+demo: plan train-local devserver-demo
+
+## devserver-demo: a distributed DevServer of the STACK's first user, as the operator renders it
+devserver-demo: $(VENV)/.installed
+	$(PY) -m devservers.demo --stack $(STACK)
 
 ## train-local: the trainer under torchrun, 2 CPU workers (gloo), on the embedded corpus; starts
 ## fresh each time, checkpoints every 50 steps, prints the loss falling
@@ -34,6 +39,10 @@ job-local: $(VENV)/.installed
 ## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 8 minutes)
 bench: $(VENV)/.installed
 	$(PY) -m trainer.bench
+
+## devserver-bench: DevServer render and reconcile time per server, for 100 servers (seconds)
+devserver-bench: $(VENV)/.installed
+	$(PY) -m devservers.bench --servers 100
 
 ## plan: offline plan of STACK (default dev) into build/plan/STACK
 plan: $(VENV)/.installed

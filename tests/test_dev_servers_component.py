@@ -7,6 +7,7 @@ import sys
 from pathlib import Path
 
 import kubernetes_validate
+import yaml
 
 from devservers.api import crds
 from tests.conftest import ROOT, plan_of
@@ -144,3 +145,16 @@ def test_the_operator_dockerfile_passes_hadolint():
         timeout=60,
     )
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_make_demo_renders_a_devserver_for_dev(tmp_path, capsys):
+    from devservers.demo import main
+
+    out = tmp_path / "dev.yaml"
+    assert main(["--stack", "dev", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "DevServer dev-alice/demo" in printed and "StatefulSet/demo: 2 pods" in printed
+    server, *children = yaml.safe_load_all(out.read_text())
+    assert conformance_errors(server) == []
+    for child in children:
+        kubernetes_validate.validate(child, "1.34", strict=True)

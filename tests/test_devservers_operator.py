@@ -225,3 +225,11 @@ def test_process_lists_count_sessions_and_ignore_the_servers_own():
         pod_activity("sshd\nsshd-session\nsshd-session\nsshd-session\nsshd-session\n").ssh_sessions
         == 2
     )
+
+
+def test_the_benchmark_runs_and_its_steady_state_writes_nothing(capsys):
+    from devservers.bench import main
+
+    main(["--servers", "4"])
+    printed = capsys.readouterr().out
+    assert "4 DevServers" in printed and "writes: 0" in printed
