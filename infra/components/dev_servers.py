@@ -60,6 +60,22 @@ def rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict:
     return {"apiGroups": groups, "resources": resources, "verbs": verbs}
 
 
+def binding(cls, resource_name: str, metadata: dict, role: tuple[str, str], subjects, opts):
+    """A RoleBinding or ClusterRoleBinding (`cls`) of `role` (kind, name) to `subjects`."""
+    kind, name = role
+    return cls(
+        resource_name,
+        metadata=metadata,
+        role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+        subjects=subjects,
+        opts=opts,
+    )
+
+
+def group(name: str) -> dict:
+    return {"kind": "Group", "name": name, "apiGroup": "rbac.authorization.k8s.io"}
+
+
 READ = ["get", "list", "watch"]
 WRITE = [*READ, "create", "patch", "update", "delete"]
 
@@ -179,16 +195,13 @@ class DevServers(pulumi.ComponentResource):
             rules=OPERATOR_CLUSTER_RULES,
             opts=k8s_opts,
         )
-        k8s.rbac.v1.ClusterRoleBinding(
+        binding(
+            k8s.rbac.v1.ClusterRoleBinding,
             f"{name}-operator-cluster",
-            metadata={"name": f"{OPERATOR}-cluster"},
-            role_ref={
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": f"{OPERATOR}-cluster",
-            },
-            subjects=subject,
-            opts=after(cluster_role, account),
+            {"name": f"{OPERATOR}-cluster"},
+            ("ClusterRole", f"{OPERATOR}-cluster"),
+            subject,
+            after(cluster_role, account),
         )
         namespaced_role = k8s.rbac.v1.ClusterRole(
             f"{name}-operator-namespaced",
@@ -205,18 +218,13 @@ class DevServers(pulumi.ComponentResource):
             rules=[rule([GROUP], [FLAVORS], ["get", "list"])],
             opts=k8s_opts,
         )
-        k8s.rbac.v1.ClusterRoleBinding(
+        binding(
+            k8s.rbac.v1.ClusterRoleBinding,
             f"{name}-flavor-reader",
-            metadata={"name": "devserver-flavor-reader"},
-            role_ref={
-                "apiGroup": "rbac.authorization.k8s.io",
-                "kind": "ClusterRole",
-                "name": "devserver-flavor-reader",
-            },
-            subjects=[
-                {"kind": "Group", "name": USERS_GROUP, "apiGroup": "rbac.authorization.k8s.io"}
-            ],
-            opts=after(flavor_reader),
+            {"name": "devserver-flavor-reader"},
+            ("ClusterRole", "devserver-flavor-reader"),
+            [group(USERS_GROUP)],
+            after(flavor_reader),
         )
         if gpu_metrics is not None:
             # The operator finds each node's DCGM exporter to read its servers' GPU use.
@@ -226,16 +234,13 @@ class DevServers(pulumi.ComponentResource):
                 rules=[rule([""], ["pods"], ["list"])],
                 opts=after(gpu_metrics),
             )
-            k8s.rbac.v1.RoleBinding(
+            binding(
+                k8s.rbac.v1.RoleBinding,
                 f"{name}-operator-dcgm",
-                metadata={"name": f"{OPERATOR}-dcgm", "namespace": DCGM_NAMESPACE},
-                role_ref={
-                    "apiGroup": "rbac.authorization.k8s.io",
-                    "kind": "Role",
-                    "name": f"{OPERATOR}-dcgm",
-                },
-                subjects=subject,
-                opts=after(dcgm_role, account),
+                {"name": f"{OPERATOR}-dcgm", "namespace": DCGM_NAMESPACE},
+                ("Role", f"{OPERATOR}-dcgm"),
+                subject,
+                after(dcgm_role, account),
             )
 
         teams_by_name = {t.name: t for t in teams}
@@ -247,33 +252,21 @@ class DevServers(pulumi.ComponentResource):
             )
             bind = after(namespace, user_role)
             bindings += [
-                k8s.rbac.v1.RoleBinding(
+                binding(
+                    k8s.rbac.v1.RoleBinding,
                     f"{name}-{user.name}-user",
-                    metadata={"name": "devserver-user", "namespace": user_namespace(user.name)},
-                    role_ref={
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": "devserver-user",
-                    },
-                    subjects=[
-                        {
-                            "kind": "Group",
-                            "name": user_group(user.name),
-                            "apiGroup": "rbac.authorization.k8s.io",
-                        }
-                    ],
-                    opts=bind,
+                    {"name": "devserver-user", "namespace": user_namespace(user.name)},
+                    ("ClusterRole", "devserver-user"),
+                    [group(user_group(user.name))],
+                    bind,
                 ),
-                k8s.rbac.v1.RoleBinding(
+                binding(
+                    k8s.rbac.v1.RoleBinding,
                     f"{name}-{user.name}-operator",
-                    metadata={"name": OPERATOR, "namespace": user_namespace(user.name)},
-                    role_ref={
-                        "apiGroup": "rbac.authorization.k8s.io",
-                        "kind": "ClusterRole",
-                        "name": f"{OPERATOR}-namespaced",
-                    },
-                    subjects=subject,
-                    opts=after(namespace, namespaced_role, account),
+                    {"name": OPERATOR, "namespace": user_namespace(user.name)},
+                    ("ClusterRole", f"{OPERATOR}-namespaced"),
+                    subject,
+                    after(namespace, namespaced_role, account),
                 ),
             ]
         self._deployment(
