@@ -158,3 +158,12 @@ def test_make_demo_renders_a_devserver_for_dev(tmp_path, capsys):
     assert conformance_errors(server) == []
     for child in children:
         kubernetes_validate.validate(child, "1.34", strict=True)
+
+
+def test_the_plan_summary_lists_flavors_and_users():
+    from infra.config import load_stack_file
+    from infra.plan import dev_server_rows
+
+    rows = "\n".join(dev_server_rows(load_stack_file("dev")))
+    assert "a100-8     gpu-large     8    92        1000" in rows
+    assert "bob    dev-bob    team-research            2        16" in rows
