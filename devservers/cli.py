@@ -95,20 +95,26 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return parser.parse_args(argv)
 
 
-def default_keys() -> list[Path]:
-    found = [Path.home() / ".ssh" / f for f in ("id_ed25519.pub", "id_ecdsa.pub", "id_rsa.pub")]
-    return [p for p in found if p.is_file()][:1]
+def public_keys(files: list[Path] | None) -> list[str]:
+    """The keys in `files`, else in the first of ~/.ssh/id_{ed25519,ecdsa,rsa}.pub found."""
+    if not files:
+        found = [Path.home() / ".ssh" / f"id_{kind}.pub" for kind in ("ed25519", "ecdsa", "rsa")]
+        files = [p for p in found if p.is_file()][:1]
+    keys = [k for k in (p.expanduser().read_text().strip() for p in files) if k]
+    if not keys:
+        print(
+            "devctl: warning: no SSH public key (--ssh-key); SSH logins will fail", file=sys.stderr
+        )
+    return keys
 
 
-def server_manifest(args: argparse.Namespace, namespace: str) -> dict:
+def server_manifest(args: argparse.Namespace, namespace: str, keys: list[str]) -> dict:
     """The DevServer `devctl create` submits: the same object with or without --dry-run."""
     owner = owner_of_namespace(namespace)
     if owner is None:
         raise CliError(f"namespace {namespace!r} is not a user namespace; allowed: dev-<user>")
     if not args.image:
         raise CliError("--image is required (or set DEVCTL_IMAGE), e.g. the trainer image")
-    keys = [p.expanduser().read_text().strip() for p in (args.ssh_key or default_keys())]
-    keys = [k for k in keys if k]
     spec: dict = {
         "owner": owner,
         "flavor": args.flavor,
@@ -412,7 +418,7 @@ def main(argv: list[str] | None = None, cluster=None, out=sys.stdout) -> int:
     try:
         namespace = resolve_namespace(args)
         if args.command == "create" and args.dry_run:
-            manifest = server_manifest(args, namespace)
+            manifest = server_manifest(args, namespace, public_keys(args.ssh_key))
             text = (
                 yaml.safe_dump(manifest, sort_keys=False)
                 if args.output == "yaml"
@@ -426,7 +432,7 @@ def main(argv: list[str] | None = None, cluster=None, out=sys.stdout) -> int:
             cluster = KubeCluster()
         devctl = Devctl(cluster, namespace, out)
         if args.command == "create":
-            devctl.create(server_manifest(args, namespace))
+            devctl.create(server_manifest(args, namespace, public_keys(args.ssh_key)))
             return 0
         return _run(args, devctl)
     except (CliError, OSError, subprocess.CalledProcessError) as e:

@@ -73,14 +73,11 @@ def main(argv: list[str] | None = None) -> int:
             "--distributed",
             "--replicas",
             "2",
-            "--ssh-key",
-            "/dev/null",
             "--dry-run",
         ]
     )
-    server = server_manifest(cli_args, user_namespace(user.name))
+    server = server_manifest(cli_args, user_namespace(user.name), [DEMO_KEY])
     server["metadata"]["uid"] = "<uid>"
-    server["spec"]["ssh"]["authorizedKeys"] = [DEMO_KEY]
     objects = children(
         server, flavor_manifest(flavor, pools[flavor.node_pool]), Settings(STORAGE_CLASS)
     )

@@ -83,6 +83,8 @@ WRITE = [*READ, "create", "patch", "update", "delete"]
 OPERATOR_NAMESPACED_RULES = [
     rule([GROUP], [SERVERS], [*READ, "patch"]),
     rule([GROUP], [f"{SERVERS}/status"], ["get", "patch"]),
+    # Owner references with blockOwnerDeletion need this (OwnerReferencesPermissionEnforcement).
+    rule([GROUP], [f"{SERVERS}/finalizers"], ["update"]),
     rule(["apps"], ["statefulsets"], WRITE),
     rule([""], ["services", "configmaps"], WRITE),
     rule([""], ["persistentvolumeclaims"], [*READ, "patch"]),
