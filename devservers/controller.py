@@ -133,6 +133,10 @@ def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool]:
                 # Kueue 0.19 lets an admitted StatefulSet scale only to and from zero.
                 cluster.patch(*key, {"spec": {"replicas": child["spec"]["replicas"]}})
                 scaled_up |= existing["spec"]["replicas"] == 0
+        elif child["kind"] == "Service" and existing["spec"].get("type") != child["spec"]["type"]:
+            # LoadBalancer <-> ClusterIP leaves fields the other type refuses: recreate it.
+            if not existing["metadata"].get("deletionTimestamp"):
+                cluster.delete(*key)
         else:
             body = {k: v for k, v in child.items() if k in ("spec", "data")}
             if not _contains(existing, body) or not _contains(
@@ -244,9 +248,10 @@ def reconcile(
         }
     else:
         status |= {"phase": "Pending", "reason": "Starting"}
-    endpoint = _ssh_endpoint(cluster, server)
-    if endpoint:
-        status["sshEndpoint"] = endpoint
+    # None removes a field from the status (merge patch): no stale endpoint or activity figures.
+    status["sshEndpoint"] = _ssh_endpoint(cluster, server)
+    if replicas == 0:
+        status |= {"activeSessions": None, "gpuUtilization": None}
 
     # The idle clock starts when a server starts running, so a restarted one is not stopped at once.
     last = _parse_timestamp(previous.get("lastActivity"))

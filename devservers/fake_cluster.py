@@ -94,7 +94,7 @@ class FakeCluster:
         server = self.objects[
             self._key("dev.training-platform.io/v1alpha1", "DevServer", name, namespace)
         ]
-        server.setdefault("status", {}).update(copy.deepcopy(status))
+        merge_patch(server.setdefault("status", {}), status)
 
     def exec(self, namespace, pod, container, command):
         return self.processes.get(pod, "start.sh\nsshd\n")

@@ -184,6 +184,7 @@ def headless_service(server: dict) -> dict:
         "kind": "Service",
         "metadata": _metadata(server, server["metadata"]["name"]),
         "spec": {
+            "type": "ClusterIP",
             "clusterIP": "None",
             # Rendezvous needs the peers' names before they pass readiness.
             "publishNotReadyAddresses": True,

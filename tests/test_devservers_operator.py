@@ -12,6 +12,7 @@ from devservers.api import API_VERSION
 from devservers.fake_cluster import FakeCluster
 from devservers.render import SHAPE_ANNOTATION, Settings
 from tests.test_devservers_crds import gpu_flavor
+from tests.test_devservers_render import KEY
 from tests.test_devservers_render import server as server_manifest
 
 START = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
@@ -233,3 +234,17 @@ def test_the_benchmark_runs_and_its_steady_state_writes_nothing(capsys):
     main(["--servers", "4"])
     printed = capsys.readouterr().out
     assert "4 DevServers" in printed and "writes: 0" in printed
+
+
+def test_switching_ssh_to_a_load_balancer_recreates_the_ssh_service(world):
+    world.memo = kopf.Memo(cluster=world.cluster, settings=Settings(ssh_cidrs=("203.0.113.0/24",)))
+    world.create()
+    ssh = {"serviceType": "LoadBalancer", "authorizedKeys": [KEY]}
+    world.cluster.patch(API_VERSION, "DevServer", "box", "dev-alice", {"spec": {"ssh": ssh}})
+    world.handle(operator.on_server)
+    world.cluster.settle()
+    world.handle(operator.on_server)
+    service = world.cluster.get("v1", "Service", "box-ssh", "dev-alice")
+    assert service["spec"]["type"] == "LoadBalancer"
+    assert service["spec"]["loadBalancerSourceRanges"] == ["203.0.113.0/24"]
+    assert world.server()["status"].get("sshEndpoint") is None  # until AWS gives it an address
