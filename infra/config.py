@@ -6,6 +6,7 @@ single ConfigError that names each offending key path and what is allowed there.
 
 import ipaddress
 import json
+import math
 import re
 from collections.abc import Mapping
 from pathlib import Path
@@ -24,11 +25,11 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from infra.catalog import InstanceType, load_catalog
+from infra.paths import PROJECT_DIR
 from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
 from trainer.options import OptionsError, parse_options
 
 NAMESPACE = "training-platform"
-PROJECT_DIR = Path(__file__).resolve().parent.parent
 
 
 class ConfigError(pulumi.RunError):
@@ -196,6 +197,9 @@ class NodePoolConfig(Model):
     max_nodes: int = Field(ge=1, le=1000)
     capacity_types: list[Literal["on-demand", "spot"]] = Field(default=["on-demand"], min_length=1)
     efa: bool = False
+    # EFA pools keep their nodes in one AZ and one cluster placement group; default: the first AZ
+    # of the VPC the program creates (required with an existing VPC).
+    availability_zone: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
     disk_size_gib: int = Field(default=200, ge=50, le=16000)
     expire_after: Duration = "720h"
 
@@ -208,6 +212,8 @@ class NodePoolConfig(Model):
         if len({t.gpus > 0 for t in self.types}) > 1:
             raise ValueError("instanceTypes mixes GPU and CPU types; allowed: all GPU or all CPU")
         without_efa = [t.name for t in self.types if not t.efa]
+        if self.availability_zone and not self.efa:
+            raise ValueError("availabilityZone is set but efa is false; allowed: only on EFA pools")
         if self.efa and without_efa:
             raise ValueError(
                 f"efa is true but {', '.join(without_efa)} has no EFA; allowed with efa: "
@@ -237,6 +243,20 @@ class NodePoolConfig(Model):
     def efa_network_cards(self) -> int:
         """EFA interfaces every instance type of the pool can take (one per network card)."""
         return min(t.efa_network_cards for t in self.types) if self.efa else 0
+
+    def job_pod_requests(self) -> tuple[int, int]:
+        """(vCPU, GiB of memory) one job pod requests on this pool.
+
+        A GPU pod has its node to itself (it asks for every GPU), so it asks for what the pool's
+        smallest node leaves after EC2's memory overhead, the kubelet's reservations and the
+        DaemonSets: 90 % of the vCPUs (at least one spare) and 85 % of the memory. A CPU pod
+        asks for a fixed slice, several to a node.
+        """
+        if not self.gpu:
+            return 2, 8
+        vcpu = min(t.vcpu for t in self.types)
+        memory_gib = min(t.memory_gib for t in self.types)
+        return min(vcpu - 1, math.floor(vcpu * 0.9)), math.floor(memory_gib * 0.85)
 
     def ceiling(self) -> PoolCeiling:
         """maxNodes times the largest figure among the pool's types, per resource."""
@@ -539,6 +559,24 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     teams = [t.name for t in config.queues.teams]
     storage = {"s3": True, "fsx": config.storage.fsx.enabled, "efs": config.storage.efs.enabled}
     problems = []
+    for i, pool in enumerate(config.node_pools):
+        zone, loc = pool.availability_zone, ("nodePools", i, "availabilityZone")
+        if zone and zone[:-1] != config.region:
+            problems.append(
+                (
+                    loc,
+                    f"pool {pool.name}: {zone} is not in region {config.region}; allowed: "
+                    f"{config.region}a, {config.region}b, ...",
+                )
+            )
+        if pool.efa and not zone and config.network.existing_vpc:
+            problems.append(
+                (
+                    loc,
+                    f"pool {pool.name}: missing; an EFA pool in an existing VPC needs it; "
+                    "allowed: an AZ of the VPC's private subnets",
+                )
+            )
     names = [j.name for j in config.jobs]
     for i, job in enumerate(config.jobs):
         loc = ("jobs", i)

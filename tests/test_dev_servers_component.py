@@ -49,6 +49,9 @@ def test_the_operator_runs_on_system_nodes_as_a_restricted_pod_of_its_own_image(
     kubernetes_validate.validate(deployment, "1.34", strict=True)
     pod = deployment["spec"]["template"]["spec"]
     assert pod["nodeSelector"] == {"training-platform/node-role": "system"}
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
     assert pod["securityContext"]["runAsNonRoot"] is True
     (container,) = pod["containers"]
     assert "@sha256:" in container["image"] and "/devserver-operator@" in container["image"]
@@ -57,8 +60,12 @@ def test_the_operator_runs_on_system_nodes_as_a_restricted_pod_of_its_own_image(
     assert deployment["spec"]["replicas"] == 1
     repository = dev_plan.one("aws:ecr/repository:Repository", "dev-servers-operator-image").inputs
     assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
-    image = dev_plan.one("docker-build:index:Image", "dev-servers-operator-image").inputs
-    assert image["dockerfile"]["location"] == "devservers/Dockerfile"
+    assert repository["forceDelete"] is True
+    image = dev_plan.one("docker-build:index:Image", "dev-servers-operator-image-operator").inputs
+    # Paths as the engine resolves them, from the program's working directory (infra/).
+    assert image["context"] == {"location": "../devservers"}
+    assert image["dockerfile"] == {"location": "../devservers/Dockerfile"}
+    assert image["target"] == "operator"
 
 
 def test_rbac_is_least_privilege(dev_plan):

@@ -15,6 +15,10 @@ MOUNTS = {"fsx": ("/fsx", FSX_CLAIM), "efs": ("/efs", EFS_CLAIM)}
 RDZV_PORT = 29500
 # Pods get this long after SIGTERM; the trainer saves a checkpoint and exits well inside it.
 GRACE_SECONDS = 120
+# The uid of the image's `trainer` user (trainer/Dockerfile).
+TRAINER_UID = 10001
+# What the MPI launcher (mpirun, no training) asks for.
+LAUNCHER_REQUESTS = {"cpu": "1", "memory": "2Gi"}
 # libfabric/NCCL settings for EFA (aws-ofi-nccl ships in the AWS and NVIDIA CUDA images).
 EFA_ENV = {
     "FI_PROVIDER": "efa",
@@ -27,6 +31,10 @@ EFA_ENV = {
 def checkpoint_dir(job: JobConfig, namespace: str, bucket: str) -> str:
     if job.checkpoint == "s3":
         return f"s3://{bucket}/checkpoints/{namespace}/{job.name}"
+    return mounted_checkpoint_dir(job)
+
+
+def mounted_checkpoint_dir(job: JobConfig) -> str:
     return f"{MOUNTS[job.checkpoint][0]}/checkpoints/{job.name}"
 
 
@@ -35,13 +43,40 @@ def trainer_args(job: JobConfig, checkpoint: str) -> list[str]:
 
 
 def _resources(pool: NodePoolConfig) -> dict:
-    if not pool.gpu:
-        return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
-    # The pod asks for every GPU (and EFA interface) of the node: one pod per node.
-    limits = {"nvidia.com/gpu": str(pool.gpus_per_node)}
+    """Requests Kueue charges against quota and the scheduler places by; never BestEffort."""
+    cpu, memory_gib = pool.job_pod_requests()
+    limits = {"memory": f"{memory_gib}Gi"}
+    if pool.gpu:
+        # The pod asks for every GPU (and EFA interface) of the node: one pod per node.
+        limits["nvidia.com/gpu"] = str(pool.gpus_per_node)
     if pool.efa:
         limits["vpc.amazonaws.com/efa"] = str(pool.efa_network_cards)
-    return {"requests": dict(limits), "limits": limits}
+    return {"requests": {"cpu": str(cpu), **limits}, "limits": limits}
+
+
+def checkpoint_dir_init(image: str, directory: str) -> dict:
+    """An init container that creates the job's checkpoint folder on FSx for the trainer's uid.
+
+    A Lustre file system's root belongs to root (0755) and has no access points, so the non-root
+    trainer could not create its folder. This runs as root with CHOWN and DAC_OVERRIDE only and
+    touches nothing but the job's own folder.
+    """
+    return {
+        "name": "checkpoint-dir",
+        "image": image,
+        "command": [
+            "sh",
+            "-c",
+            f'mkdir -p "{directory}" && chown {TRAINER_UID}:{TRAINER_UID} "{directory}"',
+        ],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE"]},
+        },
+        "volumeMounts": [{"name": "fsx", "mountPath": MOUNTS["fsx"][0]}],
+    }
 
 
 def pod_template(
@@ -79,13 +114,20 @@ def pod_template(
                 "command": command,
                 "env": env,
                 "volumeMounts": mounts,
-                **({"resources": _resources(pool)} if with_resources else {}),
+                "resources": _resources(pool)
+                if with_resources
+                else {
+                    "requests": LAUNCHER_REQUESTS,
+                    "limits": {"memory": LAUNCHER_REQUESTS["memory"]},
+                },
             }
         ],
         "volumes": volumes,
     }
     if pool.gpu:
         spec["tolerations"] = [{**GPU_TAINT, "operator": "Equal"}]
+    if job.checkpoint == "fsx":
+        spec["initContainers"] = [checkpoint_dir_init(image, mounted_checkpoint_dir(job))]
     return {
         "metadata": {
             "labels": {JOB_LABEL: job.name},
@@ -105,11 +147,11 @@ def _metadata(job: JobConfig, namespace: str) -> dict:
 
 
 def _run_policy(job: JobConfig) -> dict:
-    return {
-        "backoffLimit": job.max_restarts,
-        "ttlSecondsAfterFinished": 7 * 24 * 3600,
-        "cleanPodPolicy": "None",
-    }
+    # No ttlSecondsAfterFinished: a job in stack config exists for as long as it is there, finished
+    # or not. Were the operator to delete a finished job, the next `pulumi up --refresh` would see
+    # it gone and create it again, re-running (and billing) the training. Remove the job from
+    # stack config to delete it.
+    return {"backoffLimit": job.max_restarts, "cleanPodPolicy": "None"}
 
 
 def pytorch_job(

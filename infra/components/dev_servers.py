@@ -7,8 +7,6 @@ else, and an EKS access entry mapping their IAM principal to that RBAC. The oper
 system nodes and may write only in the dev-* namespaces.
 """
 
-from pathlib import Path
-
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
@@ -38,13 +36,16 @@ from infra.components.queues import (
     TEAM_LABEL,
     team_cluster_queue,
 )
+from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import DevServersConfig, NodePoolConfig, TeamConfig
-from workloads.image import ecr_image
+from infra.paths import PROJECT_DIR
+from workloads.image import ecr_images
 
 NAMESPACE = "devservers-system"
 OPERATOR = "devserver-operator"
-DOCKERFILE = Path("devservers/Dockerfile")
-SOURCES = Path(__file__).resolve().parent.parent.parent / "devservers"
+# The image's build context is the devservers package alone (devservers/.dockerignore).
+CONTEXT = PROJECT_DIR / "devservers"
+IMAGE_TARGET = "operator"
 USERS_GROUP = "dev:users"  # every DevServer user, for the read-only flavor catalog
 HEALTH_PORT = 8080
 RESTRICTED = {
@@ -134,7 +135,7 @@ class DevServers(pulumi.ComponentResource):
         pools: list[NodePoolConfig],
         teams: list[TeamConfig],
         cluster_name: pulumi.Input[str],
-        system_node_selector: dict[str, str],
+        prerequisites: list[pulumi.Resource],  # what a controller needs: the system nodes
         queues: list[pulumi.Resource],  # what a LocalQueue waits for: Kueue and the ClusterQueues
         gpu_metrics: pulumi.Resource | None,
         provider: k8s.Provider,
@@ -173,14 +174,14 @@ class DevServers(pulumi.ComponentResource):
         image = (
             pulumi.Output.from_input(config.operator_image.uri)
             if config.operator_image.uri
-            else ecr_image(
+            else ecr_images(
                 f"{name}-operator-image",
                 pulumi.Output.concat(cluster_name, "/", OPERATOR),
-                DOCKERFILE,
-                SOURCES,
+                CONTEXT,
+                [IMAGE_TARGET],
                 tags,
                 pulumi.ResourceOptions(parent=self),
-            )
+            )[IMAGE_TARGET]
         )
         operator_namespace = k8s.core.v1.Namespace(
             f"{name}-system", metadata={"name": NAMESPACE, "labels": RESTRICTED}, opts=k8s_opts
@@ -272,11 +273,7 @@ class DevServers(pulumi.ComponentResource):
                 ),
             ]
         self._deployment(
-            name,
-            image,
-            system_node_selector,
-            config,
-            after(account, *definitions, *bindings),
+            name, image, config, after(account, *definitions, *bindings, *prerequisites)
         )
         self.register_outputs({"operatorImage": image})
 
@@ -330,7 +327,7 @@ class DevServers(pulumi.ComponentResource):
         )
         return namespace
 
-    def _deployment(self, name, image, node_selector, config: DevServersConfig, opts):
+    def _deployment(self, name, image, config: DevServersConfig, opts):
         """One replica (kopf --standalone: no peering) on the system nodes, restricted pod."""
         env = {
             "DEVSERVERS_HOME_STORAGE_CLASS": HOME_STORAGE_CLASS,
@@ -350,7 +347,7 @@ class DevServers(pulumi.ComponentResource):
                     "metadata": {"labels": labels},
                     "spec": {
                         "serviceAccountName": OPERATOR,
-                        "nodeSelector": node_selector,
+                        **SYSTEM_PLACEMENT,
                         "securityContext": {
                             "runAsNonRoot": True,
                             "seccompProfile": {"type": "RuntimeDefault"},

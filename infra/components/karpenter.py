@@ -11,8 +11,9 @@ import pulumi_aws as aws
 
 from infra.components.cluster import Cluster
 from infra.components.helm import helm_release
-from infra.components.iam import node_role, pod_identity_role
-from infra.versions import KARPENTER_CHART
+from infra.components.iam import node_role, partition, pod_identity_role
+from infra.components.system_nodes import SYSTEM_PLACEMENT
+from infra.versions import KARPENTER_CHART, KARPENTER_CRD_CHART
 
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "karpenter"
@@ -33,7 +34,7 @@ INTERRUPTION_EVENTS = {
 def controller_policy(
     cluster_name: str, region: str, partition: str, account: str, queue_arn: str, node_role_arn: str
 ) -> dict:
-    """The controller's permissions, scoped as upstream scopes them.
+    """The controller's permissions, scoped as upstream scopes them (v1.14 cloudformation.yaml).
 
     Writes are limited to resources tagged as this cluster's (`kubernetes.io/cluster/<name>:
     owned` plus a NodePool tag); reads to this region. Instance profiles are created by this
@@ -76,6 +77,7 @@ def controller_policy(
                     f"{ec2}:*:security-group/*",
                     f"{ec2}:*:subnet/*",
                     f"{ec2}:*:capacity-reservation/*",
+                    f"{ec2}:*:placement-group/*",
                 ],
             },
             {
@@ -129,13 +131,14 @@ def controller_policy(
                 "Sid": "AllowRegionalReadActions",
                 "Effect": "Allow",
                 "Action": [
-                    "ec2:DescribeAvailabilityZones",
                     "ec2:DescribeCapacityReservations",
                     "ec2:DescribeImages",
                     "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceStatus",
                     "ec2:DescribeInstanceTypeOfferings",
                     "ec2:DescribeInstanceTypes",
                     "ec2:DescribeLaunchTemplates",
+                    "ec2:DescribePlacementGroups",
                     "ec2:DescribeSecurityGroups",
                     "ec2:DescribeSpotPriceHistory",
                     "ec2:DescribeSubnets",
@@ -169,6 +172,12 @@ def controller_policy(
                 "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}},
             },
             {
+                "Sid": "AllowUnscopedInstanceProfileListAction",
+                "Effect": "Allow",
+                "Action": "iam:ListInstanceProfiles",
+                "Resource": "*",
+            },
+            {
                 "Sid": "AllowInstanceProfileReadActions",
                 "Effect": "Allow",
                 "Action": "iam:GetInstanceProfile",
@@ -179,6 +188,19 @@ def controller_policy(
                 "Effect": "Allow",
                 "Action": "eks:DescribeCluster",
                 "Resource": f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}",
+            },
+            {
+                "Sid": "AllowZonalShiftStatusReadOnly",
+                "Effect": "Allow",
+                "Action": "arc-zonal-shift:GetManagedResource",
+                "Resource": "*",
+                "Condition": {
+                    "StringEquals": {
+                        "arc-zonal-shift:ResourceIdentifier": (
+                            f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}"
+                        )
+                    }
+                },
             },
         ],
     }
@@ -224,7 +246,6 @@ class Karpenter(pulumi.ComponentResource):
         super().__init__("training-platform:infra:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         region = aws.get_region().region
-        partition = aws.get_partition().partition
         account = aws.get_caller_identity().account_id
 
         # Nodes: role, instance profile, and an access entry so they can join the cluster.
@@ -254,7 +275,7 @@ class Karpenter(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws.sqs.QueuePolicy(
+        queue_policy = aws.sqs.QueuePolicy(
             f"{name}-interruption",
             queue_url=queue.url,
             policy=queue.arn.apply(lambda arn: json.dumps(interruption_queue_policy(arn))),
@@ -278,7 +299,7 @@ class Karpenter(pulumi.ComponentResource):
             child,
             inline_policy=pulumi.Output.all(queue.arn, nodes.arn).apply(
                 lambda arns: json.dumps(
-                    controller_policy(cluster_name, region, partition, account, *arns)
+                    controller_policy(cluster_name, region, partition(), account, *arns)
                 )
             ),
             role_name=f"KarpenterController-{cluster_name}",
@@ -293,6 +314,15 @@ class Karpenter(pulumi.ComponentResource):
             opts=child,
         )
 
+        # CRDs from their own chart: Helm installs a chart's crds/ folder once and never
+        # upgrades it, so CRDs shipped inside the controller chart would stay at the first version.
+        crds = helm_release(
+            "karpenter-crd",
+            KARPENTER_CRD_CHART,
+            NAMESPACE,
+            {},
+            pulumi.ResourceOptions(parent=self, provider=cluster.provider),
+        )
         self.release = helm_release(
             "karpenter",
             KARPENTER_CHART,
@@ -302,7 +332,7 @@ class Karpenter(pulumi.ComponentResource):
                 "serviceAccount": {"name": SERVICE_ACCOUNT},
                 "replicas": 2,
                 # Karpenter must not run on the nodes it manages.
-                "nodeSelector": cluster.system_node_selector,
+                **SYSTEM_PLACEMENT,
                 "dnsPolicy": "Default",
                 "controller": {
                     "resources": {
@@ -311,9 +341,25 @@ class Karpenter(pulumi.ComponentResource):
                     }
                 },
             },
+            # Created after, and on destroy deleted only after, everything Karpenter needs to
+            # remove its nodes: its nodes to run on, its credentials and permissions, its
+            # interruption queue. NodePools depend on this release, so they (and the instances
+            # they launched) go first.
             pulumi.ResourceOptions(
-                parent=self, provider=cluster.provider, depends_on=[identity, node_access]
+                parent=self,
+                provider=cluster.provider,
+                depends_on=[
+                    crds,
+                    *cluster.controller_prerequisites,
+                    *controller_role.ready,
+                    identity,
+                    node_access,
+                    *nodes.ready,
+                    profile,
+                    queue_policy,
+                ],
             ),
+            skip_crds=True,
         )
         self.node_role_name = nodes.name
         self.instance_profile_name = profile.name
