@@ -35,8 +35,10 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     memo.settings = settings_from_env()
 
 
-def _apply(patch: kopf.Patch, outcome: Outcome) -> None:
-    patch.status.update(outcome.status)
+def _apply(patch: kopf.Patch, server: dict, outcome: Outcome) -> None:
+    """Patch only what changed: an unchanged server gets no write at all."""
+    previous = server["status"]
+    patch.status.update({k: v for k, v in outcome.status.items() if previous.get(k) != v})
     patch.spec.update(outcome.spec)
 
 
@@ -52,12 +54,14 @@ def _server(body) -> dict:
 @kopf.on.create(GROUP, VERSION, SERVERS)
 @kopf.on.update(GROUP, VERSION, SERVERS, field="spec")
 def on_server(body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
-    _apply(patch, reconcile(memo.cluster, _server(body), memo.settings, now()))
+    server = _server(body)
+    _apply(patch, server, reconcile(memo.cluster, server, memo.settings, now()))
 
 
 @kopf.timer(GROUP, VERSION, SERVERS, interval=IDLE_CHECK_SECONDS)
 def check_activity(body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
-    _apply(patch, reconcile(memo.cluster, _server(body), memo.settings, now(), measure=True))
+    server = _server(body)
+    _apply(patch, server, reconcile(memo.cluster, server, memo.settings, now(), measure=True))
 
 
 def _refresh(memo: kopf.Memo, name: str, namespace: str) -> None:
@@ -66,7 +70,10 @@ def _refresh(memo: kopf.Memo, name: str, namespace: str) -> None:
     if server is None or server["metadata"].get("deletionTimestamp"):
         return
     outcome = reconcile(memo.cluster, server, memo.settings, now())
-    memo.cluster.patch_status(name, namespace, outcome.status)
+    previous = server.get("status") or {}
+    changed = {k: v for k, v in outcome.status.items() if previous.get(k) != v}
+    if changed:
+        memo.cluster.patch_status(name, namespace, changed)
 
 
 @kopf.on.event("v1", "pods", labels={SERVER_LABEL: kopf.PRESENT})

@@ -248,3 +248,9 @@ def test_switching_ssh_to_a_load_balancer_recreates_the_ssh_service(world):
     assert service["spec"]["type"] == "LoadBalancer"
     assert service["spec"]["loadBalancerSourceRanges"] == ["203.0.113.0/24"]
     assert world.server()["status"].get("sshEndpoint") is None  # until AWS gives it an address
+
+
+def test_an_unchanged_server_gets_no_status_write_either(world):
+    world.create()
+    world.handle(operator.on_server)
+    assert world.handle(operator.on_server) == {}
