@@ -35,10 +35,14 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     memo.settings = settings_from_env()
 
 
+def _changed(server: dict, status: dict) -> dict:
+    """The status fields that differ from the server's: an unchanged server gets no write."""
+    previous = server.get("status") or {}
+    return {k: v for k, v in status.items() if previous.get(k) != v}
+
+
 def _apply(patch: kopf.Patch, server: dict, outcome: Outcome) -> None:
-    """Patch only what changed: an unchanged server gets no write at all."""
-    previous = server["status"]
-    patch.status.update({k: v for k, v in outcome.status.items() if previous.get(k) != v})
+    patch.status.update(_changed(server, outcome.status))
     patch.spec.update(outcome.spec)
 
 
@@ -70,8 +74,7 @@ def _refresh(memo: kopf.Memo, name: str, namespace: str) -> None:
     if server is None or server["metadata"].get("deletionTimestamp"):
         return
     outcome = reconcile(memo.cluster, server, memo.settings, now())
-    previous = server.get("status") or {}
-    changed = {k: v for k, v in outcome.status.items() if previous.get(k) != v}
+    changed = _changed(server, outcome.status)
     if changed:
         memo.cluster.patch_status(name, namespace, changed)
 
