@@ -263,6 +263,8 @@ def pod_template(server: dict, flavor: dict) -> dict:
         "tolerations": [dict(t) for t in placement.get("tolerations", [])],
         "terminationGracePeriodSeconds": 30,
         "enableServiceLinks": False,
+        # The user's code needs no Kubernetes credentials (devctl uses the user's own).
+        "automountServiceAccountToken": False,
         # The Pod Security "restricted" level of the user namespaces; the image picks the user.
         "securityContext": {
             "runAsNonRoot": True,

@@ -167,3 +167,8 @@ def test_labels_select_the_servers_pods():
     assert sts["spec"]["selector"]["matchLabels"] == {SERVER_LABEL: "box"}
     assert owner_of_namespace("dev-alice") == "alice"
     assert owner_of_namespace("team-a") is None
+
+
+def test_server_pods_get_no_kubernetes_credentials():
+    pod = stateful_set(server(), gpu_flavor(), Settings())["spec"]["template"]["spec"]
+    assert pod["automountServiceAccountToken"] is False
