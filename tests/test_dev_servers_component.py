@@ -174,3 +174,17 @@ def test_the_plan_summary_lists_flavors_and_users():
     rows = "\n".join(dev_server_rows(load_stack_file("dev")))
     assert "a100-8     gpu-large     8    92        1000" in rows
     assert "bob    dev-bob    team-research            2        16" in rows
+
+
+def test_every_built_in_object_of_the_component_validates_against_kubernetes(dev_plan):
+    component = dev_plan.one("training-platform:infra:DevServers").urn
+    built_in = [
+        r.inputs
+        for r in dev_plan.resources
+        if r.parent == component
+        and r.type.startswith("kubernetes:")
+        and not r.type.startswith(("kubernetes:dev.", "kubernetes:kueue."))
+    ]
+    assert len(built_in) >= 15
+    for manifest in built_in:
+        kubernetes_validate.validate(manifest, "1.34", strict=True)
