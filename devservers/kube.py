@@ -5,7 +5,7 @@ import urllib.request
 
 from kubernetes import client, config, dynamic
 from kubernetes.config.config_exception import ConfigException
-from kubernetes.dynamic.exceptions import ForbiddenError, NotFoundError
+from kubernetes.dynamic.exceptions import DynamicApiError, ForbiddenError, NotFoundError
 from kubernetes.stream import stream
 
 from devservers.activity import gpu_utilization
@@ -26,7 +26,8 @@ def settings_from_env() -> Settings:
 
 
 class _Denied:
-    """A dynamic resource whose 403s are PermissionError, the boundary's one error for RBAC."""
+    """A dynamic resource whose refusals are OSErrors with the API server's message: a 403 is
+    PermissionError (the boundary's one error for RBAC), a 404 stays NotFoundError for `get`."""
 
     def __init__(self, resource):
         self._resource = resource
@@ -37,8 +38,12 @@ class _Denied:
         def call(**kwargs):
             try:
                 return method(**kwargs)
+            except NotFoundError:
+                raise
             except ForbiddenError as e:
                 raise PermissionError(e.summary()) from None
+            except DynamicApiError as e:
+                raise OSError(f"the API server refused: {e.summary()}") from None
 
         return call
 

@@ -2,7 +2,7 @@
 
 import pytest
 from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic.exceptions import ForbiddenError
+from kubernetes.dynamic.exceptions import ForbiddenError, UnprocessibleEntityError
 
 from devservers.activity import gpu_utilization, parse_duration
 from devservers.kube import _Denied, settings_from_env
@@ -17,6 +17,20 @@ def test_a_403_becomes_permission_error_with_the_servers_message():
 
     with pytest.raises(PermissionError, match="User alice cannot list"):
         _Denied(Resource()).get(namespace="dev-bob")
+
+
+def test_other_refusals_carry_the_api_servers_message():
+    class Resource:
+        def create(self, **_):
+            error = ApiException(status=422, reason="Unprocessable Entity")
+            error.body = (
+                '{"message": "distributed settings are allowed only with mode: distributed"}'
+            )
+            error.headers = {}
+            raise UnprocessibleEntityError(error)
+
+    with pytest.raises(OSError, match="refused: .*only with mode: distributed"):
+        _Denied(Resource()).create(body={})
 
 
 def test_settings_come_from_the_operators_environment(monkeypatch):
