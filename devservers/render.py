@@ -33,7 +33,8 @@ CONTAINER = "dev"
 
 ENTRYPOINT = f"""#!/bin/sh
 # DevServer entrypoint: install the owner's SSH keys, then serve SSH as the container's user
-# (an image without sshd still runs, reachable with kubectl exec).
+# (an image without sshd still runs, reachable with kubectl exec). SSH sessions get HOME set to
+# the persistent home, whatever the image's passwd says.
 set -eu
 mkdir -p "$HOME/.ssh"
 chmod 700 "$HOME/.ssh"
@@ -52,7 +53,10 @@ KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
 AllowTcpForwarding yes
+SetEnv HOME=$HOME
 EOF
+  # Sessions start in the image user's passwd home; the persistent one is where they go.
+  [ -f "$HOME/.profile" ] || echo 'cd "$HOME"' > "$HOME/.profile"
   exec "$SSHD" -D -e -f "$HOME/.ssh/sshd_config"
 fi
 exec sleep infinity
