@@ -166,10 +166,11 @@ class Devctl:
     def _call(self, what: str, fn, *args):
         try:
             return fn(*args)
-        except PermissionError:
+        except PermissionError as e:
+            # The API server's reason (RBAC, or a quota it enforces) follows the usual cause.
             raise CliError(
-                f"not allowed to {what} in namespace {self.namespace}: you may manage DevServers "
-                f"only in your own namespace ({NAMESPACE_PREFIX}<you>)"
+                f"not allowed to {what} in namespace {self.namespace} ({e}); you may manage "
+                f"DevServers only in your own namespace ({NAMESPACE_PREFIX}<you>)"
             ) from None
 
     def server(self, name: str) -> dict:
