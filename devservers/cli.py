@@ -75,10 +75,11 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     create.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
 
     command("list", help="your DevServers")
-    ssh = command("ssh", help="SSH into a server (through kubectl port-forward)")
+    ssh = command(
+        "ssh", help="SSH into a server (through kubectl port-forward); ssh's own arguments after --"
+    )
     ssh.add_argument("name")
     ssh.add_argument("--replica", type=int, default=0, help="which pod of a distributed server")
-    ssh.add_argument("ssh_args", nargs=argparse.REMAINDER, help="more ssh arguments after --")
     run = command("run", help="torchrun a script across every pod of a server")
     run.add_argument("name")
     run.add_argument("script", type=Path)
@@ -92,7 +93,13 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     delete = command("delete", help="delete a server (its home is kept unless asked)")
     delete.add_argument("name")
     delete.add_argument("--delete-home", action="store_true", help="delete its home volumes too")
-    return parser.parse_args(argv)
+    # Everything after `--` goes to ssh (or the script) untouched; argparse's subcommands would
+    # refuse it.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.passthrough = argv[cut + 1 :]
+    return args
 
 
 def public_keys(files: list[Path] | None) -> list[str]:
@@ -364,14 +371,15 @@ def _run(args: argparse.Namespace, devctl: Devctl) -> int:
     elif args.command == "run":
         if not args.script.is_file():
             raise CliError(f"no script {args.script}")
-        copies, launches = devctl.run_commands(args.name, args.script, args.script_args)
+        script_args = args.script_args + args.passthrough
+        copies, launches = devctl.run_commands(args.name, args.script, script_args)
         if args.dry_run:
             for command in copies + launches:
                 print(shlex.join(command), file=devctl.out)
             return 0
         return run_everywhere(copies, launches)
     elif args.command == "ssh":
-        return ssh(devctl, args.name, args.replica, args.ssh_args)
+        return ssh(devctl, args.name, args.replica, args.passthrough)
     return 0
 
 
@@ -408,7 +416,6 @@ def ssh(devctl: Devctl, name: str, replica: int, extra: list[str]) -> int:
                     break
             time.sleep(0.1)
         options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-        extra = extra[1:] if extra[:1] == ["--"] else extra
         return subprocess.call(["ssh", "-p", str(port), *options, f"{user}@127.0.0.1", *extra])
     finally:
         forward.terminate()

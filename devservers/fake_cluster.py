@@ -6,6 +6,7 @@ claims. The tests and the benchmark (devservers/bench.py) drive the operator aga
 import copy
 from datetime import UTC, datetime
 
+from devservers.activity import PROBE
 from devservers.controller import KUEUE_GATE
 from devservers.render import POD_INDEX_LABEL
 
@@ -29,6 +30,7 @@ class FakeCluster:
         self.objects: dict[tuple[str, str, str, str], dict] = {}
         self.writes: list[tuple[str, str, str]] = []  # (verb, kind, name)
         self.processes: dict[str, str] = {}  # pod name -> what the activity probe prints
+        self.outputs: dict[str, str] = {}  # any other command run in a pod -> its output
         self.gpu: float | None = None
         self.admit = True  # Kueue admits new pods (else they stay gated)
         self.forbidden: set[str] = set()  # namespaces where RBAC refuses every verb
@@ -97,7 +99,9 @@ class FakeCluster:
         merge_patch(server.setdefault("status", {}), status)
 
     def exec(self, namespace, pod, container, command):
-        return self.processes.get(pod, "start.sh\nsshd\n")
+        if command == PROBE:
+            return self.processes.get(pod, "start.sh\nsshd\n")
+        return self.outputs.get(" ".join(command), "")
 
     def gpu_utilization(self, namespace, pods):
         return self.gpu

@@ -3,6 +3,7 @@ drive the server through the API (an in-memory one here)."""
 
 import io
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -184,3 +185,45 @@ def test_run_on_a_stopped_server_says_how_to_start_it(key_file, tmp_path, capsys
     script.write_text("")
     code, _ = devctl("run", "-n", "dev-alice", "box", str(script), cluster=cluster)
     assert code == 1 and "`devctl start box`" in capsys.readouterr().err
+
+
+def test_ssh_port_forwards_to_the_replica_and_logs_in_as_the_pods_user(
+    key_file, tmp_path, monkeypatch
+):
+    """kubectl and ssh replaced by scripts that record their arguments (the fake kubectl also
+    listens on the forwarded port, as port-forward does)."""
+    calls = tmp_path / "calls"
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir()
+    (bin_dir / "kubectl").write_text(
+        f'#!/bin/sh\necho "kubectl $*" >> {calls}\n'
+        f'exec {sys.executable} -c "import socket, sys, time\n'
+        "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1].split(':')[0]))); s.listen()\n"
+        'time.sleep(30)" "$5"\n'
+    )
+    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "ssh $*" >> {calls}\n')
+    for tool in ("kubectl", "ssh"):
+        (bin_dir / tool).chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
+    cluster = running_cluster(key_file)
+    cluster.outputs["id -un"] = "trainer\n"
+    code, _ = devctl(
+        "ssh",
+        "-n",
+        "dev-alice",
+        "box",
+        "--replica",
+        "1",
+        "--",
+        "-L",
+        "8888:localhost:8888",
+        cluster=cluster,
+    )
+    assert code == 0
+    kubectl, ssh = calls.read_text().splitlines()
+    port = kubectl.split()[-1].split(":")[0]
+    assert kubectl == f"kubectl -n dev-alice port-forward pod/box-1 {port}:2222"
+    assert ssh.startswith(f"ssh -p {port} ")
+    assert ssh.endswith("trainer@127.0.0.1 -L 8888:localhost:8888")
+    code, _ = devctl("ssh", "-n", "dev-alice", "box", "--replica", "2", cluster=cluster)
+    assert code == 1
