@@ -19,7 +19,7 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 
-from infra.catalog import load_catalog
+from infra.catalog import RegionPrices, UnpricedError, load_prices
 
 MANDATORY = EnforcementLevel.MANDATORY
 LOG_TYPES = {"api", "audit", "authenticator", "controllerManager", "scheduler"}
@@ -228,9 +228,8 @@ def _scan_on_push(props: dict, args: ResourceValidationArgs) -> Iterable[str]:
         yield "ECR repository must scan images on push"
 
 
-def node_pool_cost_per_hour(props: dict) -> float:
-    """limits.nodes x the dearest instance type the NodePool may launch (on-demand)."""
-    catalog = load_catalog()
+def node_pool_cost_per_hour(props: dict, prices: RegionPrices) -> float:
+    """limits.nodes x the dearest instance type the NodePool may launch (on-demand, in-region)."""
     spec = props.get("spec") or {}
     types = next(
         (
@@ -240,15 +239,37 @@ def node_pool_cost_per_hour(props: dict) -> float:
         ),
         [],
     )
-    prices = [catalog[t].usd_per_hour for t in types if t in catalog]
     nodes = int((spec.get("limits") or {}).get("nodes", 0))
-    return nodes * max(prices, default=0.0)
+    return nodes * max((prices.instance(t) for t in types), default=0.0)
+
+
+def _region(args: StackValidationArgs) -> str | None:
+    """The policy config's `region`, else the stack's AWS provider's, else its subnets' AZs'."""
+    regions = [config_of(args).get("region")]
+    for r in args.resources:
+        props = r.props or {}
+        if r.resource_type == "pulumi:providers:aws":
+            regions.append(props.get("region"))
+        elif r.resource_type == "aws:ec2/subnet:Subnet" and props.get("availabilityZone"):
+            regions.append(props["availabilityZone"][:-1])  # us-west-2a -> us-west-2
+    return next(filter(None, regions), None)
 
 
 def _budget(args: StackValidationArgs, report: ReportViolation) -> None:
     budget = float(config_of(args)["budgetUsdPerHour"])
     pools = [r for r in args.resources if r.resource_type == "kubernetes:karpenter.sh/v1:NodePool"]
-    total = sum(node_pool_cost_per_hour(r.props or {}) for r in pools)
+    if not pools:
+        return
+    region = _region(args)
+    if region is None:
+        report('no region to price NodePools in: set "region" in the policy pack config')
+        return
+    try:
+        prices = load_prices(region)
+        total = sum(node_pool_cost_per_hour(r.props or {}, prices) for r in pools)
+    except UnpricedError as e:
+        report(f"cannot price the NodePools: {e}")
+        return
     if total > budget:
         report(f"NodePool cost ceiling ${total:,.2f}/hour exceeds the budget ${budget:,.2f}/hour")
 
@@ -357,6 +378,8 @@ POLICIES = [
         description="The NodePools' hourly cost ceiling stays under the budget",
         validate=_budget,
         enforcement_level=MANDATORY,
-        config_schema=PolicyConfigSchema(properties={"budgetUsdPerHour": {"type": "number"}}),
+        config_schema=PolicyConfigSchema(
+            properties={"budgetUsdPerHour": {"type": "number"}, "region": {"type": "string"}}
+        ),
     ),
 ]

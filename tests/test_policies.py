@@ -199,14 +199,29 @@ def test_bucket_needs_public_access_block_and_tls_policy():
 
 
 def test_cost_budget():
+    budget = {"budgetUsdPerHour": 300, "region": "us-east-1"}
     pool = (NODEPOOL, gpu_pool({"nodes": "4", "nvidia.com/gpu": "32"}))  # 4 x p5.48xlarge
-    assert violations_of(plan_with(pool), "cost-budget", {"budgetUsdPerHour": 300}) == []
+    assert violations_of(plan_with(pool), "cost-budget", budget) == []
     (violation,) = violations_of(
         plan_with((pool[0], gpu_pool({"nodes": "8", "nvidia.com/gpu": "64"}))),
         "cost-budget",
-        {"budgetUsdPerHour": 300},
+        budget,
     )
     assert "$440.32/hour exceeds the budget $300.00/hour" in violation.message
+
+
+def test_cost_budget_prices_in_the_stack_region_and_names_what_it_cannot_price():
+    eight = (NODEPOOL, gpu_pool({"nodes": "8", "nvidia.com/gpu": "64"}))  # 8 x p5.48xlarge
+    provider = ("pulumi:providers:aws", {"region": "eu-west-1"})
+    (violation,) = violations_of(plan_with(eight, provider), "cost-budget")
+    assert "p5.48xlarge has no eu-west-1 price in infra/catalog/prices/eu-west-1.yaml" in (
+        violation.message
+    )
+    subnet = ("aws:ec2/subnet:Subnet", {"availabilityZone": "eu-central-1a"})
+    (violation,) = violations_of(plan_with(eight, subnet), "cost-budget")
+    assert "p5.48xlarge has no eu-central-1 price" in violation.message
+    (violation,) = violations_of(plan_with(eight), "cost-budget")
+    assert 'set "region" in the policy pack config' in violation.message
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
