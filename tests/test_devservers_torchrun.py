@@ -9,14 +9,19 @@ from pathlib import Path
 
 from devservers.render import ENTRYPOINT, TORCHRUN
 
+# Each process reports in its own file: four processes sharing two pipes may interleave lines.
 SCRIPT = """
+import os
+import sys
+
 import torch
 import torch.distributed as dist
 
 dist.init_process_group("gloo")
 total = torch.tensor([float(dist.get_rank() + 1)])
 dist.all_reduce(total)
-print(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {total.item():.0f}", flush=True)
+with open(os.path.join(sys.argv[1], f"rank-{dist.get_rank()}"), "w") as out:
+    out.write(f"rank {dist.get_rank()} of {dist.get_world_size()}: sum {total.item():.0f}")
 dist.destroy_process_group()
 """
 
@@ -50,7 +55,7 @@ def test_two_pods_run_one_torchrun_group(tmp_path):
     }
     pods = [
         subprocess.Popen(
-            [str(helper), str(script)],
+            [str(helper), str(script), str(tmp_path)],
             env={**env, "RANK": str(rank)},
             stdout=subprocess.PIPE,
             stderr=subprocess.STDOUT,
@@ -60,6 +65,6 @@ def test_two_pods_run_one_torchrun_group(tmp_path):
     ]
     outputs = [p.communicate(timeout=240)[0] for p in pods]
     assert [p.returncode for p in pods] == [0, 0], outputs
-    lines = sorted(line for out in outputs for line in out.splitlines() if line.startswith("rank"))
+    lines = sorted(p.read_text() for p in tmp_path.glob("rank-*"))
     # 2 pods x 2 processes: global ranks 0-3, and every one sees 1+2+3+4.
     assert lines == [f"rank {r} of 4: sum 10" for r in range(4)]
