@@ -17,21 +17,28 @@ from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
 from trainer.checkpoint import Checkpointer, LocalStore, step_name
-from trainer.data import TokenData, prepare
 from trainer.data import main as data_main
+from trainer.data import open_splits, prepare
+from trainer.launch import children
+from trainer.model import GPT, PRESETS
+from trainer.train import main as trainer_main
+from trainer.train import wrap
 
 ROOT = Path(__file__).resolve().parent.parent
-FAST = ["--global-batch", "8", "--micro-batch", "4", "--log-every", "5", "--checkpoint-every", "10"]
+FAST = [
+    *("--global-batch", "8", "--micro-batch", "4", "--log-every", "5", "--checkpoint-every", "10"),
+    *("--eval-samples", "8"),
+]
 
 
 def command(nproc: int, *args: str, max_restarts: int = 0) -> list[str]:
-    """torchrun for several workers; a plain `python -m trainer` for one."""
+    """torchrun through trainer.launch (as in the pod) for several workers; python for one."""
     if nproc == 1:
         return [sys.executable, "-m", "trainer", *args]
     return [
         sys.executable,
         "-m",
-        "torch.distributed.run",
+        "trainer.launch",
         "--standalone",
         f"--nproc-per-node={nproc}",
         f"--max-restarts={max_restarts}",
@@ -48,6 +55,11 @@ def records(metrics: Path) -> list[dict]:
 
 
 def train(tmp: Path, nproc: int, ckpt: str, *args: str, env: dict | None = None) -> list[dict]:
+    return run(tmp, nproc, ckpt, *args, env=env)[0]
+
+
+def run(tmp: Path, nproc: int, ckpt: str, *args: str, env: dict | None = None):
+    """(metrics records, stderr) of a successful run."""
     metrics = tmp / f"metrics-{time.monotonic_ns()}.jsonl"
     result = subprocess.run(
         command(nproc, *FAST, "--checkpoint-dir", ckpt, "--metrics", str(metrics), *args),
@@ -58,7 +70,7 @@ def train(tmp: Path, nproc: int, ckpt: str, *args: str, env: dict | None = None)
         env={**os.environ, **(env or {})},
     )
     assert result.returncode == 0, result.stderr[-3000:]
-    return records(metrics)
+    return records(metrics), result.stderr
 
 
 def final_model(ckpt: Path) -> dict[str, torch.Tensor]:
@@ -73,36 +85,34 @@ def event(recs: list[dict], name: str) -> dict:
 
 
 def test_two_worker_ddp_loss_falls_and_ranks_hold_identical_parameters(tmp_path):
-    recs = train(tmp_path, 2, str(tmp_path / "ckpt"), "--steps", "30")
+    recs = train(tmp_path, 2, str(tmp_path / "ckpt"), "--steps", "30", "--eval-every", "10")
     losses = [r["loss"] for r in recs if "loss" in r]
     assert losses[-1] < losses[0] - 1.0, losses
+    assert all(r["grad_norm"] > 0 for r in recs if "loss" in r)
+    val = [r for r in recs if "val_loss" in r]
+    assert [r["step"] for r in val] == [10, 20, 30] and val[-1]["val_loss"] < val[0]["val_loss"]
     done = event(recs, "done")
     assert done["step"] == 30 and done["samples"] == 30 * 8
     assert len(done["param_digests"]) == 2 and len(set(done["param_digests"])) == 1
     assert event(recs, "start")["accumulation"] == 1
 
-
-def test_resume_gives_the_same_parameters_as_an_uninterrupted_run(tmp_path):
-    whole = event(train(tmp_path, 2, str(tmp_path / "whole"), "--steps", "20"), "done")
-    train(tmp_path, 2, str(tmp_path / "split"), "--steps", "10")
-    resumed = train(tmp_path, 2, str(tmp_path / "split"), "--steps", "20")
-    assert event(resumed, "start")["resumed_from"] == 10
-    assert event(resumed, "done")["param_digests"] == whole["param_digests"]
-    a, b = final_model(tmp_path / "whole"), final_model(tmp_path / "split")
-    assert a.keys() == b.keys() and all(torch.equal(a[k], b[k]) for k in a)
+    # Re-running a finished job (a torchrun restart, a resubmitted job) ends at once, with 0.
+    again, stderr = run(tmp_path, 2, str(tmp_path / "ckpt"), "--steps", "30")
+    assert "the run is already complete" in stderr and "step-00000030" in stderr
+    assert event(again, "complete")["step"] == 30 and not [r for r in again if "loss" in r]
 
 
-@pytest.mark.parametrize(
-    ("parallel", "first", "second"), [("ddp", 2, 1), ("ddp", 1, 2), ("fsdp", 2, 1), ("fsdp", 1, 2)]
-)
+# Both directions and both kinds of parallelism, in two cases to keep the suite short.
+@pytest.mark.parametrize(("parallel", "first", "second"), [("ddp", 2, 1), ("fsdp", 1, 2)])
 def test_resume_at_a_different_world_size(tmp_path, parallel, first, second):
+    args = ["--parallel", parallel, "--checkpoint-every", "5"]
     reference = tmp_path / "reference"
-    train(tmp_path, first, str(reference), "--steps", "20", "--parallel", parallel)
+    train(tmp_path, first, str(reference), "--steps", "10", *args)
     resized = tmp_path / "resized"
-    train(tmp_path, first, str(resized), "--steps", "10", "--parallel", parallel)
-    recs = train(tmp_path, second, str(resized), "--steps", "20", "--parallel", parallel)
+    train(tmp_path, first, str(resized), "--steps", "5", *args)
+    recs = train(tmp_path, second, str(resized), "--steps", "10", *args)
     start = event(recs, "start")
-    assert (start["world_size"], start["resumed_from"], start["samples"]) == (second, 10, 80)
+    assert (start["world_size"], start["resumed_from"], start["samples"]) == (second, 5, 40)
     # The global batch is fixed, so accumulation makes up for the missing (or extra) workers.
     assert start["accumulation"] == 2 // second
     a, b = final_model(reference), final_model(resized)
@@ -133,8 +143,8 @@ def test_sigterm_saves_a_checkpoint_and_exits_then_resumes(tmp_path):
         stderr=subprocess.DEVNULL,
     )
     wait_for_step(metrics, 5, process)
-    process.send_signal(signal.SIGTERM)  # what the kubelet sends torchrun, PID 1 of the pod
-    process.wait(timeout=60)
+    process.send_signal(signal.SIGTERM)  # what the kubelet sends PID 1 of the pod
+    assert process.wait(timeout=60) == 0
     stopped = event(records(metrics), "stopped")
     committed, uncommitted = LocalStore(str(ckpt)).steps()
     assert committed == [stopped["step"]] and not uncommitted
@@ -143,27 +153,30 @@ def test_sigterm_saves_a_checkpoint_and_exits_then_resumes(tmp_path):
     assert event(resumed, "done")["step"] == stopped["step"] + 5
 
 
-def worker_pids(agent_pid: int) -> list[int]:
-    pids = []
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        if int(fields[1]) == agent_pid:
-            pids.append(int(stat.parent.name))
-    return pids
+KILL_ARGS = ["--steps", "30", "--log-every", "1"]
 
 
-def test_killed_worker_restarts_and_finishes_with_the_same_parameters(tmp_path):
-    args = ["--steps", "60", "--global-batch", "16", "--log-every", "1", "--checkpoint-every", "20"]
-    reference = event(train(tmp_path, 2, str(tmp_path / "reference"), *args), "done")
+@pytest.fixture(scope="module")
+def uninterrupted(tmp_path_factory):
+    """The run the killed runs must reproduce, bit for bit."""
+    tmp = tmp_path_factory.mktemp("reference")
+    return event(train(tmp, 2, str(tmp / "ckpt"), *KILL_ARGS), "done")
+
+
+@pytest.mark.parametrize(
+    "saving", [["--checkpoint-every", "10"], ["--checkpoint-every", "3", "--async-save"]]
+)
+def test_killed_worker_restarts_and_finishes_with_the_same_parameters(
+    tmp_path, uninterrupted, saving
+):
+    # The async case saves every 3 steps, so saves overlap DDP's all-reduces and stop checks.
     ckpt, metrics = tmp_path / "ckpt", tmp_path / "metrics.jsonl"
     process = subprocess.Popen(
         command(
             2,
             *FAST,
-            *args,
+            *KILL_ARGS,
+            *saving,
             "--checkpoint-dir",
             str(ckpt),
             "--metrics",
@@ -174,14 +187,17 @@ def test_killed_worker_restarts_and_finishes_with_the_same_parameters(tmp_path):
         stdout=subprocess.DEVNULL,
         stderr=(tmp_path / "torchrun.log").open("w"),
     )
-    wait_for_step(metrics, 25, process)
-    workers = worker_pids(process.pid)
+    wait_for_step(metrics, 14, process)
+    torchrun = children(process.pid)[0]  # trainer.launch's one child
+    workers = children(torchrun)
     assert len(workers) == 2
     os.kill(workers[1], signal.SIGKILL)
     assert process.wait(timeout=180) == 0, (tmp_path / "torchrun.log").read_text()[-3000:]
     starts = [r for r in records(metrics) if r.get("event") == "start"]
-    assert [s["resumed_from"] for s in starts] == [None, 20]
-    assert event(records(metrics), "done")["param_digests"] == reference["param_digests"]
+    every = int(saving[1])
+    assert starts[0]["resumed_from"] is None and len(starts) == 2
+    assert starts[1]["resumed_from"] >= 10 and starts[1]["resumed_from"] % every == 0
+    assert event(records(metrics), "done")["param_digests"] == uninterrupted["param_digests"]
 
 
 class FailingStore(LocalStore):
@@ -232,12 +248,15 @@ def test_retention_keeps_the_last_n(tmp_path, process_group):
     assert LocalStore(str(tmp_path)).steps() == ([4, 5], [])
 
 
-def test_async_save_commits_only_when_written(tmp_path, process_group):
+def test_async_save_commits_as_soon_as_written(tmp_path, process_group):
     store = LocalStore(str(tmp_path))
     checkpointer = Checkpointer(store, keep_last=3, async_save=True)
     checkpointer.save({"w": torch.ones(1000)}, step=1)
+    deadline = time.monotonic() + 30
+    while store.steps() != ([1], []):  # no wait() and no next save: the commit comes by itself
+        assert time.monotonic() < deadline, store.steps()
+        time.sleep(0.01)
     checkpointer.wait()
-    assert store.steps() == ([1], [])
     state = {"w": torch.zeros(1000)}
     checkpointer.load(state, 1)
     assert torch.equal(state["w"], torch.ones(1000))
@@ -289,20 +308,20 @@ def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto_server):
         1,
         uri,
         "--steps",
-        "10",
+        "4",
         "--checkpoint-every",
-        "5",
+        "2",
         "--keep-last",
         "1",
         env=moto_server,
     )
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"]]
-    assert "runs/tiny/step-00000010/COMMITTED" in keys
-    assert not any(k.startswith("runs/tiny/step-00000005/") for k in keys)  # pruned
+    assert "runs/tiny/step-00000004/COMMITTED" in keys
+    assert not any(k.startswith("runs/tiny/step-00000002/") for k in keys)  # pruned
     assert any(k.endswith(".distcp") for k in keys)
-    resumed = train(tmp_path, 1, uri, "--steps", "15", "--checkpoint-every", "5", env=moto_server)
-    assert event(resumed, "start")["resumed_from"] == 10
-    assert event(resumed, "done")["step"] == 15
+    resumed = train(tmp_path, 1, uri, "--steps", "6", "--checkpoint-every", "2", env=moto_server)
+    assert event(resumed, "start")["resumed_from"] == 4
+    assert event(resumed, "done")["step"] == 6
 
 
 def test_single_process_run_creates_its_metrics_folder(tmp_path):
@@ -334,7 +353,7 @@ def test_a_world_size_that_does_not_divide_the_global_batch_still_trains(tmp_pat
         2,
         str(tmp_path / "ckpt"),
         "--steps",
-        "30",
+        "20",
         "--global-batch",
         "7",
         "--micro-batch",
@@ -344,7 +363,7 @@ def test_a_world_size_that_does_not_divide_the_global_batch_still_trains(tmp_pat
     losses = [r["loss"] for r in recs if "loss" in r]
     assert losses[-1] < losses[0] - 1.0
     done = event(recs, "done")
-    assert done["samples"] == 30 * 7 and len(set(done["param_digests"])) == 1
+    assert done["samples"] == 20 * 7 and len(set(done["param_digests"])) == 1
 
 
 def test_bad_trainer_arguments_exit_2_with_the_reason(tmp_path):
@@ -393,7 +412,8 @@ def test_data_prepare_and_sample_addressing(tmp_path, capsys):
     (corpus / "skip.bin").write_bytes(b"\x00" * 10)
     assert data_main(["--input", str(corpus), "--out", str(tmp_path / "t.bin")]) == 0
     assert "from 2 files" in capsys.readouterr().out
-    data = TokenData(tmp_path / "t.bin", seq_len=16)
+    data, held_out = open_splits(tmp_path / "t.bin", seq_len=16)
+    assert len(data.tokens) + len(held_out.tokens) == (tmp_path / "t.bin").stat().st_size
     x, y = data.batch([0, 1, 2])
     assert x.shape == (3, 16) and torch.equal(x[:, 1:], y[:, :-1])
     # Every window is visited once per pass, whatever the order.
@@ -428,3 +448,141 @@ def test_concurrent_first_preparation_of_the_default_corpus(tmp_path):
     assert [w.returncode for w in workers] == [0] * 4, [err for _, err in results]
     assert len({out for out, _ in results}) == 1
     assert not list(tmp_path.glob(".*.tmp"))
+
+
+@pytest.fixture
+def in_process(monkeypatch):
+    """`python -m trainer` inside pytest: a group of one; signal handlers put back afterwards."""
+    for name, value in {
+        "RANK": "0",
+        "LOCAL_RANK": "0",
+        "WORLD_SIZE": "1",
+        "LOCAL_WORLD_SIZE": "1",
+        "MASTER_ADDR": "127.0.0.1",
+        "MASTER_PORT": str(_free_port()),
+    }.items():
+        monkeypatch.setenv(name, value)
+    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+    yield
+    for sig, handler in handlers.items():
+        signal.signal(sig, handler)
+
+
+def trainer_exit(capsys, *args: str) -> tuple[int, str]:
+    """(exit status, stderr) of the trainer's command line run in this process."""
+    try:
+        status = trainer_main([*FAST, *args])
+    except SystemExit as e:
+        status = e.code
+    return status, capsys.readouterr().err
+
+
+def write_tokens(path: Path, count: int) -> str:
+    path.write_bytes(bytes(i % 251 for i in range(count)))
+    return str(path)
+
+
+BAD_INPUTS = {
+    "negative threads": (["--threads", "-1"], "--threads must not be negative"),
+    "negative lr": (["--lr", "-0.1"], "--lr must be positive"),
+    "nan lr": (["--lr", "nan"], "--lr must be positive"),
+    "negative weight decay": (["--weight-decay", "-1"], "--weight-decay must not be negative"),
+    "negative warmup": (["--warmup", "-5"], "--warmup must not be negative"),
+    "zero eval samples": (["--eval-samples", "0"], "--eval-samples must be at least 1"),
+    "missing data": (["--data", "{tmp}/none.bin"], "none.bin: no such file"),
+    "empty data": (["--data", "{empty}"], "has 0 tokens; this model (sequence length 128)"),
+    "too-short data": (["--data", "{short}"], "has 1000 tokens; this model"),
+    "file as checkpoint dir": (
+        ["--checkpoint-dir", "{empty}/ckpt"],
+        "cannot write there (Not a directory",
+    ),
+    "unwritable checkpoint dir": (
+        ["--checkpoint-dir", "/sys/trainer-ckpt"],
+        "--checkpoint-dir /sys/trainer-ckpt: cannot write there (Operation not permitted",
+    ),
+    "read-only checkpoint dir": (
+        ["--checkpoint-dir", "/sys"],
+        "--checkpoint-dir /sys: cannot write there (Permission denied",
+    ),
+}
+
+
+@pytest.mark.parametrize("case", BAD_INPUTS, ids=list(BAD_INPUTS))
+def test_bad_input_is_one_line_and_exit_2_before_any_step(tmp_path, capsys, in_process, case):
+    args, expected = BAD_INPUTS[case]
+    paths = {
+        "tmp": tmp_path,
+        "empty": write_tokens(tmp_path / "empty.bin", 0),
+        "short": write_tokens(tmp_path / "short.bin", 1000),
+    }
+    metrics = tmp_path / "metrics.jsonl"
+    args = [a.format(**paths) for a in args]
+    defaults = ["--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", str(metrics)]
+    status, stderr = trainer_exit(capsys, *defaults, *args)
+    assert status == 2
+    assert expected in stderr and "Traceback" not in stderr, stderr
+    assert [line for line in stderr.splitlines() if "error" in line] == [stderr.splitlines()[-1]]
+    assert not [r for r in records(metrics) if "loss" in r]
+
+
+def test_resuming_with_another_model_size_names_the_checkpoint_and_model(
+    tmp_path, capsys, in_process
+):
+    ckpt = str(tmp_path / "ckpt")
+    assert trainer_exit(capsys, "--steps", "2", "--checkpoint-dir", ckpt)[0] == 0
+    status, stderr = trainer_exit(
+        capsys, "--steps", "4", "--model", "small", "--checkpoint-dir", ckpt
+    )
+    assert status == 2 and "Traceback" not in stderr
+    assert f"checkpoint {ckpt}/step-00000002 does not fit this model" in stderr
+    assert "(this run: --model small)" in stderr
+    assert LocalStore(ckpt).steps() == ([2], [])  # the checkpoint is untouched
+
+
+def test_corrupt_newest_checkpoint_is_named_set_aside_and_the_previous_one_used(
+    tmp_path, capsys, in_process
+):
+    every = ["--checkpoint-every", "2", "--keep-last", "5"]
+    reference = str(tmp_path / "reference")
+    assert trainer_exit(capsys, "--steps", "6", *every, "--checkpoint-dir", reference)[0] == 0
+    ckpt = tmp_path / "ckpt"
+    assert trainer_exit(capsys, "--steps", "4", *every, "--checkpoint-dir", str(ckpt))[0] == 0
+    shard = next((ckpt / step_name(4)).glob("*.distcp"))
+    shard.write_bytes(shard.read_bytes()[:100])  # a torn write that was committed anyway
+
+    metrics = tmp_path / "metrics.jsonl"
+    status, stderr = trainer_exit(
+        capsys, "--steps", "6", *every, "--checkpoint-dir", str(ckpt), "--metrics", str(metrics)
+    )
+    assert status == 0, stderr
+    assert f"checkpoint {ckpt}/step-00000004 is unreadable" in stderr
+    start = event(records(metrics), "start")
+    assert start["resumed_from"] == 2 and start["unreadable"] == [f"{ckpt}/step-00000004"]
+    assert (ckpt / "unreadable-step-00000004" / shard.name).exists()  # kept, out of the way
+    assert LocalStore(str(ckpt)).steps() == ([2, 4, 6], [])
+    a, b = final_model(tmp_path / "reference"), final_model(ckpt)
+    assert all(torch.equal(a[k], b[k]) for k in a)
+
+
+def test_optimizer_decays_only_linear_weights():
+    model = GPT(PRESETS["tiny"])
+    decayed, kept = model.parameter_groups(0.1)
+    names = {id(p): n for n, p in model.named_parameters()}
+    assert decayed["weight_decay"] == 0.1 and kept["weight_decay"] == 0.0
+    assert all(names[id(p)].endswith("weight") for p in decayed["params"])
+    assert not [
+        n for p in decayed["params"] if any(k in (n := names[id(p)]) for k in ("ln", "emb"))
+    ]
+    assert {"tok_emb.weight", "pos_emb.weight", "ln_f.weight", "blocks.0.qkv.bias"} <= {
+        names[id(p)] for p in kept["params"]
+    }
+    assert len(decayed["params"]) + len(kept["params"]) == len(names)
+
+
+def test_compile_happens_inside_ddp_so_no_sync_still_applies(process_group):
+    from torch._dynamo.eval_frame import OptimizedModule
+    from torch.nn.parallel import DistributedDataParallel
+
+    model = wrap(GPT(PRESETS["tiny"]), "ddp", 2, torch.device("cpu"), compile=True, bf16=False)
+    assert isinstance(model, DistributedDataParallel)
+    assert all(isinstance(block, OptimizedModule) for block in model.module.blocks)

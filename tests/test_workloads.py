@@ -78,7 +78,7 @@ def test_elastic_pytorchjob_on_a_gpu_pool(dev_plan):
         "limits": {"memory": "163Gi", "nvidia.com/gpu": "4"},
     }
     assert "@sha256:" in main["image"]
-    assert main["command"][:3] == ["torchrun", "-m", "trainer"]
+    assert main["command"][:5] == ["python", "-m", "trainer.launch", "-m", "trainer"]
     bucket = dev_plan.outputs["bucketName"]
     assert main["command"][-2:] == [
         "--checkpoint-dir",

@@ -7,6 +7,7 @@ default corpus: the CPython standard library's own sources, real text on every m
 """
 
 import argparse
+import math
 import os
 import sys
 import sysconfig
@@ -48,19 +49,22 @@ def prepare(files: list[Path], out: Path) -> int:
     return out.stat().st_size
 
 
+# The last 5 % of the token file is held out: validation loss is measured on text never trained on.
+VALIDATION_FRACTION = 0.05
+
+
 class TokenData:
     """Training samples addressed by a global sample index.
 
-    Sample i is a fixed window of the token file, independent of the world size, so a run that
+    Sample i is a fixed window of the tokens, independent of the world size, so a run that
     resumes on a different number of workers sees the same samples in the same order.
     """
 
-    def __init__(self, path: Path, seq_len: int):
-        self.tokens = np.memmap(path, dtype=np.uint8, mode="r")
+    def __init__(self, tokens: np.ndarray, seq_len: int, pin_memory: bool = False):
+        self.tokens = tokens
         self.seq_len = seq_len
-        self.windows = len(self.tokens) - seq_len - 1
-        if self.windows < 1:
-            raise ValueError(f"{path} has {len(self.tokens)} tokens; needs more than {seq_len + 1}")
+        self.pin_memory = pin_memory  # page-locked batches copy to the GPU asynchronously
+        self.windows = len(tokens) - seq_len - 1
         # A stride coprime with the window count visits every window once per pass, in an order
         # that jumps through the corpus instead of reading it front to back.
         stride = int(self.windows * 0.6180339887) | 1
@@ -72,7 +76,29 @@ class TokenData:
         starts = [(i * self.stride) % self.windows for i in sample_indices]
         rows = np.stack([self.tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
         rows = torch.from_numpy(rows)
+        if self.pin_memory:
+            rows = rows.pin_memory()
         return rows[:, :-1], rows[:, 1:]
+
+
+def open_splits(path: Path, seq_len: int, pin_memory: bool = False) -> tuple[TokenData, TokenData]:
+    """(training, validation) samples of a token file; ValueError says what is wrong with it."""
+    if not path.is_file():
+        raise ValueError(f"{path}: no such file")
+    size = path.stat().st_size
+    # Both splits need at least one window of seq_len + 1 tokens and one more to shift by.
+    needed = math.ceil((seq_len + 2) / VALIDATION_FRACTION)
+    if size < needed:
+        raise ValueError(
+            f"{path} has {size} tokens; this model (sequence length {seq_len}) needs at least "
+            f"{needed}"
+        )
+    tokens = np.memmap(path, dtype=np.uint8, mode="r")
+    split = size - int(size * VALIDATION_FRACTION)
+    return (
+        TokenData(tokens[:split], seq_len, pin_memory),
+        TokenData(tokens[split:], seq_len, pin_memory),
+    )
 
 
 def ensure_default_tokens(path: Path = DEFAULT_TOKENS) -> Path:

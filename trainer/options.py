@@ -26,6 +26,8 @@ class TrainConfig:
     async_save: bool = False
     metrics: str = ""  # JSON-lines file; empty: stdout only
     log_every: int = 10
+    eval_every: int = 50  # validation loss on held-out text every this many steps, and at the end
+    eval_samples: int = 32  # held-out sequences per validation
     bf16: bool = True  # autocast, CUDA only
     compile: bool = False  # torch.compile, CUDA only
     threads: int = 0  # intra-op threads per worker; 0: cores / local workers
@@ -67,19 +69,28 @@ def parse_options(argv: list[str]) -> TrainConfig:
         "checkpoint_every",
         "keep_last",
         "log_every",
+        "eval_every",
+        "eval_samples",
     ):
         if getattr(config, name) < 1:
             raise OptionsError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("threads", "warmup", "weight_decay"):
+        if getattr(config, name) < 0:
+            raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
+    if not config.lr > 0:  # also refuses nan
+        raise OptionsError("--lr must be positive")
     return config
 
 
 def parse_args(argv: list[str] | None) -> TrainConfig:
     """For the command line: usage and exit status 2 on bad arguments."""
+    import os
     import sys
 
     try:
         return parse_options(sys.argv[1:] if argv is None else argv)
     except OptionsError as e:
-        _parser().print_usage(sys.stderr)
-        print(f"python -m trainer: error: {e}", file=sys.stderr)
+        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank would say the same
+            _parser().print_usage(sys.stderr)
+            print(f"python -m trainer: error: {e}", file=sys.stderr)
         raise SystemExit(2) from None

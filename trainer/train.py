@@ -29,12 +29,17 @@ from torch.distributed.checkpoint.state_dict import (
     set_state_dict,
 )
 from torch.distributed.checkpoint.stateful import Stateful
+from torch.distributed.tensor import DTensor
 from torch.nn.parallel import DistributedDataParallel
 
-from trainer.checkpoint import Checkpointer, open_store
-from trainer.data import TokenData, ensure_default_tokens
+from trainer.checkpoint import Checkpointer, UnusableCheckpoint, open_store
+from trainer.data import TokenData, ensure_default_tokens, open_splits
 from trainer.model import GPT, PRESETS
 from trainer.options import TrainConfig, parse_args
+
+# Ranks agree on a stop request every this many steps: one tiny collective, and on CUDA one host
+# sync, per check rather than per step; a SIGTERM waits at most this many steps for its save.
+STOP_CHECK_EVERY = 5
 
 # Dense bf16 tensor peak per GPU (vendor datasheets), for MFU.
 PEAK_FLOPS = {
@@ -79,6 +84,19 @@ class ModelAndOptimizer(Stateful):
             model_state_dict=state["model"],
             optim_state_dict=state["optim"],
         )
+
+
+class InputError(Exception):
+    """Something the user gave that the trainer cannot run with: one line, exit status 2."""
+
+
+def agree(error: str | None) -> None:
+    """Raise InputError on every rank if any rank found a problem, so none waits alone."""
+    errors = [None] * dist.get_world_size()
+    dist.all_gather_object(errors, error)
+    first = next((e for e in errors if e), None)
+    if first:
+        raise InputError(first)
 
 
 class StopOnSignal:
@@ -192,25 +210,84 @@ class Logger:
             print(line, flush=True)
 
 
-def build_model(config: TrainConfig, device: torch.device, world: int) -> torch.nn.Module:
+def build_model(config: TrainConfig, device: torch.device) -> tuple[torch.nn.Module, GPT]:
+    """(the model to train, wrapped for DDP or FSDP2; the GPT inside it)."""
     torch.manual_seed(config.seed)  # every rank starts from the same weights
-    model = GPT(PRESETS[config.model]).to(device)
-    if config.parallel == "fsdp":
-        from torch.distributed.fsdp import fully_shard
+    core = GPT(PRESETS[config.model]).to(device)
+    cuda = device.type == "cuda"
+    world = dist.get_world_size()
+    model = wrap(
+        core,
+        config.parallel,
+        world,
+        device,
+        compile=config.compile and cuda,
+        bf16=config.bf16 and cuda,
+    )
+    return model, core
 
-        for block in model.blocks:
-            fully_shard(block)
-        fully_shard(model)
-    elif world > 1:  # with one worker DDP would only copy gradients around
-        model = DistributedDataParallel(
-            model, device_ids=[device.index] if device.type == "cuda" else None
+
+def wrap(
+    core: GPT, parallel: str, world: int, device: torch.device, compile: bool, bf16: bool
+) -> torch.nn.Module:
+    if compile:
+        # Block by block and before wrapping, as torchtitan does: DDP's no_sync and FSDP's
+        # hooks stay outside the compiled graphs (compiling the DDP wrapper would bypass both).
+        for i, block in enumerate(core.blocks):
+            core.blocks[i] = torch.compile(block)
+    if parallel == "fsdp":
+        from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
+
+        # bf16 parameters for compute; gradients reduced in fp32, since summing bf16 gradients
+        # over many ranks loses precision (torchtitan's default).
+        policy = (
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            if bf16
+            else MixedPrecisionPolicy()
         )
-    if config.compile and device.type == "cuda":
-        model = torch.compile(model)
-    return model
+        for block in core.blocks:
+            fully_shard(block, mp_policy=policy)
+        fully_shard(core, mp_policy=policy)
+        return core
+    if world > 1:  # with one worker DDP would only copy gradients around
+        return DistributedDataParallel(
+            core, device_ids=[device.index] if device.type == "cuda" else None
+        )
+    return core
+
+
+def gradient_sync(model: torch.nn.Module, last: bool):
+    """Gradients cross ranks only on the last micro-step of an optimizer step."""
+    if isinstance(model, DistributedDataParallel):
+        return nullcontext() if last else model.no_sync()
+    if hasattr(model, "set_requires_gradient_sync"):  # FSDP2
+        model.set_requires_gradient_sync(last)
+    return nullcontext()
+
+
+def validation_loss(
+    model: torch.nn.Module, data: TokenData, config: TrainConfig, device: torch.device, autocast
+) -> float:
+    """Mean loss over the same held-out samples every time, whatever the world size."""
+    rank, world = dist.get_rank(), dist.get_world_size()
+    mine = list(range(rank, config.eval_samples, world))
+    # Every rank runs the same number of forwards (FSDP gathers parameters in each).
+    chunks = math.ceil(math.ceil(config.eval_samples / world) / config.micro_batch)
+    total = torch.zeros((), device=device)
+    with torch.no_grad(), autocast:
+        for chunk in range(chunks):
+            samples = mine[chunk * config.micro_batch : (chunk + 1) * config.micro_batch]
+            tokens, targets = data.batch(samples or [0])
+            loss = model(
+                tokens.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+            )
+            total += loss.float() * len(samples)
+    dist.all_reduce(total, op=dist.ReduceOp.SUM)
+    return total.item() / config.eval_samples
 
 
 def train(config: TrainConfig) -> int:
+    """Raises InputError, before any training step, for what the user must fix."""
     rank, world, device = init_distributed()
     try:
         return _train(config, rank, world, device)
@@ -230,54 +307,80 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
     # micro-steps (DDP/FSDP need matching collectives), a rank short of samples a zero-weight one.
     accumulation = math.ceil(math.ceil(config.global_batch / world) / config.micro_batch)
     model_config = PRESETS[config.model]
-    data = TokenData(
-        Path(config.data) if config.data else ensure_default_tokens(), model_config.seq_len
-    )
+    cuda = device.type == "cuda"
 
-    model = build_model(config, device, world)
+    # Everything the user gave is checked here, on every rank, before the first step.
+    data_path = Path(config.data) if config.data else ensure_default_tokens()
+    error = None
+    try:
+        data, held_out = open_splits(data_path, model_config.seq_len, pin_memory=cuda)
+    except ValueError as e:
+        error = f"--data {e}"
+    agree(error)
+    store = open_store(config.checkpoint_dir)
+    try:
+        store.probe(rank)
+        error = None
+    except Exception as e:  # OSError locally, botocore's errors for S3: all mean the same here
+        reason = f"{e.strerror}: {e.filename}" if isinstance(e, OSError) and e.strerror else e
+        error = f"--checkpoint-dir {config.checkpoint_dir}: cannot write there ({reason})"
+    agree(error)
+
+    model, core = build_model(config, device)
     optimizer = torch.optim.AdamW(
-        model.parameters(), lr=config.lr, betas=(0.9, 0.95), weight_decay=config.weight_decay
+        core.parameter_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95), fused=cuda
     )
     progress = Progress()
     state = {"train": ModelAndOptimizer(model, optimizer), "progress": progress}
-    checkpointer = Checkpointer(
-        open_store(config.checkpoint_dir), config.keep_last, config.async_save
-    )
+    checkpointer = Checkpointer(store, config.keep_last, config.async_save)
+    shapes = {f"train.model.{k}": v.shape for k, v in get_model_state_dict(model).items()}
+    try:
+        resumed, unreadable = checkpointer.restore(state, shapes)
+    except UnusableCheckpoint as e:
+        raise InputError(f"{e} (this run: --model {config.model})") from None
     logger = Logger(rank, config.metrics, config.steps)
-    resumed = checkpointer.latest()
-    if resumed is not None:
-        checkpointer.load(state, resumed)
     logger.log(
         {
             "event": "start",
             "world_size": world,
             "accumulation": accumulation,
             "resumed_from": resumed,
+            "unreadable": unreadable,
             "step": progress.step,
             "samples": progress.samples,
             "params": model_config.params(),
             "config": asdict(config),
         }
     )
+    if progress.step >= config.steps:
+        if rank == 0:
+            print(
+                f"trainer: the run is already complete: checkpoint "
+                f"{store.where(progress.step)} is at step {progress.step} of {config.steps}",
+                file=sys.stderr,
+                flush=True,
+            )
+        logger.log({"event": "complete", "step": progress.step})
+        return 0
 
     stop = StopOnSignal()
     autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16)
-        if config.bf16 and device.type == "cuda"
-        else nullcontext()
+        torch.autocast("cuda", dtype=torch.bfloat16) if config.bf16 and cuda else nullcontext()
     )
     peak = next(
         (
             f
             for name, f in PEAK_FLOPS.items()
-            if device.type == "cuda" and name in torch.cuda.get_device_name(device)
+            if cuda and name in torch.cuda.get_device_name(device)
         ),
         None,
     )
     tokens_per_step = config.global_batch * model_config.seq_len
     loss_sum = torch.zeros((), device=device)
+    norm_sum = torch.zeros((), device=device)
+    stopping = False
     window_start, window_steps = time.perf_counter(), 0
-    while progress.step < config.steps:
+    while progress.step < config.steps and not stopping:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(progress.step, config)
         mine = range(progress.samples + rank, progress.samples + config.global_batch, world)
@@ -287,33 +390,34 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
             # Gradients are averaged over ranks; this weight makes the result the mean over the
             # whole global batch, however unevenly it was split.
             weight = len(samples) * world / config.global_batch
-            last = micro == accumulation - 1
-            ddp = isinstance(model, DistributedDataParallel)
-            sync = model.no_sync() if ddp and not last else nullcontext()
-            with sync, autocast:
+            with gradient_sync(model, last=micro == accumulation - 1), autocast:
                 loss = model(
                     tokens.to(device, non_blocking=True), targets.to(device, non_blocking=True)
                 )
                 (loss * weight).backward()
             loss_sum += loss.detach() * len(samples) / config.global_batch
-        torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+        norm_sum += norm.full_tensor() if isinstance(norm, DTensor) else norm
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
         progress.step += 1
         progress.samples += config.global_batch
         window_steps += 1
 
-        # One tiny collective a step: every rank learns whether any rank was told to stop.
-        flag = torch.tensor([float(stop.requested)], device=device)
-        dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-        stopping = bool(flag.item())
+        if progress.step % STOP_CHECK_EVERY == 0:
+            # Every rank learns whether any rank was told to stop.
+            flag = torch.tensor([float(stop.requested)], device=device)
+            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+            stopping = bool(flag.item())
 
-        if progress.step % config.log_every == 0 or progress.step == config.steps or stopping:
+        finished = progress.step == config.steps
+        if progress.step % config.log_every == 0 or finished or stopping:
             dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
             elapsed = time.perf_counter() - window_start
             record = {
                 "step": progress.step,
                 "loss": round(loss_sum.item() / window_steps, 4),
+                "grad_norm": round(norm_sum.item() / window_steps, 4),
                 "lr": round(lr_at(progress.step - 1, config), 7),
                 "tokens_per_s": round(tokens_per_step * window_steps / elapsed, 1),
                 "step_time_s": round(elapsed / window_steps, 4),
@@ -325,16 +429,19 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
                 )
             logger.log(record)
             loss_sum.zero_()
+            norm_sum.zero_()
             window_start, window_steps = time.perf_counter(), 0
-        if (
-            stopping
-            or progress.step % config.checkpoint_every == 0
-            or progress.step == config.steps
-        ):
+        # Evaluation and saves are timed apart: throughput windows measure training alone.
+        if progress.step % config.eval_every == 0 or finished:
+            eval_start = time.perf_counter()
+            val_loss = validation_loss(model, held_out, config, device, autocast)
+            logger.log({"step": progress.step, "val_loss": round(val_loss, 4)})
+            window_start += time.perf_counter() - eval_start
+        if stopping or finished or progress.step % config.checkpoint_every == 0:
             save_start = time.perf_counter()
             checkpointer.save(state, progress.step)
             blocked = time.perf_counter() - save_start
-            window_start += blocked  # throughput windows measure training; saves are logged apart
+            window_start += blocked
             logger.log(
                 {
                     "event": "checkpoint",
@@ -343,10 +450,10 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
                     "blocked_s": round(blocked, 3),
                 }
             )
-            if stopping:
-                break
 
+    wait_start = time.perf_counter()
     checkpointer.wait()
+    final_wait = time.perf_counter() - wait_start
     digests = [None] * world
     dist.all_gather_object(digests, param_digest(model) if config.parallel == "ddp" else None)
     logger.log(
@@ -354,6 +461,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
             "event": "stopped" if stopping else "done",
             "step": progress.step,
             "samples": progress.samples,
+            "final_wait_s": round(final_wait, 3),
             "param_digests": digests,
         }
     )
@@ -361,4 +469,10 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    return train(parse_args(argv))
+    config = parse_args(argv)
+    try:
+        return train(config)
+    except InputError as e:
+        if os.environ.get("RANK", "0") == "0":
+            print(f"python -m trainer: error: {e}", file=sys.stderr, flush=True)
+        return 2

@@ -164,7 +164,8 @@ def pytorch_job(
     storage: set[str],
 ) -> dict:
     """Elastic PyTorchJob: torchrun reads nodes, rendezvous and restarts from the operator's env."""
-    command = ["torchrun", "-m", "trainer", *trainer_args(job, checkpoint)]
+    # trainer.launch runs torchrun and hands the kubelet's SIGTERM to the workers (exit 0).
+    command = ["python", "-m", "trainer.launch", "-m", "trainer", *trainer_args(job, checkpoint)]
     return {
         "apiVersion": API_VERSIONS["PyTorchJob"],
         "kind": "PyTorchJob",

@@ -1,0 +1,51 @@
+"""torchrun for a pod's PID 1: SIGTERM and SIGINT go to the workers, never to torchrun.
+
+    python -m trainer.launch --nproc-per-node 2 -m trainer --steps 200   # torchrun's arguments
+
+torchrun answers a SIGTERM by signalling its workers and then exiting 1 with a traceback, however
+cleanly they stopped. Started through this module, torchrun (in a session of its own, so a
+terminal's Ctrl-C does not reach it either) never sees the signal: its workers do, save a
+checkpoint and exit 0, torchrun sees a successful group and exits 0, and so does the pod.
+"""
+
+import os
+import signal
+import subprocess
+import sys
+from pathlib import Path
+
+
+def children(pid: int) -> list[int]:
+    """Processes whose parent is `pid` (torchrun's workers), from /proc."""
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            parent = int(stat.read_text().rsplit(")", 1)[1].split()[1])
+        except (OSError, IndexError, ValueError):
+            continue
+        if parent == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = sys.argv[1:] if argv is None else argv
+    torchrun = subprocess.Popen(
+        [sys.executable, "-m", "torch.distributed.run", *args], start_new_session=True
+    )
+
+    def forward(signum, frame):
+        # Between worker groups (a restart under way) there is nobody to tell but torchrun.
+        for pid in children(torchrun.pid) or [torchrun.pid]:
+            try:
+                os.kill(pid, signum)
+            except ProcessLookupError:
+                pass
+
+    for sig in (signal.SIGTERM, signal.SIGINT):
+        signal.signal(sig, forward)
+    return torchrun.wait()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
