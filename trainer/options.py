@@ -1,6 +1,7 @@
 """The trainer's options, parsed without torch, so stack config can check a job's arguments."""
 
 import argparse
+import math
 from dataclasses import dataclass, fields
 
 # The names of trainer.model.PRESETS (a test keeps the two equal).
@@ -40,9 +41,12 @@ class _Parser(argparse.ArgumentParser):
         raise OptionsError(message)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(add_help: bool = False) -> argparse.ArgumentParser:
+    # Without add_help, `--help` is an unknown argument (an error), never an exit with status 0.
     parser = _Parser(
-        prog="python -m trainer", description="Train the byte-level GPT (DDP or FSDP2)."
+        prog="python -m trainer",
+        description="Train the byte-level GPT (DDP or FSDP2).",
+        add_help=add_help,
     )
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -70,6 +74,11 @@ def parse_options(argv: list[str]) -> TrainConfig:
     ):
         if getattr(config, name) < 1:
             raise OptionsError(f"--{name.replace('_', '-')} must be at least 1")
+    for name in ("lr", "weight_decay", "warmup", "seed", "threads"):
+        value = getattr(config, name)
+        if not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
+            flag = name.replace("_", "-")
+            raise OptionsError(f"--{flag} {value}; allowed: a finite number >= 0 (lr > 0)")
     return config
 
 
@@ -77,8 +86,11 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     """For the command line: usage and exit status 2 on bad arguments."""
     import sys
 
+    argv = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(argv):
+        _parser(add_help=True).parse_args(["--help"])  # prints help, exits 0
     try:
-        return parse_options(sys.argv[1:] if argv is None else argv)
+        return parse_options(argv)
     except OptionsError as e:
         _parser().print_usage(sys.stderr)
         print(f"python -m trainer: error: {e}", file=sys.stderr)

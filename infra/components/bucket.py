@@ -5,9 +5,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import BucketConfig
-
-CHECKPOINT_PREFIX = "checkpoints/"
+from infra.config import CHECKPOINT_PREFIX, BucketConfig
 
 
 def prefix_read_write_policy(bucket_arn: str, prefix: str) -> dict:
