@@ -6,7 +6,7 @@ The same trainer arguments feed the cluster manifests and the local twin (worklo
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.node_pools import GPU_TAINT, POOL_LABEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
-from infra.config import JobConfig, NodePoolConfig
+from infra.config import CPU_JOB_POD, JobConfig, NodePoolConfig
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 API_VERSIONS = {"PyTorchJob": "kubeflow.org/v1", "MPIJob": "kubeflow.org/v2beta1"}
@@ -15,6 +15,23 @@ MOUNTS = {"fsx": ("/fsx", FSX_CLAIM), "efs": ("/efs", EFS_CLAIM)}
 RDZV_PORT = 29500
 # Pods get this long after SIGTERM; the trainer saves a checkpoint and exits well inside it.
 GRACE_SECONDS = 120
+# The image's non-root user (trainer/Dockerfile: useradd --uid 10001 trainer).
+TRAINER_UID = 10001
+# Pod Security "restricted" for every container: non-root, no privilege escalation, no
+# capabilities (MPI workers' sshd listens on 2222 as `trainer`, which needs none).
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": TRAINER_UID,
+    "runAsGroup": TRAINER_UID,
+    # Volumes (EFS, FSx, the checkpoint dirs on them) are group-writable for the trainer.
+    "fsGroup": TRAINER_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 # libfabric/NCCL settings for EFA (aws-ofi-nccl ships in the AWS and NVIDIA CUDA images).
 EFA_ENV = {
     "FI_PROVIDER": "efa",
@@ -36,7 +53,11 @@ def trainer_args(job: JobConfig, checkpoint: str) -> list[str]:
 
 def _resources(pool: NodePoolConfig) -> dict:
     if not pool.gpu:
-        return {"requests": {"cpu": "2", "memory": "8Gi"}, "limits": {"memory": "8Gi"}}
+        memory = f"{CPU_JOB_POD['memory_gib']}Gi"
+        return {
+            "requests": {"cpu": str(CPU_JOB_POD["vcpu"]), "memory": memory},
+            "limits": {"memory": memory},
+        }
     # The pod asks for every GPU (and EFA interface) of the node: one pod per node.
     limits = {"nvidia.com/gpu": str(pool.gpus_per_node)}
     if pool.efa:
@@ -70,6 +91,10 @@ def pod_template(
         mounts.append({"name": kind, "mountPath": path})
     spec = {
         "serviceAccountName": service_account,
+        # Pod Identity mounts its own projected token (eks-pod-identity-token); the pods never
+        # call the Kubernetes API, so they get no API token.
+        "automountServiceAccountToken": False,
+        "securityContext": POD_SECURITY,
         "nodeSelector": {POOL_LABEL: pool.name},
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "containers": [
@@ -79,6 +104,7 @@ def pod_template(
                 "command": command,
                 "env": env,
                 "volumeMounts": mounts,
+                "securityContext": CONTAINER_SECURITY,
                 **({"resources": _resources(pool)} if with_resources else {}),
             }
         ],
@@ -93,6 +119,19 @@ def pod_template(
             "annotations": {"karpenter.sh/do-not-disrupt": "true"},
         },
         "spec": spec,
+    }
+
+
+def network_policy(job: JobConfig, namespace: str) -> dict:
+    """Ingress to the job's pods only from the job's own pods (MPI's sshd, torch rendezvous)."""
+    own_pods = {"matchLabels": {JOB_LABEL: job.name}}
+    return {
+        "metadata": {"name": f"{job.name}-own-pods", "namespace": namespace},
+        "spec": {
+            "podSelector": own_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": own_pods}]}],
+        },
     }
 
 

@@ -66,6 +66,10 @@ class TrainingBucket(pulumi.ComponentResource):
         super().__init__("training-platform:infra:TrainingBucket", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         bucket = aws.s3.Bucket(name, force_destroy=config.force_destroy, tags=tags, opts=child)
+        # The ARN from the bucket's name (known in a preview, the `arn` output is not), so the
+        # policy pack can read the policies below before the bucket exists.
+        partition = aws.get_partition().partition
+        arn = bucket.bucket.apply(lambda bucket_name: f"arn:{partition}:s3:::{bucket_name}")
         aws.s3.BucketPublicAccessBlock(
             name,
             bucket=bucket.id,
@@ -129,11 +133,11 @@ class TrainingBucket(pulumi.ComponentResource):
         aws.s3.BucketPolicy(
             name,
             bucket=bucket.id,
-            policy=bucket.arn.apply(lambda arn: json.dumps(tls_only_policy(arn))),
+            policy=arn.apply(lambda bucket_arn: json.dumps(tls_only_policy(bucket_arn))),
             opts=child,
         )
         self.name = bucket.bucket
-        self.arn = bucket.arn
+        self.arn = arn
         self.register_outputs({"name": self.name, "arn": self.arn})
 
     def prefix_policy(self, prefix: str) -> pulumi.Output[str]:

@@ -6,6 +6,8 @@ import pulumi
 import pulumi_aws as aws
 
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
+# EKS add-on controllers (EBS, EFS, FSx CSI) run in this namespace.
+ADDON_NAMESPACE = "kube-system"
 
 
 def assume_role_policy(service: str, actions: list[str] | None = None) -> str:
@@ -35,7 +37,7 @@ NODE_MANAGED_POLICIES = [
 
 def _role(
     name: str,
-    trust_policy: str,
+    trust_policy: pulumi.Input[str],
     managed_policy_arns: list[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
@@ -50,16 +52,49 @@ def _role(
     return role
 
 
+def pod_identity_trust_policy(cluster_name: str, namespace: str, service_account: str) -> str:
+    """Trust for EKS Pod Identity, limited to one service account of one cluster.
+
+    Pod Identity passes the cluster, namespace and service account as session tags (EKS user
+    guide, "Create IAM role with trust policy required by EKS Pod Identity"); without these
+    conditions any association in the account could hand the role to its pods.
+    """
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": POD_IDENTITY_SERVICE},
+                    "Action": ["sts:AssumeRole", "sts:TagSession"],
+                    "Condition": {
+                        "StringEquals": {
+                            "aws:RequestTag/eks-cluster-name": cluster_name,
+                            "aws:RequestTag/kubernetes-namespace": namespace,
+                            "aws:RequestTag/kubernetes-service-account": service_account,
+                        }
+                    },
+                }
+            ],
+        }
+    )
+
+
 def pod_identity_role(
     name: str,
+    cluster_name: pulumi.Input[str],
+    namespace: pulumi.Input[str],
+    service_account: pulumi.Input[str],
     managed_policy_arns: list[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
     inline_policy: pulumi.Input[str] | None = None,
     role_name: str | None = None,
 ) -> aws.iam.Role:
-    """A role that EKS Pod Identity lets one service account assume."""
-    trust = assume_role_policy(POD_IDENTITY_SERVICE, ["sts:AssumeRole", "sts:TagSession"])
+    """A role that EKS Pod Identity lets one service account of one cluster assume."""
+    trust = pulumi.Output.all(cluster_name, namespace, service_account).apply(
+        lambda v: pod_identity_trust_policy(*v)
+    )
     return _role(name, trust, managed_policy_arns, tags, opts, inline_policy, role_name)
 
 
@@ -84,7 +119,14 @@ def csi_driver_addon(
 ) -> aws.eks.Addon:
     """An EKS add-on whose controller runs as `service_account` with its own Pod Identity role."""
     role = pod_identity_role(
-        name, managed_policy_arns or [], tags, opts, inline_policy=inline_policy
+        name,
+        cluster_name,
+        ADDON_NAMESPACE,
+        service_account,
+        managed_policy_arns or [],
+        tags,
+        opts,
+        inline_policy=inline_policy,
     )
     return aws.eks.Addon(
         name,

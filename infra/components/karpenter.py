@@ -12,6 +12,7 @@ import pulumi_aws as aws
 from infra.components.cluster import Cluster
 from infra.components.helm import helm_release
 from infra.components.iam import node_role, pod_identity_role
+from infra.config import karpenter_role_names
 from infra.versions import KARPENTER_CHART
 
 NAMESPACE = "kube-system"
@@ -27,6 +28,15 @@ INTERRUPTION_EVENTS = {
         "aws.ec2",
         "EC2 Capacity Reservation Instance Interruption Warning",
     ),
+}
+# EventBridge rule names are `<cluster>-<short>`: at most 64 characters with the longest cluster
+# name config allows (44).
+RULE_NAMES = {
+    "health": "health",
+    "spot-interruption": "spot",
+    "rebalance": "rebalance",
+    "instance-state-change": "state-change",
+    "capacity-reservation-interruption": "reservation",
 }
 
 
@@ -184,7 +194,8 @@ def controller_policy(
     }
 
 
-def interruption_queue_policy(queue_arn: str) -> dict:
+def interruption_queue_policy(queue_arn: str, rule_arns: list[str]) -> dict:
+    """EventBridge may deliver only the events of this cluster's rules (confused deputy)."""
     return {
         "Version": "2012-10-17",
         "Id": "EC2InterruptionPolicy",
@@ -195,6 +206,7 @@ def interruption_queue_policy(queue_arn: str) -> dict:
                 "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
                 "Action": "sqs:SendMessage",
                 "Resource": queue_arn,
+                "Condition": {"ArnEquals": {"aws:SourceArn": rule_arns}},
             },
             {
                 "Sid": "DenyNonTLS",
@@ -228,10 +240,11 @@ class Karpenter(pulumi.ComponentResource):
         account = aws.get_caller_identity().account_id
 
         # Nodes: role, instance profile, and an access entry so they can join the cluster.
-        nodes = node_role(f"{name}-node", tags, child, role_name=f"KarpenterNode-{cluster_name}")
+        role_names = karpenter_role_names(cluster_name)
+        nodes = node_role(f"{name}-node", tags, child, role_name=role_names["node"])
         profile = aws.iam.InstanceProfile(
             f"{name}-node",
-            name=f"KarpenterNode-{cluster_name}",
+            name=role_names["node"],
             role=nodes.name,
             tags=tags,
             opts=child,
@@ -245,10 +258,20 @@ class Karpenter(pulumi.ComponentResource):
             opts=child,
         )
 
+        # ARNs built from names, so the policies below are known in a preview of a new stack
+        # (the policy pack refuses to pass a policy document it cannot read).
+        queue_name = f"karpenter-{cluster_name}"
+        queue_arn = f"arn:{partition}:sqs:{region}:{account}:{queue_name}"
+        node_role_arn = f"arn:{partition}:iam::{account}:role/{role_names['node']}"
+        rule_names = {event: f"{cluster_name}-{short}" for event, short in RULE_NAMES.items()}
+        rule_arns = [
+            f"arn:{partition}:events:{region}:{account}:rule/{rule}" for rule in rule_names.values()
+        ]
+
         # Interruption handling: EventBridge -> SQS -> controller drains before AWS reclaims.
         queue = aws.sqs.Queue(
             f"{name}-interruption",
-            name=f"karpenter-{cluster_name}",
+            name=queue_name,
             message_retention_seconds=300,
             sqs_managed_sse_enabled=True,
             tags=tags,
@@ -257,12 +280,13 @@ class Karpenter(pulumi.ComponentResource):
         aws.sqs.QueuePolicy(
             f"{name}-interruption",
             queue_url=queue.url,
-            policy=queue.arn.apply(lambda arn: json.dumps(interruption_queue_policy(arn))),
+            policy=json.dumps(interruption_queue_policy(queue_arn, rule_arns)),
             opts=child,
         )
         for event, (source, detail_type) in INTERRUPTION_EVENTS.items():
             rule = aws.cloudwatch.EventRule(
                 f"{name}-{event}",
+                name=rule_names[event],
                 description=f"{detail_type} events for Karpenter in {cluster_name}",
                 event_pattern=json.dumps({"source": [source], "detail-type": [detail_type]}),
                 tags=tags,
@@ -273,15 +297,18 @@ class Karpenter(pulumi.ComponentResource):
         # Controller: Pod Identity role for the chart's service account.
         controller_role = pod_identity_role(
             f"{name}-controller",
+            cluster_name,
+            NAMESPACE,
+            SERVICE_ACCOUNT,
             [],
             tags,
             child,
-            inline_policy=pulumi.Output.all(queue.arn, nodes.arn).apply(
-                lambda arns: json.dumps(
-                    controller_policy(cluster_name, region, partition, account, *arns)
+            inline_policy=json.dumps(
+                controller_policy(
+                    cluster_name, region, partition, account, queue_arn, node_role_arn
                 )
             ),
-            role_name=f"KarpenterController-{cluster_name}",
+            role_name=role_names["controller"],
         )
         identity = aws.eks.PodIdentityAssociation(
             f"{name}-controller",
