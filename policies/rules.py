@@ -62,8 +62,9 @@ IAM_DOCUMENT_TYPES = {
     "aws:iam/userPolicy:UserPolicy",
     "aws:iam/groupPolicy:GroupPolicy",
 }
-# An ingress range this wide (or wider, after merging a rule's ranges) is the internet.
-WORLD_OPEN_PREFIX = {4: 8, 6: 16}
+# An ingress range wider than a /8 (IPv4) or /16 (IPv6), after merging a rule's ranges, is the
+# internet: 10.0.0.0/8 is the widest a private network needs.
+WORLD_OPEN_PREFIX = {4: 7, 6: 15}
 READ_VERBS = ("Describe", "Get", "List", "BatchGet", "Search", "Lookup", "View")
 BROAD_MANAGED_POLICIES = ("AdministratorAccess", "PowerUserAccess", "IAMFullAccess")
 POD_IDENTITY_TAGS = (
