@@ -757,14 +757,13 @@ class _StackFileLoader(yaml.SafeLoader):
 
 def _load_yaml(path: Path) -> Any:
     try:
-        return yaml.load(path.read_text(encoding="utf-8"), Loader=_StackFileLoader)
+        with path.open(encoding="utf-8") as stream:  # marks in errors name the file
+            return yaml.load(stream, Loader=_StackFileLoader)
     except UnicodeDecodeError as e:
         raise ConfigError(f"Invalid stack config in {path.name}: not UTF-8 text ({e})") from None
     except yaml.YAMLError as e:
         detail = " ".join(str(e).split())
-        raise ConfigError(
-            f"Invalid stack config in {path.name}: not valid YAML: {detail}"
-        ) from None
+        raise ConfigError(f"Invalid stack config in {path.name}: not YAML: {detail}") from None
 
 
 def read_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
@@ -775,7 +774,8 @@ def read_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> dict[str, An
             p.name[len("Pulumi.") : -len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml")
         )
         raise ConfigError(
-            f"No stack file {path.name}; " + _allowed(stacks, "no Pulumi.<stack>.yaml found")
+            f"No stack file {path.name}; "
+            + (f"allowed stacks: {', '.join(stacks)}" if stacks else "no Pulumi.<stack>.yaml here")
         )
     document = _load_yaml(path) or {}
     config = document.get("config", {}) if isinstance(document, dict) else None

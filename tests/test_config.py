@@ -225,7 +225,7 @@ def write_stack(tmp_path, text: str | bytes) -> Path:
     [
         ("config:\n  aws:region: us-west-2\n  aws:region: us-east-1\n", "duplicate key"),
         ("config:\n  a: {b: 1, b: 2}\n", "duplicate key"),
-        ("config: [\n", "not valid YAML"),
+        ("config: [\n", "not YAML"),
         (b"config: \xff\xfe\n", "not UTF-8"),
         ("config:\n  ? [a]\n  : 1\n", "plain value"),
         ("- 1\n", "`config` must be a mapping"),
