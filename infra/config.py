@@ -796,7 +796,7 @@ def config_from_pulumi() -> StackConfig:
     # The engine's own YAML reader may keep one of two equal keys; the stack file, when it is
     # here (it is for `pulumi up` from the project), is checked for duplicates by our loader.
     if (PROJECT_DIR / f"Pulumi.{stack}.yaml").is_file():
-        read_stack_file(stack)
+        read_stack_file(stack, PROJECT_DIR)
     values = {**get_config_env(), **CONFIG.get()}
     return parse_stack_config(values, f"Pulumi.{stack}.yaml")
 

@@ -238,6 +238,18 @@ def test_yaml_problems_name_the_file(tmp_path, text, expected):
     assert "Pulumi.x.yaml" in str(caught.value) and expected in str(caught.value)
 
 
+def test_the_running_stacks_file_is_checked_for_duplicate_keys(tmp_path, monkeypatch):
+    import pulumi
+
+    import infra.config
+
+    write_stack(tmp_path, "config:\n  aws:region: us-west-2\n  aws:region: us-east-1\n")
+    monkeypatch.setattr(infra.config, "PROJECT_DIR", tmp_path)
+    monkeypatch.setattr(pulumi, "get_stack", lambda: "x")
+    with pytest.raises(ConfigError, match="Pulumi.x.yaml.*duplicate key"):
+        infra.config.config_from_pulumi()
+
+
 def test_missing_region_is_a_config_error():
     values = stack_values("dev")
     del values["aws:region"]
@@ -305,9 +317,9 @@ def assert_clear_config_error(error: ConfigError, source: str) -> None:
     assert not any(ALLOWED_NOTHING.search(line) for line in lines), lines
 
 
-# Together with the YAML fuzz below: 600 generated configs per run, none may raise anything but
+# Together with the YAML fuzz below: 1200 generated configs per run, none may raise anything but
 # ConfigError (the number is what the issue asks: at least 500 per `make test`).
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=800, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     path=st.sampled_from(PROD_PATHS),
     new=json_values,
@@ -353,7 +365,7 @@ yaml_scalars = st.sampled_from(
 )
 
 
-@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(
     line=st.integers(0, PROD_TEXT.count("\n")),
     edit=st.sampled_from(["replace-value", "insert", "duplicate", "delete"]),
