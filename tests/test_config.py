@@ -201,6 +201,22 @@ def test_job_errors_name_the_job(job, expected):
     assert expected in str(caught.value)
 
 
+def test_every_derived_iam_role_name_fits_for_the_longest_names_config_allows():
+    from infra.config import (
+        AUTONAME_SUFFIX,
+        IAM_ROLE_NAME_MAX,
+        job_role_resource_name,
+        karpenter_role_names,
+    )
+
+    longest_job = "j" * 40  # K8sName
+    assert len(job_role_resource_name(longest_job)) + AUTONAME_SUFFIX <= IAM_ROLE_NAME_MAX
+    accepted = "a" * 44
+    values = stack_values("dev", cluster={"name": accepted})
+    assert parse_stack_config(values, "Pulumi.dev.yaml").cluster.name == accepted
+    assert max(map(len, karpenter_role_names(accepted).values())) == IAM_ROLE_NAME_MAX
+
+
 def test_no_pools_and_no_teams_never_says_allowed_nothing():
     message = error_for(nodePools=[], queues={"teams": []})
     assert "allowed: none yet" in message
