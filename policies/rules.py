@@ -347,6 +347,11 @@ def _logging(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
 
 def _imds(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     kind = args.resource_type
+    if kind == "eks:index:Cluster":
+        # pulumi-eks' default node group is configured by the component, not by this program.
+        if props.get("skipDefaultNodeGroup") is not True:
+            yield "set skipDefaultNodeGroup: nodes come from groups whose IMDS settings are ours"
+        return
     if kind == "aws:eks/nodeGroup:NodeGroup":
         # Without a launch template a managed node group takes EC2's default (IMDSv1 allowed).
         if not props.get("launchTemplate"):
@@ -750,8 +755,14 @@ POLICIES = [
     ),
     resource_rule(
         "imdsv2-only",
-        "Node classes, launch templates and managed node groups require IMDSv2 with hop limit 1",
-        {NODECLASS, "aws:ec2/launchTemplate:LaunchTemplate", "aws:eks/nodeGroup:NodeGroup"},
+        "Node classes, launch templates and node groups (no pulumi-eks default group) require "
+        "IMDSv2 with hop limit 1",
+        {
+            NODECLASS,
+            "aws:ec2/launchTemplate:LaunchTemplate",
+            "aws:eks/nodeGroup:NodeGroup",
+            "eks:index:Cluster",
+        },
         _imds,
     ),
     resource_rule(

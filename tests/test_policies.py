@@ -570,7 +570,8 @@ def test_imdsv1_on_launch_templates_and_node_groups_fails():
         {"metadataOptions": {"httpTokens": "optional"}},
     )
     group = ("aws:eks/nodeGroup:NodeGroup", {"instanceTypes": ["m6i.large"]})
-    assert len(violations_of(plan_with(template, group), "imdsv2-only")) == 2
+    default_group = ("eks:index:Cluster", {"skipDefaultNodeGroup": False})
+    assert len(violations_of(plan_with(template, group, default_group), "imdsv2-only")) == 3
 
 
 def test_broad_managed_policies_by_any_attachment():
