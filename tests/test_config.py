@@ -287,7 +287,8 @@ json_values = st.recursive(
     | st.floats(allow_nan=True)
     | st.text(max_size=12),
     lambda inner: (
-        st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner, max_size=3)
+        st.lists(inner, max_size=3)
+        | st.dictionaries(st.text(max_size=8) | st.integers(0, 3) | st.none(), inner, max_size=3)
     ),
     max_leaves=8,
 )
