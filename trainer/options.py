@@ -76,9 +76,10 @@ def parse_options(argv: list[str]) -> TrainConfig:
             raise OptionsError(f"--{name.replace('_', '-')} must be at least 1")
     for name in ("lr", "weight_decay", "warmup", "seed", "threads"):
         value = getattr(config, name)
+        low = "> 0" if name == "lr" else ">= 0"
         if not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
             flag = name.replace("_", "-")
-            raise OptionsError(f"--{flag} {value}; allowed: a finite number >= 0 (lr > 0)")
+            raise OptionsError(f"--{flag} {value}; allowed: a finite number {low}")
     return config
 
 
