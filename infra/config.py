@@ -26,12 +26,12 @@ from pydantic import (
 from pydantic.alias_generators import to_camel
 
 from infra.catalog import InstanceType, load_catalog
+from infra.paths import PROJECT_DIR
 from infra.regions import AWS_REGIONS
 from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
 from trainer.options import OptionsError, parse_options
 
 NAMESPACE = "training-platform"
-PROJECT_DIR = Path(__file__).resolve().parent.parent
 # S3 prefix of job checkpoints in the training bucket (each job writes under its own subprefix).
 CHECKPOINT_PREFIX = "checkpoints/"
 # Stacks whose mandatory guards no stack file can switch off: `policy.productionStacks` may add
@@ -323,6 +323,9 @@ class NodePoolConfig(Model):
     max_nodes: int = Field(ge=1, le=1000)
     capacity_types: list[Literal["on-demand", "spot"]] = Field(default=["on-demand"], min_length=1)
     efa: bool = False
+    # EFA pools keep their nodes in one AZ and one cluster placement group; default: the first AZ
+    # of the VPC the program creates (required with an existing VPC).
+    availability_zone: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
     disk_size_gib: int = Field(default=200, ge=50, le=16000)
     expire_after: Duration = "720h"
 
@@ -341,6 +344,8 @@ class NodePoolConfig(Model):
         if len({t.gpus > 0 for t in self.types}) > 1:
             raise ValueError("instanceTypes mixes GPU and CPU types; allowed: all GPU or all CPU")
         without_efa = [t.name for t in self.types if not t.efa]
+        if self.availability_zone and not self.efa:
+            raise ValueError("availabilityZone is set but efa is false; allowed: only on EFA pools")
         if self.efa and without_efa:
             raise ValueError(
                 f"efa is true but {', '.join(without_efa)} has no EFA; allowed with efa: "
@@ -370,6 +375,20 @@ class NodePoolConfig(Model):
     def efa_network_cards(self) -> int:
         """EFA interfaces every instance type of the pool can take (one per network card)."""
         return min(t.efa_network_cards for t in self.types) if self.efa else 0
+
+    def job_pod_requests(self) -> tuple[int, int]:
+        """(vCPU, GiB of memory) one job pod requests on this pool.
+
+        A GPU pod has its node to itself (it asks for every GPU), so it asks for what the pool's
+        smallest node leaves after EC2's memory overhead, the kubelet's reservations and the
+        DaemonSets: 90 % of the vCPUs (at least one spare) and 85 % of the memory. A CPU pod
+        asks for a fixed slice, several to a node.
+        """
+        if not self.gpu:
+            return 2, 8
+        vcpu = min(t.vcpu for t in self.types)
+        memory_gib = min(t.memory_gib for t in self.types)
+        return min(vcpu - 1, math.floor(vcpu * 0.9)), math.floor(memory_gib * 0.85)
 
     def ceiling(self) -> PoolCeiling:
         """maxNodes times the largest figure among the pool's types, per resource."""
@@ -617,15 +636,16 @@ def _non_string_keys(value: Any, loc: tuple = ()):
             yield from _non_string_keys(child, (*loc, i))
 
 
-# Requests of a job pod on a CPU pool (workloads/manifests.py) and what a node keeps back for the
-# kubelet, the OS and the DaemonSets (VPC CNI, kube-proxy, Pod Identity agent, CSI node drivers).
-CPU_JOB_POD = {"vcpu": 2, "memory_gib": 8}
+# What a node keeps back for the kubelet, the OS and the DaemonSets (VPC CNI, kube-proxy, Pod
+# Identity agent, CSI node drivers): a job pod needs this much room besides its own requests.
 NODE_RESERVE = {"vcpu": 0.5, "memory_gib": 1.5}
 
 
-def job_pod_fits(instance: InstanceType) -> bool:
-    return all(
-        getattr(instance, k) - NODE_RESERVE[k] >= CPU_JOB_POD[k] for k in ("vcpu", "memory_gib")
+def job_pod_fits(pool: NodePoolConfig, instance: InstanceType) -> bool:
+    cpu, memory_gib = pool.job_pod_requests()
+    return (
+        instance.vcpu - NODE_RESERVE["vcpu"] >= cpu
+        and instance.memory_gib - NODE_RESERVE["memory_gib"] >= memory_gib
     )
 
 
@@ -633,7 +653,7 @@ def job_demand(job: "JobConfig", pool: NodePoolConfig) -> tuple[str, float]:
     """(resource, amount) the whole job asks of its queue: GPUs on GPU pools, else vCPU."""
     if pool.gpu:
         return "nvidia.com/gpu", job.max_nodes * pool.gpus_per_node
-    return "cpu", job.max_nodes * CPU_JOB_POD["vcpu"]
+    return "cpu", job.max_nodes * pool.job_pod_requests()[0]
 
 
 def queue_quota(pool: NodePoolConfig, team: TeamConfig, resource: str) -> float:
@@ -659,14 +679,32 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
             )
         )
     for i, pool in enumerate(config.node_pools):
-        too_small = [t.name for t in pool.types if not pool.gpu and not job_pod_fits(t)]
+        zone, loc = pool.availability_zone, ("nodePools", i, "availabilityZone")
+        if zone and zone[:-1] != config.region:
+            problems.append(
+                (
+                    loc,
+                    f"pool {pool.name}: {zone} is not in region {config.region}; allowed: "
+                    f"{config.region}a, {config.region}b, ...",
+                )
+            )
+        if pool.efa and not zone and config.network.existing_vpc:
+            problems.append(
+                (
+                    loc,
+                    f"pool {pool.name}: missing; an EFA pool in an existing VPC needs it; "
+                    "allowed: an AZ of the VPC's private subnets",
+                )
+            )
+        too_small = [t.name for t in pool.types if not job_pod_fits(pool, t)]
         if too_small and config.jobs:
+            cpu, memory_gib = pool.job_pod_requests()
             problems.append(
                 (
                     ("nodePools", i, "instanceTypes"),
-                    f"{', '.join(too_small)} cannot hold a job pod ({CPU_JOB_POD['vcpu']} vCPU, "
-                    f"{CPU_JOB_POD['memory_gib']} GiB after about {NODE_RESERVE['vcpu']} vCPU and "
-                    f"{NODE_RESERVE['memory_gib']} GiB node reserve); allowed: larger types",
+                    f"{', '.join(too_small)} cannot hold a job pod ({cpu} vCPU, {memory_gib} GiB "
+                    f"after about {NODE_RESERVE['vcpu']} vCPU and {NODE_RESERVE['memory_gib']} "
+                    "GiB node reserve); allowed: larger types",
                 )
             )
     names = [j.name for j in config.jobs]

@@ -9,6 +9,7 @@ hangs or fails about half the time (pulumi/pulumi#6561).
 import asyncio
 import hashlib
 import json
+import os
 import threading
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
@@ -21,6 +22,8 @@ from pulumi.runtime.config import set_all_config
 from pulumi.runtime.proto import resource_pb2
 from pulumi.runtime.stack import run_pulumi_func
 from pulumi.runtime.sync_await import _sync_await
+
+from infra.paths import PROGRAM_DIR
 
 PROJECT = "training-platform"
 ACCOUNT_ID = "123456789012"
@@ -114,11 +117,19 @@ def _fake_id(type_: str, name: str) -> str:
     return f"{prefix}{digest[:17]}" if prefix else f"{name}-{digest[:8]}"
 
 
+def partition_of(region: str) -> str:
+    """The AWS partition a region belongs to."""
+    if region.startswith("cn-"):
+        return "aws-cn"
+    return "aws-us-gov" if region.startswith("us-gov-") else "aws"
+
+
 class PlatformMocks(mocks.Mocks):
     """Outputs shaped like the real providers' for the properties the program reads back."""
 
-    def __init__(self, region: str):
+    def __init__(self, region: str, partition: str | None = None):
         self.region = region
+        self.partition = partition or partition_of(region)
         self.extra_registrations: list[tuple[str, str, dict]] = []
 
     def call(self, args: mocks.MockCallArgs):
@@ -130,7 +141,7 @@ class PlatformMocks(mocks.Mocks):
                 "id": self.region,
             }, []
         if args.token == "aws:index/getCallerIdentity:getCallerIdentity":
-            arn = f"arn:aws:iam::{ACCOUNT_ID}:user/offline"
+            arn = f"arn:{self.partition}:iam::{ACCOUNT_ID}:user/offline"
             return {
                 "accountId": ACCOUNT_ID,
                 "arn": arn,
@@ -138,7 +149,11 @@ class PlatformMocks(mocks.Mocks):
                 "id": ACCOUNT_ID,
             }, []
         if args.token == "aws:index/getPartition:getPartition":
-            return {"partition": "aws", "dnsSuffix": "amazonaws.com", "id": "aws"}, []
+            return {
+                "partition": self.partition,
+                "dnsSuffix": "amazonaws.com",
+                "id": self.partition,
+            }, []
         if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":
             return {
                 "userName": "AWS",
@@ -161,13 +176,13 @@ class PlatformMocks(mocks.Mocks):
         if args.typ == "eks:index:Cluster":
             outputs.update(self._eks_cluster_outputs(args.inputs))
         elif args.typ == "aws:iam/role:Role":
-            outputs["arn"] = f"arn:aws:iam::{ACCOUNT_ID}:role/{outputs['name']}"
+            outputs["arn"] = f"arn:{self.partition}:iam::{ACCOUNT_ID}:role/{outputs['name']}"
         elif args.typ == "aws:kms/key:Key":
             outputs["keyId"] = id_
-            outputs["arn"] = f"arn:aws:kms:{self.region}:{ACCOUNT_ID}:key/{id_}"
+            outputs["arn"] = f"arn:{self.partition}:kms:{self.region}:{ACCOUNT_ID}:key/{id_}"
         elif args.typ == "aws:s3/bucket:Bucket":
             outputs.setdefault("bucket", f"{args.name}-{id_[-7:]}")
-            outputs["arn"] = f"arn:aws:s3:::{outputs['bucket']}"
+            outputs["arn"] = f"arn:{self.partition}:s3:::{outputs['bucket']}"
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             outputs["dnsName"] = f"{id_}.fsx.{self.region}.amazonaws.com"
             outputs["mountName"] = id_[-8:]
@@ -189,7 +204,7 @@ class PlatformMocks(mocks.Mocks):
 
     def _arn(self, type_: str, name: str) -> str:
         service = type_.split(":")[1].split("/")[0]
-        return f"arn:aws:{service}:{self.region}:{ACCOUNT_ID}:{name}"
+        return f"arn:{self.partition}:{service}:{self.region}:{ACCOUNT_ID}:{name}"
 
     def _eks_cluster_outputs(self, inputs: Mapping[str, Any]) -> dict[str, Any]:
         name = inputs["name"]
@@ -232,7 +247,7 @@ class PlatformMocks(mocks.Mocks):
         eks_urn = f"urn:pulumi:{pulumi.get_stack()}::{PROJECT}::{eks_type}::{name}-eksCluster"
         eks_state = {
             "name": name,
-            "arn": f"arn:aws:eks:{self.region}:{ACCOUNT_ID}:cluster/{name}",
+            "arn": f"arn:{self.partition}:eks:{self.region}:{ACCOUNT_ID}:cluster/{name}",
             "endpoint": endpoint,
             "version": inputs.get("version"),
             "vpcConfig": {"clusterSecurityGroupId": cluster_sg, "vpcId": inputs.get("vpcId")},
@@ -305,21 +320,34 @@ class RecordingMonitor(mocks.MockMonitor):
         return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=obj)
 
 
-def run_offline(program: Callable[[], None], stack: str, config: Mapping[str, Any]) -> Plan:
-    """Run `program` as `pulumi up` would, against mocks, with `config` as the stack's config.
+def run_offline(
+    program: Callable[[], None],
+    stack: str,
+    config: Mapping[str, Any],
+    partition: str | None = None,
+) -> Plan:
+    """Run `program` as `pulumi up` would, against mocks, with `config` as the stack's config,
+    in the working directory the engine gives it (Pulumi.yaml's `main:`).
 
     `config` is the flat `config:` map of a stack file; structured values are passed as JSON
     strings, as the Pulumi engine does.
     """
     region = str(config.get("aws:region", "us-east-1"))
-    monitor = RecordingMonitor(PlatformMocks(region))
+    monitor = RecordingMonitor(PlatformMocks(region, partition))
     settings.ROOT.set(None)
     set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}, [])
     mocks.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
     settings.SETTINGS.rpc_manager.clear()
     settings.SETTINGS.outputs.clear()
 
-    _sync_await(run_pulumi_func(program))
+    # The program runs where `pulumi up` runs it, so a path that resolves only from elsewhere
+    # fails here too.
+    caller_dir = os.getcwd()
+    os.chdir(PROGRAM_DIR)
+    try:
+        _sync_await(run_pulumi_func(program))
+    finally:
+        os.chdir(caller_dir)
     # set_mocks registers the root stack's outputs before the program runs, so read the exports
     # from the stack object itself.
     exports = settings.get_root_resource().outputs

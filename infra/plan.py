@@ -20,8 +20,9 @@ from infra.catalog import load_catalog, load_storage_prices
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
-from infra.config import PROJECT_DIR, ConfigError, StackConfig, load_stack_file, read_stack_file
+from infra.config import ConfigError, StackConfig, load_stack_file, read_stack_file
 from infra.offline import Plan, run_offline
+from infra.paths import PROJECT_DIR
 from infra.program import build_platform
 from policies.offline import check
 
@@ -191,7 +192,7 @@ def summary(config: StackConfig, plan: Plan) -> str:
         def gpus(job):  # per node: the pod asks for all of the node's GPUs
             return pools[job.node_pool].gpus_per_node
 
-        image = plan.outputs.get("trainerImage") or config.image.uri
+        images = plan.outputs.get("trainerImages") or {"all": config.image.uri}
         lines += ["", "Jobs:"]
         lines += table(
             ["job", "kind", "pool", "nodes", "GPUs", "queue", "checkpoint"],
@@ -208,7 +209,7 @@ def summary(config: StackConfig, plan: Plan) -> str:
                 for j in config.jobs
             ],
         )
-        lines.append(f"  image: {image}")
+        lines += [f"  image ({target}): {ref}" for target, ref in sorted(images.items())]
     if config.queues.teams:
         lines += ["", "Teams (Kueue):"]
         lines += table(

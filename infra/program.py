@@ -5,6 +5,7 @@ import pulumi
 from infra.components.block_storage import BlockStorage
 from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
+from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.karpenter import Karpenter
 from infra.components.kueue import Kueue
@@ -17,7 +18,7 @@ from infra.components.shared_file_system import SharedFileSystem
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi
 from infra.versions import EKS_ADDONS
-from workloads.image import TrainerImage
+from workloads.image import TrainerImage, image_target
 from workloads.training_job import TrainingJob
 
 
@@ -34,16 +35,25 @@ def build_platform(config: StackConfig) -> None:
         cluster_name=config.cluster.name,
         instance_profile=karpenter.instance_profile_name,
         ami_alias=config.karpenter.ami_alias,
+        default_efa_zone=network.zones[0] if network.zones else None,
         karpenter_release=karpenter.release,
         provider=cluster.provider,
         tags=tags,
     )
     if any(pool.gpu for pool in config.node_pools):
         NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
+    if any(pool.efa for pool in config.node_pools):
+        EfaDevicePlugin("efa-device-plugin", provider=cluster.provider)
         GpuMetrics("gpu-metrics", cluster.provider, config.monitoring.prometheus_stack)
 
-    operators = TrainingOperators("training-operators", provider=cluster.provider)
-    kueue = Kueue("kueue", provider=cluster.provider, depends_on=operators.installs)
+    operators = TrainingOperators(
+        "training-operators", cluster.provider, cluster.controller_prerequisites
+    )
+    kueue = Kueue(
+        "kueue",
+        provider=cluster.provider,
+        depends_on=[*operators.installs, *cluster.controller_prerequisites],
+    )
     queues = Queues(
         "queues", config.node_pools, config.queues, kueue.release, provider=cluster.provider
     )
@@ -51,12 +61,20 @@ def build_platform(config: StackConfig) -> None:
     addons = EKS_ADDONS[config.cluster.kubernetes_version]
     storage = config.storage
     bucket = TrainingBucket("training-bucket", storage.bucket, tags=tags)
-    BlockStorage("ebs", cluster.name, addons["aws-ebs-csi-driver"], cluster.provider, tags)
+    BlockStorage(
+        "ebs",
+        cluster.name,
+        addons["aws-ebs-csi-driver"],
+        cluster.controller_prerequisites,
+        cluster.provider,
+        tags,
+    )
     if storage.efs.enabled:
         SharedFileSystem(
             "efs",
             cluster.name,
             addons["aws-efs-csi-driver"],
+            cluster.controller_prerequisites,
             network.vpc_id,
             network.private_subnets,
             cluster.cluster_security_group_id,
@@ -70,6 +88,7 @@ def build_platform(config: StackConfig) -> None:
             storage.fsx,
             cluster.name,
             addons["aws-fsx-csi-driver"],
+            cluster.controller_prerequisites,
             network.vpc_id,
             network.private_subnets[0],
             cluster.cluster_security_group_id,
@@ -83,23 +102,23 @@ def build_platform(config: StackConfig) -> None:
         k for k, on in (("fsx", storage.fsx.enabled), ("efs", storage.efs.enabled)) if on
     }
     if config.jobs:
-        image = TrainerImage("trainer-image", config.image, config.cluster.name, tags)
+        targets = sorted({image_target(pools[job.node_pool]) for job in config.jobs})
+        image = TrainerImage("trainer-image", config.image, targets, config.cluster.name, tags)
         for job in config.jobs:
             TrainingJob(
                 f"job-{job.name}",
                 job,
                 pools[job.node_pool],
                 queues.namespaces[job.queue],
-                image.ref,
+                image.refs[image_target(pools[job.node_pool])],
                 bucket,
                 cluster.name,
                 enabled_storage,
-                operators.installs,
+                [*operators.installs, kueue.release, queues.local_queues[job.queue]],
                 cluster.provider,
                 tags,
-                opts=pulumi.ResourceOptions(depends_on=[queues]),
             )
-        pulumi.export("trainerImage", image.ref)
+        pulumi.export("trainerImages", image.refs)
     pulumi.export("bucketName", bucket.name)
     pulumi.export("checkpointPrefixPolicy", bucket.prefix_policy(CHECKPOINT_PREFIX))
 

@@ -35,8 +35,16 @@ class ChartPin:
 LUSTRE_VERSION = "2.15"
 
 KARPENTER_CHART = ChartPin("oci://public.ecr.aws/karpenter/karpenter", "1.14.1")
+# Same version as the controller, always: the controller expects exactly these CRDs.
+KARPENTER_CRD_CHART = ChartPin(
+    "oci://public.ecr.aws/karpenter/karpenter-crd", KARPENTER_CHART.version
+)
 NVIDIA_DEVICE_PLUGIN_CHART = ChartPin(
     "nvidia-device-plugin", "0.18.0", repo="https://nvidia.github.io/k8s-device-plugin"
+)
+# Chart v0.5.30 deploys device plugin image v0.5.20 (aws/eks-charts, 2026-08).
+EFA_DEVICE_PLUGIN_CHART = ChartPin(
+    "aws-efa-k8s-device-plugin", "v0.5.30", repo="https://aws.github.io/eks-charts"
 )
 
 # Default EKS-optimized AL2023 release for Karpenter nodes; the NVIDIA variant is picked for GPU
@@ -54,9 +62,6 @@ KUBE_PROMETHEUS_STACK_CHART = ChartPin(
 # Kubeflow training operator (v1 line, PyTorchJob kubeflow.org/v1): the upstream standalone
 # overlay at this tag, patched by infra/manifests/training-operator/kustomization.yaml.
 TRAINING_OPERATOR_VERSION = "v1.9.4"
-# MPI operator (MPIJob kubeflow.org/v2beta1): upstream's single-file install at this tag.
+# MPI operator (MPIJob kubeflow.org/v2beta1): upstream's standalone overlay at this tag, placed
+# by infra/manifests/mpi-operator/kustomization.yaml.
 MPI_OPERATOR_VERSION = "v0.8.0"
-MPI_OPERATOR_MANIFEST = (
-    "https://raw.githubusercontent.com/kubeflow/mpi-operator/"
-    f"{MPI_OPERATOR_VERSION}/deploy/v2beta1/mpi-operator.yaml"
-)

@@ -72,6 +72,23 @@ POD_IDENTITY_TAGS = (
     "aws:RequestTag/kubernetes-namespace",
     "aws:RequestTag/kubernetes-service-account",
 )
+# Capabilities Pod Security "baseline" allows a container to add (Kubernetes pod security
+# standards); anything else (SYS_ADMIN, NET_ADMIN, ALL, ...) is host access.
+BASELINE_CAPABILITIES = {
+    "AUDIT_WRITE",
+    "CHOWN",
+    "DAC_OVERRIDE",
+    "FOWNER",
+    "FSETID",
+    "KILL",
+    "MKNOD",
+    "NET_BIND_SERVICE",
+    "SETFCAP",
+    "SETGID",
+    "SETPCAP",
+    "SETUID",
+    "SYS_CHROOT",
+}
 PUBLIC_ACLS = {"public-read", "public-read-write", "authenticated-read"}
 PUBLIC_GRANTEES = ("AllUsers", "AuthenticatedUsers")
 HOURS_PER_MONTH = 730
@@ -553,15 +570,18 @@ def _host_access(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
             context = container.get("securityContext") or {}
             if context.get("privileged") is True:
                 yield f"container {container.get('name')} is privileged"
-            added = _items(_get(context, "capabilities", "add"))
-            if added:
-                yield f"container {container.get('name')} adds capabilities {added}"
+            added = sorted(set(map(str, _items(_get(context, "capabilities", "add")))))
+            beyond = [c for c in added if c not in BASELINE_CAPABILITIES]
+            if beyond:
+                yield f"container {container.get('name')} adds capabilities {beyond}"
 
 
 def _restricted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    for _, pod, containers in _pod_security_contexts(props, args.resource_type):
+    # The long-running containers; init containers that prepare a volume (chown a folder on FSx)
+    # may run as root within baseline, which pods-no-host-access holds them to.
+    for _, pod, _ in _pod_security_contexts(props, args.resource_type):
         pod_context = pod.get("securityContext") or {}
-        for container in containers:
+        for container in _items(pod.get("containers")):
             name = container.get("name")
             context = container.get("securityContext") or {}
 
@@ -852,14 +872,15 @@ POLICIES = [
     ),
     resource_rule(
         "pods-no-host-access",
-        "No pod uses hostNetwork, hostPID, hostIPC, hostPath, privileged or added capabilities",
+        "No pod uses hostNetwork, hostPID, hostIPC, hostPath, privileged or capabilities "
+        "beyond Pod Security baseline",
         lambda t: t in JOB_TYPES or t in POD_TEMPLATE_PATHS,
         _host_access,
     ),
     resource_rule(
         "pods-restricted",
-        "Pods run as non-root, without privilege escalation, with RuntimeDefault seccomp and "
-        "ALL capabilities dropped",
+        "Pod containers (init containers aside) run as non-root, without privilege escalation, "
+        "with RuntimeDefault seccomp and ALL capabilities dropped",
         lambda t: t in JOB_TYPES or t in POD_TEMPLATE_PATHS,
         _restricted,
     ),

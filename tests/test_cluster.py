@@ -2,7 +2,7 @@
 
 import json
 
-from infra.components.cluster import CLUSTER_ADMIN_POLICY, CONTROL_PLANE_LOG_TYPES
+from infra.components.cluster import CONTROL_PLANE_LOG_TYPES
 from infra.offline import SECRET
 from infra.versions import EKS_ADDONS
 from tests.conftest import plan_of
@@ -55,7 +55,8 @@ def test_admins_get_cluster_admin_access_entries(prod_plan):
             "principalArn": "arn:aws:iam::123456789012:role/platform-admins",
             "accessPolicies": {
                 "cluster-admin": {
-                    "policyArn": CLUSTER_ADMIN_POLICY,
+                    "policyArn": "arn:aws:eks::aws:cluster-access-policy/"
+                    "AmazonEKSClusterAdminPolicy",
                     "accessScope": {"type": "cluster"},
                 }
             },
@@ -68,12 +69,23 @@ def test_core_addons_pinned(stack_plan):
     cluster = eks_inputs(stack_plan)
     assert cluster["version"] == "1.34"
     assert cluster["vpcCniOptions"]["addonVersion"] == pins["vpc-cni"]
-    assert cluster["corednsAddonOptions"]["version"] == pins["coredns"]
     assert cluster["kubeProxyAddonOptions"]["version"] == pins["kube-proxy"]
     agent = stack_plan.one("aws:eks/addon:Addon", "cluster-eks-pod-identity-agent").inputs
     assert agent["addonName"] == "eks-pod-identity-agent"
     assert agent["addonVersion"] == pins["eks-pod-identity-agent"]
     assert agent["clusterName"] == cluster["name"]
+
+
+def test_coredns_is_a_managed_addon_at_the_pin_created_once_nodes_exist(stack_plan):
+    # pulumi-eks creates no managed CoreDNS for a cluster without its default node group unless
+    # told to (and a version alone does not): the program owns it, after the system nodes.
+    assert eks_inputs(stack_plan)["corednsAddonOptions"]["enabled"] is False
+    coredns = stack_plan.one("aws:eks/addon:Addon", "cluster-coredns")
+    assert coredns.inputs["addonName"] == "coredns"
+    assert coredns.inputs["addonVersion"] == EKS_ADDONS["1.34"]["coredns"]
+    assert coredns.inputs["resolveConflictsOnCreate"] == "OVERWRITE"
+    nodes = stack_plan.one("aws:eks/nodeGroup:NodeGroup", "cluster-system")
+    assert nodes.urn in coredns.dependencies
 
 
 def test_system_node_group_sized_from_config_on_private_subnets(prod_plan):
@@ -83,6 +95,10 @@ def test_system_node_group_sized_from_config_on_private_subnets(prod_plan):
     assert group["scalingConfig"] == {"minSize": 3, "desiredSize": 3, "maxSize": 6}
     assert group["subnetIds"] == eks_inputs(prod_plan)["privateSubnetIds"]
     assert group["labels"] == {"training-platform/node-role": "system"}
+    # Tainted: only controllers, which tolerate it, run there.
+    assert group["taints"] == [
+        {"key": "CriticalAddonsOnly", "value": "true", "effect": "NO_SCHEDULE"}
+    ]
 
 
 def test_system_nodes_use_imdsv2_one_hop_and_encrypted_root(stack_plan):

@@ -103,7 +103,7 @@ def test_vendored_crds_match_the_checksums_in_sources_md():
 
 
 def test_nothing_in_the_repository_reads_outside_it():
-    """A clone has no ../shared: no tracked source may name it or climb above the project."""
+    """A clone has only the repository: no tracked source may climb above the project."""
     root = Path(__file__).resolve().parents[1]
     tracked = subprocess.run(
         ["git", "ls-files", "*.py", "Makefile", "*.yml", "*.yaml", "*.toml", ".ci/*"],

@@ -549,6 +549,18 @@ def test_host_access_in_any_form(change):
     assert violations_of(plan_with((DEPLOYMENT, deployment(**change))), "pods-no-host-access")
 
 
+def test_capabilities_beyond_baseline_fail_baseline_ones_pass():
+    def adding(*caps):
+        pod = deployment()
+        container = pod["spec"]["template"]["spec"]["containers"][0]
+        container["securityContext"] = {"capabilities": {"add": list(caps)}}
+        return plan_with((DEPLOYMENT, pod))
+
+    (violation,) = violations_of(adding("CHOWN", "SYS_ADMIN"), "pods-no-host-access")
+    assert "['SYS_ADMIN']" in violation.message
+    assert violations_of(adding("CHOWN", "DAC_OVERRIDE"), "pods-no-host-access") == []
+
+
 def test_privileged_and_root_containers_fail():
     privileged = deployment()
     privileged["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {

@@ -110,6 +110,8 @@ def test_interruption_queue_takes_events_only_from_this_clusters_rules(dev_plan)
 
 
 def test_ecr_token_is_a_secret_in_the_plan(dev_plan):
-    (image,) = dev_plan.of_type("docker-build:index:Image")
-    (registry,) = image.inputs["registries"]
-    assert registry["password"] == "[secret]"
+    images = dev_plan.of_type("docker-build:index:Image")
+    assert images
+    for image in images:
+        (registry,) = image.inputs["registries"]
+        assert registry["password"] == "[secret]"

@@ -6,16 +6,20 @@ import pytest
 import yaml
 
 from infra.components.kueue import FRAMEWORKS
-from infra.components.training_operators import TRAINING_OPERATOR_KUSTOMIZATION
+from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TOLERATION
+from infra.components.training_operators import (
+    MPI_OPERATOR_KUSTOMIZATION,
+    TRAINING_OPERATOR_KUSTOMIZATION,
+)
 from infra.config import ConfigError, load_stack_file, parse_stack_config
 from infra.versions import (
     DCGM_EXPORTER_CHART,
     KUBE_PROMETHEUS_STACK_CHART,
     KUEUE_CHART,
-    MPI_OPERATOR_MANIFEST,
+    MPI_OPERATOR_VERSION,
     TRAINING_OPERATOR_VERSION,
 )
-from tests.conftest import ROOT, STACKS, stack_values
+from tests.conftest import STACKS, stack_values
 from tests.crd_schema import CRD_DIR
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -25,16 +29,29 @@ KUEUE_TYPES = [
 ]
 
 
-def kustomization() -> dict:
-    return yaml.safe_load(
-        (ROOT / TRAINING_OPERATOR_KUSTOMIZATION / "kustomization.yaml").read_text()
-    )
+def kustomization(directory=TRAINING_OPERATOR_KUSTOMIZATION) -> dict:
+    return yaml.safe_load((directory / "kustomization.yaml").read_text())
 
 
-def test_training_operator_is_the_pinned_upstream_overlay():
-    (resource,) = kustomization()["resources"]
-    assert resource.endswith(f"/manifests/overlays/standalone?ref={TRAINING_OPERATOR_VERSION}")
-    assert "github.com/kubeflow/trainer" in resource
+@pytest.mark.parametrize(
+    "directory, repository, version",
+    [
+        (TRAINING_OPERATOR_KUSTOMIZATION, "github.com/kubeflow/trainer", TRAINING_OPERATOR_VERSION),
+        (MPI_OPERATOR_KUSTOMIZATION, "github.com/kubeflow/mpi-operator", MPI_OPERATOR_VERSION),
+    ],
+)
+def test_operators_are_pinned_upstream_overlays_placed_on_system_nodes(
+    directory, repository, version
+):
+    (resource,) = kustomization(directory)["resources"]
+    assert resource == f"https://{repository}//manifests/overlays/standalone?ref={version}"
+    (component,) = kustomization(directory)["components"]
+    placement = kustomization((directory / component).resolve())
+    assert placement["kind"] == "Component"
+    (patch,) = placement["patches"]
+    assert patch["target"]["kind"] == "Deployment" and "name" not in patch["target"]
+    pod = yaml.safe_load(patch["patch"])["spec"]["template"]["spec"]
+    assert pod == {"nodeSelector": SYSTEM_NODE_LABEL, "tolerations": [SYSTEM_TOLERATION]}
 
 
 def test_training_operator_serves_pytorchjob_and_not_mpijob():
@@ -53,13 +70,11 @@ def test_exactly_one_mpijob_crd_version_is_installed(dev_plan):
     assert crd_patch["target"]["name"] == "mpijobs.kubeflow.org"
     assert yaml.safe_load(crd_patch["patch"])["$patch"] == "delete"
     # What remains is the MPI operator's CRD, which serves v2beta1 only.
-    (config_file,) = dev_plan.of_type("kubernetes:yaml/v2:ConfigFile")
-    assert config_file.inputs["file"] == MPI_OPERATOR_MANIFEST
     crd = yaml.safe_load((CRD_DIR / "mpi-operator" / "kubeflow.org_mpijobs.yaml").read_text())
     assert [v["name"] for v in crd["spec"]["versions"] if v["served"]] == ["v2beta1"]
-    directory = dev_plan.one("kubernetes:kustomize/v2:Directory")
-    assert directory.inputs["directory"] == str(TRAINING_OPERATOR_KUSTOMIZATION)
-    assert config_file.urn in directory.dependencies
+    mpi = dev_plan.one("kubernetes:kustomize/v2:Directory", "mpi-operator")
+    training = dev_plan.one("kubernetes:kustomize/v2:Directory", "training-operator")
+    assert mpi.urn in training.dependencies
 
 
 def kueue_config(plan) -> dict:
@@ -86,8 +101,8 @@ def test_kueue_integrations_and_all_or_nothing_admission(dev_plan):
 
 def test_install_order_lets_a_first_up_succeed(stack_plan):
     kueue = stack_plan.one(RELEASE, "kueue")
-    for install in ("kubernetes:yaml/v2:ConfigFile", "kubernetes:kustomize/v2:Directory"):
-        assert stack_plan.one(install).urn in kueue.dependencies
+    for install in stack_plan.of_type("kubernetes:kustomize/v2:Directory"):
+        assert install.urn in kueue.dependencies
     for type_ in KUEUE_TYPES:
         for resource in stack_plan.of_type(type_):
             assert kueue.urn in resource.dependencies, resource.name

@@ -1,6 +1,7 @@
 """Workloads: trainer image, per-job identity, PyTorchJob and MPIJob manifests, the local twin."""
 
 import json
+import shutil
 import subprocess
 import sys
 
@@ -9,6 +10,7 @@ import pytest
 from infra.config import ConfigError, parse_stack_config
 from tests.conftest import ROOT, plan_of, stack_values
 from tests.crd_schema import conformance_errors
+from workloads.image import context_files, source_tag
 from workloads.local import local_command
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
@@ -51,9 +53,8 @@ def test_elastic_pytorchjob_on_a_gpu_pool(dev_plan):
         "maxRestarts": 3,
     }
     assert spec["nprocPerNode"] == "4"  # g5.12xlarge has 4 GPUs
-    assert (
-        spec["runPolicy"]["backoffLimit"] == 3 and spec["runPolicy"]["ttlSecondsAfterFinished"] > 0
-    )
+    # A finished job stays (no TTL), so `pulumi up --refresh` never recreates and re-runs it.
+    assert spec["runPolicy"] == {"backoffLimit": 3, "cleanPodPolicy": "None"}
     worker = spec["pytorchReplicaSpecs"]["Worker"]
     assert worker["replicas"] == 4 and worker["restartPolicy"] == "OnFailure"
     template = worker["template"]
@@ -70,9 +71,12 @@ def test_elastic_pytorchjob_on_a_gpu_pool(dev_plan):
     assert pod["terminationGracePeriodSeconds"] >= 60
     main = container(template)
     assert main["name"] == "pytorch"
-    assert main["resources"]["limits"] == {
-        "nvidia.com/gpu": "4"
-    }  # all the node's GPUs, no EFA on g5 here
+    # All the node's GPUs (no EFA on g5 here), and the CPU and memory the node has left for it
+    # (g5.12xlarge: 48 vCPU, 192 GiB): Kueue charges them, and the pod is never BestEffort.
+    assert main["resources"] == {
+        "requests": {"cpu": "43", "memory": "163Gi", "nvidia.com/gpu": "4"},
+        "limits": {"memory": "163Gi", "nvidia.com/gpu": "4"},
+    }
     assert "@sha256:" in main["image"]
     assert main["command"][:3] == ["torchrun", "-m", "trainer"]
     bucket = dev_plan.outputs["bucketName"]
@@ -91,15 +95,28 @@ def test_mpijob_with_efa_runs_the_trainer_through_mpirun(dev_plan):
     assert spec["slotsPerWorker"] == 8  # p4d.24xlarge
     worker = spec["mpiReplicaSpecs"]["Worker"]
     assert worker["replicas"] == 2
-    resources = container(worker["template"])["resources"]["limits"]
-    assert resources == {"nvidia.com/gpu": "8", "vpc.amazonaws.com/efa": "4"}
+    resources = container(worker["template"])["resources"]
+    # p4d.24xlarge: 96 vCPU, 1152 GiB, 8 GPUs, 4 EFA network cards.
+    assert resources["limits"] == {
+        "memory": "979Gi",
+        "nvidia.com/gpu": "8",
+        "vpc.amazonaws.com/efa": "4",
+    }
+    assert resources["requests"] == {"cpu": "86", **resources["limits"]}
     env = {e["name"]: e["value"] for e in container(worker["template"])["env"]}
     assert env["FI_PROVIDER"] == "efa"
     launcher = container(spec["mpiReplicaSpecs"]["Launcher"]["template"])
     command = launcher["command"]
     assert command[:3] == ["mpirun", "-np", "16"] and "trainer" in command
     assert command[-2:] == ["--checkpoint-dir", "/efs/checkpoints/gpt-large-mpi"]
-    assert "resources" not in launcher  # the launcher takes no GPU
+    # The launcher takes no GPU, only a little CPU and memory.
+    assert launcher["resources"] == {
+        "requests": {"cpu": "1", "memory": "2Gi"},
+        "limits": {"memory": "2Gi"},
+    }
+    # The EFA pool's jobs run the image target with libfabric and aws-ofi-nccl.
+    images = dev_plan.outputs["trainerImages"]
+    assert container(worker["template"])["image"] == images["efa"] == launcher["image"]
     # Workers serve SSH as the image's non-root user, with the key the operator mounts there.
     assert container(worker["template"])["command"] == [
         "/usr/sbin/sshd",
@@ -149,37 +166,69 @@ def test_each_job_has_its_own_identity_limited_to_its_checkpoint_prefix(dev_plan
     ]
 
 
-def test_jobs_wait_for_operators_identity_and_service_account(dev_plan):
+def test_jobs_wait_for_operators_identity_and_its_permissions(dev_plan):
     job = job_of(dev_plan, "gpt-small")
-    for dependency in (
-        "kubernetes:kustomize/v2:Directory",
-        "kubernetes:yaml/v2:ConfigFile",
-        "aws:eks/podIdentityAssociation:PodIdentityAssociation",
-    ):
-        assert any(r.urn in job.dependencies for r in dev_plan.of_type(dependency)), dependency
+    for operator in dev_plan.of_type("kubernetes:kustomize/v2:Directory"):
+        assert operator.urn in job.dependencies, operator.name
+    identity = dev_plan.one(
+        "aws:eks/podIdentityAssociation:PodIdentityAssociation", "job-gpt-small"
+    )
+    assert identity.urn in job.dependencies
+    # The identity exists only once its role may do what the job needs, and on destroy the
+    # permissions outlive it.
+    grant = dev_plan.one("aws:iam/rolePolicy:RolePolicy", "job-gpt-small-pods")
+    assert grant.urn in identity.dependencies
 
 
-def test_trainer_image_is_built_into_a_scanned_immutable_repository(dev_plan):
+def test_trainer_image_is_built_into_a_scanned_immutable_deletable_repository(dev_plan):
     repository = dev_plan.one("aws:ecr/repository:Repository").inputs
     assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
     assert repository["imageTagMutability"] == "IMMUTABLE"
+    # `pulumi destroy` must be able to delete a repository that holds images.
+    assert repository["forceDelete"] is True
     rules = json.loads(dev_plan.one("aws:ecr/lifecyclePolicy:LifecyclePolicy").inputs["policy"])[
         "rules"
     ]
     assert {r["selection"]["tagStatus"] for r in rules} == {"untagged", "any"}
-    image = dev_plan.one("docker-build:index:Image").inputs
-    assert image["dockerfile"] == {"location": "trainer/Dockerfile"} and image["push"] is True
-    (tag,) = image["tags"]
-    assert ":src-" in tag
-    digest_ref = dev_plan.outputs["trainerImage"]
-    assert (
-        container(
-            job_of(dev_plan, "gpt-small").inputs["spec"]["pytorchReplicaSpecs"]["Worker"][
-                "template"
-            ]
-        )["image"]
-        == digest_ref
-    )
+    images = dev_plan.outputs["trainerImages"]
+    assert set(images) == {"runtime", "efa"}
+    for target in images:
+        image = dev_plan.one("docker-build:index:Image", f"trainer-image-{target}").inputs
+        # Paths as the engine resolves them, from the program's working directory (infra/).
+        assert image["context"] == {"location": "../trainer"}
+        assert image["dockerfile"] == {"location": "../trainer/Dockerfile"}
+        assert image["target"] == target and image["push"] is True
+        (tag,) = image["tags"]
+        assert tag.endswith(f":{source_tag(target)}")
+    gpt_small = job_of(dev_plan, "gpt-small").inputs["spec"]["pytorchReplicaSpecs"]["Worker"]
+    assert container(gpt_small["template"])["image"] == images["runtime"]
+
+
+def test_build_context_is_the_trainer_folder_less_dockerignore():
+    files = {p.relative_to(ROOT / "trainer").as_posix() for p in context_files()}
+    assert {"train.py", "requirements.txt", "__init__.py"} <= files
+    assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
+    assert "Dockerfile" not in files and ".dockerignore" not in files
+
+
+def test_image_tag_changes_exactly_when_the_build_would(tmp_path):
+    """ECR tags are immutable: a rebuild (new digest) must come with a new tag, and a tag must
+    not change when nothing the build reads did."""
+    context = tmp_path / "trainer"
+    shutil.copytree(ROOT / "trainer", context, ignore=shutil.ignore_patterns("__pycache__"))
+    dockerfile = context / "Dockerfile"
+    before = source_tag("runtime", context, dockerfile)
+    assert source_tag("efa", context, dockerfile) != before
+    (context / "__pycache__").mkdir()
+    (context / "__pycache__" / "train.cpython-311.pyc").write_bytes(b"ignored by docker")
+    assert source_tag("runtime", context, dockerfile) == before
+    (context / "train.py").write_text((context / "train.py").read_text() + "\n# changed\n")
+    changed = source_tag("runtime", context, dockerfile)
+    assert changed != before
+    (context / "train.py").chmod(0o755)
+    assert source_tag("runtime", context, dockerfile) != changed
+    dockerfile.write_text(dockerfile.read_text() + "\n# changed\n")
+    assert source_tag("runtime", context, dockerfile) not in {before, changed}
 
 
 def test_prebuilt_image_by_digest_skips_the_build():
@@ -189,6 +238,10 @@ def test_prebuilt_image_by_digest_skips_the_build():
     )
     template = job_of(plan, "gpt-small").inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
     assert container(template)["image"] == DIGEST
+    # A prebuilt image serves EFA pools too: the README says it must ship libfabric and
+    # aws-ofi-nccl (as `docker build --target efa trainer/` does).
+    worker = job_of(plan, "gpt-large-mpi").inputs["spec"]["mpiReplicaSpecs"]["Worker"]
+    assert container(worker["template"])["image"] == DIGEST
 
 
 def bad_job(**changes):

@@ -2,18 +2,21 @@
 
 import hashlib
 import json
+import re
 from pathlib import Path
 
 import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
-from infra.config import ImageConfig
+from infra.config import ImageConfig, NodePoolConfig
+from infra.paths import PROJECT_DIR, provider_path
 
-# Relative to the project root, where `pulumi up` runs the program.
-BUILD_CONTEXT = Path(".")
-DOCKERFILE = Path("trainer/Dockerfile")
-TRAINER_SOURCES = Path(__file__).resolve().parent.parent / "trainer"
+# The build context is the trainer's folder alone: the image needs nothing else, and
+# pulumi-docker-build rebuilds whenever anything in its context changes.
+CONTEXT = PROJECT_DIR / "trainer"
+DOCKERFILE = CONTEXT / "Dockerfile"
+PLATFORMS = ["linux/amd64"]
 
 LIFECYCLE = {
     "rules": [
@@ -38,38 +41,91 @@ LIFECYCLE = {
 }
 
 
-def source_tag() -> str:
-    """A tag that changes exactly when the trainer's files do (ECR tags here are immutable)."""
+def image_target(pool: NodePoolConfig) -> str:
+    """The Dockerfile target a job on `pool` runs: NCCL over EFA needs libfabric + aws-ofi-nccl."""
+    return "efa" if pool.efa else "runtime"
+
+
+def _ignore_patterns(context: Path) -> list[re.Pattern]:
+    """.dockerignore's glob patterns as regular expressions over context-relative paths."""
+    patterns = []
+    for line in (context / ".dockerignore").read_text().splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        if line.startswith("!"):
+            raise ValueError(f"{context / '.dockerignore'}: `!` exceptions are not supported")
+        regex = "".join(
+            "(.*/)?"
+            if part == "**/"
+            else "[^/]*"
+            if part == "*"
+            else "[^/]"
+            if part == "?"
+            else re.escape(part)
+            for part in re.split(r"(\*\*/|\*|\?)", line.strip("/"))
+        )
+        # A pattern that names a folder excludes everything below it.
+        patterns.append(re.compile(f"{regex}(/.*)?"))
+    return patterns
+
+
+def context_files(context: Path = CONTEXT) -> list[Path]:
+    """The files Docker sends as the build context: all of `context` less .dockerignore."""
+    ignored = _ignore_patterns(context)
+    return sorted(
+        path
+        for path in context.rglob("*")
+        if path.is_file()
+        and not any(p.fullmatch(path.relative_to(context).as_posix()) for p in ignored)
+    )
+
+
+def source_tag(target: str, context: Path = CONTEXT, dockerfile: Path = DOCKERFILE) -> str:
+    """The tag of the image built for `target`: it changes whenever pulumi-docker-build would
+    rebuild it.
+
+    The provider rebuilds when the context's files (names, modes, contents), the Dockerfile, the
+    target or the platforms change, and pushes under the tags given. ECR tags here are immutable,
+    so a rebuild must never push a new digest under an existing tag: the tag hashes the same things.
+    """
     digest = hashlib.sha256()
-    for path in sorted(
-        p for p in TRAINER_SOURCES.rglob("*") if p.is_file() and "__pycache__" not in p.parts
-    ):
-        digest.update(str(path.relative_to(TRAINER_SOURCES)).encode())
+    for path in [dockerfile, *context_files(context)]:
+        digest.update(path.relative_to(context).as_posix().encode() + b"\0")
+        digest.update(f"{path.stat().st_mode:o}".encode() + b"\0")
         digest.update(path.read_bytes())
-    return f"src-{digest.hexdigest()[:16]}"
+    digest.update(json.dumps([target, PLATFORMS]).encode())
+    return f"{target}-{digest.hexdigest()[:16]}"
 
 
 class TrainerImage(pulumi.ComponentResource):
-    ref: pulumi.Output[str]  # repository@sha256:digest, what jobs run
+    """The trainer image: `refs[target]` is repository@sha256:digest for each Dockerfile target
+    jobs need (`runtime`; `efa` for jobs on EFA pools), or the prebuilt `image.uri` for all."""
+
+    refs: dict[str, pulumi.Output[str]]
 
     def __init__(
         self,
         name: str,
         config: ImageConfig,
+        targets: list[str],
         cluster_name: str,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:workloads:TrainerImage", name, None, opts)
         if config.uri:
-            self.ref = pulumi.Output.from_input(config.uri)
-            self.register_outputs({"ref": self.ref})
+            self.refs = {target: pulumi.Output.from_input(config.uri) for target in targets}
+            self.register_outputs({"refs": self.refs})
             return
         child = pulumi.ResourceOptions(parent=self)
         repository = aws.ecr.Repository(
             name,
             name=f"{cluster_name}/trainer",
             image_tag_mutability="IMMUTABLE",
+            # `pulumi destroy` deletes the repository with the images in it; they are rebuilt
+            # from trainer/ on the next `pulumi up`.
+            force_delete=True,
             image_scanning_configuration={"scan_on_push": True},
             encryption_configurations=[{"encryption_type": "AES256"}],
             tags=tags,
@@ -79,22 +135,25 @@ class TrainerImage(pulumi.ComponentResource):
             name, repository=repository.name, policy=json.dumps(LIFECYCLE), opts=child
         )
         token = aws.ecr.get_authorization_token_output(registry_id=repository.registry_id)
-        image = docker_build.Image(
-            name,
-            context={"location": str(BUILD_CONTEXT)},
-            dockerfile={"location": str(DOCKERFILE)},
-            platforms=["linux/amd64"],
-            push=True,
-            tags=[pulumi.Output.concat(repository.repository_url, ":", source_tag())],
-            registries=[
-                {
-                    "address": repository.repository_url,
-                    "username": token.user_name,
-                    # A registry credential: kept out of state and plan output in plaintext.
-                    "password": pulumi.Output.secret(token.password),
-                }
-            ],
-            opts=child,
-        )
-        self.ref = pulumi.Output.concat(repository.repository_url, "@", image.digest)
-        self.register_outputs({"ref": self.ref})
+        self.refs = {}
+        for target in targets:
+            image = docker_build.Image(
+                f"{name}-{target}",
+                context={"location": provider_path(CONTEXT)},
+                dockerfile={"location": provider_path(DOCKERFILE)},
+                target=target,
+                platforms=PLATFORMS,
+                push=True,
+                tags=[pulumi.Output.concat(repository.repository_url, ":", source_tag(target))],
+                registries=[
+                    {
+                        "address": repository.repository_url,
+                        "username": token.user_name,
+                        # A registry credential: kept out of state and plan output in plaintext.
+                        "password": pulumi.Output.secret(token.password),
+                    }
+                ],
+                opts=child,
+            )
+            self.refs[target] = pulumi.Output.concat(repository.repository_url, "@", image.digest)
+        self.register_outputs({"refs": self.refs})

@@ -6,7 +6,7 @@ The same trainer arguments feed the cluster manifests and the local twin (worklo
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.node_pools import GPU_TAINT, POOL_LABEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
-from infra.config import CPU_JOB_POD, JobConfig, NodePoolConfig
+from infra.config import JobConfig, NodePoolConfig
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 API_VERSIONS = {"PyTorchJob": "kubeflow.org/v1", "MPIJob": "kubeflow.org/v2beta1"}
@@ -15,9 +15,11 @@ MOUNTS = {"fsx": ("/fsx", FSX_CLAIM), "efs": ("/efs", EFS_CLAIM)}
 RDZV_PORT = 29500
 # Pods get this long after SIGTERM; the trainer saves a checkpoint and exits well inside it.
 GRACE_SECONDS = 120
-# The image's non-root user (trainer/Dockerfile: useradd --uid 10001 trainer).
+# The uid of the image's `trainer` user (trainer/Dockerfile).
 TRAINER_UID = 10001
-# Pod Security "restricted" for every container: non-root, no privilege escalation, no
+# What the MPI launcher (mpirun, no training) asks for.
+LAUNCHER_REQUESTS = {"cpu": "1", "memory": "2Gi"}
+# Pod Security "restricted" for every trainer container: non-root, no privilege escalation, no
 # capabilities (MPI workers' sshd listens on 2222 as `trainer`, which needs none).
 CONTAINER_SECURITY = {
     "allowPrivilegeEscalation": False,
@@ -28,7 +30,7 @@ POD_SECURITY = {
     "runAsNonRoot": True,
     "runAsUser": TRAINER_UID,
     "runAsGroup": TRAINER_UID,
-    # Volumes (EFS, FSx, the checkpoint dirs on them) are group-writable for the trainer.
+    # Volumes that honour fsGroup (EBS, EFS access points) are group-writable for the trainer.
     "fsGroup": TRAINER_UID,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
@@ -44,6 +46,10 @@ EFA_ENV = {
 def checkpoint_dir(job: JobConfig, namespace: str, bucket: str) -> str:
     if job.checkpoint == "s3":
         return f"s3://{bucket}/checkpoints/{namespace}/{job.name}"
+    return mounted_checkpoint_dir(job)
+
+
+def mounted_checkpoint_dir(job: JobConfig) -> str:
     return f"{MOUNTS[job.checkpoint][0]}/checkpoints/{job.name}"
 
 
@@ -52,17 +58,40 @@ def trainer_args(job: JobConfig, checkpoint: str) -> list[str]:
 
 
 def _resources(pool: NodePoolConfig) -> dict:
-    if not pool.gpu:
-        memory = f"{CPU_JOB_POD['memory_gib']}Gi"
-        return {
-            "requests": {"cpu": str(CPU_JOB_POD["vcpu"]), "memory": memory},
-            "limits": {"memory": memory},
-        }
-    # The pod asks for every GPU (and EFA interface) of the node: one pod per node.
-    limits = {"nvidia.com/gpu": str(pool.gpus_per_node)}
+    """Requests Kueue charges against quota and the scheduler places by; never BestEffort."""
+    cpu, memory_gib = pool.job_pod_requests()
+    limits = {"memory": f"{memory_gib}Gi"}
+    if pool.gpu:
+        # The pod asks for every GPU (and EFA interface) of the node: one pod per node.
+        limits["nvidia.com/gpu"] = str(pool.gpus_per_node)
     if pool.efa:
         limits["vpc.amazonaws.com/efa"] = str(pool.efa_network_cards)
-    return {"requests": dict(limits), "limits": limits}
+    return {"requests": {"cpu": str(cpu), **limits}, "limits": limits}
+
+
+def checkpoint_dir_init(image: str, directory: str) -> dict:
+    """An init container that creates the job's checkpoint folder on FSx for the trainer's uid.
+
+    A Lustre file system's root belongs to root (0755) and has no access points, so the non-root
+    trainer could not create its folder. This runs as root with CHOWN and DAC_OVERRIDE only and
+    touches nothing but the job's own folder.
+    """
+    return {
+        "name": "checkpoint-dir",
+        "image": image,
+        "command": [
+            "sh",
+            "-c",
+            f'mkdir -p "{directory}" && chown {TRAINER_UID}:{TRAINER_UID} "{directory}"',
+        ],
+        "securityContext": {
+            "runAsUser": 0,
+            "runAsNonRoot": False,
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE"]},
+        },
+        "volumeMounts": [{"name": "fsx", "mountPath": MOUNTS["fsx"][0]}],
+    }
 
 
 def pod_template(
@@ -105,13 +134,20 @@ def pod_template(
                 "env": env,
                 "volumeMounts": mounts,
                 "securityContext": CONTAINER_SECURITY,
-                **({"resources": _resources(pool)} if with_resources else {}),
+                "resources": _resources(pool)
+                if with_resources
+                else {
+                    "requests": LAUNCHER_REQUESTS,
+                    "limits": {"memory": LAUNCHER_REQUESTS["memory"]},
+                },
             }
         ],
         "volumes": volumes,
     }
     if pool.gpu:
         spec["tolerations"] = [{**GPU_TAINT, "operator": "Equal"}]
+    if job.checkpoint == "fsx":
+        spec["initContainers"] = [checkpoint_dir_init(image, mounted_checkpoint_dir(job))]
     return {
         "metadata": {
             "labels": {JOB_LABEL: job.name},
@@ -144,11 +180,11 @@ def _metadata(job: JobConfig, namespace: str) -> dict:
 
 
 def _run_policy(job: JobConfig) -> dict:
-    return {
-        "backoffLimit": job.max_restarts,
-        "ttlSecondsAfterFinished": 7 * 24 * 3600,
-        "cleanPodPolicy": "None",
-    }
+    # No ttlSecondsAfterFinished: a job in stack config exists for as long as it is there, finished
+    # or not. Were the operator to delete a finished job, the next `pulumi up --refresh` would see
+    # it gone and create it again, re-running (and billing) the training. Remove the job from
+    # stack config to delete it.
+    return {"backoffLimit": job.max_restarts, "cleanPodPolicy": "None"}
 
 
 def pytorch_job(

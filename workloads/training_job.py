@@ -29,7 +29,7 @@ class TrainingJob(pulumi.ComponentResource):
         bucket: TrainingBucket,
         cluster_name: pulumi.Input[str],
         storage: set[str],
-        operators: list[pulumi.Resource],
+        controllers: list[pulumi.Resource],
         provider: k8s.Provider,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
@@ -60,7 +60,7 @@ class TrainingJob(pulumi.ComponentResource):
             service_account=job.name,
             role_arn=role.arn,
             tags=tags,
-            opts=child,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=role.ready),
         )
         policy = namespace_name.apply(lambda ns: network_policy(job, ns))
         k8s.networking.v1.NetworkPolicy(
@@ -83,9 +83,11 @@ class TrainingJob(pulumi.ComponentResource):
             kind=job.kind,
             metadata=manifest["metadata"],
             spec=manifest["spec"],
-            # The operators bring the CRDs; the identity must exist before the first pod starts.
+            # The operators bring the CRD, Kueue's webhook suspends the job until admitted (a job
+            # created before it would run unqueued) and its LocalQueue admits it; on destroy all of
+            # them outlive the job. The identity must exist before the first pod starts.
             opts=pulumi.ResourceOptions.merge(
-                k8s_child, pulumi.ResourceOptions(depends_on=[*operators, account, identity])
+                k8s_child, pulumi.ResourceOptions(depends_on=[*controllers, account, identity])
             ),
         )
         self.register_outputs({})

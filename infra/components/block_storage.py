@@ -5,7 +5,7 @@ import pulumi_kubernetes as k8s
 
 from infra.components.iam import csi_driver_addon
 
-EBS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEBSCSIDriverPolicy"
+EBS_CSI_POLICY = "service-role/AmazonEBSCSIDriverPolicy"
 STORAGE_CLASS = "gp3"
 
 
@@ -15,6 +15,7 @@ class BlockStorage(pulumi.ComponentResource):
         name: str,
         cluster_name: pulumi.Input[str],
         addon_version: str,
+        controller_prerequisites: list[pulumi.Resource],
         provider: k8s.Provider,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
@@ -27,9 +28,10 @@ class BlockStorage(pulumi.ComponentResource):
             "aws-ebs-csi-driver",
             addon_version,
             "ebs-csi-controller-sa",
+            controller_prerequisites,
             tags,
             child,
-            managed_policy_arns=[EBS_CSI_POLICY],
+            managed_policies=[EBS_CSI_POLICY],
         )
         k8s.storage.v1.StorageClass(
             STORAGE_CLASS,

@@ -5,32 +5,86 @@ import json
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.iam import partition
 from infra.config import CHECKPOINT_PREFIX, BucketConfig
 
 
-def prefix_read_write_policy(bucket_arn: str, prefix: str) -> dict:
-    """IAM policy: read/write objects under `prefix` of one bucket, list only that prefix."""
+def prefix_read_write_policy(bucket_arn: str, prefix: str, key_arn: str | None = None) -> dict:
+    """IAM policy: read/write objects under `prefix` of one bucket, list only that prefix.
+
+    With SSE-KMS (`key_arn`), S3 calls KMS as the caller: writing needs kms:GenerateDataKey and
+    reading kms:Decrypt on the bucket's key, or every request is denied.
+    """
     prefix = prefix.strip("/")
+    statements = [
+        {
+            "Sid": "ObjectsUnderPrefix",
+            "Effect": "Allow",
+            "Action": [
+                "s3:GetObject",
+                "s3:PutObject",
+                "s3:DeleteObject",
+                "s3:AbortMultipartUpload",
+            ],
+            "Resource": f"{bucket_arn}/{prefix}/*",
+        },
+        {
+            "Sid": "ListPrefix",
+            "Effect": "Allow",
+            "Action": "s3:ListBucket",
+            "Resource": bucket_arn,
+            "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}},
+        },
+    ]
+    if key_arn:
+        statements.append(
+            {
+                "Sid": "BucketKey",
+                "Effect": "Allow",
+                "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
+                "Resource": key_arn,
+            }
+        )
+    return {"Version": "2012-10-17", "Statement": statements}
+
+
+def bucket_key_policy(partition: str, account: str, region: str) -> dict:
+    """Key policy of the bucket's KMS key: IAM policies of this account decide who uses it, and
+    the service-linked role of any FSx data repository association of this account may read and
+    write through S3 (its name carries the file system's id, unknown when the key is made)."""
+    fsx_roles = (
+        f"arn:{partition}:iam::{account}:role/aws-service-role/"
+        "s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_*"
+    )
     return {
         "Version": "2012-10-17",
         "Statement": [
             {
-                "Sid": "ObjectsUnderPrefix",
+                "Sid": "AccountIamPolicies",
                 "Effect": "Allow",
-                "Action": [
-                    "s3:GetObject",
-                    "s3:PutObject",
-                    "s3:DeleteObject",
-                    "s3:AbortMultipartUpload",
-                ],
-                "Resource": f"{bucket_arn}/{prefix}/*",
+                "Principal": {"AWS": f"arn:{partition}:iam::{account}:root"},
+                "Action": "kms:*",
+                "Resource": "*",
             },
             {
-                "Sid": "ListPrefix",
+                "Sid": "FsxDataRepositoryThroughS3",
                 "Effect": "Allow",
-                "Action": "s3:ListBucket",
-                "Resource": bucket_arn,
-                "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}},
+                "Principal": {"AWS": "*"},
+                "Action": [
+                    "kms:Encrypt",
+                    "kms:Decrypt",
+                    "kms:ReEncrypt*",
+                    "kms:GenerateDataKey*",
+                    "kms:DescribeKey",
+                ],
+                "Resource": "*",
+                "Condition": {
+                    "StringEquals": {
+                        "kms:CallerAccount": account,
+                        "kms:ViaService": f"s3.{region}.amazonaws.com",
+                    },
+                    "ArnLike": {"aws:PrincipalArn": fsx_roles},
+                },
             },
         ],
     }
@@ -55,6 +109,7 @@ def tls_only_policy(bucket_arn: str) -> dict:
 class TrainingBucket(pulumi.ComponentResource):
     name: pulumi.Output[str]
     arn: pulumi.Output[str]
+    key_arn: pulumi.Output[str] | None  # the SSE-KMS key, when the bucket has one
 
     def __init__(
         self,
@@ -68,8 +123,8 @@ class TrainingBucket(pulumi.ComponentResource):
         bucket = aws.s3.Bucket(name, force_destroy=config.force_destroy, tags=tags, opts=child)
         # The ARN from the bucket's name (known in a preview, the `arn` output is not), so the
         # policy pack can read the policies below before the bucket exists.
-        partition = aws.get_partition().partition
-        arn = bucket.bucket.apply(lambda bucket_name: f"arn:{partition}:s3:::{bucket_name}")
+        aws_partition = partition()
+        arn = bucket.bucket.apply(lambda bucket_name: f"arn:{aws_partition}:s3:::{bucket_name}")
         aws.s3.BucketPublicAccessBlock(
             name,
             bucket=bucket.id,
@@ -88,12 +143,21 @@ class TrainingBucket(pulumi.ComponentResource):
                 description="S3 training bucket encryption",
                 enable_key_rotation=True,
                 deletion_window_in_days=30,
+                policy=json.dumps(
+                    bucket_key_policy(
+                        partition(),
+                        aws.get_caller_identity().account_id,
+                        aws.get_region().region,
+                    )
+                ),
                 tags=tags,
                 opts=child,
             )
             default = {"sse_algorithm": "aws:kms", "kms_master_key_id": key.arn}
+            self.key_arn = key.arn
         else:
             default = {"sse_algorithm": "AES256"}
+            self.key_arn = None
         aws.s3.BucketServerSideEncryptionConfiguration(
             name,
             bucket=bucket.id,
@@ -142,4 +206,6 @@ class TrainingBucket(pulumi.ComponentResource):
 
     def prefix_policy(self, prefix: str) -> pulumi.Output[str]:
         """Policy document (JSON) granting read/write on `prefix` of this bucket only."""
-        return self.arn.apply(lambda arn: json.dumps(prefix_read_write_policy(arn, prefix)))
+        return pulumi.Output.all(self.arn, self.key_arn).apply(
+            lambda arns: json.dumps(prefix_read_write_policy(arns[0], prefix, arns[1]))
+        )

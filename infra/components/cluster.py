@@ -5,14 +5,13 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from infra.components.iam import node_role
+from infra.components.iam import node_role, partition
 from infra.components.network import Network, discovery_tag
+from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.config import ClusterConfig
 from infra.versions import EKS_ADDONS
 
 CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
-CLUSTER_ADMIN_POLICY = "arn:aws:eks::aws:cluster-access-policy/AmazonEKSClusterAdminPolicy"
-SYSTEM_NODE_LABEL = {"training-platform/node-role": "system"}
 
 
 class Cluster(pulumi.ComponentResource):
@@ -20,7 +19,9 @@ class Cluster(pulumi.ComponentResource):
     kubeconfig: pulumi.Output[str]
     provider: k8s.Provider
     cluster_security_group_id: pulumi.Output[str]
-    system_node_selector: dict[str, str]
+    # What every in-cluster controller waits for on create and outlives on destroy: nodes to run
+    # on and the Pod Identity agent that hands it AWS credentials.
+    controller_prerequisites: list[pulumi.Resource]
 
     def __init__(
         self,
@@ -63,7 +64,8 @@ class Cluster(pulumi.ComponentResource):
                     principal_arn=arn,
                     access_policies={
                         "cluster-admin": eks.AccessPolicyAssociationArgs(
-                            policy_arn=CLUSTER_ADMIN_POLICY,
+                            policy_arn=f"arn:{partition()}:eks::aws:cluster-access-policy/"
+                            "AmazonEKSClusterAdminPolicy",
                             access_scope=aws.eks.AccessPolicyAssociationAccessScopeArgs(
                                 type="cluster"
                             ),
@@ -90,7 +92,9 @@ class Cluster(pulumi.ComponentResource):
             vpc_cni_options=eks.VpcCniOptionsArgs(
                 addon_version=addons["vpc-cni"], enable_network_policy=True
             ),
-            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(version=addons["coredns"]),
+            # pulumi-eks would create CoreDNS before any node exists (or, given only a version,
+            # not at all); it is created below, once the system nodes are there.
+            coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(version=addons["kube-proxy"]),
             tags=tags,
             opts=child,
@@ -98,7 +102,7 @@ class Cluster(pulumi.ComponentResource):
         cluster_name = cluster.eks_cluster.name
         cluster_sg_id = cluster.eks_cluster.vpc_config.cluster_security_group_id
 
-        aws.eks.Addon(
+        pod_identity_agent = aws.eks.Addon(
             f"{name}-eks-pod-identity-agent",
             cluster_name=cluster_name,
             addon_name="eks-pod-identity-agent",
@@ -117,12 +121,23 @@ class Cluster(pulumi.ComponentResource):
                 opts=child,
             )
 
-        self._system_node_group(name, config, cluster_name, network, tags)
+        system_nodes = self._system_node_group(name, config, cluster_name, network, tags)
+        aws.eks.Addon(
+            f"{name}-coredns",
+            cluster_name=cluster_name,
+            addon_name="coredns",
+            addon_version=addons["coredns"],
+            # Adopts the self-managed CoreDNS that EKS bootstraps.
+            resolve_conflicts_on_create="OVERWRITE",
+            resolve_conflicts_on_update="OVERWRITE",
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[system_nodes]),
+        )
 
         self.name = cluster_name
         self.kubeconfig = pulumi.Output.secret(cluster.kubeconfig_json)
         self.cluster_security_group_id = cluster_sg_id
-        self.system_node_selector = SYSTEM_NODE_LABEL
+        self.controller_prerequisites = [system_nodes, pod_identity_agent]
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, opts=child)
         self.register_outputs(
             {
@@ -132,7 +147,9 @@ class Cluster(pulumi.ComponentResource):
             }
         )
 
-    def _system_node_group(self, name, config: ClusterConfig, cluster_name, network, tags) -> None:
+    def _system_node_group(
+        self, name, config: ClusterConfig, cluster_name, network, tags
+    ) -> aws.eks.NodeGroup:
         """On-demand CPU nodes for the controllers (Karpenter, Kueue, operators, CoreDNS)."""
         child = pulumi.ResourceOptions(parent=self)
         group = config.system_node_group
@@ -160,7 +177,7 @@ class Cluster(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws.eks.NodeGroup(
+        return aws.eks.NodeGroup(
             f"{name}-system",
             cluster_name=cluster_name,
             node_role_arn=role.arn,
@@ -176,6 +193,7 @@ class Cluster(pulumi.ComponentResource):
                 id=launch_template.id, version=launch_template.latest_version.apply(str)
             ),
             labels=SYSTEM_NODE_LABEL,
+            taints=[{"key": SYSTEM_TAINT_KEY, "value": "true", "effect": "NO_SCHEDULE"}],
             tags=tags,
             opts=child,
         )

@@ -4,7 +4,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components.helm import helm_release
-from infra.components.node_pools import GPU_NODE_LABELS, GPU_TAINT
+from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
 from infra.versions import DCGM_EXPORTER_CHART, KUBE_PROMETHEUS_STACK_CHART
 
 NAMESPACE = "monitoring"
@@ -69,9 +69,7 @@ class GpuMetrics(pulumi.ComponentResource):
             NAMESPACE,
             {
                 "nodeSelector": GPU_NODE_LABELS,
-                "tolerations": [
-                    {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
-                ],
+                "tolerations": [GPU_TOLERATION],
                 # The ServiceMonitor CRD comes with kube-prometheus-stack.
                 "serviceMonitor": {"enabled": prometheus_stack},
             },

@@ -12,6 +12,7 @@ def helm_release(
     namespace: str,
     values: dict,
     opts: pulumi.ResourceOptions,
+    skip_crds: bool = False,
 ) -> k8s.helm.v3.Release:
     """A Helm release of `pin` into `namespace`, waiting until its workloads are ready.
 
@@ -30,5 +31,6 @@ def helm_release(
         cleanup_on_fail=True,
         timeout=900,
         values=values,
+        skip_crds=skip_crds,
         opts=opts,
     )

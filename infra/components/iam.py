@@ -1,9 +1,12 @@
 """IAM building blocks shared by components: trust policies and Pod Identity roles."""
 
 import json
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+
+from infra.components.system_nodes import SYSTEM_NODE_LABEL
 
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
 # EKS add-on controllers (EBS, EFS, FSx CSI) run in this namespace.
@@ -27,29 +30,67 @@ def assume_role_policy(service: str, actions: list[str] | None = None) -> str:
 
 
 NODE_MANAGED_POLICIES = [
-    "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy",
-    "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+    "AmazonEKSWorkerNodePolicy",
+    "AmazonEC2ContainerRegistryPullOnly",
     # The VPC CNI add-on runs with the node's role unless given one of its own.
-    "arn:aws:iam::aws:policy/AmazonEKS_CNI_Policy",
-    "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+    "AmazonEKS_CNI_Policy",
+    "AmazonSSMManagedInstanceCore",
 ]
+
+
+def partition() -> str:
+    """The stack's AWS partition (aws, aws-cn, aws-us-gov): every ARN is built with it."""
+    return aws.get_partition().partition
+
+
+def managed_policy_arn(path: str) -> str:
+    """The ARN of an AWS managed policy, e.g. `service-role/AmazonEBSCSIDriverPolicy`."""
+    return f"arn:{partition()}:iam::aws:policy/{path}"
+
+
+@dataclass(frozen=True)
+class GrantedRole:
+    """An IAM role and the attachments and inline policy that grant its permissions.
+
+    Whatever acts with the role depends on `ready`: on create it never runs with a role whose
+    policies are still missing, on destroy its permissions are removed only after it is gone.
+    """
+
+    role: aws.iam.Role
+    grants: list[pulumi.Resource]
+
+    @property
+    def arn(self) -> pulumi.Output[str]:
+        return self.role.arn
+
+    @property
+    def name(self) -> pulumi.Output[str]:
+        return self.role.name
+
+    @property
+    def ready(self) -> list[pulumi.Resource]:
+        return [self.role, *self.grants]
 
 
 def _role(
     name: str,
     trust_policy: pulumi.Input[str],
-    managed_policy_arns: list[str],
+    managed_policies: list[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
     inline_policy: pulumi.Input[str] | None,
     role_name: str | None,
-) -> aws.iam.Role:
+) -> GrantedRole:
     role = aws.iam.Role(name, name=role_name, assume_role_policy=trust_policy, tags=tags, opts=opts)
-    for i, arn in enumerate(managed_policy_arns):
-        aws.iam.RolePolicyAttachment(f"{name}-{i}", role=role.name, policy_arn=arn, opts=opts)
+    grants: list[pulumi.Resource] = [
+        aws.iam.RolePolicyAttachment(
+            f"{name}-{i}", role=role.name, policy_arn=managed_policy_arn(policy), opts=opts
+        )
+        for i, policy in enumerate(managed_policies)
+    ]
     if inline_policy is not None:
-        aws.iam.RolePolicy(name, role=role.name, policy=inline_policy, opts=opts)
-    return role
+        grants.append(aws.iam.RolePolicy(name, role=role.name, policy=inline_policy, opts=opts))
+    return GrantedRole(role, grants)
 
 
 def pod_identity_trust_policy(cluster_name: str, namespace: str, service_account: str) -> str:
@@ -85,22 +126,22 @@ def pod_identity_role(
     cluster_name: pulumi.Input[str],
     namespace: pulumi.Input[str],
     service_account: pulumi.Input[str],
-    managed_policy_arns: list[str],
+    managed_policies: list[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
     inline_policy: pulumi.Input[str] | None = None,
     role_name: str | None = None,
-) -> aws.iam.Role:
+) -> GrantedRole:
     """A role that EKS Pod Identity lets one service account of one cluster assume."""
     trust = pulumi.Output.all(cluster_name, namespace, service_account).apply(
         lambda v: pod_identity_trust_policy(*v)
     )
-    return _role(name, trust, managed_policy_arns, tags, opts, inline_policy, role_name)
+    return _role(name, trust, managed_policies, tags, opts, inline_policy, role_name)
 
 
 def node_role(
     name: str, tags: dict[str, str], opts: pulumi.ResourceOptions, role_name: str | None = None
-) -> aws.iam.Role:
+) -> GrantedRole:
     """The role EC2 worker nodes run with: join the cluster, pull images, pod networking, SSM."""
     trust = assume_role_policy("ec2.amazonaws.com")
     return _role(name, trust, NODE_MANAGED_POLICIES, tags, opts, None, role_name)
@@ -112,18 +153,20 @@ def csi_driver_addon(
     addon: str,
     version: str,
     service_account: str,
+    controller_prerequisites: list[pulumi.Resource],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
-    managed_policy_arns: list[str] | None = None,
+    managed_policies: list[str] | None = None,
     inline_policy: pulumi.Input[str] | None = None,
 ) -> aws.eks.Addon:
-    """An EKS add-on whose controller runs as `service_account` with its own Pod Identity role."""
+    """An EKS add-on whose controller runs as `service_account` with its own Pod Identity role,
+    on the system nodes (its default tolerations already include the system taint)."""
     role = pod_identity_role(
         name,
         cluster_name,
         ADDON_NAMESPACE,
         service_account,
-        managed_policy_arns or [],
+        managed_policies or [],
         tags,
         opts,
         inline_policy=inline_policy,
@@ -135,6 +178,9 @@ def csi_driver_addon(
         addon_version=version,
         resolve_conflicts_on_update="OVERWRITE",
         pod_identity_associations=[{"role_arn": role.arn, "service_account": service_account}],
+        configuration_values=json.dumps({"controller": {"nodeSelector": SYSTEM_NODE_LABEL}}),
         tags=tags,
-        opts=opts,
+        opts=pulumi.ResourceOptions.merge(
+            opts, pulumi.ResourceOptions(depends_on=[*controller_prerequisites, *role.ready])
+        ),
     )

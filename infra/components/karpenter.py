@@ -11,9 +11,10 @@ import pulumi_aws as aws
 
 from infra.components.cluster import Cluster
 from infra.components.helm import helm_release
-from infra.components.iam import node_role, pod_identity_role
+from infra.components.iam import node_role, partition, pod_identity_role
+from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import karpenter_role_names
-from infra.versions import KARPENTER_CHART
+from infra.versions import KARPENTER_CHART, KARPENTER_CRD_CHART
 
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "karpenter"
@@ -43,7 +44,7 @@ RULE_NAMES = {
 def controller_policy(
     cluster_name: str, region: str, partition: str, account: str, queue_arn: str, node_role_arn: str
 ) -> dict:
-    """The controller's permissions, scoped as upstream scopes them.
+    """The controller's permissions, scoped as upstream scopes them (v1.14 cloudformation.yaml).
 
     Writes are limited to resources tagged as this cluster's (`kubernetes.io/cluster/<name>:
     owned` plus a NodePool tag); reads to this region. Instance profiles are created by this
@@ -86,6 +87,7 @@ def controller_policy(
                     f"{ec2}:*:security-group/*",
                     f"{ec2}:*:subnet/*",
                     f"{ec2}:*:capacity-reservation/*",
+                    f"{ec2}:*:placement-group/*",
                 ],
             },
             {
@@ -139,13 +141,14 @@ def controller_policy(
                 "Sid": "AllowRegionalReadActions",
                 "Effect": "Allow",
                 "Action": [
-                    "ec2:DescribeAvailabilityZones",
                     "ec2:DescribeCapacityReservations",
                     "ec2:DescribeImages",
                     "ec2:DescribeInstances",
+                    "ec2:DescribeInstanceStatus",
                     "ec2:DescribeInstanceTypeOfferings",
                     "ec2:DescribeInstanceTypes",
                     "ec2:DescribeLaunchTemplates",
+                    "ec2:DescribePlacementGroups",
                     "ec2:DescribeSecurityGroups",
                     "ec2:DescribeSpotPriceHistory",
                     "ec2:DescribeSubnets",
@@ -179,6 +182,12 @@ def controller_policy(
                 "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}},
             },
             {
+                "Sid": "AllowUnscopedInstanceProfileListAction",
+                "Effect": "Allow",
+                "Action": "iam:ListInstanceProfiles",
+                "Resource": "*",
+            },
+            {
                 "Sid": "AllowInstanceProfileReadActions",
                 "Effect": "Allow",
                 "Action": "iam:GetInstanceProfile",
@@ -189,6 +198,19 @@ def controller_policy(
                 "Effect": "Allow",
                 "Action": "eks:DescribeCluster",
                 "Resource": f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}",
+            },
+            {
+                "Sid": "AllowZonalShiftStatusReadOnly",
+                "Effect": "Allow",
+                "Action": "arc-zonal-shift:GetManagedResource",
+                "Resource": "*",
+                "Condition": {
+                    "StringEquals": {
+                        "arc-zonal-shift:ResourceIdentifier": (
+                            f"arn:{partition}:eks:{region}:{account}:cluster/{cluster_name}"
+                        )
+                    }
+                },
             },
         ],
     }
@@ -236,7 +258,6 @@ class Karpenter(pulumi.ComponentResource):
         super().__init__("training-platform:infra:Karpenter", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         region = aws.get_region().region
-        partition = aws.get_partition().partition
         account = aws.get_caller_identity().account_id
 
         # Nodes: role, instance profile, and an access entry so they can join the cluster.
@@ -261,11 +282,13 @@ class Karpenter(pulumi.ComponentResource):
         # ARNs built from names, so the policies below are known in a preview of a new stack
         # (the policy pack refuses to pass a policy document it cannot read).
         queue_name = f"karpenter-{cluster_name}"
-        queue_arn = f"arn:{partition}:sqs:{region}:{account}:{queue_name}"
-        node_role_arn = f"arn:{partition}:iam::{account}:role/{role_names['node']}"
+        aws_partition = partition()
+        queue_arn = f"arn:{aws_partition}:sqs:{region}:{account}:{queue_name}"
+        node_role_arn = f"arn:{aws_partition}:iam::{account}:role/{role_names['node']}"
         rule_names = {event: f"{cluster_name}-{short}" for event, short in RULE_NAMES.items()}
         rule_arns = [
-            f"arn:{partition}:events:{region}:{account}:rule/{rule}" for rule in rule_names.values()
+            f"arn:{aws_partition}:events:{region}:{account}:rule/{rule}"
+            for rule in rule_names.values()
         ]
 
         # Interruption handling: EventBridge -> SQS -> controller drains before AWS reclaims.
@@ -277,7 +300,7 @@ class Karpenter(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws.sqs.QueuePolicy(
+        queue_policy = aws.sqs.QueuePolicy(
             f"{name}-interruption",
             queue_url=queue.url,
             policy=json.dumps(interruption_queue_policy(queue_arn, rule_arns)),
@@ -305,7 +328,7 @@ class Karpenter(pulumi.ComponentResource):
             child,
             inline_policy=json.dumps(
                 controller_policy(
-                    cluster_name, region, partition, account, queue_arn, node_role_arn
+                    cluster_name, region, aws_partition, account, queue_arn, node_role_arn
                 )
             ),
             role_name=role_names["controller"],
@@ -320,6 +343,15 @@ class Karpenter(pulumi.ComponentResource):
             opts=child,
         )
 
+        # CRDs from their own chart: Helm installs a chart's crds/ folder once and never
+        # upgrades it, so CRDs shipped inside the controller chart would stay at the first version.
+        crds = helm_release(
+            "karpenter-crd",
+            KARPENTER_CRD_CHART,
+            NAMESPACE,
+            {},
+            pulumi.ResourceOptions(parent=self, provider=cluster.provider),
+        )
         self.release = helm_release(
             "karpenter",
             KARPENTER_CHART,
@@ -329,7 +361,7 @@ class Karpenter(pulumi.ComponentResource):
                 "serviceAccount": {"name": SERVICE_ACCOUNT},
                 "replicas": 2,
                 # Karpenter must not run on the nodes it manages.
-                "nodeSelector": cluster.system_node_selector,
+                **SYSTEM_PLACEMENT,
                 "dnsPolicy": "Default",
                 "controller": {
                     "resources": {
@@ -338,9 +370,25 @@ class Karpenter(pulumi.ComponentResource):
                     }
                 },
             },
+            # Created after, and on destroy deleted only after, everything Karpenter needs to
+            # remove its nodes: its nodes to run on, its credentials and permissions, its
+            # interruption queue. NodePools depend on this release, so they (and the instances
+            # they launched) go first.
             pulumi.ResourceOptions(
-                parent=self, provider=cluster.provider, depends_on=[identity, node_access]
+                parent=self,
+                provider=cluster.provider,
+                depends_on=[
+                    crds,
+                    *cluster.controller_prerequisites,
+                    *controller_role.ready,
+                    identity,
+                    node_access,
+                    *nodes.ready,
+                    profile,
+                    queue_policy,
+                ],
             ),
+            skip_crds=True,
         )
         self.node_role_name = nodes.name
         self.instance_profile_name = profile.name

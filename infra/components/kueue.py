@@ -5,12 +5,17 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from infra.components.helm import helm_release
+from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.versions import KUEUE_CHART
 
 NAMESPACE = "kueue-system"
 # pytorchjob is off by default in Kueue 0.19 and must be listed; mpijob is on but listed anyway
 # because this list replaces the default one.
 FRAMEWORKS = ["batch/job", "kubeflow.org/pytorchjob", "kubeflow.org/mpijob"]
+# Kueue 0.19 checks every requested resource against quota (BlockUndeclared): a pod asking for
+# one no ClusterQueue covers is never admitted. EFA interfaces (vpc.amazonaws.com/efa) come with
+# the nodes a job's GPUs already pay for, so they are not queued for.
+EXCLUDED_RESOURCE_PREFIXES = ["vpc.amazonaws.com/"]
 
 
 def manager_config() -> dict:
@@ -38,6 +43,7 @@ def manager_config() -> dict:
             },
         },
         "integrations": {"frameworks": FRAMEWORKS},
+        "resources": {"excludeResourcePrefixes": EXCLUDED_RESOURCE_PREFIXES},
     }
 
 
@@ -56,8 +62,17 @@ class Kueue(pulumi.ComponentResource):
             "kueue",
             KUEUE_CHART,
             NAMESPACE,
-            {"managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config())}},
-            # The job CRDs must exist before Kueue starts watching them.
+            {
+                "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config())},
+                # Two replicas (one leads) and a PDB: a node drain never stops admission.
+                "controllerManager": {
+                    "replicas": 2,
+                    "podDisruptionBudget": {"enabled": True, "minAvailable": 1},
+                    **SYSTEM_PLACEMENT,
+                },
+            },
+            # The job CRDs must exist before Kueue starts watching them; on destroy Kueue stays
+            # until the queues and workloads (and their finalizers) are gone.
             pulumi.ResourceOptions(parent=self, provider=provider, depends_on=depends_on),
         )
         self.register_outputs({})

@@ -40,6 +40,7 @@ class LustreFileSystem(pulumi.ComponentResource):
         config: FsxConfig,
         cluster_name: pulumi.Input[str],
         addon_version: str,
+        controller_prerequisites: list[pulumi.Resource],
         vpc_id: pulumi.Input[str],
         subnet_id: pulumi.Input[str],
         client_security_group_id: pulumi.Input[str],
@@ -59,9 +60,10 @@ class LustreFileSystem(pulumi.ComponentResource):
             opts=child,
         )
         # From the cluster's nodes and between the file system's own servers, nothing else.
+        rules: list[pulumi.Resource] = []
         for source, peer in (("nodes", client_security_group_id), ("self", group.id)):
             for low, high in LUSTRE_PORTS:
-                aws.vpc.SecurityGroupIngressRule(
+                ingress = aws.vpc.SecurityGroupIngressRule(
                     f"{name}-{source}-{low}",
                     security_group_id=group.id,
                     referenced_security_group_id=peer,
@@ -71,7 +73,7 @@ class LustreFileSystem(pulumi.ComponentResource):
                     description=f"Lustre from {source}",
                     opts=child,
                 )
-                aws.vpc.SecurityGroupEgressRule(
+                egress = aws.vpc.SecurityGroupEgressRule(
                     f"{name}-to-{source}-{low}",
                     security_group_id=group.id,
                     referenced_security_group_id=peer,
@@ -81,6 +83,7 @@ class LustreFileSystem(pulumi.ComponentResource):
                     description=f"Lustre to {source}",
                     opts=child,
                 )
+                rules += [ingress, egress]
         file_system = aws.fsx.LustreFileSystem(
             name,
             deployment_type="PERSISTENT_2",
@@ -92,7 +95,8 @@ class LustreFileSystem(pulumi.ComponentResource):
             file_system_type_version=LUSTRE_VERSION,
             data_compression_type="LZ4",
             tags=tags,
-            opts=child,
+            # FSx refuses to create a file system whose security group does not yet open 988.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=rules),
         )
         aws.fsx.DataRepositoryAssociation(
             name,
@@ -115,6 +119,7 @@ class LustreFileSystem(pulumi.ComponentResource):
             "aws-fsx-csi-driver",
             addon_version,
             "fsx-csi-controller-sa",
+            controller_prerequisites,
             tags,
             child,
             inline_policy=csi_policy(),

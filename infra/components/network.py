@@ -61,6 +61,7 @@ class Network(pulumi.ComponentResource):
         self.private_subnets = list(existing.private_subnet_ids)
         self.private_subnet_ids = pulumi.Output.from_input(self.private_subnets)
         self.public_subnet_ids = pulumi.Output.from_input(list(existing.public_subnet_ids))
+        self.zones = None  # the adopted subnets' AZs are the owner's business
 
     def _create(self, name: str, config: NetworkConfig) -> None:
         zones = aws.get_availability_zones(state="available").names[: config.az_count]
@@ -70,6 +71,7 @@ class Network(pulumi.ComponentResource):
                 f"but the region has {len(zones)} available AZs; allowed: at most {len(zones)}"
             )
         private_cidrs, public_cidrs = config.subnet_cidrs()
+        self.zones = list(zones)
 
         vpc = aws.ec2.Vpc(
             name,

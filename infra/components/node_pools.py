@@ -5,6 +5,7 @@ plan's cost ceiling all come from NodePoolConfig.ceiling().
 """
 
 import pulumi
+import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.components.network import discovery_tag
@@ -12,12 +13,24 @@ from infra.config import NodePoolConfig
 
 POOL_LABEL = "training-platform/pool"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
+# What the DaemonSets that serve GPU nodes (device plugins, DCGM exporter) tolerate.
+GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
 # The NVIDIA device plugin chart schedules itself onto nodes carrying this label.
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
+# The EFA device plugin runs on nodes carrying this label.
+EFA_NODE_LABELS = {"training-platform/efa": "true"}
+# Job pods carry karpenter.sh/do-not-disrupt, which blocks draining forever; past this, a node
+# that drifted or expired is drained anyway (the trainer checkpoints on SIGTERM and resumes).
+TERMINATION_GRACE_PERIOD = "24h"
 
 
 def ec2_node_class_spec(
-    pool: NodePoolConfig, cluster_name: str, instance_profile: str, ami_alias: str, tags: dict
+    pool: NodePoolConfig,
+    cluster_name: str,
+    instance_profile: str,
+    ami_alias: str,
+    tags: dict,
+    placement_group: str | None = None,
 ) -> dict:
     spec = {
         "instanceProfile": instance_profile,
@@ -48,6 +61,8 @@ def ec2_node_class_spec(
     }
     if pool.efa:
         spec["networkInterfaces"] = efa_network_interfaces(pool.efa_network_cards)
+    if placement_group:
+        spec["placementGroupSelector"] = {"name": placement_group}
     return spec
 
 
@@ -62,9 +77,14 @@ def efa_network_interfaces(network_cards: int) -> list[dict]:
     return interfaces
 
 
-def node_pool_spec(pool: NodePoolConfig) -> dict:
+def node_pool_spec(pool: NodePoolConfig, zone: str | None = None) -> dict:
+    """`zone` pins the pool to one AZ (EFA pools: a cluster placement group lives in one AZ)."""
     ceiling = pool.ceiling()
-    labels = {POOL_LABEL: pool.name, **(GPU_NODE_LABELS if pool.gpu else {})}
+    labels = {
+        POOL_LABEL: pool.name,
+        **(GPU_NODE_LABELS if pool.gpu else {}),
+        **(EFA_NODE_LABELS if pool.efa else {}),
+    }
     template_spec = {
         "nodeClassRef": {"group": "karpenter.k8s.aws", "kind": "EC2NodeClass", "name": pool.name},
         "requirements": [
@@ -78,7 +98,12 @@ def node_pool_spec(pool: NodePoolConfig) -> dict:
             {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
         ],
         "expireAfter": pool.expire_after,
+        "terminationGracePeriod": TERMINATION_GRACE_PERIOD,
     }
+    if zone:
+        template_spec["requirements"].append(
+            {"key": "topology.kubernetes.io/zone", "operator": "In", "values": [zone]}
+        )
     limits = {
         "nodes": str(ceiling.nodes),
         "cpu": str(ceiling.vcpu),
@@ -118,6 +143,7 @@ class NodePools(pulumi.ComponentResource):
         cluster_name: str,
         instance_profile: pulumi.Input[str],
         ami_alias: str,
+        default_efa_zone: str | None,
         karpenter_release: pulumi.Resource,
         provider: k8s.Provider,
         tags: dict[str, str],
@@ -130,14 +156,25 @@ class NodePools(pulumi.ComponentResource):
         )
         self.node_pools = {}
         for pool in pools:
+            zone = placement_group = None
+            if pool.efa:
+                zone = pool.availability_zone or default_efa_zone
+                # Nodes of one job talk over EFA: keep them on one network spine.
+                placement_group = aws.ec2.PlacementGroup(
+                    f"{name}-{pool.name}",
+                    name=f"{cluster_name}-{pool.name}",
+                    strategy="cluster",
+                    tags=tags,
+                    opts=pulumi.ResourceOptions(parent=self),
+                ).name
             node_class = k8s.apiextensions.CustomResource(
                 f"{name}-{pool.name}-nodeclass",
                 api_version="karpenter.k8s.aws/v1",
                 kind="EC2NodeClass",
                 metadata={"name": pool.name},
-                spec=pulumi.Output.from_input(instance_profile).apply(
-                    lambda profile, pool=pool: ec2_node_class_spec(
-                        pool, cluster_name, profile, ami_alias, tags
+                spec=pulumi.Output.all(instance_profile, placement_group).apply(
+                    lambda values, pool=pool: ec2_node_class_spec(
+                        pool, cluster_name, values[0], ami_alias, tags, values[1]
                     )
                 ),
                 opts=child,
@@ -147,7 +184,7 @@ class NodePools(pulumi.ComponentResource):
                 api_version="karpenter.sh/v1",
                 kind="NodePool",
                 metadata={"name": pool.name},
-                spec=node_pool_spec(pool),
+                spec=node_pool_spec(pool, zone),
                 opts=pulumi.ResourceOptions.merge(
                     child, pulumi.ResourceOptions(depends_on=[node_class])
                 ),

@@ -7,7 +7,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components.helm import helm_release
-from infra.components.node_pools import GPU_NODE_LABELS, GPU_TAINT
+from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
 from infra.versions import NVIDIA_DEVICE_PLUGIN_CHART
 
 
@@ -23,9 +23,7 @@ class NvidiaDevicePlugin(pulumi.ComponentResource):
             {
                 # Only GPU nodes: the pools label them, and their taint is tolerated.
                 "nodeSelector": GPU_NODE_LABELS,
-                "tolerations": [
-                    {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
-                ],
+                "tolerations": [GPU_TOLERATION],
                 "priorityClassName": "system-node-critical",
                 "gfd": {"enabled": False},
                 "nfd": {"enabled": False},

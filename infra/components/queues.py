@@ -80,6 +80,7 @@ def team_cluster_queue(team: TeamConfig) -> str:
 
 class Queues(pulumi.ComponentResource):
     namespaces: dict[str, k8s.core.v1.Namespace]  # team name -> its namespace
+    local_queues: dict[str, pulumi.Resource]  # team name -> its LocalQueue
 
     def __init__(
         self,
@@ -136,6 +137,7 @@ class Queues(pulumi.ComponentResource):
                     flavors,
                 )
         self.namespaces = {}
+        self.local_queues = {}
         for team in queues.teams:
             namespace = self.namespaces[team.name] = k8s.core.v1.Namespace(
                 f"{name}-ns-{team.name}",
@@ -149,7 +151,7 @@ class Queues(pulumi.ComponentResource):
                 },
                 opts=pulumi.ResourceOptions(parent=self, provider=provider),
             )
-            custom(
+            self.local_queues[team.name] = custom(
                 f"{name}-lq-{team.name}",
                 "LocalQueue",
                 {"name": team.name, "namespace": team.namespace_name},

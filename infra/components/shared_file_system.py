@@ -6,7 +6,7 @@ import pulumi_kubernetes as k8s
 
 from infra.components.iam import csi_driver_addon
 
-EFS_CSI_POLICY = "arn:aws:iam::aws:policy/service-role/AmazonEFSCSIDriverPolicy"
+EFS_CSI_POLICY = "service-role/AmazonEFSCSIDriverPolicy"
 NFS_PORT = 2049
 STORAGE_CLASS = "efs"
 CLAIM = "efs-shared"
@@ -20,6 +20,7 @@ class SharedFileSystem(pulumi.ComponentResource):
         name: str,
         cluster_name: pulumi.Input[str],
         addon_version: str,
+        controller_prerequisites: list[pulumi.Resource],
         vpc_id: pulumi.Input[str],
         private_subnet_ids: list[pulumi.Input[str]],
         client_security_group_id: pulumi.Input[str],
@@ -73,9 +74,10 @@ class SharedFileSystem(pulumi.ComponentResource):
             "aws-efs-csi-driver",
             addon_version,
             "efs-csi-controller-sa",
+            controller_prerequisites,
             tags,
             child,
-            managed_policy_arns=[EFS_CSI_POLICY],
+            managed_policies=[EFS_CSI_POLICY],
         )
         k8s_opts = pulumi.ResourceOptions(
             parent=self, provider=provider, depends_on=[addon, *targets]

@@ -1,0 +1,30 @@
+"""AWS EFA device plugin: advertises `vpc.amazonaws.com/efa` on EFA nodes.
+
+Neither AL2023 nor Bottlerocket AMIs ship it; without it a pod asking for EFA interfaces never
+schedules. It runs only on nodes of EFA pools (their NodePools label them).
+"""
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.components.helm import helm_release
+from infra.components.node_pools import EFA_NODE_LABELS, GPU_TOLERATION
+from infra.versions import EFA_DEVICE_PLUGIN_CHART
+
+
+class EfaDevicePlugin(pulumi.ComponentResource):
+    def __init__(
+        self, name: str, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
+    ):
+        super().__init__("training-platform:infra:EfaDevicePlugin", name, None, opts)
+        self.release = helm_release(
+            "aws-efa-k8s-device-plugin",
+            EFA_DEVICE_PLUGIN_CHART,
+            "kube-system",
+            {
+                "nodeSelector": EFA_NODE_LABELS,
+                "tolerations": [GPU_TOLERATION],
+            },
+            pulumi.ResourceOptions(parent=self, provider=provider),
+        )
+        self.register_outputs({})
