@@ -24,7 +24,7 @@ from pulumi_policy import (
     StackValidationArgs,
     StackValidationPolicy,
 )
-from pulumi_policy.proxy import UnknownValueError
+from pulumi_policy.proxy import UnknownValueError, _DictProxy
 
 from infra.catalog import load_catalog, load_storage_prices
 from infra.config import MANDATORY_PRODUCTION_STACKS
@@ -187,6 +187,12 @@ def _get(value: Any, *path: str | int) -> Any:
     return value
 
 
+def _present(props: Mapping, key: str) -> bool:
+    """Whether `key` is set, known or not: an ARN still to be created is set all the same."""
+    raw = props["__target"] if isinstance(props, _DictProxy) else props
+    return bool(raw.get(key))
+
+
 def _items(value: Any) -> list:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return list(value)
@@ -277,15 +283,15 @@ def _encrypted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
         ):
             yield f"S3 default encryption must be AES256 or aws:kms, got {algorithms}"
     if kind == "aws:sqs/queue:Queue":
-        if props.get("sqsManagedSseEnabled") is not True and not props.get("kmsMasterKeyId"):
+        if props.get("sqsManagedSseEnabled") is not True and not _present(props, "kmsMasterKeyId"):
             yield "SQS queue must set sqsManagedSseEnabled or kmsMasterKeyId"
     if kind == "aws:fsx/lustreFileSystem:LustreFileSystem":
         # SCRATCH_1 has no encryption in transit; every other type encrypts at rest and in transit.
         if props.get("deploymentType") in {None, "SCRATCH_1"}:
             yield "FSx for Lustre must not be SCRATCH_1 (unencrypted in transit)"
-    if kind == "eks:index:Cluster" and not props.get("encryptionConfigKeyArn"):
+    if kind == "eks:index:Cluster" and not _present(props, "encryptionConfigKeyArn"):
         yield "EKS secrets must be envelope-encrypted: set encryptionConfigKeyArn"
-    if kind == "aws:eks/cluster:Cluster" and not props.get("encryptionConfig"):
+    if kind == "aws:eks/cluster:Cluster" and not _present(props, "encryptionConfig"):
         yield "EKS secrets must be envelope-encrypted: set encryptionConfig"
     if kind == "aws:ec2/launchTemplate:LaunchTemplate":
         for mapping in _items(props.get("blockDeviceMappings")):
@@ -310,7 +316,7 @@ def _bucket_kms(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
         default = _get(rule, "applyServerSideEncryptionByDefault") or {}
         if not str(default.get("sseAlgorithm", "")).startswith("aws:kms"):
             yield "production buckets must use SSE-KMS (storage.bucket.kms: true)"
-        elif not default.get("kmsMasterKeyId"):
+        elif not _present(default, "kmsMasterKeyId"):
             yield "production buckets must name their KMS key (kmsMasterKeyId)"
 
 

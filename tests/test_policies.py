@@ -626,6 +626,19 @@ def test_unknown_values_in_a_preview_are_violations_not_passes():
     )
 
 
+def test_a_key_arn_unknown_in_preview_still_counts_as_set():
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
+
+    cluster = {
+        "encryptionConfigKeyArn": UNKNOWN_STRING_VALUE,
+        "enabledClusterLogTypes": ALL_LOGS,
+        "skipDefaultNodeGroup": True,
+    }
+    assert check(plan_with(("eks:index:Cluster", cluster))) == []
+    prod_sse = (SSE_V2, sse("aws:kms", UNKNOWN_STRING_VALUE))
+    assert violations_of(plan_with(prod_sse, stack="prod"), "bucket-kms-in-production") == []
+
+
 def test_unknown_values_the_rule_does_not_read_do_not_matter():
     from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 
