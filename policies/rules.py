@@ -25,6 +25,7 @@ from pulumi_policy import (
     StackValidationPolicy,
 )
 from pulumi_policy.proxy import UnknownValueError, _DictProxy
+from pulumi_policy.proxy import _is_unknown as _unknown
 
 from infra.catalog import load_catalog, load_storage_prices
 from infra.config import MANDATORY_PRODUCTION_STACKS
@@ -191,6 +192,11 @@ def _present(props: Mapping, key: str) -> bool:
     """Whether `key` is set, known or not: an ARN still to be created is set all the same."""
     raw = props["__target"] if isinstance(props, _DictProxy) else props
     return bool(raw.get(key))
+
+
+def _is_unknown(props: Mapping, key: str) -> bool:
+    raw = props["__target"] if isinstance(props, _DictProxy) else props
+    return _unknown(raw.get(key))
 
 
 def _items(value: Any) -> list:
@@ -440,6 +446,10 @@ def _pinned(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     if kind in JOB_TYPES:
         for template in _pod_templates(props, kind):
             for container in _items(_get(template, "spec", "containers")):
+                # Unknown in a preview only when this update builds the image: the program then
+                # makes it `<repository>@<digest>`, and the update phase checks the real value.
+                if _present(container, "image") and _is_unknown(container, "image"):
+                    continue
                 if "@sha256:" not in str(container.get("image")):
                     yield f"job image {container.get('image')} must be referenced by digest"
 

@@ -639,6 +639,15 @@ def test_a_key_arn_unknown_in_preview_still_counts_as_set():
     assert violations_of(plan_with(prod_sse, stack="prod"), "bucket-kms-in-production") == []
 
 
+def test_a_job_whose_image_this_update_builds_is_judged_on_everything_else():
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
+
+    building = hardened(job(image=UNKNOWN_STRING_VALUE))
+    assert violations_of(plan_with((PYTORCHJOB, building)), "images-pinned") == []
+    unlabelled = hardened(job(image=UNKNOWN_STRING_VALUE, label=False))
+    assert {v.policy for v in check(plan_with((PYTORCHJOB, unlabelled)))} == {"kueue-queue-label"}
+
+
 def test_unknown_values_the_rule_does_not_read_do_not_matter():
     from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
 

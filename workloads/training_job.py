@@ -66,14 +66,16 @@ class TrainingJob(pulumi.ComponentResource):
         k8s.networking.v1.NetworkPolicy(
             name, metadata=policy["metadata"], spec=policy["spec"], opts=k8s_child
         )
-        manifest = pulumi.Output.all(namespace_name, image, bucket.name).apply(
+        # The image goes in as an Output leaf, not through this apply: in a preview that builds a
+        # new image only the image fields are unknown, and the policy pack can read the rest.
+        manifest = pulumi.Output.all(namespace_name, bucket.name).apply(
             lambda values: RENDER[job.kind](
                 job,
                 pool,
                 values[0],
-                values[1],
+                image,
                 job.name,
-                checkpoint_dir(job, values[0], values[2]),
+                checkpoint_dir(job, values[0], values[1]),
                 storage,
             )
         )
