@@ -151,7 +151,7 @@ class PlatformMocks(mocks.Mocks):
         if args.token == "aws:index/getPartition:getPartition":
             return {
                 "partition": self.partition,
-                "dnsSuffix": "amazonaws.com",
+                "dnsSuffix": "amazonaws.com.cn" if self.partition == "aws-cn" else "amazonaws.com",
                 "id": self.partition,
             }, []
         if args.token == "aws:ecr/getAuthorizationToken:getAuthorizationToken":

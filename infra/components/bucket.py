@@ -48,14 +48,15 @@ def prefix_read_write_policy(bucket_arn: str, prefix: str, key_arn: str | None =
     return {"Version": "2012-10-17", "Statement": statements}
 
 
-def bucket_key_policy(partition: str, account: str, region: str) -> dict:
+def bucket_key_policy(bucket_arn: str, account: str, region: str, dns_suffix: str) -> dict:
     """Key policy of the bucket's KMS key: IAM policies of this account decide who uses it, and
-    the service-linked role of any FSx data repository association of this account may read and
-    write through S3 (its name carries the file system's id, unknown when the key is made)."""
-    fsx_roles = (
-        f"arn:{partition}:iam::{account}:role/aws-service-role/"
-        "s3.data-source.lustre.fsx.amazonaws.com/AWSServiceRoleForFSxS3Access_*"
-    )
+    FSx data repository associations of this account may use it through S3 for this bucket.
+
+    The FSx statement is the one the FSx for Lustre guide gives for SSE-KMS buckets ("Working with
+    server-side encrypted Amazon S3 buckets"); with S3 Bucket Keys the encryption context is the
+    bucket's ARN.
+    """
+    partition = bucket_arn.split(":")[1]
     return {
         "Version": "2012-10-17",
         "Statement": [
@@ -81,9 +82,10 @@ def bucket_key_policy(partition: str, account: str, region: str) -> dict:
                 "Condition": {
                     "StringEquals": {
                         "kms:CallerAccount": account,
-                        "kms:ViaService": f"s3.{region}.amazonaws.com",
+                        "kms:ViaService": f"s3.{region}.{dns_suffix}",
+                        "kms:EncryptionContext:aws:s3:arn": bucket_arn,
                     },
-                    "ArnLike": {"aws:PrincipalArn": fsx_roles},
+                    "StringLike": {"aws:userid": "*:FSx"},
                 },
             },
         ],
@@ -143,11 +145,14 @@ class TrainingBucket(pulumi.ComponentResource):
                 description="S3 training bucket encryption",
                 enable_key_rotation=True,
                 deletion_window_in_days=30,
-                policy=json.dumps(
-                    bucket_key_policy(
-                        partition(),
-                        aws.get_caller_identity().account_id,
-                        aws.get_region().region,
+                policy=arn.apply(
+                    lambda arn: json.dumps(
+                        bucket_key_policy(
+                            arn,
+                            aws.get_caller_identity().account_id,
+                            aws.get_region().region,
+                            aws.get_partition().dns_suffix,
+                        )
                     )
                 ),
                 tags=tags,

@@ -147,6 +147,13 @@ def node_role(
     return _role(name, trust, NODE_MANAGED_POLICIES, tags, opts, None, role_name)
 
 
+# Add-ons whose EKS configuration schema has `controller.nodeSelector` (checked: the EBS chart's
+# values.schema.json). Add one here once `aws eks describe-addon-configuration --addon-name <name>
+# --addon-version <pin>` lists the key: CreateAddon rejects keys outside the schema. The others'
+# controllers tolerate the system taint by default but may also land on untainted nodes.
+CSI_CONTROLLER_NODE_SELECTOR = {"aws-ebs-csi-driver"}
+
+
 def csi_driver_addon(
     name: str,
     cluster_name: pulumi.Input[str],
@@ -160,7 +167,7 @@ def csi_driver_addon(
     inline_policy: pulumi.Input[str] | None = None,
 ) -> aws.eks.Addon:
     """An EKS add-on whose controller runs as `service_account` with its own Pod Identity role,
-    on the system nodes (its default tolerations already include the system taint)."""
+    created once the system nodes and the Pod Identity agent are there."""
     role = pod_identity_role(
         name,
         cluster_name,
@@ -178,7 +185,9 @@ def csi_driver_addon(
         addon_version=version,
         resolve_conflicts_on_update="OVERWRITE",
         pod_identity_associations=[{"role_arn": role.arn, "service_account": service_account}],
-        configuration_values=json.dumps({"controller": {"nodeSelector": SYSTEM_NODE_LABEL}}),
+        configuration_values=json.dumps({"controller": {"nodeSelector": SYSTEM_NODE_LABEL}})
+        if addon in CSI_CONTROLLER_NODE_SELECTOR
+        else None,
         tags=tags,
         opts=pulumi.ResourceOptions.merge(
             opts, pulumi.ResourceOptions(depends_on=[*controller_prerequisites, *role.ready])

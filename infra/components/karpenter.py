@@ -179,7 +179,12 @@ def controller_policy(
                 "Effect": "Allow",
                 "Action": "iam:PassRole",
                 "Resource": node_role_arn,
-                "Condition": {"StringEquals": {"iam:PassedToService": ["ec2.amazonaws.com"]}},
+                "Condition": {
+                    "StringEquals": {
+                        # The China partition's EC2 service principal, as upstream lists it.
+                        "iam:PassedToService": ["ec2.amazonaws.com", "ec2.amazonaws.com.cn"]
+                    }
+                },
             },
             {
                 "Sid": "AllowUnscopedInstanceProfileListAction",
