@@ -68,3 +68,44 @@ def test_stack_rules_run_over_the_engines_resource_list():
     )
     response = server().AnalyzeStack(proto.AnalyzeStackRequest(resources=[bucket]), None)
     assert "s3-private-and-tls-only" in mandatory(response.diagnostics)
+
+
+def serve_plan(plan) -> set[tuple[str, str]]:
+    """(rule, urn) of every mandatory diagnostic the server gives for a plan's resources."""
+    analyzer = server()
+    found = set()
+    resources = []
+    for r in plan.resources:
+        properties = struct_pb2.Struct()
+        json_format.ParseDict(json.loads(json.dumps(r.inputs)), properties)
+        request = proto.AnalyzeRequest(type=r.type, properties=properties, urn=r.urn, name=r.name)
+        found |= {(d.policyName, r.urn) for d in analyzer.Analyze(request, None).diagnostics}
+        resources.append(
+            proto.AnalyzerResource(
+                type=r.type,
+                properties=properties,
+                urn=r.urn,
+                name=r.name,
+                parent=r.parent,
+                dependencies=r.dependencies,
+            )
+        )
+    stack = analyzer.AnalyzeStack(proto.AnalyzeStackRequest(resources=resources), None)
+    return found | {(d.policyName, d.urn) for d in stack.diagnostics}
+
+
+def test_server_and_offline_check_agree_on_the_stack_plans(stack_plan):
+    from policies.offline import check
+
+    assert serve_plan(stack_plan) == {(v.policy, v.urn) for v in check(stack_plan)} == set()
+
+
+def test_server_and_offline_check_agree_on_a_broken_plan():
+    from policies.offline import check
+    from tests.conftest import plan_of
+
+    split_world = {"endpoint": {"publicAccessCidrs": ["0.0.0.0/1", "128.0.0.0/1"]}}
+    plan = plan_of("prod", cluster=split_world)
+    found = serve_plan(plan)
+    assert found == {(v.policy, v.urn) for v in check(plan)}
+    assert {rule for rule, _ in found} == {"eks-endpoint-not-public-in-production"}
