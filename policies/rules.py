@@ -111,9 +111,8 @@ def stack_of(urn: str) -> str:
     return urn.split("::")[0].removeprefix("urn:pulumi:")
 
 
-def in_production(args) -> bool:
-    urn = getattr(args, "urn", None) or next((r.urn for r in args.resources), "")
-    return stack_of(urn) in config_of(args)["productionStacks"]
+def in_production(args: ResourceValidationArgs) -> bool:
+    return stack_of(args.urn) in config_of(args)["productionStacks"]
 
 
 def _unknown_message(error: UnknownValueError) -> str:
@@ -567,22 +566,19 @@ def _public_bucket(props: Mapping, args: ResourceValidationArgs) -> Iterable[str
             yield f"public access block must set {', '.join(off)} true"
 
 
-def _pod_security_contexts(props: Mapping, kind: str) -> list[tuple[Mapping, Mapping, list]]:
-    return [
-        (template, template.get("spec") or {}, _containers(template.get("spec") or {}))
-        for template in _pod_templates(props, kind)
-    ]
+def _pod_specs(props: Mapping, kind: str) -> list[Mapping]:
+    return [template.get("spec") or {} for template in _pod_templates(props, kind)]
 
 
 def _host_access(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    for _, pod, containers in _pod_security_contexts(props, args.resource_type):
+    for pod in _pod_specs(props, args.resource_type):
         for key in ("hostNetwork", "hostPID", "hostIPC"):
             if pod.get(key) is True:
                 yield f"pod sets {key}"
         for volume in _items(pod.get("volumes")):
             if volume.get("hostPath") is not None:
                 yield f"pod mounts hostPath volume {volume.get('name')}"
-        for container in containers:
+        for container in _containers(pod):
             context = container.get("securityContext") or {}
             if context.get("privileged") is True:
                 yield f"container {container.get('name')} is privileged"
@@ -595,7 +591,7 @@ def _host_access(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
 def _restricted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     # The long-running containers; init containers that prepare a volume (chown a folder on FSx)
     # may run as root within baseline, which pods-no-host-access holds them to.
-    for _, pod, _ in _pod_security_contexts(props, args.resource_type):
+    for pod in _pod_specs(props, args.resource_type):
         pod_context = pod.get("securityContext") or {}
         for container in _items(pod.get("containers")):
             name = container.get("name")
