@@ -7,7 +7,8 @@ STACK ?= dev
 .PHONY: demo test plan train-local job-local bench lint venv clean
 
 # Reinstall only when the pinned dependencies change.
-$(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/dev.txt trainer/requirements.txt
+$(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
+		trainer/requirements.txt
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
 	touch $@

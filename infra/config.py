@@ -561,6 +561,88 @@ class JobConfig(Model):
         return self
 
 
+# Address ranges EKS accepts for hybrid nodes' remote node and pod networks (RFC 1918, CGNAT).
+HYBRID_ALLOWED_RANGES = [
+    ipaddress.IPv4Network(n)
+    for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
+]
+
+
+class HybridMachine(Model):
+    """A machine outside AWS joining the cluster as an EKS hybrid node."""
+
+    name: K8sName
+    gpus: int = Field(ge=0, le=16)
+    gpu_model: str = Field(default="", pattern=r"^[A-Za-z0-9 ._-]{0,40}$")
+    vcpu: int = Field(ge=1, le=512)  # what Kueue may admit onto it, with memoryGib and gpus
+    memory_gib: int = Field(ge=1, le=8192)
+    # Its slice of remotePodCidrs: the WireGuard gateway routes these pod addresses to it.
+    pod_cidr: Cidr
+
+
+class HybridConfig(Model):
+    """EKS Hybrid Nodes reached through a WireGuard gateway in a public subnet of the VPC.
+
+    remoteNodeCidrs[0] is the WireGuard network: the gateway takes its first host address, the
+    machines the next ones in order (their node IPs).
+    """
+
+    remote_node_cidrs: list[Cidr] = Field(min_length=1, max_length=15)
+    remote_pod_cidrs: list[Cidr] = Field(min_length=1, max_length=15)
+    credential_provider: Literal["ssm", "iam-roles-anywhere"] = "ssm"
+    # PEM CA bundle that signs the machines' certificates (iam-roles-anywhere only).
+    ca_bundle_pem: str = ""
+    gateway_instance_type: CpuInstanceType = "c6i.large"
+    machines: list[HybridMachine] = Field(min_length=1, max_length=100)
+
+    @model_validator(mode="after")
+    def _consistent(self) -> "HybridConfig":
+        every = self.remote_node_cidrs + self.remote_pod_cidrs
+        for cidr in every:
+            if not any(cidr.subnet_of(r) for r in HYBRID_ALLOWED_RANGES):
+                raise ValueError(
+                    f"{cidr} is not allowed for hybrid nodes; allowed: inside "
+                    + ", ".join(str(r) for r in HYBRID_ALLOWED_RANGES)
+                )
+        for i, a in enumerate(every):
+            for b in every[i + 1 :]:
+                if a.overlaps(b):
+                    raise ValueError(f"remote CIDRs {a} and {b} overlap; allowed: disjoint CIDRs")
+        if (self.credential_provider == "iam-roles-anywhere") != bool(self.ca_bundle_pem):
+            raise ValueError(
+                "caBundlePem goes with credentialProvider iam-roles-anywhere; allowed: a PEM CA "
+                "bundle for iam-roles-anywhere, none for ssm"
+            )
+        names = [m.name for m in self.machines]
+        repeated = sorted({n for n in names if names.count(n) > 1})
+        if repeated:
+            raise ValueError(f"machine names {', '.join(repeated)} repeat; allowed: unique names")
+        if len(self.machines) + 1 > self.remote_node_cidrs[0].num_addresses - 2:
+            raise ValueError(
+                f"remoteNodeCidrs[0] {self.remote_node_cidrs[0]} holds fewer addresses than the "
+                f"gateway and {len(self.machines)} machines need"
+            )
+        pods = [m.pod_cidr for m in self.machines]
+        for machine in self.machines:
+            if not any(machine.pod_cidr.subnet_of(c) for c in self.remote_pod_cidrs):
+                raise ValueError(
+                    f"machine {machine.name}: podCidr {machine.pod_cidr} lies outside "
+                    "remotePodCidrs; allowed: a slice of one of them"
+                )
+            if sum(machine.pod_cidr.overlaps(other) for other in pods) > 1:
+                raise ValueError(
+                    f"machine {machine.name}: podCidr {machine.pod_cidr} overlaps another "
+                    "machine's; allowed: disjoint slices"
+                )
+        return self
+
+    def addresses(self) -> tuple[ipaddress.IPv4Address, dict[str, ipaddress.IPv4Address]]:
+        """(gateway, machine name -> node IP) in the WireGuard network remoteNodeCidrs[0]."""
+        hosts = self.remote_node_cidrs[0].hosts()
+        gateway = next(hosts)
+        return gateway, {m.name: next(hosts) for m in self.machines}
+
+
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
@@ -576,6 +658,7 @@ class StackConfig(Model):
     policy: PolicyConfig = PolicyConfig()
     image: ImageConfig = ImageConfig()
     jobs: list[JobConfig] = Field(default_factory=list)
+    hybrid: HybridConfig | None = None  # GPUs outside AWS as EKS hybrid nodes
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> "StackConfig":
@@ -760,6 +843,41 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     + ", ".join(k for k, on in storage.items() if on),
                 )
             )
+    return problems + _hybrid_errors(config)
+
+
+def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    """Hybrid nodes against the rest of the stack: endpoint mode and the VPC's addresses."""
+    if config.hybrid is None:
+        return []
+    problems = []
+    endpoint = config.cluster.endpoint
+    if endpoint.public_access and endpoint.private_access:
+        problems.append(
+            (
+                ("cluster", "endpoint"),
+                "hybrid nodes need publicAccess or privateAccess, not both (the endpoint would "
+                "resolve to public IPs for nodes outside the VPC); allowed: one of them true",
+            )
+        )
+    remote = config.hybrid.remote_node_cidrs + config.hybrid.remote_pod_cidrs
+    for cidr in remote:
+        if cidr.overlaps(config.network.cidr):
+            problems.append(
+                (
+                    ("hybrid",),
+                    f"{cidr} overlaps the VPC cidr {config.network.cidr}; allowed: "
+                    "remote CIDRs outside the VPC",
+                )
+            )
+    if config.network.existing_vpc is not None:
+        problems.append(
+            (
+                ("hybrid",),
+                "hybrid nodes need routes in the VPC's route tables, which an adopted VPC "
+                "(network.existingVpc) keeps to itself; allowed: hybrid with this stack's VPC",
+            )
+        )
     return problems
 
 

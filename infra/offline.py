@@ -7,6 +7,7 @@ hangs or fails about half the time (pulumi/pulumi#6561).
 """
 
 import asyncio
+import base64
 import hashlib
 import json
 import os
@@ -111,6 +112,7 @@ def _fake_id(type_: str, name: str) -> str:
         "aws:ec2/eip:Eip": "eipalloc-",
         "aws:ec2/routeTable:RouteTable": "rtb-",
         "aws:ec2/launchTemplate:LaunchTemplate": "lt-",
+        "aws:ec2/instance:Instance": "i-",
         "aws:fsx/lustreFileSystem:LustreFileSystem": "fs-",
         "aws:efs/fileSystem:FileSystem": "fs-",
     }.get(type_)
@@ -164,6 +166,16 @@ class PlatformMocks(mocks.Mocks):
             }, []
         if args.token == "aws:index/getRegion:getRegion":
             return {"name": self.region, "region": self.region, "id": self.region}, []
+        if args.token == "aws:ssm/getParameter:getParameter":  # a public AMI parameter
+            name = args.args["name"]
+            ami = "ami-" + hashlib.sha256(name.encode()).hexdigest()[:17]
+            return {
+                "name": name,
+                "value": ami,
+                "insecureValue": ami,
+                "type": "String",
+                "id": name,
+            }, []
         raise NotImplementedError(f"offline plan has no mock for invoke {args.token}")
 
     def new_resource(self, args: mocks.MockResourceArgs):
@@ -198,6 +210,15 @@ class PlatformMocks(mocks.Mocks):
             )
         elif args.typ == "aws:ec2/launchTemplate:LaunchTemplate":
             outputs["latestVersion"] = 1
+        elif args.typ == "random:index/randomBytes:RandomBytes":
+            raw = hashlib.sha256(args.name.encode()).digest()[: int(args.inputs["length"])]
+            outputs.update(base64=base64.b64encode(raw).decode(), hex=raw.hex())
+        elif args.typ == "aws:ssm/activation:Activation":
+            outputs["activationCode"] = f"offline-activation-code-{id_[-8:]}"
+        elif args.typ == "aws:ec2/instance:Instance":
+            outputs["primaryNetworkInterfaceId"] = "eni-" + id_.removeprefix("i-")
+        elif args.typ == "aws:ec2/eip:Eip":
+            outputs["publicIp"] = "203.0.113.10"  # TEST-NET-3: documentation addresses
         elif args.typ.startswith("kubernetes:") and "metadata" in outputs:
             outputs["metadata"] = {**{"name": args.name}, **(outputs["metadata"] or {})}
         return id_, outputs

@@ -7,6 +7,7 @@ from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
 from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
+from infra.components.hybrid_nodes import HybridNodes, VpcPlacement, kueue_flavor
 from infra.components.karpenter import Karpenter
 from infra.components.kueue import Kueue
 from infra.components.lustre import LustreFileSystem
@@ -27,7 +28,7 @@ def build_platform(config: StackConfig) -> None:
     tags = {"training-platform:stack": stack, "training-platform:cluster": config.cluster.name}
 
     network = Network("network", config.network, cluster_name=config.cluster.name, tags=tags)
-    cluster = Cluster("cluster", config.cluster, network=network, tags=tags)
+    cluster = Cluster("cluster", config.cluster, network=network, tags=tags, hybrid=config.hybrid)
     karpenter = Karpenter("karpenter", cluster, cluster_name=config.cluster.name, tags=tags)
     NodePools(
         "nodepools",
@@ -40,11 +41,12 @@ def build_platform(config: StackConfig) -> None:
         provider=cluster.provider,
         tags=tags,
     )
-    if any(pool.gpu for pool in config.node_pools):
+    hybrid_gpus = config.hybrid is not None and any(m.gpus for m in config.hybrid.machines)
+    if hybrid_gpus or any(pool.gpu for pool in config.node_pools):
         NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
+        GpuMetrics("gpu-metrics", cluster.provider, config.monitoring.prometheus_stack)
     if any(pool.efa for pool in config.node_pools):
         EfaDevicePlugin("efa-device-plugin", provider=cluster.provider)
-        GpuMetrics("gpu-metrics", cluster.provider, config.monitoring.prometheus_stack)
 
     operators = TrainingOperators(
         "training-operators", cluster.provider, cluster.controller_prerequisites
@@ -55,8 +57,31 @@ def build_platform(config: StackConfig) -> None:
         depends_on=[*operators.installs, *cluster.controller_prerequisites],
     )
     queues = Queues(
-        "queues", config.node_pools, config.queues, kueue.release, provider=cluster.provider
+        "queues",
+        config.node_pools,
+        config.queues,
+        kueue.release,
+        provider=cluster.provider,
+        extra_flavors=(kueue_flavor(config.hybrid),) if config.hybrid else (),
     )
+    if config.hybrid:
+        hybrid = HybridNodes(
+            "hybrid",
+            config.hybrid,
+            cluster.name,
+            config.cluster.kubernetes_version,
+            VpcPlacement(
+                config.network.cidr,
+                network.vpc_id,
+                network.public_subnets[0],
+                network.route_table_ids,
+                cluster.cluster_security_group_id,
+            ),
+            tags,
+        )
+        pulumi.export("hybridGatewayIp", hybrid.gateway_public_ip)
+        pulumi.export("hybridPeerConfigs", hybrid.peer_configs)
+        pulumi.export("hybridBootstrap", hybrid.bootstraps)
 
     addons = EKS_ADDONS[config.cluster.kubernetes_version]
     storage = config.storage

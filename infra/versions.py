@@ -65,3 +65,11 @@ TRAINING_OPERATOR_VERSION = "v1.9.4"
 # MPI operator (MPIJob kubeflow.org/v2beta1): upstream's standalone overlay at this tag, placed
 # by infra/manifests/mpi-operator/kustomization.yaml.
 MPI_OPERATOR_VERSION = "v0.8.0"
+
+# Hybrid nodes (infra/components/hybrid_nodes.py). The WireGuard gateway boots the AL2023 AMI this
+# public SSM parameter names when it is created; a later AMI does not replace a running gateway.
+WIREGUARD_GATEWAY_AMI_PARAMETER = (
+    "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-6.1-x86_64"
+)
+# NVIDIA container toolkit the bootstrap installs on GPU hybrid nodes (apt/dnf package version).
+NVIDIA_CONTAINER_TOOLKIT_VERSION = "1.18.1-1"

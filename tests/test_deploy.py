@@ -294,6 +294,9 @@ def test_efa_pools_get_one_az_a_cluster_placement_group_and_the_efa_device_plugi
     )
     assert not [r for r in without_efa.of_type(RELEASE) if r.name == "aws-efa-k8s-device-plugin"]
     assert not without_efa.of_type("aws:ec2/placementGroup:PlacementGroup")
+    # GPU pools without EFA keep their device plugin and GPU metrics.
+    releases = {r.name for r in without_efa.of_type(RELEASE)}
+    assert {"nvidia-device-plugin", "dcgm-exporter"} <= releases
 
 
 def test_efa_image_target_ships_libfabric_and_aws_ofi_nccl():

@@ -5,10 +5,11 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
+from infra.components.hybrid_nodes import remote_network_transform
 from infra.components.iam import node_role, partition
 from infra.components.network import Network, discovery_tag
 from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
-from infra.config import ClusterConfig
+from infra.config import ClusterConfig, HybridConfig
 from infra.versions import EKS_ADDONS
 
 CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
@@ -30,6 +31,7 @@ class Cluster(pulumi.ComponentResource):
         network: Network,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
+        hybrid: HybridConfig | None = None,
     ):
         super().__init__("training-platform:infra:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -97,7 +99,12 @@ class Cluster(pulumi.ComponentResource):
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(version=addons["kube-proxy"]),
             tags=tags,
-            opts=child,
+            # Hybrid nodes: the cluster's remote node and pod networks (see hybrid_nodes.py).
+            opts=pulumi.ResourceOptions.merge(
+                child, pulumi.ResourceOptions(transforms=[remote_network_transform(hybrid)])
+            )
+            if hybrid
+            else child,
         )
         cluster_name = cluster.eks_cluster.name
         cluster_sg_id = cluster.eks_cluster.vpc_config.cluster_security_group_id

@@ -20,6 +20,9 @@ class Network(pulumi.ComponentResource):
     private_subnet_ids: pulumi.Output[list[str]]
     private_subnets: list[pulumi.Input[str]]  # one id per AZ, for per-subnet resources
     public_subnet_ids: pulumi.Output[list[str]]
+    # Created VPCs only (an adopted VPC's routing stays its owner's): hybrid nodes add routes.
+    public_subnets: list[pulumi.Input[str]]
+    route_table_ids: list[pulumi.Output[str]]  # public first, then one per private subnet
 
     def __init__(
         self,
@@ -59,6 +62,7 @@ class Network(pulumi.ComponentResource):
                 )
         self.vpc_id = pulumi.Output.from_input(existing.vpc_id)
         self.private_subnets = list(existing.private_subnet_ids)
+        self.public_subnets, self.route_table_ids = [], []
         self.private_subnet_ids = pulumi.Output.from_input(self.private_subnets)
         self.public_subnet_ids = pulumi.Output.from_input(list(existing.public_subnet_ids))
         self.zones = None  # the adopted subnets' AZs are the owner's business
@@ -91,6 +95,7 @@ class Network(pulumi.ComponentResource):
         )
 
         public_subnets, private_subnets, nats = [], [], []
+        self.route_table_ids = [public_rt.id]
         for i, (zone, private_cidr, public_cidr) in enumerate(
             zip(zones, private_cidrs, public_cidrs, strict=True)
         ):
@@ -153,11 +158,13 @@ class Network(pulumi.ComponentResource):
                 opts=self._child,
             )
             private_subnets.append(private)
+            self.route_table_ids.append(private_rt.id)
 
         self.vpc_id = vpc.id
         self.private_subnets = [s.id for s in private_subnets]
         self.private_subnet_ids = pulumi.Output.all(*self.private_subnets)
-        self.public_subnet_ids = pulumi.Output.all(*[s.id for s in public_subnets])
+        self.public_subnets = [s.id for s in public_subnets]
+        self.public_subnet_ids = pulumi.Output.all(*self.public_subnets)
 
     def _named(self, name: str, *extra: dict[str, str]) -> dict[str, str]:
         tags = {**self._tags, "Name": name}

@@ -5,6 +5,7 @@ more than Karpenter may launch; Karpenter then scales on the admitted pods.
 """
 
 import math
+from dataclasses import dataclass
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -35,10 +36,23 @@ def resource_flavor_spec(pool: NodePoolConfig) -> dict:
     return spec
 
 
+@dataclass(frozen=True)
+class Flavor:
+    """A flavor not backed by a NodePool (hybrid nodes): its spec and its fixed capacity."""
+
+    name: str
+    spec: dict
+    amounts: dict[str, int]  # per COVERED_RESOURCES name; memory in GiB
+
+
 def quotas(pool: NodePoolConfig, share: float | None = None) -> list[dict]:
     """Nominal quota = the pool's ceiling; with `share`, a borrowing-only quota instead."""
     ceiling = pool.ceiling()
     amounts = {"cpu": ceiling.vcpu, "memory": ceiling.memory_gib, "nvidia.com/gpu": ceiling.gpus}
+    return quota_entries(amounts, share)
+
+
+def quota_entries(amounts: dict[str, int], share: float | None = None) -> list[dict]:
     resources = []
     for name in COVERED_RESOURCES:
         unit = "Gi" if name == "memory" else ""
@@ -54,9 +68,15 @@ def cluster_queue_spec(
     queues: QueuesConfig,
     namespace_selector: dict,
     share: float | None = None,
+    extra_flavors: tuple[Flavor, ...] = (),
 ) -> dict:
     # CPU flavors first: a job without GPU requests (and no pool selector) lands on CPU nodes.
+    # Extra flavors last: only jobs that tolerate their taints are admitted there.
     ordered = sorted(pools, key=lambda p: p.gpu)
+    flavors = [{"name": p.name, "resources": quotas(p, share)} for p in ordered]
+    flavors += [
+        {"name": f.name, "resources": quota_entries(f.amounts, share)} for f in extra_flavors
+    ]
     return {
         "cohortName": queues.cohort,
         "namespaceSelector": namespace_selector,
@@ -68,7 +88,7 @@ def cluster_queue_spec(
         "resourceGroups": [
             {
                 "coveredResources": COVERED_RESOURCES,
-                "flavors": [{"name": p.name, "resources": quotas(p, share)} for p in ordered],
+                "flavors": flavors,
             }
         ],
     }
@@ -90,6 +110,7 @@ class Queues(pulumi.ComponentResource):
         kueue_release: pulumi.Resource,
         provider: k8s.Provider,
         opts: pulumi.ResourceOptions | None = None,
+        extra_flavors: tuple[Flavor, ...] = (),
     ):
         super().__init__("training-platform:infra:Queues", name, None, opts)
         # The Kueue chart brings the CRDs: nothing here can be created before it.
@@ -115,13 +136,21 @@ class Queues(pulumi.ComponentResource):
                 resource_flavor_spec(p),
             )
             for p in pools
+        ] + [
+            custom(f"{name}-flavor-{f.name}", "ResourceFlavor", {"name": f.name}, f.spec)
+            for f in extra_flavors
         ]
         cluster_queues = {
             PLATFORM_QUEUE: custom(
                 f"{name}-{PLATFORM_QUEUE}",
                 "ClusterQueue",
                 {"name": PLATFORM_QUEUE},
-                cluster_queue_spec(pools, queues, {"matchLabels": {QUEUE_ACCESS_LABEL: "true"}}),
+                cluster_queue_spec(
+                    pools,
+                    queues,
+                    {"matchLabels": {QUEUE_ACCESS_LABEL: "true"}},
+                    extra_flavors=extra_flavors,
+                ),
                 flavors,
             )
         }
@@ -133,7 +162,7 @@ class Queues(pulumi.ComponentResource):
                     f"{name}-team-{team.name}",
                     "ClusterQueue",
                     {"name": team_cluster_queue(team)},
-                    cluster_queue_spec(pools, queues, selector, share),
+                    cluster_queue_spec(pools, queues, selector, share, extra_flavors),
                     flavors,
                 )
         self.namespaces = {}

@@ -1,0 +1,549 @@
+"""HybridNodes: machines outside AWS join the cluster as EKS Hybrid Nodes over WireGuard.
+
+A small gateway instance in a public subnet is the WireGuard hub: every machine dials it (UDP
+51820, the only port open to the internet), the VPC's route tables send the remote node and pod
+CIDRs to it. Each machine's node IP is its WireGuard address. Credentials come from an SSM hybrid
+activation or IAM Roles Anywhere, mapped into the cluster by a HYBRID_LINUX access entry. Hybrid
+nodes carry a label and a taint and have their own Kueue flavor, so only jobs that opt in (by
+tolerating the taint) run there.
+"""
+
+import ipaddress
+import json
+import textwrap
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_random as random
+import yaml
+
+from infra.components.iam import assume_role_policy, managed_policy_arn, partition
+from infra.components.node_pools import GPU_NODE_LABELS, POOL_LABEL
+from infra.components.queues import Flavor
+from infra.config import HybridConfig, HybridMachine
+from infra.versions import NVIDIA_CONTAINER_TOOLKIT_VERSION, WIREGUARD_GATEWAY_AMI_PARAMETER
+from mesh.wireguard import Hub, Spoke, hub_config, spoke_config
+
+HYBRID_FLAVOR = "hybrid"
+HYBRID_LABELS = {POOL_LABEL: HYBRID_FLAVOR, "training-platform/node-role": "hybrid"}
+HYBRID_TAINT = {"key": "training-platform/hybrid", "value": "true", "effect": "NoSchedule"}
+# For node agents (device plugins): a workload opts in through Kueue's flavor instead.
+HYBRID_TOLERATION = {"key": HYBRID_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+WIREGUARD_PORT = 51820
+NODEADM_URL = "https://hybrid-assets.eks.amazonaws.com/releases/latest/bin/linux/amd64/nodeadm"
+NODEADM_CREDENTIAL_PROVIDER = {"ssm": "ssm", "iam-roles-anywhere": "iam-ra"}
+# Where a Roles Anywhere machine keeps its certificate (CN = machine name) and key.
+IRA_CERTIFICATE = "/etc/iam/pki/server.pem"
+IRA_PRIVATE_KEY = "/etc/iam/pki/server.key"
+KEY_PLACEHOLDER = "@WIREGUARD_PRIVATE_KEY@"
+
+
+def remote_network_config(config: HybridConfig) -> dict:
+    """The aws:eks Cluster's remoteNetworkConfig, in the engine's (camelCase) property names."""
+    return {
+        "remoteNodeNetworks": {"cidrs": [str(c) for c in config.remote_node_cidrs]},
+        "remotePodNetworks": {"cidrs": [str(c) for c in config.remote_pod_cidrs]},
+    }
+
+
+def remote_network_transform(config: HybridConfig) -> pulumi.ResourceTransform:
+    """Sets remoteNetworkConfig on the aws:eks Cluster inside pulumi-eks's Cluster component.
+
+    pulumi-eks 4.x does not expose the setting (pulumi/pulumi-eks#1512); transforms reach the
+    resources of packaged components, so this adds it where pulumi-eks creates the cluster.
+    """
+
+    def transform(args: pulumi.ResourceTransformArgs) -> pulumi.ResourceTransformResult | None:
+        if args.type_ != "aws:eks/cluster:Cluster":
+            return None
+        props = {**args.props, "remoteNetworkConfig": remote_network_config(config)}
+        return pulumi.ResourceTransformResult(props=props, opts=args.opts)
+
+    return transform
+
+
+def kueue_flavor(config: HybridConfig) -> Flavor:
+    """No injected toleration: a job lands here only if its pods tolerate HYBRID_TAINT."""
+    return Flavor(
+        name=HYBRID_FLAVOR,
+        spec={"nodeLabels": {POOL_LABEL: HYBRID_FLAVOR}, "nodeTaints": [HYBRID_TAINT]},
+        amounts={
+            "cpu": sum(m.vcpu for m in config.machines),
+            "memory": sum(m.memory_gib for m in config.machines),
+            "nvidia.com/gpu": sum(m.gpus for m in config.machines),
+        },
+    )
+
+
+def node_labels(machine: HybridMachine) -> dict[str, str]:
+    # SSM-registered nodes are named after their managed instance id (mi-...): the machine label
+    # says which machine a node is.
+    labels = {**HYBRID_LABELS, "training-platform/machine": machine.name}
+    if machine.gpus:
+        labels.update(GPU_NODE_LABELS)
+    return labels
+
+
+def node_config(
+    cluster_name: str, region: str, machine: HybridMachine, node_ip: str, hybrid: dict
+) -> str:
+    """nodeadm's NodeConfig for one machine; `hybrid` is its spec.hybrid credentials block."""
+    taint = f"{HYBRID_TAINT['key']}={HYBRID_TAINT['value']}:{HYBRID_TAINT['effect']}"
+    labels = ",".join(f"{k}={v}" for k, v in node_labels(machine).items())
+    document = {
+        "apiVersion": "node.eks.aws/v1alpha1",
+        "kind": "NodeConfig",
+        "spec": {
+            "cluster": {"name": cluster_name, "region": region},
+            "hybrid": hybrid,
+            "kubelet": {
+                "flags": [
+                    f"--node-ip={node_ip}",
+                    f"--node-labels={labels}",
+                    f"--register-with-taints={taint}",
+                ]
+            },
+        },
+    }
+    return yaml.safe_dump(document, sort_keys=False)
+
+
+def bootstrap_script(
+    machine: HybridMachine,
+    cluster_name: str,
+    kubernetes_version: str,
+    credential_provider: str,
+    wireguard_conf: str,
+    node_config_yaml: str,
+) -> str:
+    """One page a machine's owner runs as root (Ubuntu 22.04/24.04) to join the cluster."""
+    gpu = ""
+    if machine.gpus:
+        gpu = f"""
+# 4. NVIDIA container toolkit, so containerd runs GPU containers on this machine's
+#    {machine.gpus} x {machine.gpu_model or "GPU"}. Needs the NVIDIA driver (nvidia-smi works).
+curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey \\
+  | gpg --dearmor --yes -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+keyring=/usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
+curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-container-toolkit.list \\
+  | sed "s#deb https://#deb [signed-by=$keyring] https://#" \\
+  > /etc/apt/sources.list.d/nvidia-container-toolkit.list
+apt-get update
+apt-get install -y nvidia-container-toolkit={NVIDIA_CONTAINER_TOOLKIT_VERSION}
+nvidia-ctk runtime configure --runtime=containerd --set-as-default
+systemctl restart containerd
+"""
+    provider = NODEADM_CREDENTIAL_PROVIDER[credential_provider]
+    certificate = ""
+    if credential_provider == "iam-roles-anywhere":
+        certificate = (
+            f"# Before running: this machine's certificate (CN={machine.name}) and key, signed "
+            f"by the\n# stack's CA, at {IRA_CERTIFICATE} and {IRA_PRIVATE_KEY}.\n"
+        )
+    return f"""#!/usr/bin/env bash
+# Hybrid node {machine.name} of EKS cluster {cluster_name}: run as root on Ubuntu 22.04/24.04.
+# Generated by the stack; it holds secrets (WireGuard key, credentials): keep it private.
+{certificate}
+set -euo pipefail
+
+# 1. WireGuard to the cluster's gateway (UDP {WIREGUARD_PORT} outbound; no inbound port needed).
+apt-get update
+apt-get install -y wireguard-tools curl gpg
+install -m 600 /dev/stdin /etc/wireguard/wg0.conf <<'WIREGUARD'
+{wireguard_conf.rstrip()}
+WIREGUARD
+systemctl enable --now wg-quick@wg0
+
+# 2. nodeadm, the EKS hybrid nodes agent: kubelet, containerd, credentials (Kubernetes
+#    {kubernetes_version}).
+curl -fsSLo /usr/local/bin/nodeadm {NODEADM_URL}
+chmod +x /usr/local/bin/nodeadm
+nodeadm install {kubernetes_version} --credential-provider {provider}
+
+# 3. Join: the node registers with its WireGuard address, hybrid label and taint.
+install -d /etc/nodeadm
+install -m 600 /dev/stdin /etc/nodeadm/nodeConfig.yaml <<'NODECONFIG'
+{node_config_yaml.rstrip()}
+NODECONFIG
+nodeadm init -c file:///etc/nodeadm/nodeConfig.yaml
+{gpu}"""
+
+
+def spokes(
+    config: HybridConfig, node_ips: dict[str, ipaddress.IPv4Address], private_keys: list[str]
+) -> list[Spoke]:
+    """The machines as WireGuard spokes: the gateway routes each one's pod CIDR to it."""
+    return [
+        Spoke(m.name, key, node_ips[m.name], (m.pod_cidr,))
+        for m, key in zip(config.machines, private_keys, strict=True)
+    ]
+
+
+def _policy(statements: list[dict]) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
+
+
+@dataclass(frozen=True)
+class VpcPlacement:
+    """Where the gateway goes and what it routes: the stack's VPC (infra/components/network.py)."""
+
+    cidr: ipaddress.IPv4Network
+    vpc_id: pulumi.Input[str]
+    public_subnet_id: pulumi.Input[str]
+    route_table_ids: list[pulumi.Input[str]]
+    cluster_security_group_id: pulumi.Input[str]
+
+
+class HybridNodes(pulumi.ComponentResource):
+    peer_configs: pulumi.Output[dict[str, str]]  # machine -> wg-quick config (secret)
+    bootstraps: pulumi.Output[dict[str, str]]  # machine -> bootstrap script (secret)
+    gateway_public_ip: pulumi.Output[str]
+
+    def __init__(
+        self,
+        name: str,
+        config: HybridConfig,
+        cluster_name: pulumi.Input[str],
+        kubernetes_version: str,
+        vpc: VpcPlacement,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:HybridNodes", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self._name, self._config, self._tags = name, config, tags
+        account = aws.get_caller_identity().account_id
+        region = self._region = aws.get_region().region
+        cluster_arn = pulumi.Output.concat(
+            f"arn:{partition()}:eks:{region}:{account}:cluster/", cluster_name
+        )
+        remote_cidrs = [str(c) for c in config.remote_node_cidrs + config.remote_pod_cidrs]
+
+        role, hybrid_credentials = self._credentials(cluster_arn, account)
+        aws.eks.AccessEntry(
+            f"{name}-nodes",
+            cluster_name=cluster_name,
+            principal_arn=role.arn,
+            type="HYBRID_LINUX",
+            tags=tags,
+            opts=child,
+        )
+        # The machines and their pods reach the API server's ENIs in the VPC
+        # through the gateway; the cluster security group lets them in on HTTPS.
+        for i, cidr in enumerate(remote_cidrs):
+            aws.vpc.SecurityGroupIngressRule(
+                f"{name}-cluster-https-{i}",
+                security_group_id=vpc.cluster_security_group_id,
+                description="Kubernetes API from hybrid nodes and their pods",
+                ip_protocol="tcp",
+                from_port=443,
+                to_port=443,
+                cidr_ipv4=cidr,
+                opts=child,
+            )
+
+        gateway_address, node_ips = config.addresses()
+        network = config.remote_node_cidrs[0]
+        keys = {
+            machine.name: random.RandomBytes(f"{name}-wg-{machine.name}", length=32, opts=child)
+            for machine in config.machines
+        }
+        gateway_key = random.RandomBytes(f"{name}-wg-gateway", length=32, opts=child)
+        gateway_ip = self._gateway(vpc, remote_cidrs, keys, gateway_key)
+
+        def render(args: list) -> tuple[dict[str, str], dict[str, str]]:
+            public_ip, gateway_private, credentials, *private_keys = args
+            hub = Hub(gateway_private, gateway_address, public_ip, WIREGUARD_PORT, (vpc.cidr,))
+            peers, pages = {}, {}
+            machine_spokes = spokes(config, node_ips, private_keys)
+            for machine, spoke in zip(config.machines, machine_spokes, strict=True):
+                peers[machine.name] = spoke_config(hub, network, spoke)
+                node_yaml = node_config(
+                    credentials["cluster"],
+                    region,
+                    machine,
+                    str(spoke.address),
+                    credentials["hybrid"][machine.name],
+                )
+                pages[machine.name] = bootstrap_script(
+                    machine,
+                    credentials["cluster"],
+                    kubernetes_version,
+                    config.credential_provider,
+                    peers[machine.name],
+                    node_yaml,
+                )
+            return peers, pages
+
+        rendered = pulumi.Output.all(
+            gateway_ip,
+            gateway_key.base64,
+            pulumi.Output.all(cluster=cluster_name, hybrid=hybrid_credentials),
+            *[keys[m.name].base64 for m in config.machines],
+        ).apply(render)
+        self.peer_configs = pulumi.Output.secret(rendered.apply(lambda r: r[0]))
+        self.bootstraps = pulumi.Output.secret(rendered.apply(lambda r: r[1]))
+        self.gateway_public_ip = gateway_ip
+        self.register_outputs({"gatewayPublicIp": gateway_ip})
+
+    def _credentials(self, cluster_arn, account):
+        """The hybrid node role, its credential source, and each machine's spec.hybrid block."""
+        name, config, tags, region = self._name, self._config, self._tags, self._region
+        child = pulumi.ResourceOptions(parent=self)
+        inline = [
+            # nodeadm reads the endpoint, CA and service CIDR of the cluster.
+            {"Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": cluster_arn},
+            # The EKS Pod Identity agent on the node fetches pod credentials.
+            {
+                "Effect": "Allow",
+                "Action": "eks-auth:AssumeRoleForPodIdentity",
+                "Resource": cluster_arn,
+            },
+        ]
+        managed = [managed_policy_arn("AmazonEC2ContainerRegistryPullOnly")]
+        if config.credential_provider == "ssm":
+            trust = json.dumps(
+                {
+                    "Version": "2012-10-17",
+                    "Statement": [
+                        {
+                            "Effect": "Allow",
+                            "Principal": {"Service": "ssm.amazonaws.com"},
+                            "Action": "sts:AssumeRole",
+                            "Condition": {
+                                "StringEquals": {"aws:SourceAccount": account},
+                                "ArnEquals": {
+                                    "aws:SourceArn": f"arn:{partition()}:ssm:{region}:{account}:*"
+                                },
+                            },
+                        }
+                    ],
+                }
+            )
+            managed.append(managed_policy_arn("AmazonSSMManagedInstanceCore"))
+            # `nodeadm uninstall` deregisters the machine from SSM.
+            inline.append(
+                {
+                    "Effect": "Allow",
+                    "Action": ["ssm:DeregisterManagedInstance", "ssm:DescribeInstanceInformation"],
+                    "Resource": "*",
+                }
+            )
+        else:
+            anchor = aws.rolesanywhere.TrustAnchor(
+                f"{name}-anchor",
+                name=f"{name}-hybrid-nodes",
+                enabled=True,
+                source={
+                    "source_type": "CERTIFICATE_BUNDLE",
+                    "source_data": {"x509_certificate_data": config.ca_bundle_pem},
+                },
+                tags=tags,
+                opts=child,
+            )
+            trust = anchor.arn.apply(
+                lambda arn: json.dumps(
+                    {
+                        "Version": "2012-10-17",
+                        "Statement": [
+                            {
+                                "Effect": "Allow",
+                                "Principal": {"Service": "rolesanywhere.amazonaws.com"},
+                                "Action": [
+                                    "sts:TagSession",
+                                    "sts:SetSourceIdentity",
+                                    "sts:AssumeRole",
+                                ],
+                                # A certificate acts only as the machine its CN names.
+                                "Condition": {
+                                    "StringEquals": {
+                                        "sts:RoleSessionName": "${aws:PrincipalTag/x509Subject/CN}"
+                                    },
+                                    "ArnEquals": {"aws:SourceArn": arn},
+                                },
+                            }
+                        ],
+                    }
+                )
+            )
+        role = aws.iam.Role(f"{name}-node", assume_role_policy=trust, tags=tags, opts=child)
+        for i, arn in enumerate(managed):
+            aws.iam.RolePolicyAttachment(
+                f"{name}-node-{i}", role=role.name, policy_arn=arn, opts=child
+            )
+        aws.iam.RolePolicy(
+            f"{name}-node",
+            role=role.name,
+            policy=pulumi.Output.from_input(inline).apply(_policy),
+            opts=child,
+        )
+        if config.credential_provider == "ssm":
+            activation = aws.ssm.Activation(
+                f"{name}-activation",
+                description=f"EKS hybrid nodes of {name}",
+                iam_role=role.name,
+                registration_limit=len(config.machines),
+                tags=tags,
+                opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
+            )
+            block = pulumi.Output.all(activation.activation_code, activation.id).apply(
+                lambda a: {"ssm": {"activationCode": a[0], "activationId": a[1]}}
+            )
+            return role, block.apply(lambda b: {m.name: b for m in config.machines})
+        profile = aws.rolesanywhere.Profile(
+            f"{name}-profile",
+            name=f"{name}-hybrid-nodes",
+            enabled=True,
+            role_arns=[role.arn],
+            tags=tags,
+            opts=child,
+        )
+        arns = pulumi.Output.all(anchor.arn, profile.arn, role.arn)
+        return role, arns.apply(
+            lambda a: {
+                m.name: {
+                    "enableCredentialsFile": True,
+                    "iamRolesAnywhere": {
+                        "nodeName": m.name,
+                        "trustAnchorArn": a[0],
+                        "profileArn": a[1],
+                        "roleArn": a[2],
+                        "certificatePath": IRA_CERTIFICATE,
+                        "privateKeyPath": IRA_PRIVATE_KEY,
+                    },
+                }
+                for m in config.machines
+            }
+        )
+
+    def _gateway(
+        self,
+        vpc: VpcPlacement,
+        remote_cidrs: list[str],
+        keys: dict[str, random.RandomBytes],
+        gateway_key: random.RandomBytes,
+    ) -> pulumi.Output[str]:
+        """The WireGuard hub instance, its address, firewall and the VPC's routes through it."""
+        name, config, tags, region = self._name, self._config, self._tags, self._region
+        gateway_address, node_ips = config.addresses()
+        child = pulumi.ResourceOptions(parent=self)
+        group = aws.ec2.SecurityGroup(
+            f"{name}-gateway",
+            description="WireGuard gateway to EKS hybrid nodes",
+            vpc_id=vpc.vpc_id,
+            ingress=[
+                # The only port open to the internet: WireGuard answers no unauthenticated packet.
+                {
+                    "protocol": "udp",
+                    "from_port": WIREGUARD_PORT,
+                    "to_port": WIREGUARD_PORT,
+                    "cidr_blocks": ["0.0.0.0/0"],
+                    "description": "WireGuard from the machines",
+                },
+                # Traffic the VPC routes to the machines enters the gateway to be forwarded.
+                {
+                    "protocol": "-1",
+                    "from_port": 0,
+                    "to_port": 0,
+                    "cidr_blocks": [str(vpc.cidr)],
+                    "description": "VPC traffic forwarded to the hybrid nodes",
+                },
+            ],
+            egress=[{"protocol": "-1", "from_port": 0, "to_port": 0, "cidr_blocks": ["0.0.0.0/0"]}],
+            tags={**tags, "Name": f"{name}-gateway"},
+            opts=child,
+        )
+        key_parameter = aws.ssm.Parameter(
+            f"{name}-gateway-key",
+            type="SecureString",
+            description="WireGuard private key of the hybrid nodes gateway",
+            value=gateway_key.base64,
+            tags=tags,
+            opts=child,
+        )
+        role = aws.iam.Role(
+            f"{name}-gateway",
+            assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
+            tags=tags,
+            opts=child,
+        )
+        aws.iam.RolePolicy(
+            f"{name}-gateway",
+            role=role.name,
+            policy=key_parameter.arn.apply(
+                lambda arn: _policy(
+                    [{"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": arn}]
+                )
+            ),
+            opts=child,
+        )
+        profile = aws.iam.InstanceProfile(f"{name}-gateway", role=role.name, opts=child)
+
+        def user_data(args: list) -> str:
+            parameter, *private_keys = args
+            # The hub's own key is fetched at boot: user data is readable by anyone who may
+            # describe the instance.
+            hub = Hub(KEY_PLACEHOLDER, gateway_address, "", WIREGUARD_PORT)
+            conf = hub_config(
+                hub, config.remote_node_cidrs[0], spokes(config, node_ips, private_keys)
+            )
+            return textwrap.dedent(
+                """\
+                #!/bin/bash
+                set -euo pipefail
+                dnf install -y wireguard-tools
+                key=$(aws ssm get-parameter --region {region} --name {parameter} \\
+                  --with-decryption --query Parameter.Value --output text)
+                umask 077
+                sed "s|{placeholder}|$key|" > /etc/wireguard/wg0.conf <<'WIREGUARD'
+                {conf}
+                WIREGUARD
+                systemctl enable --now wg-quick@wg0
+                """
+            ).format(
+                region=region,
+                parameter=parameter,
+                placeholder=KEY_PLACEHOLDER,
+                conf=conf.rstrip(),
+            )
+
+        ami = aws.ssm.get_parameter_output(name=WIREGUARD_GATEWAY_AMI_PARAMETER).value
+        instance = aws.ec2.Instance(
+            f"{name}-gateway",
+            ami=ami,
+            instance_type=config.gateway_instance_type,
+            subnet_id=vpc.public_subnet_id,
+            vpc_security_group_ids=[group.id],
+            iam_instance_profile=profile.name,
+            # It forwards packets for addresses that are not its own.
+            source_dest_check=False,
+            # Reaches the package repositories at boot, before the Elastic IP is attached.
+            associate_public_ip_address=True,
+            user_data=pulumi.Output.all(
+                key_parameter.name, *[keys[m.name].base64 for m in config.machines]
+            ).apply(user_data),
+            user_data_replace_on_change=True,
+            metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1},
+            root_block_device={"encrypted": True, "volume_type": "gp3"},
+            tags={**tags, "Name": f"{name}-gateway"},
+            # A newer AMI must not replace a working gateway (and its address) on every update.
+            opts=pulumi.ResourceOptions(parent=self, ignore_changes=["ami"]),
+        )
+        address = aws.ec2.Eip(
+            f"{name}-gateway",
+            domain="vpc",
+            instance=instance.id,
+            tags={**tags, "Name": f"{name}-gateway"},
+            opts=child,
+        )
+        for i, table in enumerate(vpc.route_table_ids):
+            for j, cidr in enumerate(remote_cidrs):
+                aws.ec2.Route(
+                    f"{name}-route-{i}-{j}",
+                    route_table_id=table,
+                    destination_cidr_block=cidr,
+                    network_interface_id=instance.primary_network_interface_id,
+                    opts=child,
+                )
+        return address.public_ip

@@ -1,0 +1,232 @@
+"""GPU availability preflight: would AWS actually give this stack the capacity its pools declare?
+
+`python -m infra.preflight --stack dev` reads Pulumi.<stack>.yaml and asks AWS (read-only calls,
+the caller's credentials) three things before `pulumi up` schedules pools and jobs:
+- EC2 vCPU service quotas per quota bucket (Standard, G/VT, P, P5; on-demand and spot), against
+  the sum of the pools' ceilings (maxNodes x largest type) plus the system node group;
+- instance type offerings in the stack's availability zones;
+- recent spot prices for spot pools (a type with no spot price in any zone has no spot market).
+It prints one line per finding and exits 1 when something is not satisfiable.
+"""
+
+import argparse
+import re
+import sys
+from collections import defaultdict
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+
+import boto3
+from botocore.exceptions import BotoCoreError, ClientError
+
+from infra.catalog import load_catalog
+from infra.config import ConfigError, StackConfig, load_stack_file
+
+
+@dataclass(frozen=True)
+class QuotaBucket:
+    code: str
+    name: str
+
+
+# EC2 vCPU quotas (service code ec2), by instance family and capacity type. G and VT share one
+# bucket; P5-family spot has its own bucket, P5 on-demand shares "Running On-Demand P instances".
+QUOTAS = {
+    ("standard", "on-demand"): QuotaBucket(
+        "L-1216C47A", "Running On-Demand Standard (A, C, D, H, I, M, R, T, Z) instances"
+    ),
+    ("standard", "spot"): QuotaBucket(
+        "L-34B43A08", "All Standard (A, C, D, H, I, M, R, T, Z) Spot Instance Requests"
+    ),
+    ("g", "on-demand"): QuotaBucket("L-DB2E81BA", "Running On-Demand G and VT instances"),
+    ("g", "spot"): QuotaBucket("L-3819A6DF", "All G and VT Spot Instance Requests"),
+    ("p", "on-demand"): QuotaBucket("L-417A185B", "Running On-Demand P instances"),
+    ("p", "spot"): QuotaBucket("L-7212CCBC", "All P4, P3 and P2 Spot Instance Requests"),
+    ("p5", "on-demand"): QuotaBucket("L-417A185B", "Running On-Demand P instances"),
+    ("p5", "spot"): QuotaBucket("L-C4BD4855", "All P5 Spot Instance Requests"),
+}
+FAMILY_BUCKETS = [
+    (r"p5[a-z]*", "p5"),
+    (r"p\d+[a-z]*", "p"),
+    (r"(g|vt)\d+[a-z]*", "g"),
+    (r"[acdhimrtz]\d+[a-z]*", "standard"),
+]
+SPOT_PRODUCT = "Linux/UNIX"
+SPOT_LOOKBACK = timedelta(days=1)
+
+
+def quota_bucket(instance_type: str, capacity_type: str) -> QuotaBucket:
+    family = instance_type.split(".")[0]
+    for pattern, bucket in FAMILY_BUCKETS:
+        if re.fullmatch(pattern, family):
+            return QUOTAS[(bucket, capacity_type)]
+    raise ValueError(f"{instance_type}: no EC2 vCPU quota bucket known for family {family!r}")
+
+
+@dataclass
+class Report:
+    problems: list[str] = field(default_factory=list)  # not satisfiable: exit 1
+    warnings: list[str] = field(default_factory=list)  # satisfiable, but narrower than declared
+    notes: list[str] = field(default_factory=list)
+
+    def lines(self) -> list[str]:
+        return (
+            [f"ERROR {line}" for line in self.problems]
+            + [f"WARN  {line}" for line in self.warnings]
+            + [f"ok    {line}" for line in self.notes]
+        )
+
+
+def stack_zones(config: StackConfig, ec2) -> list[str]:
+    """The AZs the stack's subnets are in: as infra/components/network.py picks them."""
+    existing = config.network.existing_vpc
+    if existing:
+        subnets = ec2.describe_subnets(SubnetIds=existing.private_subnet_ids)["Subnets"]
+        return sorted({s["AvailabilityZone"] for s in subnets})
+    zones = ec2.describe_availability_zones(Filters=[{"Name": "state", "Values": ["available"]}])
+    names = [z["ZoneName"] for z in zones["AvailabilityZones"] if z.get("ZoneType") != "local-zone"]
+    return sorted(names)[: config.network.az_count]
+
+
+def vcpu_needed(config: StackConfig) -> dict[QuotaBucket, dict[str, int]]:
+    """vCPUs each quota bucket must hold, per pool (and the system node group).
+
+    A pool listing both capacity types may land wholly on either (Karpenter falls back to
+    on-demand when spot runs dry), so its whole ceiling counts against each listed type.
+    """
+    catalog = load_catalog()
+    needed: dict[QuotaBucket, dict[str, int]] = defaultdict(dict)
+    system = config.cluster.system_node_group
+    system_bucket = quota_bucket(system.instance_type, "on-demand")
+    needed[system_bucket]["system node group"] = (
+        system.max_size * catalog[system.instance_type].vcpu
+    )
+    for pool in config.node_pools:
+        for capacity_type in pool.capacity_types:
+            per_bucket: dict[QuotaBucket, int] = defaultdict(int)
+            for t in pool.types:
+                bucket = quota_bucket(t.name, capacity_type)
+                per_bucket[bucket] = max(per_bucket[bucket], pool.max_nodes * t.vcpu)
+            for bucket, vcpu in per_bucket.items():
+                needed[bucket][pool.name] = max(needed[bucket].get(pool.name, 0), vcpu)
+    return needed
+
+
+def quota_value(quotas, code: str) -> float:
+    """The applied quota; an account that never changed it has only the AWS default."""
+    try:
+        return quotas.get_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
+    except ClientError as e:
+        if e.response["Error"]["Code"] != "NoSuchResourceException":
+            raise
+    return quotas.get_aws_default_service_quota(ServiceCode="ec2", QuotaCode=code)["Quota"]["Value"]
+
+
+def check_quotas(config: StackConfig, quotas, report: Report) -> None:
+    for bucket, users in sorted(vcpu_needed(config).items(), key=lambda kv: kv[0].code):
+        have = int(quota_value(quotas, bucket.code))
+        total = sum(users.values())
+        who = ", ".join(users)
+        line = f"{who}: quota {have} vCPU of {total} needed ({bucket.code} {bucket.name})"
+        (report.problems if have < total else report.notes).append(line)
+
+
+def check_offerings(config: StackConfig, ec2, zones: list[str], report: Report) -> None:
+    for pool in config.node_pools:
+        pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+            LocationType="availability-zone",
+            Filters=[
+                {"Name": "instance-type", "Values": pool.instance_types},
+                {"Name": "location", "Values": zones},
+            ],
+        )
+        offered = defaultdict(set)
+        for page in pages:
+            for offering in page["InstanceTypeOfferings"]:
+                offered[offering["InstanceType"]].add(offering["Location"])
+        for name in pool.instance_types:
+            missing = [z for z in zones if z not in offered[name]]
+            if missing:
+                report.warnings.append(f"{pool.name}: {name} not offered in {', '.join(missing)}")
+        if not any(offered[name] for name in pool.instance_types):
+            report.problems.append(
+                f"{pool.name}: none of {', '.join(pool.instance_types)} is offered in "
+                f"{', '.join(zones)}"
+            )
+
+
+def check_spot(config: StackConfig, ec2, zones: list[str], report: Report) -> None:
+    catalog = load_catalog()
+    start = datetime.now(UTC) - SPOT_LOOKBACK
+    for pool in config.node_pools:
+        if "spot" not in pool.capacity_types:
+            continue
+        pages = ec2.get_paginator("describe_spot_price_history").paginate(
+            InstanceTypes=pool.instance_types,
+            ProductDescriptions=[SPOT_PRODUCT],
+            StartTime=start,
+            Filters=[{"Name": "availability-zone", "Values": zones}],
+        )
+        cheapest: dict[str, tuple[float, str]] = {}
+        for page in pages:
+            for price in page["SpotPriceHistory"]:
+                value, zone = float(price["SpotPrice"]), price["AvailabilityZone"]
+                name = price["InstanceType"]
+                if zone in zones and (name not in cheapest or value < cheapest[name][0]):
+                    cheapest[name] = (value, zone)
+        for name in pool.instance_types:
+            if name in cheapest:
+                value, zone = cheapest[name]
+                report.notes.append(
+                    f"{pool.name}: {name} spot ${value:.4f}/h in {zone} "
+                    f"(on-demand list ${catalog[name].usd_per_hour}/h)"
+                )
+        if not cheapest:
+            line = (
+                f"{pool.name}: no spot price for {', '.join(pool.instance_types)} in "
+                f"{', '.join(zones)} during the last {SPOT_LOOKBACK.days} day(s)"
+            )
+            only_spot = pool.capacity_types == ["spot"]
+            (report.problems if only_spot else report.warnings).append(line)
+
+
+def preflight(config: StackConfig, ec2, quotas) -> Report:
+    report = Report()
+    zones = stack_zones(config, ec2)
+    report.notes.append(f"availability zones: {', '.join(zones)}")
+    check_quotas(config, quotas, report)
+    check_offerings(config, ec2, zones, report)
+    check_spot(config, ec2, zones, report)
+    return report
+
+
+def aws_clients(region: str):
+    session = boto3.Session(region_name=region)
+    return session.client("ec2"), session.client("service-quotas")
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m infra.preflight", description=__doc__)
+    parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    args = parser.parse_args(argv)
+    try:
+        config = load_stack_file(args.stack)
+    except ConfigError as e:
+        print(e, file=sys.stderr)
+        return 2
+    try:
+        report = preflight(config, *aws_clients(config.region))
+    except (BotoCoreError, ClientError) as e:
+        print(f"preflight could not ask AWS ({config.region}): {e}", file=sys.stderr)
+        return 2
+    print(f"preflight of stack {args.stack} in {config.region}:")
+    for line in report.lines():
+        print(f"  {line}")
+    if report.problems:
+        print(f"{len(report.problems)} finding(s) not satisfiable", file=sys.stderr)
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

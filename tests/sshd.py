@@ -1,0 +1,109 @@
+"""A real SSH server for tests: paramiko's server side on a loopback address, running each exec
+request with /bin/sh on this machine. Two of them on 127.0.0.2 and 127.0.0.3 stand in for two
+hosts of a mesh, without root, network namespaces or an sshd package."""
+
+import os
+import signal
+import socket
+import subprocess
+import threading
+from pathlib import Path
+
+import paramiko
+
+
+class _ExecServer(paramiko.ServerInterface):
+    def __init__(self, host: "LoopbackSshd"):
+        self.host = host
+
+    def get_allowed_auths(self, username):
+        return "publickey"
+
+    def check_auth_publickey(self, username, key):
+        if key == self.host.client_key:
+            return paramiko.AUTH_SUCCESSFUL
+        return paramiko.AUTH_FAILED
+
+    def check_channel_request(self, kind, chanid):
+        if kind == "session":
+            return paramiko.OPEN_SUCCEEDED
+        return paramiko.OPEN_FAILED_ADMINISTRATIVELY_PROHIBITED
+
+    def check_channel_exec_request(self, channel, command):
+        threading.Thread(
+            target=self.host.execute, args=(channel, command.decode()), daemon=True
+        ).start()
+        return True
+
+
+class LoopbackSshd:
+    def __init__(self, address: str, client_key: paramiko.PKey, env: dict[str, str]):
+        self.address, self.client_key, self.env = address, client_key, env
+        self.host_key = paramiko.ECDSAKey.generate()
+        self._socket = socket.create_server((address, 0))
+        self.port = self._socket.getsockname()[1]
+        self._processes: list[subprocess.Popen] = []
+        self._transports: list[paramiko.Transport] = []
+        threading.Thread(target=self._accept, daemon=True).start()
+
+    def _accept(self) -> None:
+        while True:
+            try:
+                connection, _ = self._socket.accept()
+            except OSError:
+                return  # closed
+            transport = paramiko.Transport(connection)
+            transport.add_server_key(self.host_key)
+            transport.start_server(server=_ExecServer(self))
+            self._transports.append(transport)
+
+    def execute(self, channel: paramiko.Channel, command: str) -> None:
+        process = subprocess.Popen(
+            ["/bin/sh", "-c", command],
+            stdout=subprocess.PIPE,
+            stderr=subprocess.PIPE,
+            env=self.env,
+            start_new_session=True,
+        )
+        self._processes.append(process)
+        pumps = [
+            threading.Thread(target=self._pump, args=(process.stdout, channel.sendall)),
+            threading.Thread(target=self._pump, args=(process.stderr, channel.sendall_stderr)),
+        ]
+        for pump in pumps:
+            pump.start()
+        for pump in pumps:
+            pump.join()
+        code = process.wait()
+        try:
+            channel.send_exit_status(code)
+            channel.close()
+        except (EOFError, OSError):
+            pass  # the client hung up first (it had read the exit status or gave up)
+
+    @staticmethod
+    def _pump(stream, send) -> None:
+        for chunk in iter(lambda: stream.read1(65536), b""):
+            try:
+                send(chunk)
+            except OSError:
+                return
+
+    def known_hosts_line(self) -> str:
+        return (
+            f"[{self.address}]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}"
+        )
+
+    def close(self) -> None:
+        self._socket.close()
+        for process in self._processes:
+            if process.poll() is None:
+                os.killpg(process.pid, signal.SIGKILL)
+                process.wait()
+        for transport in self._transports:
+            transport.close()
+
+
+def write_known_hosts(path: Path, servers: list[LoopbackSshd]) -> Path:
+    path.write_text("".join(s.known_hosts_line() + "\n" for s in servers))
+    return path

@@ -1,0 +1,332 @@
+"""EKS Hybrid Nodes through the offline plan: cluster remote networks, IAM and credentials, the
+WireGuard gateway, Kueue opt-in, and the per-machine pages; plus the `hybrid` config checks."""
+
+import json
+import re
+import sys
+from pathlib import Path
+
+import pulumi
+import pytest
+from pulumi.runtime import settings
+from pulumi.runtime.sync_await import _sync_await
+
+from infra import hybrid_bootstrap
+from infra.components.hybrid_nodes import HYBRID_TAINT, remote_network_transform
+from infra.config import ConfigError, HybridConfig, parse_stack_config
+from infra.offline import run_offline
+from infra.program import build_platform
+from mesh.wireguard import public_key
+from policies.offline import check
+from tests.conftest import plan_of, stack_values
+
+HYBRID = {
+    "remoteNodeCidrs": ["10.200.0.0/24"],
+    "remotePodCidrs": ["10.201.0.0/16"],
+    "machines": [
+        {
+            "name": "alice-4090",
+            "gpus": 1,
+            "gpuModel": "RTX 4090",
+            "vcpu": 16,
+            "memoryGib": 64,
+            "podCidr": "10.201.1.0/24",
+        },
+        {"name": "bob-cpu", "gpus": 0, "vcpu": 8, "memoryGib": 32, "podCidr": "10.201.2.0/24"},
+    ],
+}
+PRIVATE_ENDPOINT_OFF = {"endpoint": {"privateAccess": False}}
+CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBofflineCA\n-----END CERTIFICATE-----\n"
+
+
+@pytest.fixture(scope="module")
+def hybrid_run():
+    """The dev stack with HYBRID: its offline plan, and which hybrid exports are secret."""
+    values = stack_values("dev", cluster=PRIVATE_ENDPOINT_OFF)
+    values["training-platform:hybrid"] = HYBRID
+    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    exports = {}
+
+    def program():
+        build_platform(config)
+        exports.update(settings.get_root_resource().outputs)
+
+    plan = run_offline(program, "dev", values)
+    secret = {n: _sync_await(o.is_secret()) for n, o in exports.items() if n.startswith("hybrid")}
+    return plan, secret
+
+
+@pytest.fixture(scope="module")
+def plan(hybrid_run):
+    return hybrid_run[0]
+
+
+def sections(config: str) -> list[dict[str, str]]:
+    found = []
+    for line in config.splitlines():
+        if line.startswith("["):
+            found.append({})
+        elif "=" in line and not line.startswith("#") and found:
+            key, _, value = line.partition("=")
+            found[-1][key.strip()] = value.strip()
+    return found
+
+
+def test_cluster_gets_the_remote_networks():
+    config = HybridConfig.model_validate(HYBRID)
+    transform = remote_network_transform(config)
+    args = pulumi.ResourceTransformArgs(
+        custom=True,
+        type_="aws:eks/cluster:Cluster",
+        name="cluster-eksCluster",
+        props={"name": "tp-dev"},
+        opts=pulumi.ResourceOptions(),
+    )
+    result = transform(args)
+    assert result.props == {
+        "name": "tp-dev",
+        "remoteNetworkConfig": {
+            "remoteNodeNetworks": {"cidrs": ["10.200.0.0/24"]},
+            "remotePodNetworks": {"cidrs": ["10.201.0.0/16"]},
+        },
+    }
+    other = pulumi.ResourceTransformArgs(
+        custom=True, type_="aws:iam/role:Role", name="r", props={}, opts=pulumi.ResourceOptions()
+    )
+    assert transform(other) is None
+
+
+def test_hybrid_node_role_access_entry_and_ssm_activation(plan):
+    role = plan.one("aws:iam/role:Role", "hybrid-node")
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Principal"] == {"Service": "ssm.amazonaws.com"}
+    assert trust["Condition"]["StringEquals"] == {"aws:SourceAccount": "123456789012"}
+    inline = json.loads(plan.one("aws:iam/rolePolicy:RolePolicy", "hybrid-node").inputs["policy"])
+    describe = next(s for s in inline["Statement"] if s["Action"] == "eks:DescribeCluster")
+    assert describe["Resource"] == "arn:aws:eks:us-west-2:123456789012:cluster/tp-dev"
+    attached = {
+        r.inputs["policyArn"]
+        for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
+        if r.name.startswith("hybrid-node-")
+    }
+    assert attached == {
+        "arn:aws:iam::aws:policy/AmazonEC2ContainerRegistryPullOnly",
+        "arn:aws:iam::aws:policy/AmazonSSMManagedInstanceCore",
+    }
+    entry = plan.one("aws:eks/accessEntry:AccessEntry", "hybrid-nodes")
+    assert entry.inputs["type"] == "HYBRID_LINUX"
+    assert re.fullmatch(
+        r"arn:aws:iam::123456789012:role/hybrid-node-\w+", entry.inputs["principalArn"]
+    )
+    assert any(d.endswith("::hybrid-node") for d in entry.dependencies)
+    activation = plan.one("aws:ssm/activation:Activation", "hybrid-activation")
+    assert activation.inputs["registrationLimit"] == 2
+    assert not plan.of_type("aws:rolesanywhere/trustAnchor:TrustAnchor")
+    https = plan.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+    assert {(r.inputs["cidrIpv4"], r.inputs["fromPort"]) for r in https if "hybrid" in r.name} == {
+        ("10.200.0.0/24", 443),
+        ("10.201.0.0/16", 443),
+    }
+
+
+def test_wireguard_gateway_is_open_on_udp_51820_only_and_routes_the_remote_cidrs(plan):
+    group = plan.one("aws:ec2/securityGroup:SecurityGroup", "hybrid-gateway")
+    public = [r for r in group.inputs["ingress"] if "0.0.0.0/0" in r["cidrBlocks"]]
+    assert public == [
+        {
+            "protocol": "udp",
+            "fromPort": 51820,
+            "toPort": 51820,
+            "cidrBlocks": ["0.0.0.0/0"],
+            "description": "WireGuard from the machines",
+        }
+    ]
+    others = [r for r in group.inputs["ingress"] if r not in public]
+    assert [r["cidrBlocks"] for r in others] == [["10.20.0.0/16"]]  # the VPC only
+    instance = plan.one("aws:ec2/instance:Instance", "hybrid-gateway")
+    assert instance.inputs["sourceDestCheck"] is False
+    assert instance.inputs["metadataOptions"]["httpTokens"] == "required"
+    assert instance.inputs["rootBlockDevice"]["encrypted"] is True
+    # The public subnet of the first AZ, where dev's single NAT gateway also sits.
+    nat = plan.one("aws:ec2/natGateway:NatGateway")
+    assert instance.inputs["subnetId"] == nat.inputs["subnetId"]
+    assert instance.inputs["associatePublicIpAddress"] is True
+    routes = plan.of_type("aws:ec2/route:Route")
+    hybrid_routes = [r for r in routes if r.name.startswith("hybrid-route-")]
+    # The public route table and each AZ's private one, for both remote CIDRs.
+    assert len(hybrid_routes) == 3 * 2
+    assert {r.inputs["destinationCidrBlock"] for r in hybrid_routes} == {
+        "10.200.0.0/24",
+        "10.201.0.0/16",
+    }
+    assert len({r.inputs["routeTableId"] for r in hybrid_routes}) == 3
+    interfaces = {r.inputs["networkInterfaceId"] for r in hybrid_routes}
+    assert len(interfaces) == 1 and interfaces.pop().startswith("eni-")
+    eip = plan.one("aws:ec2/eip:Eip", "hybrid-gateway")
+    assert eip.inputs["instance"].startswith("i-")
+
+
+def test_kueue_flavor_is_opt_in_and_the_device_plugin_reaches_hybrid_gpus(plan):
+    flavor = next(
+        r
+        for r in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor")
+        if r.inputs["metadata"]["name"] == "hybrid"
+    )
+    assert flavor.inputs["spec"] == {
+        "nodeLabels": {"training-platform/pool": "hybrid"},
+        "nodeTaints": [HYBRID_TAINT],
+    }
+    queue = next(
+        r
+        for r in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue")
+        if r.inputs["metadata"]["name"] == "platform"
+    )
+    flavors = queue.inputs["spec"]["resourceGroups"][0]["flavors"]
+    assert flavors[-1] == {
+        "name": "hybrid",
+        "resources": [
+            {"name": "cpu", "nominalQuota": "24"},
+            {"name": "memory", "nominalQuota": "96Gi"},
+            {"name": "nvidia.com/gpu", "nominalQuota": "1"},
+        ],
+    }
+    plugin = plan.one("kubernetes:helm.sh/v3:Release", "nvidia-device-plugin")
+    assert {
+        "key": HYBRID_TAINT["key"],
+        "operator": "Exists",
+        "effect": "NoSchedule",
+    } in plugin.inputs["values"]["tolerations"]
+
+
+def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(plan):
+    peers, pages = plan.outputs["hybridPeerConfigs"], plan.outputs["hybridBootstrap"]
+    assert set(peers) == set(pages) == {"alice-4090", "bob-cpu"}
+    user_data = plan.one("aws:ec2/instance:Instance", "hybrid-gateway").inputs["userData"]
+    hub = sections(user_data.split("<<'WIREGUARD'\n")[1].split("\nWIREGUARD")[0])
+    assert hub[0]["Address"] == "10.200.0.1/24" and hub[0]["ListenPort"] == "51820"
+    for (name, conf), hub_peer, pod_cidr in zip(
+        sorted(peers.items()), hub[1:], ["10.201.1.0/24", "10.201.2.0/24"], strict=True
+    ):
+        interface, gateway = sections(conf)
+        assert hub_peer["PublicKey"] == public_key(interface["PrivateKey"])
+        assert hub_peer["AllowedIPs"] == f"{interface['Address'].split('/')[0]}/32, {pod_cidr}"
+        assert gateway["Endpoint"] == "203.0.113.10:51820"
+        assert gateway["AllowedIPs"] == "10.200.0.0/24, 10.20.0.0/16"
+        assert conf.strip() in pages[name]
+    alice = pages["alice-4090"]
+    assert "nodeadm install 1.34 --credential-provider ssm" in alice
+    assert "--node-ip=10.200.0.2" in alice
+    assert (
+        "--node-labels=training-platform/pool=hybrid,training-platform/node-role=hybrid,"
+        "training-platform/machine=alice-4090,nvidia.com/gpu.present=true" in alice
+    )
+    assert "--register-with-taints=training-platform/hybrid=true:NoSchedule" in alice
+    assert re.search(r"activationCode: offline-activation-code-\w+", alice)
+    assert (
+        "nvidia-container-toolkit=" in alice and "nvidia-container-toolkit=" not in pages["bob-cpu"]
+    )
+
+
+def test_roles_anywhere_variant_without_gpu_pools():
+    cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
+    plan = plan_of(
+        "dev",
+        hybrid={**HYBRID, "credentialProvider": "iam-roles-anywhere", "caBundlePem": CA_PEM},
+        cluster=PRIVATE_ENDPOINT_OFF,
+        nodePools=cpu_only,
+        jobs=[],
+    )
+    # The machines' GPUs alone bring the NVIDIA device plugin.
+    assert plan.one("kubernetes:helm.sh/v3:Release", "nvidia-device-plugin")
+    anchor = plan.one("aws:rolesanywhere/trustAnchor:TrustAnchor")
+    assert anchor.inputs["source"]["sourceData"]["x509CertificateData"] == CA_PEM
+    role = plan.one("aws:iam/role:Role", "hybrid-node")
+    trust = json.loads(role.inputs["assumeRolePolicy"])["Statement"][0]
+    assert trust["Principal"] == {"Service": "rolesanywhere.amazonaws.com"}
+    assert trust["Condition"]["StringEquals"] == {
+        "sts:RoleSessionName": "${aws:PrincipalTag/x509Subject/CN}"
+    }
+    assert plan.one("aws:rolesanywhere/profile:Profile").inputs["enabled"] is True
+    assert not plan.of_type("aws:ssm/activation:Activation")
+    page = plan.outputs["hybridBootstrap"]["bob-cpu"]
+    assert "--credential-provider iam-ra" in page and "nodeName: bob-cpu" in page
+
+
+def hybrid_error(**overrides) -> str:
+    values = stack_values("dev", cluster=PRIVATE_ENDPOINT_OFF)
+    values["training-platform:hybrid"] = {**HYBRID, **overrides}
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(values, "Pulumi.dev.yaml")
+    return str(caught.value)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "message"),
+    [
+        ({"remotePodCidrs": ["8.8.0.0/16"]}, "8.8.0.0/16 is not allowed for hybrid nodes"),
+        (
+            {"remotePodCidrs": ["10.200.0.0/16"]},
+            "remote CIDRs 10.200.0.0/24 and 10.200.0.0/16 overlap",
+        ),
+        ({"remoteNodeCidrs": ["10.20.5.0/24"]}, "10.20.5.0/24 overlaps the VPC cidr 10.20.0.0/16"),
+        ({"credentialProvider": "iam-roles-anywhere"}, "caBundlePem goes with credentialProvider"),
+        ({"remoteNodeCidrs": ["10.200.0.0/30"]}, "holds fewer addresses than the gateway and 2"),
+        (
+            {"machines": [{**HYBRID["machines"][0], "podCidr": "10.202.0.0/24"}]},
+            "podCidr 10.202.0.0/24 lies outside remotePodCidrs",
+        ),
+        (
+            {
+                "machines": [
+                    HYBRID["machines"][0],
+                    {**HYBRID["machines"][1], "podCidr": "10.201.1.0/25"},
+                ]
+            },
+            "overlaps another machine's",
+        ),
+        ({"machines": [{**HYBRID["machines"][0], "gpus": -1}]}, "hybrid.machines[0].gpus"),
+    ],
+)
+def test_invalid_hybrid_config_names_the_key(overrides, message):
+    error = hybrid_error(**overrides)
+    assert "training-platform:hybrid" in error and message in error
+
+
+def test_hybrid_needs_one_endpoint_mode():
+    values = stack_values("dev")
+    values["training-platform:hybrid"] = HYBRID
+    with pytest.raises(ConfigError, match="cluster.endpoint: hybrid nodes need publicAccess or"):
+        parse_stack_config(values, "Pulumi.dev.yaml")
+
+
+def test_bootstrap_cli_prints_one_machine_from_the_stack_outputs(tmp_path, monkeypatch, capsys):
+    fake = tmp_path / "pulumi"
+    outputs = {"alice-4090": "#!/usr/bin/env bash\necho alice\n"}
+    fake.write_text(
+        f"#!{sys.executable}\nimport json, sys\n"
+        "assert sys.argv[1:] == ['stack', 'output', 'hybridBootstrap', '--show-secrets', "
+        "'--json', '--stack', 'dev'], sys.argv\n"
+        f"print(json.dumps({outputs!r}))\n"
+    )
+    fake.chmod(0o755)
+    monkeypatch.setenv("PATH", f"{tmp_path}:{Path(sys.executable).parent}:/usr/bin:/bin")
+    assert hybrid_bootstrap.main(["--stack", "dev", "alice-4090"]) == 0
+    assert capsys.readouterr().out == outputs["alice-4090"]
+    assert hybrid_bootstrap.main(["--stack", "dev", "carol"]) == 2
+    assert "allowed: alice-4090" in capsys.readouterr().err
+
+
+def test_peer_configs_and_bootstraps_are_secret_outputs(hybrid_run):
+    assert hybrid_run[1] == {
+        "hybridGatewayIp": False,
+        "hybridPeerConfigs": True,
+        "hybridBootstrap": True,
+    }
+
+
+def test_policy_pack_wants_the_gateway_allowed_by_name(plan):
+    found = check(plan)
+    assert [(v.policy, v.urn.rsplit("::", 1)[1]) for v in found] == [
+        ("no-world-ingress", "hybrid-gateway")
+    ], [str(v) for v in found]
+    assert check(plan, {"allowedPublicIngress": ["hybrid-gateway"]}) == []
