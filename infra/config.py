@@ -25,7 +25,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from infra.catalog import InstanceType, load_catalog
+from infra.catalog import InstanceType, RegionPrices, UnpricedError, load_catalog, load_prices
 from infra.paths import PROJECT_DIR
 from infra.regions import AWS_REGIONS
 from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
@@ -312,7 +312,6 @@ class PoolCeiling(BaseModel):
     gpus: int
     vcpu: int
     memory_gib: int
-    usd_per_hour: float
 
 
 class NodePoolConfig(Model):
@@ -397,8 +396,11 @@ class NodePoolConfig(Model):
             gpus=self.max_nodes * max(t.gpus for t in self.types),
             vcpu=self.max_nodes * max(t.vcpu for t in self.types),
             memory_gib=self.max_nodes * max(t.memory_gib for t in self.types),
-            usd_per_hour=round(self.max_nodes * max(t.usd_per_hour for t in self.types), 2),
         )
+
+    def max_usd_per_hour(self, prices: RegionPrices) -> float:
+        """maxNodes times the dearest of the pool's types at the region's on-demand price."""
+        return round(self.max_nodes * max(prices.instance(t) for t in self.instance_types), 2)
 
 
 class KarpenterConfig(Model):
@@ -699,7 +701,7 @@ def parse_stack_config(values: Mapping[str, Any], source: str) -> StackConfig:
     except ValidationError as e:
         lines = [f"  {_key_path(err['loc'], raw)}: {_explain(err)}" for err in e.errors()]
         raise ConfigError(header + "\n".join(_one_line(line) for line in lines)) from None
-    problems = cross_reference_errors(config)
+    problems = cross_reference_errors(config) + price_errors(config)
     if problems:
         lines = [f"  {_key_path(loc, raw)}: {message}" for loc, message in problems]
         raise ConfigError(header + "\n".join(_one_line(line) for line in lines))
@@ -881,6 +883,64 @@ def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     return problems
 
 
+def price_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    """The plan prices every node at the stack's region: each type and store needs a price there."""
+    try:
+        prices = load_prices(config.region)
+    except UnpricedError as e:
+        return [(("region",), str(e))]
+    wanted = [
+        (
+            ("cluster", "systemNodeGroup", "instanceType"),
+            config.cluster.system_node_group.instance_type,
+        )
+    ]
+    for i, pool in enumerate(config.node_pools):
+        wanted += [
+            (("nodePools", i, "instanceTypes", j), t) for j, t in enumerate(pool.instance_types)
+        ]
+    problems = []
+    for loc, name in wanted:
+        try:
+            prices.instance(name)
+        except UnpricedError as e:
+            problems.append((loc, str(e)))
+    if config.storage.fsx.enabled:
+        try:
+            prices.fsx(config.storage.fsx.throughput_per_tib)
+        except UnpricedError as e:
+            problems.append((("storage", "fsx", "throughputPerTib"), str(e)))
+    return problems
+
+
+# Documentation values (RFC 5737 networks, AWS's example account) that Pulumi.prod.yaml ships as
+# placeholders: a real deployment with them would lock the real admins out of the cluster.
+DOCUMENTATION_CIDRS = [
+    ipaddress.IPv4Network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
+]
+DOCUMENTATION_ACCOUNT = "123456789012"
+
+
+def placeholder_errors(config: StackConfig) -> list[str]:
+    """`key: message` per key still holding a documentation placeholder; the engine refuses them."""
+    endpoint = ("cluster", "endpoint", "publicAccessCidrs")
+    problems = [
+        ((*endpoint, i), f"{cidr} is a documentation range (RFC 5737); allowed: your own CIDRs")
+        for i, cidr in enumerate(config.cluster.endpoint.public_access_cidrs)
+        if any(cidr.subnet_of(doc) for doc in DOCUMENTATION_CIDRS)
+    ]
+    problems += [
+        (
+            ("cluster", "adminPrincipalArns", i),
+            f"{arn} is in AWS's documentation account {DOCUMENTATION_ACCOUNT}; "
+            "allowed: a role or user of your account",
+        )
+        for i, arn in enumerate(config.cluster.admin_principal_arns)
+        if f":{DOCUMENTATION_ACCOUNT}:" in arn
+    ]
+    return [f"{_key_path(loc)}: {message}" for loc, message in problems]
+
+
 class _StackFileLoader(yaml.SafeLoader):
     """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one)."""
 
@@ -947,7 +1007,15 @@ def config_from_pulumi() -> StackConfig:
     if (PROJECT_DIR / f"Pulumi.{stack}.yaml").is_file():
         read_stack_file(stack, PROJECT_DIR)
     values = {**get_config_env(), **CONFIG.get()}
-    return parse_stack_config(values, f"Pulumi.{stack}.yaml")
+    source = f"Pulumi.{stack}.yaml"
+    config = parse_stack_config(values, source)
+    placeholders = placeholder_errors(config)
+    if placeholders:
+        raise ConfigError(
+            f"Invalid stack config in {source}: placeholders left in\n  "
+            + "\n  ".join(placeholders)
+        )
+    return config
 
 
 def _job_args_errors(job: "JobConfig") -> list[str]:

@@ -1,30 +1,45 @@
 """Offline plan, the `cdk synth` Pulumi lacks: run the program under mocks, write what it declares.
 
-    python -m infra.plan --stack dev --out build/plan/dev
+    python -m infra.plan --stack dev [--out build/plan/dev] [--against DIR | --against-ref REF]
 
-writes `plan.json` (one object per registered resource) and `manifests/` (one YAML file per
-Kubernetes object), then prints a summary. Invalid stack config exits 2 with the config message.
+writes `plan.json` (one object per registered resource), `manifests/` (one YAML file per
+Kubernetes object), `facts.json` (limits, quotas, sizes, cost) and `changes.txt` (those facts
+against the previous plan in the out folder, DIR, or the stack file at git REF), then prints a
+summary led by NodePools and cost. Invalid stack config exits 2 with the config message.
 """
 
 import argparse
 import json
 import shutil
+import subprocess
 import sys
+import tempfile
 from collections import Counter
 from pathlib import Path
 from typing import Any
 
 import yaml
 
-from infra.catalog import load_catalog, load_storage_prices
+from infra.catalog import HOURS_PER_MONTH
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
-from infra.config import ConfigError, StackConfig, load_stack_file, read_stack_file
+from infra.config import (
+    ConfigError,
+    StackConfig,
+    load_stack_file,
+    placeholder_errors,
+    read_stack_file,
+)
+from infra.cost import StackCost, stack_cost
 from infra.offline import Plan, run_offline
 from infra.paths import PROJECT_DIR
+from infra.plan_changes import Facts, changes, plan_facts
 from infra.program import build_platform
 from policies.offline import check
+
+FACTS_FILE = "facts.json"
+CHANGES_FILE = "changes.txt"
 
 # Kubernetes types that are not objects in the cluster (providers, Helm wrappers).
 _NOT_MANIFESTS = (
@@ -82,109 +97,140 @@ def table(header: list[str], rows: list[list[Any]]) -> list[str]:
     return ["  " + "  ".join(cell(c, w) for c, w in zip(row, widths, strict=True)) for row in cells]
 
 
-def platform_quota(plan: Plan) -> dict[tuple[str, str], str]:
-    """(flavor, resource) -> nominal quota of the platform ClusterQueue, as the plan declares it."""
-    queues = [
-        r
-        for r in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue")
-        if r.inputs["metadata"]["name"] == PLATFORM_QUEUE
-    ]
+def cluster_queue_resources(plan: Plan, queue: str) -> dict[tuple[str, str], dict[str, str]]:
+    """(flavor, resource) -> {nominalQuota, borrowingLimit?} of one ClusterQueue in the plan."""
     return {
-        (flavor["name"], res["name"]): res["nominalQuota"]
-        for queue in queues
-        for group in queue.inputs["spec"]["resourceGroups"]
+        (flavor["name"], res["name"]): res
+        for r in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue")
+        if r.inputs["metadata"]["name"] == queue
+        for group in r.inputs["spec"]["resourceGroups"]
         for flavor in group["flavors"]
         for res in flavor["resources"]
     }
 
 
+def pool_rows(config: StackConfig, plan: Plan, cost: StackCost) -> list[str]:
+    quota = cluster_queue_resources(plan, PLATFORM_QUEUE)
+
+    def nominal(pool: str, resource: str) -> str:
+        return quota.get((pool, resource), {}).get("nominalQuota", "-")
+
+    rows = []
+    for pool, line in zip(config.node_pools, cost.pools, strict=True):
+        c = pool.ceiling()
+        rows.append(
+            [
+                pool.name,
+                ", ".join(pool.instance_types),
+                c.nodes,
+                c.gpus,
+                c.vcpu,
+                c.memory_gib,
+                nominal(pool.name, "nvidia.com/gpu"),
+                nominal(pool.name, "cpu"),
+                nominal(pool.name, "memory"),
+                f"{line.usd_per_hour:,.2f}",
+            ]
+        )
+    ceilings = [p.ceiling() for p in config.node_pools]
+    rows.append(
+        [
+            "total",
+            "",
+            sum(c.nodes for c in ceilings),
+            sum(c.gpus for c in ceilings),
+            sum(c.vcpu for c in ceilings),
+            sum(c.memory_gib for c in ceilings),
+            "",
+            "",
+            "",
+            f"{cost.pools_per_hour:,.2f}",
+        ]
+    )
+    header = ["pool", "instance types", "max nodes", "max GPUs", "max vCPU", "max mem GiB"]
+    header += ["queue GPUs", "queue vCPU", "queue mem", "max $/hour"]
+    lines = ["NodePools (ceilings: Karpenter limits; queue: platform ClusterQueue quota):"]
+    return lines + table(header, rows)
+
+
+def borrowing_rows(config: StackConfig, plan: Plan) -> list[str]:
+    """Each borrowing team's limits per pool, in absolute units (what its percent amounts to)."""
+    rows = []
+    for team in config.queues.teams:
+        if not team.own_cluster_queue:
+            continue
+        limits = cluster_queue_resources(plan, team_cluster_queue(team))
+        for pool in config.node_pools:
+            limit = [
+                limits.get((pool.name, resource), {}).get("borrowingLimit", "-")
+                for resource in ("nvidia.com/gpu", "cpu", "memory")
+            ]
+            share = f"{team.borrowing_limit_percent}%"
+            rows.append([team.name, team_cluster_queue(team), share, pool.name, *limit])
+    if not rows:
+        return []
+    header = ["team", "ClusterQueue", "share", "pool", "GPUs", "vCPU", "memory"]
+    return ["", "Borrowing limits (team ClusterQueues, from unused platform quota):"] + table(
+        header, rows
+    )
+
+
+def cost_rows(cost: StackCost) -> list[str]:
+    def row(item: str, detail: str, per_hour: float) -> list[str]:
+        return [item, detail, f"{per_hour:,.3f}", f"{per_hour * HOURS_PER_MONTH:,.0f}"]
+
+    rows = [row(line.item, line.detail, line.usd_per_hour) for line in cost.baseline]
+    rows.append(row("baseline", "always on, billed from pulumi up", cost.baseline_per_hour))
+    rows.append(row("NodePools", "all pools at their ceilings", cost.pools_per_hour))
+    rows.append(row("total", "most this stack can cost", cost.total_per_hour))
+    prices = cost.prices
+    return [
+        "",
+        f"Cost (USD, on-demand list prices in {prices.region}; month = {HOURS_PER_MONTH} h):",
+        *table(["item", "detail", "$/hour", "$/month"], rows),
+        f"  usage-priced, not included: {', '.join(cost.usage_priced)}",
+        f"  instance prices: {prices.instance_source}, as of {prices.instance_as_of}",
+        f"  service prices: {prices.service_source}, as of {prices.service_as_of}",
+    ]
+
+
 def storage_rows(config: StackConfig) -> list[str]:
-    storage, prices = config.storage, load_storage_prices()
+    storage = config.storage
     encryption = "SSE-KMS" if storage.bucket.kms else "SSE-S3"
     rows = [
         [
             "S3 bucket",
             f"{encryption}, versioned, checkpoints expire after "
             f"{storage.bucket.checkpoint_retention_days} days",
-            "per GiB stored",
         ],
-        ["EBS", "gp3 StorageClass (default, encrypted)", "per volume"],
+        ["EBS", "gp3 StorageClass (default, encrypted)"],
     ]
     if storage.efs.enabled:
-        rows.append(
-            [
-                "EFS",
-                f"encrypted, elastic; claim {EFS_CLAIM} in every team namespace",
-                "per GiB used",
-            ]
-        )
+        rows.append(["EFS", f"encrypted, elastic; claim {EFS_CLAIM} in every team namespace"])
     if storage.fsx.enabled:
         fsx = storage.fsx
-        monthly = fsx.storage_capacity_gib * prices.fsx_per_gib_month[fsx.throughput_per_tib]
         rows.append(
             [
                 "FSx for Lustre",
                 f"PERSISTENT_2 {fsx.storage_capacity_gib} GiB, "
                 f"{fsx.throughput_per_tib} MB/s/TiB, s3://<bucket>/{fsx.dataset_prefix}; "
                 f"claim {FSX_CLAIM}",
-                f"${monthly:,.2f}/month",
             ]
         )
-    lines = table(["store", "configuration", "cost"], rows)
-    if storage.fsx.enabled:
-        lines.append(f"  prices: {prices.price_source}, as of {prices.price_as_of}")
-    return lines
+    return table(["store", "configuration"], rows)
 
 
-def summary(config: StackConfig, plan: Plan) -> str:
-    counts = Counter(r.type for r in plan.resources)
-    lines = [f"Stack {plan.stack}: {len(plan.resources)} resources", ""]
-    lines += table(["resource type", "count"], sorted(counts.items()))
+def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> str:
+    """NodePools and cost first; then storage, jobs, teams; resource counts only when asked."""
+    cost = stack_cost(config, plan)
+    lines = [f"Stack {plan.stack} ({config.region}): {len(plan.resources)} resources", ""]
     if config.node_pools:
-        ceilings = [(p, p.ceiling()) for p in config.node_pools]
-        quota = platform_quota(plan)
-        rows = [
-            [
-                p.name,
-                ", ".join(p.instance_types),
-                c.nodes,
-                c.gpus,
-                c.vcpu,
-                quota.get((p.name, "nvidia.com/gpu"), "-"),
-                quota.get((p.name, "cpu"), "-"),
-                f"{c.usd_per_hour:,.2f}",
-            ]
-            for p, c in ceilings
-        ]
-        rows.append(
-            [
-                "total",
-                "",
-                sum(c.nodes for _, c in ceilings),
-                sum(c.gpus for _, c in ceilings),
-                sum(c.vcpu for _, c in ceilings),
-                "",
-                "",
-                f"{sum(c.usd_per_hour for _, c in ceilings):,.2f}",
-            ]
-        )
-        catalog = load_catalog()
-        lines += ["", "NodePools (ceilings; cost at on-demand prices):"]
-        lines += table(
-            [
-                "pool",
-                "instance types",
-                "max nodes",
-                "max GPUs",
-                "max vCPU",
-                "queue GPUs",
-                "queue vCPU",
-                "max $/hour",
-            ],
-            rows,
-        )
-        lines.append(f"  prices: {catalog.price_source}, as of {catalog.price_as_of}")
-        lines.append("  queue: nominal quota of the platform ClusterQueue, per pool's flavor")
+        lines += pool_rows(config, plan, cost) + borrowing_rows(config, plan)
+    lines += cost_rows(cost)
+    placeholders = placeholder_errors(config)
+    if placeholders:
+        lines += ["", "Placeholders (pulumi preview/up refuse them until replaced):"]
+        lines += [f"  {line}" for line in placeholders]
     lines += ["", "Storage:"] + storage_rows(config)
     if config.jobs:
         pools = {p.name: p for p in config.node_pools}
@@ -193,7 +239,7 @@ def summary(config: StackConfig, plan: Plan) -> str:
             return pools[job.node_pool].gpus_per_node
 
         images = plan.outputs.get("trainerImages") or {"all": config.image.uri}
-        lines += ["", "Jobs:"]
+        lines += ["", "Jobs (start, and bill, on pulumi up):"]
         lines += table(
             ["job", "kind", "pool", "nodes", "GPUs", "queue", "checkpoint"],
             [
@@ -225,7 +271,40 @@ def summary(config: StackConfig, plan: Plan) -> str:
                 for t in config.queues.teams
             ],
         )
+    if resource_counts:
+        counts = Counter(r.type for r in plan.resources)
+        lines += ["", "Resources by type:"] + table(["type", "count"], sorted(counts.items()))
     return "\n".join(lines)
+
+
+def base_facts(stack: str, ref: str, project_dir: Path) -> Facts:
+    """Facts of the stack file as it was at git `ref`, planned by this checkout's program.
+
+    A stack file the ref does not have yet (a new stack) has no facts: everything is new.
+    """
+
+    def git(*args: str) -> subprocess.CompletedProcess:
+        return subprocess.run(
+            ["git", "-C", str(project_dir), *args], capture_output=True, text=True
+        )
+
+    if git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
+        raise ConfigError(f"--against-ref: {ref!r} is not a commit in {project_dir}")
+    shown = git("show", f"{ref}:./Pulumi.{stack}.yaml")
+    if shown.returncode != 0:
+        return {}
+    with tempfile.TemporaryDirectory() as tmp:
+        (Path(tmp) / f"Pulumi.{stack}.yaml").write_text(shown.stdout)
+        try:
+            config, plan = make_plan(stack, Path(tmp))
+        except ConfigError as e:
+            raise ConfigError(f"Pulumi.{stack}.yaml at {ref} does not plan: {e}") from None
+    return plan_facts(config, plan)
+
+
+def read_facts(folder: Path) -> Facts | None:
+    path = folder / FACTS_FILE
+    return json.loads(path.read_text()) if path.is_file() else None
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -240,17 +319,43 @@ def main(argv: list[str] | None = None) -> int:
         default=PROJECT_DIR,
         help="folder holding the Pulumi.<stack>.yaml files",
     )
+    against = parser.add_mutually_exclusive_group()
+    against.add_argument(
+        "--against", type=Path, metavar="DIR", help="compare with the plan written to DIR"
+    )
+    against.add_argument(
+        "--against-ref",
+        metavar="GITREF",
+        help="compare with the stack file at a git ref (e.g. origin/main), planned by this code",
+    )
+    parser.add_argument("--resources", action="store_true", help="also count the resources by type")
     args = parser.parse_args(argv)
     out = args.out or Path("build/plan") / args.stack
+    base = args.against or out
     try:
         config, plan = make_plan(args.stack, args.project_dir)
+        if args.against_ref:
+            old = base_facts(args.stack, args.against_ref, args.project_dir)
+            base_name = f"Pulumi.{args.stack}.yaml at {args.against_ref}"
+        else:
+            old, base_name = read_facts(base), f"the plan in {base}"
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
+    new = plan_facts(config, plan)
+    if old is None:
+        changed = [f"no earlier plan in {base} to compare with"]
+    else:
+        changed = changes(old, new) or ["no change"]
     write_plan(plan, out)
-    print(summary(config, plan))
-    print(f"\nWrote {out / 'plan.json'} and {out / 'manifests'}/")
-    violations = check(plan, config.policy.model_dump(by_alias=True))
+    (out / FACTS_FILE).write_text(json.dumps(new, indent=2) + "\n")
+    (out / CHANGES_FILE).write_text("\n".join(changed) + "\n")
+    print(summary(config, plan, resource_counts=args.resources))
+    print(f"\nChanges against {base_name}:" if old is not None else "\nChanges:")
+    print("\n".join(f"  {line}" for line in changed))
+    print(f"\nWrote {out / 'plan.json'}, {out / CHANGES_FILE} and {out / 'manifests'}/")
+    policy_config = {**config.policy.model_dump(by_alias=True), "region": config.region}
+    violations = check(plan, policy_config)
     print(f"\nPolicies: {len(violations)} violations")
     for violation in violations:
         print(f"  {violation}")

@@ -19,7 +19,7 @@ from datetime import UTC, datetime, timedelta
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.catalog import load_catalog
+from infra.catalog import load_catalog, load_prices
 from infra.config import ConfigError, StackConfig, load_stack_file
 
 
@@ -156,7 +156,7 @@ def check_offerings(config: StackConfig, ec2, zones: list[str], report: Report) 
 
 
 def check_spot(config: StackConfig, ec2, zones: list[str], report: Report) -> None:
-    catalog = load_catalog()
+    prices = load_prices(config.region)  # config validation made sure every pool type is priced
     start = datetime.now(UTC) - SPOT_LOOKBACK
     for pool in config.node_pools:
         if "spot" not in pool.capacity_types:
@@ -179,7 +179,7 @@ def check_spot(config: StackConfig, ec2, zones: list[str], report: Report) -> No
                 value, zone = cheapest[name]
                 report.notes.append(
                     f"{pool.name}: {name} spot ${value:.4f}/h in {zone} "
-                    f"(on-demand list ${catalog[name].usd_per_hour}/h)"
+                    f"(on-demand list ${prices.instance(name)}/h in {config.region})"
                 )
         if not cheapest:
             line = (

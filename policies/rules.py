@@ -27,7 +27,7 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UnknownValueError, _DictProxy
 from pulumi_policy.proxy import _is_unknown as _unknown
 
-from infra.catalog import load_catalog, load_storage_prices
+from infra.catalog import RegionPrices, UnpricedError, load_catalog, load_prices
 from infra.config import MANDATORY_PRODUCTION_STACKS
 
 MANDATORY = EnforcementLevel.MANDATORY
@@ -636,35 +636,56 @@ def _immutable_tags(props: Mapping, args: ResourceValidationArgs) -> Iterable[st
 # --- stack rules ------------------------------------------------------------------------------
 
 
-def node_pool_cost_per_hour(props: Mapping) -> float:
-    """limits.nodes x the dearest instance type the NodePool may launch (on-demand)."""
-    catalog = load_catalog()
-    prices = [catalog[t].usd_per_hour for t in _node_pool_types(props) if t in catalog]
+def node_pool_cost_per_hour(props: Mapping, prices: RegionPrices) -> float:
+    """limits.nodes x the dearest instance type the NodePool may launch (on-demand, in-region)."""
     nodes = int(_get(props, "spec", "limits", "nodes") or 0)
-    return nodes * max(prices, default=0.0)
+    return nodes * max((prices.instance(t) for t in _node_pool_types(props)), default=0.0)
 
 
-def resource_cost_per_hour(resource_type: str, props: Mapping) -> float:
-    """Hourly ceiling of what a resource can cost: NodePools, the system node group, FSx."""
+def resource_cost_per_hour(resource_type: str, props: Mapping, prices: RegionPrices) -> float:
+    """Hourly ceiling of what a resource can cost: NodePools, node groups at maxSize, FSx."""
     if resource_type == NODEPOOL:
-        return node_pool_cost_per_hour(props)
+        return node_pool_cost_per_hour(props, prices)
     if resource_type == "aws:eks/nodeGroup:NodeGroup":
-        catalog = load_catalog()
-        prices = [
-            catalog[t].usd_per_hour for t in _items(props.get("instanceTypes")) if t in catalog
-        ]
-        return int(_get(props, "scalingConfig", "maxSize") or 0) * max(prices, default=0.0)
+        nodes = int(_get(props, "scalingConfig", "maxSize") or 0)
+        types = _items(props.get("instanceTypes"))
+        return nodes * max((prices.instance(t) for t in types), default=0.0)
     if resource_type == "aws:fsx/lustreFileSystem:LustreFileSystem":
-        per_gib = load_storage_prices().fsx_per_gib_month
-        throughput = int(props.get("perUnitStorageThroughput") or 0)
-        price = per_gib.get(throughput, max(per_gib.values()))
-        return int(props.get("storageCapacity") or 0) * price / HOURS_PER_MONTH
+        per_gib_month = prices.fsx(int(props.get("perUnitStorageThroughput") or 0))
+        return int(props.get("storageCapacity") or 0) * per_gib_month / HOURS_PER_MONTH
     return 0.0
+
+
+COSTED = {NODEPOOL, "aws:eks/nodeGroup:NodeGroup", "aws:fsx/lustreFileSystem:LustreFileSystem"}
+
+
+def _region(args: StackValidationArgs) -> str | None:
+    """The policy config's `region`, else the stack's AWS provider's, else its subnets' AZs'."""
+    regions = [config_of(args).get("region")]
+    for r in args.resources:
+        props = r.props or {}
+        if r.resource_type == "pulumi:providers:aws":
+            regions.append(props.get("region"))
+        elif r.resource_type == "aws:ec2/subnet:Subnet" and props.get("availabilityZone"):
+            regions.append(props["availabilityZone"][:-1])  # us-west-2a -> us-west-2
+    return next(filter(None, regions), None)
 
 
 def _budget(args: StackValidationArgs, report: ReportViolation) -> None:
     budget = float(config_of(args)["budgetUsdPerHour"])
-    total = sum(resource_cost_per_hour(r.resource_type, r.props or {}) for r in args.resources)
+    costed = [r for r in args.resources if r.resource_type in COSTED]
+    if not costed:
+        return
+    region = _region(args)
+    if region is None:
+        report('no region to price the stack in: set "region" in the policy pack config')
+        return
+    try:
+        prices = load_prices(region)
+        total = sum(resource_cost_per_hour(r.resource_type, r.props or {}, prices) for r in costed)
+    except UnpricedError as e:
+        report(f"cannot price the stack: {e}")
+        return
     if total > budget:
         report(
             f"cost ceiling ${total:,.2f}/hour (NodePools, node groups, FSx) exceeds the budget "
@@ -933,6 +954,6 @@ POLICIES = [
         "cost-budget",
         "The hourly cost ceiling (NodePools, node groups, FSx) stays under the budget",
         _budget,
-        {"budgetUsdPerHour": {"type": "number"}},
+        {"budgetUsdPerHour": {"type": "number"}, "region": {"type": "string"}},
     ),
 ]

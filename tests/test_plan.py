@@ -46,8 +46,9 @@ def test_plan_writes_plan_json_with_the_foundation(stack, tmp_path, capsys):
         assert expected in types
     assert (tmp_path / "manifests").is_dir()
     printed = capsys.readouterr().out
-    assert f"Stack {stack}: {len(entries)} resources" in printed
-    assert "eks:index:Cluster" in printed
+    assert f"Stack {stack} (us-west-2): {len(entries)} resources" in printed
+    assert printed.index("NodePools") < printed.index("Cost (USD") < printed.index("Storage:")
+    assert "eks:index:Cluster" not in printed  # resource counts only with --resources
 
 
 def test_plan_is_deterministic_across_processes(tmp_path):

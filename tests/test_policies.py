@@ -333,7 +333,7 @@ def test_rule_fails_the_breaking_resource_and_passes_the_good_one(rule):
     bad, good = CASES[rule]
     stack = "prod" if rule in PROD_RULES else "dev"
     context = [(t, copy.deepcopy(p)) for t, p in CONTEXT.get(rule, [])]
-    config = {"budgetUsdPerHour": 100}
+    config = {"budgetUsdPerHour": 100, "region": "us-east-1"}
     assert violations_of(
         plan_with(*context, (bad[0], copy.deepcopy(bad[1])), stack=stack), rule, config
     )
@@ -383,16 +383,31 @@ def test_bucket_needs_public_access_block_and_tls_policy():
 
 
 def test_cost_budget():
+    budget = {"budgetUsdPerHour": 300, "region": "us-east-1"}
     pool = (NODEPOOL, gpu_pool({"nodes": "4", "nvidia.com/gpu": "32"}))  # 4 x p5.48xlarge
-    assert violations_of(plan_with(pool), "cost-budget", {"budgetUsdPerHour": 300}) == []
+    assert violations_of(plan_with(pool), "cost-budget", budget) == []
     (violation,) = violations_of(
         plan_with((pool[0], gpu_pool({"nodes": "8", "nvidia.com/gpu": "64"}))),
         "cost-budget",
-        {"budgetUsdPerHour": 300},
+        budget,
     )
     assert "$440.32/hour (NodePools, node groups, FSx) exceeds the budget $300.00/hour" in (
         violation.message
     )
+
+
+def test_cost_budget_prices_in_the_stack_region_and_names_what_it_cannot_price():
+    eight = (NODEPOOL, gpu_pool({"nodes": "8", "nvidia.com/gpu": "64"}))  # 8 x p5.48xlarge
+    provider = ("pulumi:providers:aws", {"region": "eu-west-1"})
+    (violation,) = violations_of(plan_with(eight, provider), "cost-budget")
+    assert "p5.48xlarge has no eu-west-1 price in infra/catalog/prices/eu-west-1.yaml" in (
+        violation.message
+    )
+    subnet = ("aws:ec2/subnet:Subnet", {"availabilityZone": "eu-central-1a"})
+    (violation,) = violations_of(plan_with(eight, subnet), "cost-budget")
+    assert "p5.48xlarge has no eu-central-1 price" in violation.message
+    (violation,) = violations_of(plan_with(eight), "cost-budget")
+    assert 'set "region" in the policy pack config' in violation.message
 
 
 @pytest.mark.parametrize("stack", ["dev", "prod"])
@@ -600,7 +615,8 @@ def test_cost_budget_counts_fsx_and_node_groups():
         "aws:eks/nodeGroup:NodeGroup",
         {"instanceTypes": ["m6i.4xlarge"], "scalingConfig": {"maxSize": 10}},
     )
-    (violation,) = violations_of(plan_with(fsx, group), "cost-budget", {"budgetUsdPerHour": 40})
+    budget = {"budgetUsdPerHour": 40, "region": "us-east-1"}
+    (violation,) = violations_of(plan_with(fsx, group), "cost-budget", budget)
     # 48000 x 0.60 / 730 = 39.45, plus 10 x 0.768 = 7.68
     assert "$47.13/hour" in violation.message
 

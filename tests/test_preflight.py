@@ -164,22 +164,22 @@ def test_satisfiable_stack_passes_with_spot_prices(aws):
 
 
 def test_spot_only_pool_without_a_spot_market_fails(aws):
-    # moto prices spot only where a type is offered: eu-west-1 has no p5.48xlarge at all.
+    # moto prices spot only where a type is offered: eu-west-1 has p4d.24xlarge in 1c only.
     config = config_in(
         "eu-west-1",
         [
             {
-                "name": "h100",
-                "instanceTypes": ["p5.48xlarge"],
+                "name": "a100",
+                "instanceTypes": ["p4d.24xlarge"],
                 "maxNodes": 1,
                 "capacityTypes": ["spot"],
             }
         ],
     )
-    quotas = stubbed_quotas("eu-west-1", {"L-1216C47A": 64, "L-C4BD4855": 192})
+    quotas = stubbed_quotas("eu-west-1", {"L-1216C47A": 64, "L-7212CCBC": 96})
     report = preflight.preflight(config, boto3.client("ec2", region_name="eu-west-1"), quotas)
     assert (
-        "h100: no spot price for p5.48xlarge in eu-west-1a, eu-west-1b during the last 1 day(s)"
+        "a100: no spot price for p4d.24xlarge in eu-west-1a, eu-west-1b during the last 1 day(s)"
         in report.problems
     )
 

@@ -286,13 +286,14 @@ def test_bad_jobs_are_config_errors(changes, key_path, message):
 def test_local_twin_runs_the_jobs_own_arguments(tmp_path):
     config = parse_stack_config(stack_values("dev"), "Pulumi.dev.yaml")
     (job,) = [j for j in config.jobs if j.name == "smoke-cpu"]
-    command = local_command(job, nproc=2, steps=3, checkpoint=tmp_path / "ckpt")
+    command = local_command(list(job.args), nproc=2, steps=3, checkpoint=tmp_path / "ckpt")
+    steps = job.args.index("--steps")
     assert command[command.index("trainer") + 1 :] == [
-        *job.args,
+        *job.args[: steps + 1],
+        "3",
+        *job.args[steps + 2 :],
         "--checkpoint-dir",
         str(tmp_path / "ckpt"),
-        "--steps",
-        "3",
     ]
     result = subprocess.run(
         [sys.executable, "-m", "workloads.local", "smoke-cpu", "--steps", "3"],

@@ -1,25 +1,42 @@
 """A job's local twin: the job's own trainer arguments under torchrun on this machine's CPU.
 
-    python -m workloads.local smoke-cpu [--stack dev] [--nproc 2] [--steps 20]
+    python -m workloads.local smoke-cpu [--stack dev] [--nproc 2] [--steps 20] [--model small]
 
 Same trainer, same arguments as the PyTorchJob/MPIJob the stack declares; only the checkpoint
-location (build/local-jobs/<job>), the step count and the worker count (CPU processes, gloo) differ,
-so a job's configuration fails here before it costs GPU hours.
+location (build/local-jobs/<job>), the step count, the worker count (CPU processes, gloo) and, when
+asked, the model preset differ, so a job's configuration fails here before it costs GPU hours.
+Ctrl-C or SIGTERM stops the workers the way a Spot interruption does: each finishes its step and
+a checkpoint is written; `--resume` carries on from it.
 """
 
 import argparse
 import os
+import shlex
 import shutil
+import signal
 import subprocess
 import sys
 from pathlib import Path
 
 from infra.config import ConfigError, load_stack_file
-from workloads.manifests import trainer_args
+from trainer.options import parse_options
+
+# Presets a 2-core CPU trains a few steps of in about a minute; larger ones take minutes a step.
+CPU_MODELS = ("tiny", "small")
+# One thread per worker: the workers share the cores, and torchrun warns when it is unset.
+WORKER_ENV = {"OMP_NUM_THREADS": "1"}
 
 
-def local_command(job, nproc: int, steps: int, checkpoint: Path) -> list[str]:
-    args = [*trainer_args(job, str(checkpoint)), "--steps", str(steps)]
+def with_option(args: list[str], option: str, value: str) -> list[str]:
+    """Trainer arguments with `option` set to `value`, in place if the job sets it already."""
+    if option in args:
+        i = args.index(option)
+        return [*args[: i + 1], value, *args[i + 2 :]]
+    return [*args, option, value]
+
+
+def local_command(job_args: list[str], nproc: int, steps: int, checkpoint: Path) -> list[str]:
+    """torchrun over the trainer with the job's arguments, a local checkpoint dir and step count."""
     return [
         sys.executable,
         "-m",
@@ -28,8 +45,57 @@ def local_command(job, nproc: int, steps: int, checkpoint: Path) -> list[str]:
         f"--nproc-per-node={nproc}",
         "-m",
         "trainer",
-        *args,
+        *with_option(job_args, "--steps", str(steps)),
+        "--checkpoint-dir",
+        str(checkpoint),
     ]
+
+
+def shown(command: list[str]) -> str:
+    """The command as one line a user can paste: env, interpreter path relative to here."""
+    python = os.path.relpath(command[0]) if command[0].startswith(os.getcwd()) else command[0]
+    env = " ".join(f"{k}={v}" for k, v in WORKER_ENV.items())
+    return f"{env} {shlex.join([python, *command[1:]])}"
+
+
+def workers(pid: int) -> list[int]:
+    """The worker processes torchrun started (Linux: /proc lists a process's children)."""
+    children = Path(f"/proc/{pid}/task/{pid}/children")
+    return [int(c) for c in children.read_text().split()] if children.exists() else []
+
+
+def run(command: list[str]) -> int:
+    """Run torchrun; on SIGINT/SIGTERM stop its workers as a Spot interruption would.
+
+    torchrun runs in its own session, so a terminal's Ctrl-C reaches only this process, which
+    sends the workers SIGTERM: each finishes its step, saves a checkpoint and exits 0, and
+    torchrun ends cleanly (signalled itself, it would print a traceback and exit 1).
+    """
+    process = subprocess.Popen(
+        command,
+        env={**os.environ, **WORKER_ENV},
+        start_new_session=True,
+        stdout=subprocess.PIPE,
+        text=True,
+    )
+
+    def stop(signum, frame):
+        print(f"\n{signal.Signals(signum).name}: stopping the workers at a checkpoint", flush=True)
+        for pid in workers(process.pid):
+            os.kill(pid, signal.SIGTERM)
+
+    previous = {sig: signal.signal(sig, stop) for sig in (signal.SIGINT, signal.SIGTERM)}
+    # On a terminal the trainer redraws a progress line on stderr ("\r[###...] step ..."); each
+    # JSON event from stdout starts at column 0 of a cleared line, so it gets a line of its own.
+    start = "\r\033[K" if sys.stderr.isatty() else ""
+    try:
+        for line in process.stdout:
+            sys.stdout.write(start + line)
+            sys.stdout.flush()
+        return process.wait()
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -41,6 +107,9 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--nproc", type=int, default=2, help="CPU worker processes")
     parser.add_argument(
         "--steps", type=int, default=20, help="a short run; the job's own count is for GPUs"
+    )
+    parser.add_argument(
+        "--model", choices=CPU_MODELS, help="a smaller preset than the job's, for this CPU"
     )
     parser.add_argument("--resume", action="store_true", help="keep the previous local checkpoints")
     args = parser.parse_args(argv)
@@ -57,12 +126,26 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
+    job_args = list(jobs[args.job].args)
+    model = args.model or parse_options(job_args).model
+    if model not in CPU_MODELS:
+        print(
+            f"error: job {args.job} trains --model {model}, too big for a CPU run here; try its "
+            f"configuration with a smaller preset:\n"
+            f"  make job-local JOB={args.job} STACK={args.stack} STEPS={args.steps} MODEL=small\n"
+            f"  python -m workloads.local {args.job} --stack {args.stack} --model small",
+            file=sys.stderr,
+        )
+        return 2
     checkpoint = Path("build/local-jobs") / args.job
     if not args.resume:
         shutil.rmtree(checkpoint, ignore_errors=True)
-    command = local_command(jobs[args.job], args.nproc, args.steps, checkpoint)
-    print("+ " + " ".join(command[1:]), flush=True)
-    return subprocess.call(command, env={**os.environ, "OMP_NUM_THREADS": "1"})
+    job_args = with_option(job_args, "--model", model)
+    command = local_command(job_args, args.nproc, args.steps, checkpoint)
+    print("+ " + shown(command), flush=True)
+    code = run(command)
+    print(f"checkpoints: {checkpoint}/ (continue with --resume)", flush=True)
+    return code
 
 
 if __name__ == "__main__":

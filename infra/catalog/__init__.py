@@ -1,4 +1,8 @@
-"""The EC2 instance catalog: one data file saying what each instance type offers and costs."""
+"""The EC2 instance catalog and per-region prices: what each type offers and what it costs where.
+
+`instance_types.yaml` holds what a type is (vCPU, memory, GPUs, EFA); `prices/<region>.yaml` what
+it and the always-on services cost in one region, with where and when the figures were read.
+"""
 
 from dataclasses import dataclass
 from functools import cache
@@ -7,6 +11,8 @@ from pathlib import Path
 import yaml
 
 CATALOG_FILE = Path(__file__).with_name("instance_types.yaml")
+PRICES_DIR = Path(__file__).with_name("prices")
+HOURS_PER_MONTH = 730  # AWS's own convention for monthly estimates
 
 
 @dataclass(frozen=True)
@@ -18,7 +24,6 @@ class InstanceType:
     gpu_model: str | None
     gpu_memory_gib: int
     efa_network_cards: int  # 0: no EFA
-    usd_per_hour: float
 
     @property
     def efa(self) -> bool:
@@ -28,8 +33,6 @@ class InstanceType:
 @dataclass(frozen=True)
 class Catalog:
     types: dict[str, InstanceType]
-    price_source: str
-    price_as_of: str
 
     def __getitem__(self, name: str) -> InstanceType:
         return self.types[name]
@@ -48,7 +51,7 @@ def load_catalog() -> Catalog:
     types: dict[str, InstanceType] = {}
     for family, spec in raw["families"].items():
         for size, figures in spec["types"].items():
-            vcpu, memory_gib, price, gpus = (*figures, 0) if len(figures) == 3 else figures
+            vcpu, memory_gib, gpus = (*figures, 0) if len(figures) == 2 else figures
             name = f"{family}.{size}"
             types[name] = InstanceType(
                 name=name,
@@ -58,23 +61,78 @@ def load_catalog() -> Catalog:
                 gpu_model=spec["gpuModel"],
                 gpu_memory_gib=spec.get("gpuMemoryGiB", 0),
                 efa_network_cards=spec["efa"].get(size, 0),
-                usd_per_hour=price,
             )
-    return Catalog(types=types, price_source=raw["priceSource"], price_as_of=raw["priceAsOf"])
+    return Catalog(types=types)
+
+
+class UnpricedError(LookupError):
+    """The catalog holds no price for this region or item: say which and how to add one."""
 
 
 @dataclass(frozen=True)
-class StoragePrices:
+class RegionPrices:
+    """List prices in one region (USD): instances per hour, services per hour or GiB-month."""
+
+    region: str
+    instance_usd_per_hour: dict[str, float]
+    instance_source: str
+    instance_as_of: str
+    eks_control_plane_per_hour: float
+    nat_gateway_per_hour: float
+    ebs_gp3_per_gib_month: float
+    efs_standard_per_gib_month: float
+    s3_standard_per_gib_month: float
     fsx_per_gib_month: dict[int, float]  # PERSISTENT_2 SSD, by throughput per TiB
-    price_source: str
-    price_as_of: str
+    service_source: str
+    service_as_of: str
+
+    def instance(self, name: str) -> float:
+        if name not in self.instance_usd_per_hour:
+            raise UnpricedError(
+                f"{name} has no {self.region} price in infra/catalog/prices/{self.region}.yaml; "
+                f"priced there: {', '.join(sorted(self.instance_usd_per_hour))} "
+                f"(add it: python -m infra.catalog.refresh --region {self.region})"
+            )
+        return self.instance_usd_per_hour[name]
+
+    def fsx(self, throughput_per_tib: int) -> float:
+        if throughput_per_tib not in self.fsx_per_gib_month:
+            raise UnpricedError(
+                f"FSx for Lustre at {throughput_per_tib} MB/s/TiB has no {self.region} price in "
+                f"infra/catalog/prices/{self.region}.yaml (servicePrices.usd."
+                "fsxPersistent2PerGibMonth)"
+            )
+        return self.fsx_per_gib_month[throughput_per_tib]
+
+
+def supported_regions() -> list[str]:
+    return sorted(p.stem for p in PRICES_DIR.glob("*.yaml"))
 
 
 @cache
-def load_storage_prices() -> StoragePrices:
-    raw = yaml.safe_load(CATALOG_FILE.with_name("storage_prices.yaml").read_text())
-    return StoragePrices(
-        fsx_per_gib_month={int(k): float(v) for k, v in raw["fsxPersistent2PerGibMonth"].items()},
-        price_source=raw["priceSource"],
-        price_as_of=raw["priceAsOf"],
+def load_prices(region: str) -> RegionPrices:
+    """The region's prices; UnpricedError naming the supported regions for any other region."""
+    path = PRICES_DIR / f"{region}.yaml"
+    if not path.is_file():
+        raise UnpricedError(
+            f"no prices for region {region!r} in infra/catalog/prices/; supported regions: "
+            f"{', '.join(supported_regions())} (add one: python -m infra.catalog.refresh "
+            f"--region {region}, then its servicePrices by hand)"
+        )
+    raw = yaml.safe_load(path.read_text())
+    instances, services = raw["instancePrices"], raw["servicePrices"]
+    usd = services["usd"]
+    return RegionPrices(
+        region=region,
+        instance_usd_per_hour={k: float(v) for k, v in instances["usdPerHour"].items()},
+        instance_source=instances["source"],
+        instance_as_of=str(instances["asOf"]),
+        eks_control_plane_per_hour=float(usd["eksControlPlanePerHour"]),
+        nat_gateway_per_hour=float(usd["natGatewayPerHour"]),
+        ebs_gp3_per_gib_month=float(usd["ebsGp3PerGibMonth"]),
+        efs_standard_per_gib_month=float(usd["efsStandardPerGibMonth"]),
+        s3_standard_per_gib_month=float(usd["s3StandardPerGibMonth"]),
+        fsx_per_gib_month={int(k): float(v) for k, v in usd["fsxPersistent2PerGibMonth"].items()},
+        service_source=services["source"],
+        service_as_of=str(services["asOf"]),
     )

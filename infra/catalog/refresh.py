@@ -1,0 +1,110 @@
+"""Refresh a region's instance prices from the AWS Price List API (needs AWS credentials).
+
+    python -m infra.catalog.refresh --region eu-west-1 [--region us-east-1 ...]
+
+For every type in instance_types.yaml, asks GetProducts (AmazonEC2; Linux, shared tenancy, no
+pre-installed software, on-demand) for the region's hourly USD price and rewrites the
+`instancePrices` block of prices/<region>.yaml with today's date; types the region does not offer
+are left out (a pool naming one is then a config error there). `servicePrices` is kept as is; a
+new region's file starts with us-east-1's, labeled as copied, to be checked by hand.
+"""
+
+import argparse
+import datetime
+import json
+import sys
+from pathlib import Path
+
+import boto3
+import yaml
+
+from infra.catalog import PRICES_DIR, load_catalog
+
+SOURCE = "AWS Price List API GetProducts (AmazonEC2, Linux, Shared, no pre-installed SW, OnDemand)"
+# The Price List API is served from us-east-1 (and a few others) whatever region is priced.
+PRICING_ENDPOINT_REGION = "us-east-1"
+
+
+def _filters(region: str, instance_type: str) -> list[dict[str, str]]:
+    wanted = {
+        "regionCode": region,
+        "instanceType": instance_type,
+        "operatingSystem": "Linux",
+        "tenancy": "Shared",
+        "preInstalledSw": "NA",
+        "capacitystatus": "Used",
+        "marketoption": "OnDemand",
+    }
+    return [{"Type": "TERM_MATCH", "Field": k, "Value": v} for k, v in wanted.items()]
+
+
+def hourly_price(client, region: str, instance_type: str) -> float | None:
+    """The on-demand USD/hour of one type in one region; None when the region does not offer it."""
+    prices = []
+    kwargs = {"ServiceCode": "AmazonEC2", "Filters": _filters(region, instance_type)}
+    while True:
+        page = client.get_products(**kwargs)
+        for item in page["PriceList"]:
+            product = json.loads(item)
+            for term in product["terms"].get("OnDemand", {}).values():
+                for dimension in term["priceDimensions"].values():
+                    if dimension["unit"] == "Hrs":
+                        prices.append(float(dimension["pricePerUnit"]["USD"]))
+        if not page.get("NextToken"):
+            break
+        kwargs["NextToken"] = page["NextToken"]
+    priced = [p for p in prices if p > 0]
+    if len(set(priced)) > 1:
+        raise ValueError(f"{instance_type} in {region}: several on-demand prices {sorted(priced)}")
+    return priced[0] if priced else None
+
+
+def refresh(
+    region: str,
+    client=None,
+    types: list[str] | None = None,
+    prices_dir: Path = PRICES_DIR,
+    today: datetime.date | None = None,
+) -> tuple[dict[str, float], list[str]]:
+    """Rewrite prices/<region>.yaml's instancePrices; returns (prices, types not offered)."""
+    client = client or boto3.client("pricing", region_name=PRICING_ENDPOINT_REGION)
+    prices, missing = {}, []
+    for name in types or load_catalog().names():
+        price = hourly_price(client, region, name)
+        if price is None:
+            missing.append(name)
+        else:
+            prices[name] = price
+    path = prices_dir / f"{region}.yaml"
+    if path.is_file():
+        document = yaml.safe_load(path.read_text())
+    else:
+        document = yaml.safe_load((prices_dir / "us-east-1.yaml").read_text())
+        document["region"] = region
+        document["servicePrices"]["source"] = "COPIED FROM us-east-1 by refresh: check by hand"
+    document["instancePrices"] = {
+        "source": SOURCE,
+        "asOf": (today or datetime.date.today()).isoformat(),
+        "usdPerHour": prices,
+    }
+    header = f"# {region}: instancePrices written by python -m infra.catalog.refresh.\n"
+    path.write_text(header + yaml.safe_dump(document, sort_keys=False, width=100))
+    return prices, missing
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m infra.catalog.refresh", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--region", action="append", required=True, help="e.g. eu-west-1")
+    args = parser.parse_args(argv)
+    for region in args.region:
+        prices, missing = refresh(region)
+        print(f"{region}: {len(prices)} types priced -> {PRICES_DIR / (region + '.yaml')}")
+        if missing:
+            print(f"  not offered in {region}: {', '.join(missing)}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,190 @@
+"""What `make plan` says changed, and the prices it uses: per region, sourced, or refused."""
+
+import shutil
+import subprocess
+
+import pytest
+import yaml
+
+from infra.catalog import load_prices, supported_regions
+from infra.config import (
+    ConfigError,
+    config_from_pulumi,
+    load_stack_file,
+    parse_stack_config,
+    placeholder_errors,
+    read_stack_file,
+)
+from infra.offline import run_offline
+from infra.plan import CHANGES_FILE, main
+from infra.plan_changes import changes, plan_facts
+from infra.program import build_platform
+from infra.program import main as program_main
+from tests.conftest import ROOT, plan_of, stack_values
+
+MAX_NODES_4_TO_12 = [
+    "NodePool gpu-small limits.cpu 192 -> 576",
+    "NodePool gpu-small limits.memory 768Gi -> 2304Gi",
+    "NodePool gpu-small limits.nodes 4 -> 12",
+    "NodePool gpu-small limits.nvidia.com/gpu 16 -> 48",
+    "NodePool gpu-small max $/hour 22.69 -> 68.06",
+    "ClusterQueue platform quota.gpu-small.cpu 192 -> 576",
+    "ClusterQueue platform quota.gpu-small.memory 768Gi -> 2304Gi",
+    "ClusterQueue platform quota.gpu-small.nvidia.com/gpu 16 -> 48",
+    "ClusterQueue team-research borrowing.gpu-small.cpu 96 -> 288",
+    "ClusterQueue team-research borrowing.gpu-small.memory 384Gi -> 1152Gi",
+    "ClusterQueue team-research borrowing.gpu-small.nvidia.com/gpu 8 -> 24",
+    "Cost NodePools max $/hour 381.690 -> 427.060",
+    "Cost total max $/hour 382.038 -> 427.408",
+]
+
+
+def write_stack(folder, stack="dev", **sections):
+    values = stack_values("dev", **sections)
+    (folder / f"Pulumi.{stack}.yaml").write_text(yaml.safe_dump({"config": values}))
+
+
+def with_gpu_small_max_nodes(n: int) -> list[dict]:
+    pools = stack_values("dev")["training-platform:nodePools"]
+    return [{**p, "maxNodes": n} if p["name"] == "gpu-small" else p for p in pools]
+
+
+def test_max_nodes_edit_against_the_previous_plan_lists_exactly_what_moves(tmp_path, capsys):
+    out = tmp_path / "build/plan/dev"
+    shutil.copy(ROOT / "Pulumi.dev.yaml", tmp_path)
+    assert main(["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(out)]) == 0
+    assert (out / CHANGES_FILE).read_text() == f"no earlier plan in {out} to compare with\n"
+    write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(12))
+    capsys.readouterr()
+    assert main(["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(out)]) == 0
+    assert (out / CHANGES_FILE).read_text().splitlines() == MAX_NODES_4_TO_12
+    printed = capsys.readouterr().out
+    assert f"Changes against the plan in {out}:\n  NodePool gpu-small limits.cpu" in printed
+    # Planning again with nothing edited: nothing changed.
+    assert main(["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(out)]) == 0
+    assert (out / CHANGES_FILE).read_text() == "no change\n"
+
+
+def test_against_a_git_ref_plans_the_stack_file_as_it_was_there(tmp_path, capsys):
+    def git(*args):
+        subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)
+
+    git("init", "-q")
+    shutil.copy(ROOT / "Pulumi.dev.yaml", tmp_path)
+    git("add", "Pulumi.dev.yaml")
+    git("-c", "user.name=t", "-c", "user.email=t@example.com", "commit", "-qm", "base")
+    write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(12))
+    args = ["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(tmp_path / "out")]
+    assert main([*args, "--against-ref", "HEAD"]) == 0
+    assert (tmp_path / "out" / CHANGES_FILE).read_text().splitlines() == MAX_NODES_4_TO_12
+    assert "Changes against Pulumi.dev.yaml at HEAD:" in capsys.readouterr().out
+    assert main([*args, "--against-ref", "no-such-ref"]) == 2
+    assert "--against-ref: 'no-such-ref' is not a commit" in capsys.readouterr().err
+    # A stack the ref does not have yet: every fact is new.
+    (tmp_path / "Pulumi.dev.yaml").rename(tmp_path / "Pulumi.fresh.yaml")
+    fresh = ["--stack", "fresh", "--project-dir", str(tmp_path), "--out", str(tmp_path / "f")]
+    assert main([*fresh, "--against-ref", "HEAD"]) == 0
+    lines = (tmp_path / "f" / CHANGES_FILE).read_text().splitlines()
+    assert "NodePool gpu-small limits.nodes - -> 12" in lines
+    assert all(" - -> " in line for line in lines)
+
+
+@pytest.mark.parametrize("region", ["us-east-1", "us-west-2", "eu-west-1", "eu-central-1"])
+def test_each_supported_region_has_dated_sourced_prices(region):
+    prices = load_prices(region)
+    assert prices.instance_source and prices.service_source
+    assert prices.instance_as_of[:4] in {"2025", "2026"}
+    assert prices.instance("m6i.large") > 0 and prices.instance("g4dn.xlarge") > 0
+    assert prices.eks_control_plane_per_hour == 0.10
+
+
+def test_prices_follow_the_region_in_plan_and_config():
+    east, ireland, frankfurt = (load_prices(r) for r in ("us-east-1", "eu-west-1", "eu-central-1"))
+    assert east.instance("g5.12xlarge") == 5.672 and ireland.instance("g5.12xlarge") == 6.33167
+    assert (east.nat_gateway_per_hour, frankfurt.nat_gateway_per_hour) == (0.045, 0.052)
+    assert supported_regions() == ["eu-central-1", "eu-west-1", "us-east-1", "us-west-2"]
+
+
+def with_gpu_large_types(types: list[str]) -> list[dict]:
+    pools = stack_values("dev")["training-platform:nodePools"]
+    return [{**p, "instanceTypes": types} if p["name"] == "gpu-large" else p for p in pools]
+
+
+@pytest.mark.parametrize(
+    ("region", "p5", "message"),
+    [
+        (
+            "ap-northeast-1",
+            False,
+            "aws:region: no prices for region 'ap-northeast-1' in infra/catalog/prices/; "
+            "supported regions: eu-central-1, eu-west-1, us-east-1, us-west-2",
+        ),
+        (
+            "eu-west-1",  # no p5 in Ireland
+            True,
+            "training-platform:nodePools[1].instanceTypes[0]: p5.48xlarge has no eu-west-1 price",
+        ),
+    ],
+)
+def test_a_region_or_type_without_a_price_is_a_config_error_naming_the_key(
+    tmp_path, region, p5, message
+):
+    pools = with_gpu_large_types(["p5.48xlarge"] if p5 else ["p4d.24xlarge"])
+    values = {**stack_values("dev", nodePools=pools), "aws:region": region}
+    (tmp_path / "Pulumi.moved.yaml").write_text(yaml.safe_dump({"config": values}))
+    with pytest.raises(ConfigError) as refused:
+        load_stack_file("moved", tmp_path)
+    assert message in str(refused.value)
+
+
+def test_moving_the_stack_to_another_region_reprices_it():
+    oregon = plan_of("dev")
+    values = {**stack_values("dev"), "aws:region": "eu-central-1"}
+    frankfurt_config = parse_stack_config(values, "Pulumi.dev.yaml")
+    frankfurt = run_offline(lambda: build_platform(frankfurt_config), "dev", values)
+    lines = changes(
+        plan_facts(load_stack_file("dev"), oregon), plan_facts(frankfurt_config, frankfurt)
+    )
+    assert lines == [
+        "NodePool cpu max $/hour 7.68 -> 9.20",  # 10 x m6i.4xlarge at $0.92
+        "NodePool gpu-large max $/hour 351.32 -> 438.93",  # 16 x p4d.24xlarge at $27.43298
+        "NodePool gpu-small max $/hour 22.69 -> 28.37",  # 4 x g5.12xlarge at $7.09282
+        "Cost region us-west-2 -> eu-central-1",
+        "Cost NAT gateways $/hour 0.045 -> 0.052",
+        "Cost system nodes $/hour 0.192 -> 0.230",
+        "Cost system node disks $/hour 0.011 -> 0.013",
+        "Cost baseline $/hour 0.348 -> 0.395",
+        "Cost NodePools max $/hour 381.690 -> 476.500",
+        "Cost total max $/hour 382.038 -> 476.895",
+    ]
+
+
+def test_prod_placeholders_are_listed_for_the_engine_to_refuse():
+    assert placeholder_errors(load_stack_file("dev")) == []
+    assert placeholder_errors(load_stack_file("prod")) == [
+        "training-platform:cluster.endpoint.publicAccessCidrs[0]: 203.0.113.0/24 is a "
+        "documentation range (RFC 5737); allowed: your own CIDRs",
+        "training-platform:cluster.endpoint.publicAccessCidrs[1]: 198.51.100.0/24 is a "
+        "documentation range (RFC 5737); allowed: your own CIDRs",
+        "training-platform:cluster.adminPrincipalArns[0]: arn:aws:iam::123456789012:role/"
+        "platform-admins is in AWS's documentation account 123456789012; allowed: a role or "
+        "user of your account",
+    ]
+
+
+def test_the_real_program_entry_refuses_prod_placeholders_until_replaced():
+    with pytest.raises(ConfigError) as refused:
+        run_offline(program_main, "prod", read_stack_file("prod"))
+    assert "Pulumi.prod.yaml: placeholders left in" in str(refused.value)
+    values = stack_values(
+        "prod",
+        cluster={
+            "endpoint": {"publicAccessCidrs": ["100.64.10.0/24"]},
+            "adminPrincipalArns": ["arn:aws:iam::210987654321:role/platform-admins"],
+        },
+    )
+    seen = []
+    run_offline(lambda: seen.append(config_from_pulumi()), "prod", values)
+    assert seen[0].cluster.admin_principal_arns == [
+        "arn:aws:iam::210987654321:role/platform-admins"
+    ]
