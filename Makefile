@@ -6,18 +6,19 @@ PY := $(VENV)/bin/python
 STACK ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test plan train-local job-local bench lint venv clean
+.PHONY: help demo test plan train-local job-local devserver-demo bench devserver-bench lint venv \
+	clean
 
 ## help: list the targets (also what plain `make` does)
 help:
 	@echo "make TARGET [STACK=dev] [JOB=smoke-cpu STEPS=20] [AGAINST_REF=origin/main]"
 	@awk '/^## [a-z-]+: /{sub(/^## /, ""); n = index($$0, ": "); \
-		printf "  %-12s %s\n", substr($$0, 1, n - 1), substr($$0, n + 2); next} \
-		/^## /{printf "  %-12s %s\n", "", substr($$0, 4)}' $(MAKEFILE_LIST)
+		printf "  %-15s %s\n", substr($$0, 1, n - 1), substr($$0, n + 2); next} \
+		/^## /{printf "  %-15s %s\n", "", substr($$0, 4)}' $(MAKEFILE_LIST)
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
-		trainer/requirements.txt
+		trainer/requirements.txt devservers/requirements.txt
 	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
 	@echo "tools; about 1.7 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)
@@ -27,8 +28,13 @@ $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.t
 ## venv: the pinned Python environment (Pulumi.yaml runs the program in it)
 venv: $(VENV)/.installed
 
-## demo: the offline plan of the dev stack, then a short 2-worker training run (no cloud, no GPU)
-demo: plan train-local
+## demo: the offline plan of the dev stack, a short 2-worker training run (no cloud, no GPU), and
+## a DevServer rendered for dev
+demo: plan train-local devserver-demo
+
+## devserver-demo: a distributed DevServer of the STACK's first user, as the operator renders it
+devserver-demo: $(VENV)/.installed
+	$(PY) -m devservers.demo --stack $(STACK)
 
 ## train-local: the trainer under torchrun, 2 CPU workers (gloo), on the embedded corpus; starts
 ## fresh each time, checkpoints every 50 steps, prints the loss falling
@@ -47,6 +53,10 @@ job-local: $(VENV)/.installed
 ## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 8 minutes)
 bench: $(VENV)/.installed
 	$(PY) -m trainer.bench
+
+## devserver-bench: DevServer render and reconcile time per server, for 100 servers (seconds)
+devserver-bench: $(VENV)/.installed
+	$(PY) -m devservers.bench --servers 100
 
 ## plan: offline plan of STACK (default dev) into build/plan/STACK, with what changed since the
 ## last plan there (AGAINST=DIR: another plan; AGAINST_REF=origin/main: the stack file at a ref)

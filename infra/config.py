@@ -563,6 +563,112 @@ class JobConfig(Model):
         return self
 
 
+class DevServerFlavorConfig(Model):
+    """A DevServer size: what each of its pods asks for on `nodePool`, one pod per node at most."""
+
+    name: K8sName
+    node_pool: K8sName
+    gpus: int = Field(default=0, ge=0, le=64)
+    cpu: int = Field(ge=1, le=512)
+    memory_gib: int = Field(ge=1, le=4096)
+
+
+class DevServerQuota(Model):
+    servers: int = Field(default=2, ge=1, le=100)
+    gpus: int = Field(default=8, ge=0, le=1024)
+
+
+class DevServerUser(Model):
+    """A developer: namespace dev-<name>, admitted through their team's queue."""
+
+    name: K8sName
+    email: Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]
+    team: K8sName  # a team from queues.teams
+    quota: DevServerQuota = DevServerQuota()
+    iam_principal_arn: IamPrincipalArn
+
+
+class DevServersConfig(Model):
+    """Self-service development servers: the operator, its flavors and its users."""
+
+    enabled: bool = False
+    flavors: list[DevServerFlavorConfig] = Field(default_factory=list)
+    users: list[DevServerUser] = Field(default_factory=list)
+    # Source ranges a DevServer's SSH LoadBalancer accepts; empty: SSH only by port-forward.
+    ssh_load_balancer_cidrs: list[Cidr] = Field(default_factory=list)
+    # A prebuilt operator image by digest; empty: build devservers/Dockerfile and push it to ECR.
+    operator_image: ImageConfig = ImageConfig()
+
+
+# What a node keeps for the kubelet, the OS and the daemonsets: a flavor must leave this free on
+# the smallest instance type of its pool, or its pod never schedules.
+DEV_SERVER_RESERVED_VCPU = 1
+DEV_SERVER_RESERVED_MEMORY_FRACTION = 0.1
+
+
+def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
+    """A DevServers section's flavors fit their pools, users name teams, names are unique."""
+    section = config.dev_servers
+    pools = {p.name: p for p in config.node_pools}
+    teams = [t.name for t in config.queues.teams]
+    problems: list[tuple[tuple, str]] = []
+    for what, items in (("flavors", section.flavors), ("users", section.users)):
+        names = [item.name for item in items]
+        for i, name in enumerate(names):
+            if names.count(name) > 1:
+                problems.append(
+                    (("devServers", what, i, "name"), f"{name!r} repeats; allowed: unique names")
+                )
+    for i, flavor in enumerate(section.flavors):
+        loc = ("devServers", "flavors", i)
+        pool = pools.get(flavor.node_pool)
+        if pool is None:
+            problems.append(
+                (
+                    (*loc, "nodePool"),
+                    f"{flavor.node_pool!r} is not a node pool; allowed: {', '.join(pools)}",
+                )
+            )
+            continue
+        smallest = min(pool.types, key=lambda t: (t.gpus, t.vcpu, t.memory_gib))
+        limits = {
+            "gpus": (flavor.gpus, smallest.gpus),
+            "cpu": (flavor.cpu, smallest.vcpu - DEV_SERVER_RESERVED_VCPU),
+            "memoryGib": (
+                flavor.memory_gib,
+                int(smallest.memory_gib * (1 - DEV_SERVER_RESERVED_MEMORY_FRACTION)),
+            ),
+        }
+        for key, (asked, most) in limits.items():
+            if asked > most:
+                problems.append(
+                    (
+                        (*loc, key),
+                        f"{asked} does not fit pool {pool.name}'s {smallest.name}; "
+                        f"allowed: at most {most}",
+                    )
+                )
+        if pool.gpu and flavor.gpus == 0:
+            problems.append(
+                (
+                    (*loc, "gpus"),
+                    f"0 on GPU pool {pool.name}; allowed: 1 to {smallest.gpus} "
+                    "(CPU-only servers belong on a CPU pool)",
+                )
+            )
+    for i, user in enumerate(section.users):
+        if user.team not in teams:
+            problems.append(
+                (
+                    ("devServers", "users", i, "team"),
+                    f"{user.team!r} is not a team; allowed: {', '.join(teams)}",
+                )
+            )
+    if section.enabled and not section.flavors:
+        problems.append((("devServers", "flavors"), "empty; allowed: at least one flavor"))
+    return problems
+
+
 # Address ranges EKS accepts for hybrid nodes' remote node and pod networks (RFC 1918, CGNAT).
 HYBRID_ALLOWED_RANGES = [
     ipaddress.IPv4Network(n)
@@ -660,6 +766,7 @@ class StackConfig(Model):
     policy: PolicyConfig = PolicyConfig()
     image: ImageConfig = ImageConfig()
     jobs: list[JobConfig] = Field(default_factory=list)
+    dev_servers: DevServersConfig = DevServersConfig()
     hybrid: HybridConfig | None = None  # GPUs outside AWS as EKS hybrid nodes
 
     @model_validator(mode="after")
@@ -845,7 +952,7 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     + ", ".join(k for k, on in storage.items() if on),
                 )
             )
-    return problems + _hybrid_errors(config)
+    return problems + _hybrid_errors(config) + dev_servers_errors(config)
 
 
 def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:

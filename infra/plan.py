@@ -20,6 +20,7 @@ from typing import Any
 
 import yaml
 
+from devservers.api import user_namespace
 from infra.catalog import HOURS_PER_MONTH
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
@@ -220,6 +221,29 @@ def storage_rows(config: StackConfig) -> list[str]:
     return table(["store", "configuration"], rows)
 
 
+def dev_server_rows(config: StackConfig) -> list[str]:
+    section = config.dev_servers
+    teams = {t.name: t for t in config.queues.teams}
+    lines = table(
+        ["flavor", "pool", "GPUs", "vCPU", "memory GiB"],
+        [[f.name, f.node_pool, f.gpus, f.cpu, f.memory_gib] for f in section.flavors],
+    )
+    lines += [""] + table(
+        ["user", "namespace", "ClusterQueue", "max servers", "max GPUs"],
+        [
+            [
+                u.name,
+                user_namespace(u.name),
+                team_cluster_queue(teams[u.team]),
+                u.quota.servers,
+                u.quota.gpus,
+            ]
+            for u in section.users
+        ],
+    )
+    return lines
+
+
 def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> str:
     """NodePools and cost first; then storage, jobs, teams; resource counts only when asked."""
     cost = stack_cost(config, plan)
@@ -271,6 +295,8 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
                 for t in config.queues.teams
             ],
         )
+    if config.dev_servers.enabled:
+        lines += ["", "DevServers:"] + dev_server_rows(config)
     if resource_counts:
         counts = Counter(r.type for r in plan.resources)
         lines += ["", "Resources by type:"] + table(["type", "count"], sorted(counts.items()))

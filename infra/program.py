@@ -5,6 +5,7 @@ import pulumi
 from infra.components.block_storage import BlockStorage
 from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
+from infra.components.dev_servers import DevServers
 from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.hybrid_nodes import HybridNodes, VpcPlacement, kueue_flavor
@@ -41,10 +42,13 @@ def build_platform(config: StackConfig) -> None:
         provider=cluster.provider,
         tags=tags,
     )
+    gpu_metrics = None
     hybrid_gpus = config.hybrid is not None and any(m.gpus for m in config.hybrid.machines)
     if hybrid_gpus or any(pool.gpu for pool in config.node_pools):
         NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
-        GpuMetrics("gpu-metrics", cluster.provider, config.monitoring.prometheus_stack)
+        gpu_metrics = GpuMetrics(
+            "gpu-metrics", cluster.provider, config.monitoring.prometheus_stack
+        )
     if any(pool.efa for pool in config.node_pools):
         EfaDevicePlugin("efa-device-plugin", provider=cluster.provider)
 
@@ -83,6 +87,21 @@ def build_platform(config: StackConfig) -> None:
         pulumi.export("hybridPeerConfigs", hybrid.peer_configs)
         pulumi.export("hybridBootstrap", hybrid.bootstraps)
 
+    dev_namespaces = {}
+    if config.dev_servers.enabled:
+        dev_namespaces = DevServers(
+            "dev-servers",
+            config.dev_servers,
+            config.node_pools,
+            config.queues.teams,
+            cluster.name,
+            cluster.controller_prerequisites,
+            [kueue.release, queues],
+            gpu_metrics,
+            cluster.provider,
+            tags,
+        ).namespaces
+
     addons = EKS_ADDONS[config.cluster.kubernetes_version]
     storage = config.storage
     bucket = TrainingBucket("training-bucket", storage.bucket, tags=tags)
@@ -103,7 +122,8 @@ def build_platform(config: StackConfig) -> None:
             network.vpc_id,
             network.private_subnets,
             cluster.cluster_security_group_id,
-            queues.namespaces,
+            # Every team namespace and every user's DevServer namespace gets the shared claim.
+            {**queues.namespaces, **dev_namespaces},
             cluster.provider,
             tags,
         )

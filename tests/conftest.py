@@ -12,6 +12,8 @@ from infra.program import build_platform
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = ["dev", "prod"]
+# For stack edits that drop the node pools the stack's DevServer flavors live on.
+NO_DEV_SERVERS = {"enabled": False, "flavors": [], "users": []}
 
 
 def deep_merge(base: Any, patch: Any) -> Any:

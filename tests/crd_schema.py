@@ -1,4 +1,5 @@
-"""Validate rendered custom resources against the upstream CRDs vendored in tests/crds.
+"""Validate rendered custom resources against the upstream CRDs vendored in tests/crds and the
+project's own CRDs (devservers/crds).
 
 CRD schemas accept unknown fields, so a misspelled optional field would pass. Every object schema
 that lists `properties` and does not preserve unknown fields is closed here
@@ -13,7 +14,10 @@ from pathlib import Path
 import yaml
 from openapi_schema_validator import OAS30Validator
 
+from devservers.api import CRD_DIR as DEVSERVER_CRD_DIR
+
 CRD_DIR = Path(__file__).resolve().parent / "crds"
+CRD_DIRS = [CRD_DIR, DEVSERVER_CRD_DIR]
 
 
 def _closed(schema):
@@ -32,19 +36,27 @@ def _closed(schema):
 
 
 @cache
-def served_schemas() -> dict[tuple[str, str], dict]:
-    """(apiVersion, kind) -> closed openAPIV3Schema, for every served version of every CRD."""
-    schemas = {}
-    for path in sorted(CRD_DIR.rglob("*.yaml")):
+def _versions() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> the CRD's version entry, for every version of every CRD."""
+    versions = {}
+    for path in sorted(p for crd_dir in CRD_DIRS for p in crd_dir.rglob("*.yaml")):
         crd = yaml.safe_load(path.read_text())
         if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition":
             continue
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
         for version in crd["spec"]["versions"]:
-            if version.get("served"):
-                schema = copy.deepcopy(version["schema"]["openAPIV3Schema"])
-                schemas[(f"{group}/{version['name']}", kind)] = _closed(schema)
-    return schemas
+            versions[(f"{group}/{version['name']}", kind)] = version
+    return versions
+
+
+@cache
+def served_schemas() -> dict[tuple[str, str], dict]:
+    """(apiVersion, kind) -> closed openAPIV3Schema, for every served version of every CRD."""
+    return {
+        key: _closed(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
+        for key, version in _versions().items()
+        if version.get("served")
+    }
 
 
 def conformance_errors(manifest: dict) -> list[str]:
@@ -59,3 +71,57 @@ def conformance_errors(manifest: dict) -> list[str]:
         f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
         for error in validator.iter_errors(manifest)
     ]
+
+
+def with_defaults(manifest: dict) -> dict:
+    """`manifest` with its CRD's `default`s filled in, as the API server stores it."""
+
+    def fill(schema: dict, value):
+        if isinstance(value, dict):
+            value = dict(value)
+            for key, sub in schema.get("properties", {}).items():
+                if key not in value and "default" in sub:
+                    value[key] = copy.deepcopy(sub["default"])
+                if key in value:
+                    value[key] = fill(sub, value[key])
+        elif isinstance(value, list) and "items" in schema:
+            value = [fill(schema["items"], v) for v in value]
+        return value
+
+    return fill(
+        _versions()[(manifest["apiVersion"], manifest["kind"])]["schema"]["openAPIV3Schema"],
+        manifest,
+    )
+
+
+def cel_violations(manifest: dict, old: dict | None = None) -> list[str]:
+    """Messages of the CRD's CEL rules (x-kubernetes-validations) that `manifest` breaks.
+
+    Evaluated with cel-python on the defaulted object; rules naming oldSelf (transition rules)
+    only when `old` is given, as the API server runs them only on updates.
+    """
+    import celpy
+
+    env = celpy.Environment()
+    broken = []
+
+    def walk(schema: dict, value, old_value, path: str):
+        for rule in schema.get("x-kubernetes-validations", []):
+            transition = "oldSelf" in rule["rule"]
+            if transition and old_value is None:
+                continue
+            activation = {"self": celpy.json_to_cel(value)}
+            if transition:
+                activation["oldSelf"] = celpy.json_to_cel(old_value)
+            if not env.program(env.compile(rule["rule"])).evaluate(activation):
+                broken.append(f"{path}: {rule.get('message', rule['rule'])}")
+        if isinstance(value, dict):
+            for key, sub in schema.get("properties", {}).items():
+                if key in value:
+                    previous = old_value.get(key) if isinstance(old_value, dict) else None
+                    walk(sub, value[key], previous, f"{path}.{key}")
+
+    key = (manifest["apiVersion"], manifest["kind"])
+    schema = _versions()[key]["schema"]["openAPIV3Schema"]
+    walk(schema, with_defaults(manifest), old and with_defaults(old), "<root>")
+    return broken

@@ -108,8 +108,8 @@ def error_for(**sections) -> str:
         (
             {"clusterr": {}},
             "training-platform:clusterr",
-            "allowed keys here: cluster, hybrid, image, jobs, karpenter, monitoring, network, "
-            "nodePools, policy, queues, storage",
+            "allowed keys here: cluster, devServers, hybrid, image, jobs, karpenter, monitoring, "
+            "network, nodePools, policy, queues, storage",
         ),
     ],
 )

@@ -23,7 +23,7 @@ from infra.offline import run_offline
 from infra.paths import PROGRAM_DIR
 from infra.program import build_platform
 from infra.versions import EFA_DEVICE_PLUGIN_CHART, KARPENTER_CHART, KARPENTER_CRD_CHART
-from tests.conftest import ROOT, STACKS, plan_of, stack_values
+from tests.conftest import NO_DEV_SERVERS, ROOT, STACKS, plan_of, stack_values
 from workloads.manifests import TRAINER_UID
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -291,6 +291,7 @@ def test_efa_pools_get_one_az_a_cluster_placement_group_and_the_efa_device_plugi
             p for p in stack_values("dev")["training-platform:nodePools"] if not p.get("efa")
         ],
         jobs=[j for j in stack_values("dev")["training-platform:jobs"] if j["kind"] != "MPIJob"],
+        devServers=NO_DEV_SERVERS,
     )
     assert not [r for r in without_efa.of_type(RELEASE) if r.name == "aws-efa-k8s-device-plugin"]
     assert not without_efa.of_type("aws:ec2/placementGroup:PlacementGroup")
@@ -376,8 +377,10 @@ def test_every_arn_is_built_from_the_partition():
     config = parse_stack_config(values, "Pulumi.prod.yaml")
     plan = run_offline(lambda: build_platform(config), "prod", values, partition="aws-cn")
     text = json.dumps([r.inputs for r in plan.resources])
-    # Admin principals come from stack config as written; everything the program builds follows.
-    text = text.replace("arn:aws:iam::123456789012:role/platform-admins", "")
+    # Admin and DevServer user principals come from stack config as written; everything the
+    # program builds follows.
+    for principal in ("role/platform-admins", "role/dev-carol"):
+        text = text.replace(f"arn:aws:iam::123456789012:{principal}", "")
     assert "arn:aws-cn:" in text and "arn:aws:" not in text
 
 

@@ -18,7 +18,7 @@ from infra.offline import run_offline
 from infra.program import build_platform
 from mesh.wireguard import public_key
 from policies.offline import check
-from tests.conftest import plan_of, stack_values
+from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 
 HYBRID = {
     "remoteNodeCidrs": ["10.200.0.0/24"],
@@ -235,6 +235,7 @@ def test_roles_anywhere_variant_without_gpu_pools():
         cluster=PRIVATE_ENDPOINT_OFF,
         nodePools=cpu_only,
         jobs=[],
+        devServers=NO_DEV_SERVERS,
     )
     # The machines' GPUs alone bring the NVIDIA device plugin.
     assert plan.one("kubernetes:helm.sh/v3:Release", "nvidia-device-plugin")

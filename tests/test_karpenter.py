@@ -10,7 +10,7 @@ from infra.components.node_pools import GPU_TAINT
 from infra.config import ConfigError, load_stack_file, parse_stack_config
 from infra.plan import summary
 from infra.versions import KARPENTER_CHART, NVIDIA_DEVICE_PLUGIN_CHART
-from tests.conftest import plan_of, stack_values
+from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
@@ -233,7 +233,7 @@ def test_device_plugin_runs_only_on_gpu_nodes(dev_plan):
 
 def test_no_device_plugin_without_gpu_pools():
     cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
-    plan = plan_of("dev", nodePools=cpu_only, jobs=[])
+    plan = plan_of("dev", nodePools=cpu_only, jobs=[], devServers=NO_DEV_SERVERS)
     assert not [r for r in plan.of_type(RELEASE) if r.name == "nvidia-device-plugin"]
 
 

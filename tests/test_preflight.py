@@ -8,7 +8,7 @@ from moto import mock_aws
 
 from infra import preflight
 from infra.config import parse_stack_config
-from tests.conftest import stack_values
+from tests.conftest import NO_DEV_SERVERS, stack_values
 
 ACCOUNT = "123456789012"
 
@@ -18,6 +18,7 @@ def config_in(region: str, pools: list[dict], az_count: int = 2):
     values["aws:region"] = region
     values["training-platform:nodePools"] = pools
     values["training-platform:jobs"] = []
+    values["training-platform:devServers"] = NO_DEV_SERVERS
     return parse_stack_config(values, "Pulumi.test.yaml")
 
 

@@ -236,9 +236,10 @@ def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod
         for r in prod_plan.of_type("kubernetes:core/v1:PersistentVolumeClaim")
     }
     namespaces = {"team-a", "team-b", "research-jobs"}
+    # DevServer users (dev-<user>) share the EFS claim too.
     assert set(claims) == {
         (ns, c) for ns in namespaces for c in ("fsx-training-data", "efs-shared")
-    }
+    } | {("dev-carol", "efs-shared")}
     for (_, name), spec in claims.items():
         assert spec["accessModes"] == ["ReadWriteMany"]
         if name == "efs-shared":

@@ -181,14 +181,14 @@ def test_jobs_wait_for_operators_identity_and_its_permissions(dev_plan):
 
 
 def test_trainer_image_is_built_into_a_scanned_immutable_deletable_repository(dev_plan):
-    repository = dev_plan.one("aws:ecr/repository:Repository").inputs
+    repository = dev_plan.one("aws:ecr/repository:Repository", "trainer-image").inputs
     assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
     assert repository["imageTagMutability"] == "IMMUTABLE"
     # `pulumi destroy` must be able to delete a repository that holds images.
     assert repository["forceDelete"] is True
-    rules = json.loads(dev_plan.one("aws:ecr/lifecyclePolicy:LifecyclePolicy").inputs["policy"])[
-        "rules"
-    ]
+    rules = json.loads(
+        dev_plan.one("aws:ecr/lifecyclePolicy:LifecyclePolicy", "trainer-image").inputs["policy"]
+    )["rules"]
     assert {r["selection"]["tagStatus"] for r in rules} == {"untagged", "any"}
     images = dev_plan.outputs["trainerImages"]
     assert set(images) == {"runtime", "efa"}
@@ -232,7 +232,7 @@ def test_image_tag_changes_exactly_when_the_build_would(tmp_path):
 
 
 def test_prebuilt_image_by_digest_skips_the_build():
-    plan = plan_of("dev", image={"uri": DIGEST})
+    plan = plan_of("dev", image={"uri": DIGEST}, devServers={"operatorImage": {"uri": DIGEST}})
     assert not plan.of_type("docker-build:index:Image") and not plan.of_type(
         "aws:ecr/repository:Repository"
     )

@@ -33,7 +33,7 @@ LIFECYCLE = {
         },
         {
             "rulePriority": 2,
-            "description": "keep the newest 50 trainer builds",
+            "description": "keep the newest 50 builds",
             "selection": {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": 50},
             "action": {"type": "expire"},
         },
@@ -98,6 +98,62 @@ def source_tag(target: str, context: Path = CONTEXT, dockerfile: Path = DOCKERFI
     return f"{target}-{digest.hexdigest()[:16]}"
 
 
+def ecr_images(
+    name: str,
+    repository_name: pulumi.Input[str],
+    context: Path,
+    targets: list[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> dict[str, pulumi.Output[str]]:
+    """Build `context`/Dockerfile for each target and push it to a new ECR repository (scan on
+    push, immutable tags that change exactly when the build would, lifecycle policy).
+    Returns {target: repository@sha256:digest}. The trainer and the DevServers operator use it."""
+    repository = aws.ecr.Repository(
+        name,
+        name=repository_name,
+        image_tag_mutability="IMMUTABLE",
+        # `pulumi destroy` deletes the repository with the images in it; they are rebuilt
+        # from the sources on the next `pulumi up`.
+        force_delete=True,
+        image_scanning_configuration={"scan_on_push": True},
+        encryption_configurations=[{"encryption_type": "AES256"}],
+        tags=tags,
+        opts=opts,
+    )
+    aws.ecr.LifecyclePolicy(
+        name, repository=repository.name, policy=json.dumps(LIFECYCLE), opts=opts
+    )
+    token = aws.ecr.get_authorization_token_output(registry_id=repository.registry_id)
+    dockerfile = context / "Dockerfile"
+    refs = {}
+    for target in targets:
+        image = docker_build.Image(
+            f"{name}-{target}",
+            context={"location": provider_path(context)},
+            dockerfile={"location": provider_path(dockerfile)},
+            target=target,
+            platforms=PLATFORMS,
+            push=True,
+            tags=[
+                pulumi.Output.concat(
+                    repository.repository_url, ":", source_tag(target, context, dockerfile)
+                )
+            ],
+            registries=[
+                {
+                    "address": repository.repository_url,
+                    "username": token.user_name,
+                    # A registry credential: kept out of state and plan output in plaintext.
+                    "password": pulumi.Output.secret(token.password),
+                }
+            ],
+            opts=opts,
+        )
+        refs[target] = pulumi.Output.concat(repository.repository_url, "@", image.digest)
+    return refs
+
+
 class TrainerImage(pulumi.ComponentResource):
     """The trainer image: `refs[target]` is repository@sha256:digest for each Dockerfile target
     jobs need (`runtime`; `efa` for jobs on EFA pools), or the prebuilt `image.uri` for all."""
@@ -116,44 +172,13 @@ class TrainerImage(pulumi.ComponentResource):
         super().__init__("training-platform:workloads:TrainerImage", name, None, opts)
         if config.uri:
             self.refs = {target: pulumi.Output.from_input(config.uri) for target in targets}
-            self.register_outputs({"refs": self.refs})
-            return
-        child = pulumi.ResourceOptions(parent=self)
-        repository = aws.ecr.Repository(
-            name,
-            name=f"{cluster_name}/trainer",
-            image_tag_mutability="IMMUTABLE",
-            # `pulumi destroy` deletes the repository with the images in it; they are rebuilt
-            # from trainer/ on the next `pulumi up`.
-            force_delete=True,
-            image_scanning_configuration={"scan_on_push": True},
-            encryption_configurations=[{"encryption_type": "AES256"}],
-            tags=tags,
-            opts=child,
-        )
-        aws.ecr.LifecyclePolicy(
-            name, repository=repository.name, policy=json.dumps(LIFECYCLE), opts=child
-        )
-        token = aws.ecr.get_authorization_token_output(registry_id=repository.registry_id)
-        self.refs = {}
-        for target in targets:
-            image = docker_build.Image(
-                f"{name}-{target}",
-                context={"location": provider_path(CONTEXT)},
-                dockerfile={"location": provider_path(DOCKERFILE)},
-                target=target,
-                platforms=PLATFORMS,
-                push=True,
-                tags=[pulumi.Output.concat(repository.repository_url, ":", source_tag(target))],
-                registries=[
-                    {
-                        "address": repository.repository_url,
-                        "username": token.user_name,
-                        # A registry credential: kept out of state and plan output in plaintext.
-                        "password": pulumi.Output.secret(token.password),
-                    }
-                ],
-                opts=child,
+        else:
+            self.refs = ecr_images(
+                name,
+                f"{cluster_name}/trainer",
+                CONTEXT,
+                targets,
+                tags,
+                pulumi.ResourceOptions(parent=self),
             )
-            self.refs[target] = pulumi.Output.concat(repository.repository_url, "@", image.digest)
         self.register_outputs({"refs": self.refs})

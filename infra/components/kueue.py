@@ -10,8 +10,16 @@ from infra.versions import KUEUE_CHART
 
 NAMESPACE = "kueue-system"
 # pytorchjob is off by default in Kueue 0.19 and must be listed; mpijob is on but listed anyway
-# because this list replaces the default one.
-FRAMEWORKS = ["batch/job", "kubeflow.org/pytorchjob", "kubeflow.org/mpijob"]
+# because this list replaces the default one. DevServers are StatefulSets: `statefulset` admits
+# one as a single pod group (all pods or none; 0.19 allows only scaling to and from zero) and
+# needs `pod`, whose webhook gates the pods.
+FRAMEWORKS = [
+    "batch/job",
+    "kubeflow.org/pytorchjob",
+    "kubeflow.org/mpijob",
+    "pod",
+    "statefulset",
+]
 # Kueue 0.19 checks every requested resource against quota (BlockUndeclared): a pod asking for
 # one no ClusterQueue covers is never admitted. EFA interfaces (vpc.amazonaws.com/efa) come with
 # the nodes a job's GPUs already pay for, so they are not queued for.

@@ -16,6 +16,8 @@ from infra.config import NodePoolConfig, QueuesConfig, TeamConfig
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 PLATFORM_QUEUE = "platform"
 QUEUE_ACCESS_LABEL = "training-platform/queue-access"
+# Every namespace of a team carries it: the team namespace and its members' DevServer namespaces.
+TEAM_LABEL = "training-platform/team"
 COVERED_RESOURCES = ["cpu", "memory", "nvidia.com/gpu"]
 # Pod Security Admission: enforce baseline (no host access, no privileged pods) and warn/audit
 # against restricted, which the platform's own job pods meet; pods injected by operators
@@ -156,7 +158,7 @@ class Queues(pulumi.ComponentResource):
         }
         for team in queues.teams:
             if team.own_cluster_queue:
-                selector = {"matchLabels": {"kubernetes.io/metadata.name": team.namespace_name}}
+                selector = {"matchLabels": {TEAM_LABEL: team.name}}
                 share = team.borrowing_limit_percent / 100
                 cluster_queues[team_cluster_queue(team)] = custom(
                     f"{name}-team-{team.name}",
@@ -174,7 +176,7 @@ class Queues(pulumi.ComponentResource):
                     "name": team.namespace_name,
                     "labels": {
                         QUEUE_ACCESS_LABEL: str(not team.own_cluster_queue).lower(),
-                        "training-platform/team": team.name,
+                        TEAM_LABEL: team.name,
                         **POD_SECURITY_LABELS,
                     },
                 },

@@ -1,0 +1,1 @@
+"""DevServers: self-service development servers on the cluster (CRDs, operator, devctl)."""

@@ -1,0 +1,64 @@
+"""The DevServer API: group, version, names and labels shared by operator, devctl and Pulumi."""
+
+from functools import cache
+from pathlib import Path
+
+import yaml
+
+GROUP = "dev.training-platform.io"
+VERSION = "v1alpha1"
+API_VERSION = f"{GROUP}/{VERSION}"
+SERVERS = "devservers"  # plural, namespaced
+FLAVORS = "devserverflavors"  # plural, cluster-scoped
+CRD_DIR = Path(__file__).resolve().parent / "crds"
+
+# Every child object carries this label with its server's name.
+SERVER_LABEL = f"{GROUP}/server"
+OWNER_LABEL = f"{GROUP}/owner"
+NAMESPACE_PREFIX = "dev-"
+# The LocalQueue every user namespace has; it feeds the user's team ClusterQueue.
+LOCAL_QUEUE = "dev"
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+GPU = "nvidia.com/gpu"
+# The ResourceQuota in every user namespace, and the two amounts it caps.
+QUOTA = "devservers"
+SERVER_COUNT = f"count/{SERVERS}.{GROUP}"
+GPU_REQUESTS = f"requests.{GPU}"
+
+
+def user_namespace(user: str) -> str:
+    return f"{NAMESPACE_PREFIX}{user}"
+
+
+@cache
+def crds() -> tuple[dict, ...]:
+    """The CustomResourceDefinitions, as the YAML files in devservers/crds declare them."""
+    return tuple(yaml.safe_load(p.read_text()) for p in sorted(CRD_DIR.glob("*.yaml")))
+
+
+def flavor_object(
+    name: str,
+    node_pool: str,
+    node_selector: dict[str, str],
+    tolerations: list[dict],
+    gpus: int,
+    cpu: int,
+    memory_gib: int,
+) -> dict:
+    """A DevServerFlavor: where its pods go and what each asks for (requests equal limits: a dev
+    server gets what it asked for, no more). Placement travels in the flavor, so the operator
+    needs no knowledge of the cluster's pool labels and taints."""
+    amounts = {"cpu": str(cpu), "memory": f"{memory_gib}Gi"}
+    if gpus:
+        amounts[GPU] = str(gpus)
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DevServerFlavor",
+        "metadata": {"name": name},
+        "spec": {
+            "nodePool": node_pool,
+            "nodeSelector": node_selector,
+            "tolerations": tolerations,
+            "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+        },
+    }

@@ -1,0 +1,452 @@
+"""devctl: create, reach and drive your DevServers (installed as a console script by the project).
+
+    devctl create box --flavor gpu-1 [--distributed --replicas 2] [--dry-run -o yaml]
+    devctl list | ssh box [--replica 1] | run box train.py --steps 100 | monitor box
+    devctl stop box | start box | delete box [--delete-home]
+
+It talks to the cluster with the kubernetes Python client and your kubeconfig (the namespace is
+dev-<you>: --namespace, else the kubeconfig context's namespace); `ssh` and `run` use kubectl
+for port-forward, copy and exec.
+"""
+
+import argparse
+import json
+import os
+import shlex
+import socket
+import subprocess
+import sys
+import time
+from datetime import UTC, datetime
+from pathlib import Path
+
+import yaml
+
+from devservers.api import (
+    API_VERSION,
+    GPU,
+    GPU_REQUESTS,
+    NAMESPACE_PREFIX,
+    QUOTA,
+    SERVER_COUNT,
+    SERVER_LABEL,
+)
+from devservers.render import CONTAINER, HOME, SCRIPTS, SSH_PORT, owner_of_namespace
+
+
+class CliError(Exception):
+    """A message for the user; devctl exits 1 with it, never with a traceback."""
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
+    parser = argparse.ArgumentParser(prog="devctl", description=__doc__.splitlines()[0])
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("-n", "--namespace", help="your namespace, dev-<you>")
+    subparsers = parser.add_subparsers(dest="command", required=True)
+
+    def command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return subparsers.add_parser(name, parents=[common], **kwargs)
+
+    create = command("create", help="create a DevServer")
+    create.add_argument("name")
+    create.add_argument("--flavor", required=True, help="a DevServerFlavor (kubectl get dsf)")
+    create.add_argument(
+        "--image",
+        default=os.environ.get("DEVCTL_IMAGE"),
+        help="container image with a shell and sshd (default: $DEVCTL_IMAGE)",
+    )
+    create.add_argument("--distributed", action="store_true", help="several pods for torchrun")
+    create.add_argument("--replicas", type=int, default=2, help="pods when distributed")
+    create.add_argument("--nproc-per-node", type=int, help="processes per pod (default: GPUs)")
+    create.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
+    create.add_argument("--home-size", default="100Gi", help="EBS home per pod, e.g. 200Gi")
+    create.add_argument(
+        "--ssh-key",
+        action="append",
+        type=Path,
+        help="public key file to authorize (default: ~/.ssh/id_ed25519.pub or id_rsa.pub)",
+    )
+    create.add_argument("--load-balancer", action="store_true", help="SSH through a LoadBalancer")
+    create.add_argument("--idle-timeout", default="2h", help="stop after this long idle (2h, 45m)")
+    create.add_argument("--no-auto-shutdown", action="store_true", help="never stop when idle")
+    create.add_argument(
+        "--dry-run", action="store_true", help="print the DevServer, create nothing"
+    )
+    create.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+
+    command("list", help="your DevServers")
+    ssh = command(
+        "ssh", help="SSH into a server (through kubectl port-forward); ssh's own arguments after --"
+    )
+    ssh.add_argument("name")
+    ssh.add_argument("--replica", type=int, default=0, help="which pod of a distributed server")
+    run = command("run", help="torchrun a script across every pod of a server")
+    run.add_argument("name")
+    run.add_argument("script", type=Path)
+    run.add_argument("script_args", nargs=argparse.REMAINDER)
+    run.add_argument("--dry-run", action="store_true", help="print the kubectl commands only")
+    monitor = command("monitor", help="status, GPU use and idle time")
+    monitor.add_argument("name")
+    monitor.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS")
+    for verb, text in (("stop", "scale to zero, keep the home"), ("start", "bring it back")):
+        command(verb, help=text).add_argument("name")
+    delete = command("delete", help="delete a server (its home is kept unless asked)")
+    delete.add_argument("name")
+    delete.add_argument("--delete-home", action="store_true", help="delete its home volumes too")
+    # Everything after `--` goes to ssh (or the script) untouched; argparse's subcommands would
+    # refuse it.
+    argv = list(sys.argv[1:] if argv is None else argv)
+    cut = argv.index("--") if "--" in argv else len(argv)
+    args = parser.parse_args(argv[:cut])
+    args.passthrough = argv[cut + 1 :]
+    return args
+
+
+def public_keys(files: list[Path] | None) -> list[str]:
+    """The keys in `files`, else in the first of ~/.ssh/id_{ed25519,ecdsa,rsa}.pub found."""
+    if not files:
+        found = [Path.home() / ".ssh" / f"id_{kind}.pub" for kind in ("ed25519", "ecdsa", "rsa")]
+        files = [p for p in found if p.is_file()][:1]
+    keys = [k for k in (p.expanduser().read_text().strip() for p in files) if k]
+    if not keys:
+        print(
+            "devctl: warning: no SSH public key (--ssh-key); SSH logins will fail", file=sys.stderr
+        )
+    return keys
+
+
+def server_manifest(args: argparse.Namespace, namespace: str, keys: list[str]) -> dict:
+    """The DevServer `devctl create` submits: the same object with or without --dry-run."""
+    owner = owner_of_namespace(namespace)
+    if owner is None:
+        raise CliError(f"namespace {namespace!r} is not a user namespace; allowed: dev-<user>")
+    if not args.image:
+        raise CliError("--image is required (or set DEVCTL_IMAGE), e.g. the trainer image")
+    spec: dict = {
+        "owner": owner,
+        "flavor": args.flavor,
+        "image": args.image,
+        "mode": "distributed" if args.distributed else "standalone",
+        "persistentHomeSize": args.home_size,
+        "ssh": {
+            "enabled": True,
+            "authorizedKeys": keys,
+            "serviceType": "LoadBalancer" if args.load_balancer else "ClusterIP",
+        },
+        "lifecycle": {"idleTimeout": args.idle_timeout, "autoShutdown": not args.no_auto_shutdown},
+    }
+    if args.distributed:
+        spec["distributed"] = {"worldSize": args.replicas, "backend": args.backend}
+        if args.nproc_per_node:
+            spec["distributed"]["nprocPerNode"] = args.nproc_per_node
+    return {
+        "apiVersion": API_VERSION,
+        "kind": "DevServer",
+        "metadata": {"name": args.name, "namespace": namespace},
+        "spec": spec,
+    }
+
+
+def _kube_namespace() -> str | None:
+    try:
+        from kubernetes import config
+
+        _, context = config.list_kube_config_contexts()
+    except Exception:  # noqa: BLE001 (no kubeconfig: the caller says what to pass instead)
+        return None
+    return (context or {}).get("context", {}).get("namespace")
+
+
+def resolve_namespace(args: argparse.Namespace) -> str:
+    namespace = args.namespace or _kube_namespace()
+    if not namespace:
+        raise CliError("which namespace? pass --namespace dev-<you> or set it in your kubeconfig")
+    return namespace
+
+
+class Devctl:
+    """The commands, over a controller.Cluster (the real API, or a fake in tests)."""
+
+    def __init__(self, cluster, namespace: str, out=sys.stdout):
+        self.cluster, self.namespace, self.out = cluster, namespace, out
+
+    def _call(self, what: str, fn, *args):
+        try:
+            return fn(*args)
+        except PermissionError as e:
+            # The API server's reason (RBAC, or a quota it enforces) follows the usual cause.
+            raise CliError(
+                f"not allowed to {what} in namespace {self.namespace} ({e}); you may manage "
+                f"DevServers only in your own namespace ({NAMESPACE_PREFIX}<you>)"
+            ) from None
+
+    def server(self, name: str) -> dict:
+        found = self._call(
+            "read DevServers", self.cluster.get, API_VERSION, "DevServer", name, self.namespace
+        )
+        if found is None:
+            raise CliError(f"no DevServer {name!r} in {self.namespace}; `devctl list` shows yours")
+        return found
+
+    def create(self, manifest: dict) -> None:
+        spec = manifest["spec"]
+        flavor = self.cluster.get(API_VERSION, "DevServerFlavor", spec["flavor"], None)
+        if flavor is None:
+            names = sorted(
+                f["metadata"]["name"]
+                for f in self.cluster.list(API_VERSION, "DevServerFlavor", None, {})
+            )
+            raise CliError(f"unknown flavor {spec['flavor']!r}; available: {', '.join(names)}")
+        pods = spec.get("distributed", {}).get("worldSize", 1)
+        gpus = int(flavor["spec"]["resources"]["limits"].get(GPU, "0")) * pods
+        self._check_quota(gpus)
+        self._call("create DevServers", self.cluster.create, manifest)
+        print(
+            f"devserver/{manifest['metadata']['name']} created; `devctl monitor "
+            f"{manifest['metadata']['name']}` follows it",
+            file=self.out,
+        )
+
+    def _check_quota(self, gpus: int) -> None:
+        quota = self._call(
+            "read quotas", self.cluster.get, "v1", "ResourceQuota", QUOTA, self.namespace
+        )
+        if quota is None:
+            return
+        hard, used = quota["spec"]["hard"], (quota.get("status") or {}).get("used", {})
+        for resource, adding, what in ((SERVER_COUNT, 1, "servers"), (GPU_REQUESTS, gpus, "GPUs")):
+            if resource in hard and int(used.get(resource, "0")) + adding > int(hard[resource]):
+                raise CliError(
+                    f"over quota: {used.get(resource, '0')} of {hard[resource]} {what} in use, "
+                    f"this server needs {adding} more; stop or delete one (`devctl list`)"
+                )
+
+    def list_servers(self) -> None:
+        servers = self._call(
+            "list DevServers", self.cluster.list, API_VERSION, "DevServer", self.namespace, {}
+        )
+        rows = [["NAME", "FLAVOR", "MODE", "READY", "PHASE", "SSH", "LAST ACTIVITY"]]
+        for s in servers:
+            status = s.get("status") or {}
+            rows.append(
+                [
+                    s["metadata"]["name"],
+                    s["spec"]["flavor"],
+                    s["spec"].get("mode", "standalone"),
+                    f"{status.get('replicasReady', 0)}/{status.get('replicas', 0)}",
+                    status.get("phase", "-"),
+                    status.get("sshEndpoint", "-"),
+                    status.get("lastActivity", "-"),
+                ]
+            )
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print(
+                "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(),
+                file=self.out,
+            )
+
+    def set_stopped(self, name: str, stopped: bool) -> None:
+        self.server(name)
+        self._call(
+            "change DevServers",
+            self.cluster.patch,
+            API_VERSION,
+            "DevServer",
+            name,
+            self.namespace,
+            {"spec": {"stopped": stopped}},
+        )
+        print(
+            f"devserver/{name} {'stopping (home kept)' if stopped else 'starting'}", file=self.out
+        )
+
+    def delete(self, name: str, delete_home: bool) -> None:
+        self.server(name)
+        self._call(
+            "delete DevServers", self.cluster.delete, API_VERSION, "DevServer", name, self.namespace
+        )
+        claims = self.cluster.list(
+            "v1", "PersistentVolumeClaim", self.namespace, {SERVER_LABEL: name}
+        )
+        if delete_home:
+            for claim in claims:
+                self._call(
+                    "delete volumes",
+                    self.cluster.delete,
+                    "v1",
+                    "PersistentVolumeClaim",
+                    claim["metadata"]["name"],
+                    self.namespace,
+                )
+        kept = (
+            ""
+            if delete_home or not claims
+            else f"; home kept: {', '.join(c['metadata']['name'] for c in claims)}"
+        )
+        print(f"devserver/{name} deleted{kept}", file=self.out)
+
+    def monitor(self, name: str) -> None:
+        server = self.server(name)
+        status, lifecycle = server.get("status") or {}, server["spec"].get("lifecycle", {})
+        last = status.get("lastActivity")
+        idle = "-"
+        if last and status.get("phase") == "Running":
+            since = datetime.now(UTC) - datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(
+                tzinfo=UTC
+            )
+            idle = f"{int(since.total_seconds() // 60)}m of {lifecycle.get('idleTimeout', '2h')}"
+        gpu = status.get("gpuUtilization")
+        lines = {
+            "phase": status.get("phase", "-")
+            + (f" ({status['reason']})" if status.get("reason") else ""),
+            "pods ready": f"{status.get('replicasReady', 0)}/{status.get('replicas', 0)}",
+            "GPU utilization": "-" if gpu is None else f"{gpu:.0f}%",
+            "SSH sessions": str(status.get("activeSessions", "-")),
+            "last activity": last or "-",
+            "idle": idle
+            if lifecycle.get("autoShutdown", True)
+            else "never stops (autoShutdown off)",
+            "ssh": status.get("sshEndpoint", "-"),
+        }
+        if status.get("message"):
+            lines["message"] = status["message"]
+        for key, value in lines.items():
+            print(f"{key + ':':17}{value}", file=self.out)
+
+    def pods(self, server: dict) -> list[str]:
+        name = server["metadata"]["name"]
+        ready = (server.get("status") or {}).get("replicasReady", 0)
+        count = server["spec"].get("distributed", {}).get("worldSize", 1)
+        if server["spec"].get("stopped") or ready < count:
+            raise CliError(
+                f"devserver/{name} is not running ({ready}/{count} pods ready); "
+                f"`devctl start {name}`"
+            )
+        return [f"{name}-{i}" for i in range(count)]
+
+    def run_commands(
+        self, name: str, script: Path, script_args: list[str]
+    ) -> tuple[list[list[str]], list[list[str]]]:
+        """kubectl commands: (copy `script` into every pod, torchrun it on every pod)."""
+        pods = self.pods(self.server(name))
+        target = f"{HOME}/.devctl/{script.name}"
+        kubectl = ["kubectl", "-n", self.namespace]
+        copies, launches = [], []
+        for pod in pods:
+            copies.append(
+                [*kubectl, "exec", pod, "-c", CONTAINER, "--", "mkdir", "-p", f"{HOME}/.devctl"]
+            )
+            copies.append([*kubectl, "cp", "-c", CONTAINER, str(script), f"{pod}:{target}"])
+            launches.append(
+                [
+                    *kubectl,
+                    "exec",
+                    pod,
+                    "-c",
+                    CONTAINER,
+                    "--",
+                    f"{SCRIPTS}/torchrun.sh",
+                    target,
+                    *script_args,
+                ]
+            )
+        return copies, launches
+
+
+def _run(args: argparse.Namespace, devctl: Devctl) -> int:
+    if args.command == "list":
+        devctl.list_servers()
+    elif args.command in ("stop", "start"):
+        devctl.set_stopped(args.name, args.command == "stop")
+    elif args.command == "delete":
+        devctl.delete(args.name, args.delete_home)
+    elif args.command == "monitor":
+        while True:
+            devctl.monitor(args.name)
+            if not args.watch:
+                break
+            time.sleep(args.watch)
+            print(file=devctl.out)
+    elif args.command == "run":
+        if not args.script.is_file():
+            raise CliError(f"no script {args.script}")
+        script_args = args.script_args + args.passthrough
+        copies, launches = devctl.run_commands(args.name, args.script, script_args)
+        if args.dry_run:
+            for command in copies + launches:
+                print(shlex.join(command), file=devctl.out)
+            return 0
+        return run_everywhere(copies, launches)
+    elif args.command == "ssh":
+        return ssh(devctl, args.name, args.replica, args.passthrough)
+    return 0
+
+
+def run_everywhere(copies: list[list[str]], launches: list[list[str]]) -> int:
+    """Copies one by one, then every launch at once: torchrun waits for all its nodes."""
+    for command in copies:
+        subprocess.run(command, check=True)
+    # Node 0 prints (it hosts global rank 0); the exit code is the worst of all nodes'.
+    processes = [
+        subprocess.Popen(c, stdout=None if i == 0 else subprocess.DEVNULL)
+        for i, c in enumerate(launches)
+    ]
+    return max(p.wait() for p in processes)
+
+
+def ssh(devctl: Devctl, name: str, replica: int, extra: list[str]) -> int:
+    """Port-forward pod `replica`'s sshd to a free local port, then ssh to it as the pod's user."""
+    pods = devctl.pods(devctl.server(name))
+    if not 0 <= replica < len(pods):
+        raise CliError(f"--replica {replica}; allowed: 0 to {len(pods) - 1}")
+    pod = pods[replica]
+    user = devctl.cluster.exec(devctl.namespace, pod, CONTAINER, ["id", "-un"]).strip()
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        port = probe.getsockname()[1]
+    forward = subprocess.Popen(
+        ["kubectl", "-n", devctl.namespace, "port-forward", f"pod/{pod}", f"{port}:{SSH_PORT}"],
+        stdout=subprocess.DEVNULL,
+    )
+    try:
+        for _ in range(50):  # port-forward needs a moment to listen
+            with socket.socket() as s:
+                if s.connect_ex(("127.0.0.1", port)) == 0:
+                    break
+            time.sleep(0.1)
+        options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
+        return subprocess.call(["ssh", "-p", str(port), *options, f"{user}@127.0.0.1", *extra])
+    finally:
+        forward.terminate()
+
+
+def main(argv: list[str] | None = None, cluster=None, out=sys.stdout) -> int:
+    args = parse_args(argv)
+    try:
+        namespace = resolve_namespace(args)
+        if args.command == "create" and args.dry_run:
+            manifest = server_manifest(args, namespace, public_keys(args.ssh_key))
+            text = (
+                yaml.safe_dump(manifest, sort_keys=False)
+                if args.output == "yaml"
+                else json.dumps(manifest, indent=2)
+            )
+            print(text, end="" if text.endswith("\n") else "\n", file=out)
+            return 0
+        if cluster is None:
+            from devservers.kube import KubeCluster
+
+            cluster = KubeCluster()
+        devctl = Devctl(cluster, namespace, out)
+        if args.command == "create":
+            devctl.create(server_manifest(args, namespace, public_keys(args.ssh_key)))
+            return 0
+        return _run(args, devctl)
+    except (CliError, OSError, subprocess.CalledProcessError) as e:
+        print(f"devctl: {e}", file=sys.stderr)
+        return 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())

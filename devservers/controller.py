@@ -1,0 +1,289 @@
+"""The DevServer reconciler: level-based and idempotent, written against a small client boundary.
+
+Each call compares what a server should have (devservers.render) with what the cluster has,
+makes the difference (create, patch, replace), and returns the status to record. Calling it
+again with nothing changed writes nothing. kopf (devservers/operator.py) calls it on every change
+and on a timer; tests call it with a fake Cluster.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from datetime import UTC, datetime, timedelta
+from typing import Protocol
+
+from devservers.activity import GPU_IDLE_PERCENT, PROBE, parse_duration, pod_activity
+from devservers.api import API_VERSION, SERVER_LABEL
+from devservers.render import (
+    CONTAINER,
+    SHAPE_ANNOTATION,
+    RenderError,
+    Settings,
+    children,
+    desired_replicas,
+    owner_of_namespace,
+    ssh_service_name,
+)
+
+KUEUE_GATE = "kueue.x-k8s.io/admission"
+
+
+class Cluster(Protocol):
+    """What the reconciler needs from the Kubernetes API: the boundary tests replace."""
+
+    def get(self, api_version: str, kind: str, name: str, namespace: str | None) -> dict | None: ...
+
+    def list(
+        self, api_version: str, kind: str, namespace: str | None, labels: dict
+    ) -> list[dict]: ...
+
+    def create(self, manifest: dict) -> dict: ...
+
+    def patch(
+        self, api_version: str, kind: str, name: str, namespace: str | None, patch: dict
+    ) -> dict: ...
+
+    def delete(self, api_version: str, kind: str, name: str, namespace: str | None) -> None:
+        """Foreground deletion: the object goes once its dependents (pods) are gone."""
+        ...
+
+    def patch_status(self, name: str, namespace: str, status: dict) -> None:
+        """Merge `status` into a DevServer's status subresource."""
+        ...
+
+    def exec(self, namespace: str, pod: str, container: str, command: list[str]) -> str: ...
+
+    def gpu_utilization(self, namespace: str, pods: list[dict]) -> float | None:
+        """Highest DCGM GPU utilization of `pods`; None without DCGM or GPUs."""
+        ...
+
+
+@dataclass
+class Outcome:
+    status: dict
+    spec: dict = field(default_factory=dict)  # spec changes the operator asks for (idle stop)
+
+
+def _timestamp(moment: datetime) -> str:
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def _parse_timestamp(text: str | None) -> datetime | None:
+    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if text else None
+
+
+def _contains(existing, desired) -> bool:
+    """Whether `existing` already holds every value of `desired` (servers add defaults)."""
+    if isinstance(desired, dict):
+        return isinstance(existing, dict) and all(
+            _contains(existing.get(k), v) for k, v in desired.items()
+        )
+    if isinstance(desired, list):
+        return (
+            isinstance(existing, list)
+            and len(existing) == len(desired)
+            and all(_contains(e, d) for e, d in zip(existing, desired, strict=True))
+        )
+    return existing == desired
+
+
+def _failed(server: dict, reason: str, message: str) -> Outcome:
+    return Outcome(
+        {
+            "phase": "Failed",
+            "reason": reason,
+            "message": message,
+            "observedGeneration": server["metadata"].get("generation", 0),
+        }
+    )
+
+
+def _ready(pod: dict) -> bool:
+    conditions = (pod.get("status") or {}).get("conditions", [])
+    return not pod["metadata"].get("deletionTimestamp") and any(
+        c["type"] == "Ready" and c["status"] == "True" for c in conditions
+    )
+
+
+def _gated(pod: dict) -> bool:
+    return any(g["name"] == KUEUE_GATE for g in pod["spec"].get("schedulingGates", []))
+
+
+def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool]:
+    """Create or correct every child. Returns (replacing, scaled_up).
+
+    Kueue freezes the pod template of an admitted StatefulSet, so a new pod shape (flavor, image,
+    home size) replaces the StatefulSet; homes survive because their claims are retained.
+    """
+    replacing = scaled_up = False
+    for child in desired:
+        meta = child["metadata"]
+        key = (child["apiVersion"], child["kind"], meta["name"], meta["namespace"])
+        existing = cluster.get(*key)
+        if existing is None:
+            cluster.create(child)
+            scaled_up |= child["kind"] == "StatefulSet" and child["spec"]["replicas"] > 0
+        elif child["kind"] == "StatefulSet":
+            shape = existing["metadata"].get("annotations", {}).get(SHAPE_ANNOTATION)
+            if shape != meta["annotations"][SHAPE_ANNOTATION]:
+                if not existing["metadata"].get("deletionTimestamp"):
+                    cluster.delete(*key)
+                replacing = True
+            elif existing["spec"]["replicas"] != child["spec"]["replicas"]:
+                # Kueue 0.19 lets an admitted StatefulSet scale only to and from zero.
+                cluster.patch(*key, {"spec": {"replicas": child["spec"]["replicas"]}})
+                scaled_up |= existing["spec"]["replicas"] == 0
+        elif child["kind"] == "Service" and existing["spec"].get("type") != child["spec"]["type"]:
+            # LoadBalancer <-> ClusterIP leaves fields the other type refuses: recreate it.
+            if not existing["metadata"].get("deletionTimestamp"):
+                cluster.delete(*key)
+        else:
+            body = {k: v for k, v in child.items() if k in ("spec", "data")}
+            if not _contains(existing, body) or not _contains(
+                existing["metadata"].get("labels"), meta["labels"]
+            ):
+                cluster.patch(*key, {**body, "metadata": {"labels": meta["labels"]}})
+    return replacing, scaled_up
+
+
+def _adopt_home_claims(cluster: Cluster, server: dict) -> None:
+    """Homes belong to the server (deleted with it) only when it asks for that."""
+    meta = server["metadata"]
+    wanted = server["spec"].get("lifecycle", {}).get("deleteHomeOnDelete", False)
+    reference = {
+        "apiVersion": API_VERSION,
+        "kind": "DevServer",
+        "name": meta["name"],
+        "uid": meta.get("uid", ""),
+    }
+    for claim in cluster.list("v1", "PersistentVolumeClaim", meta["namespace"], _labels(server)):
+        references = claim["metadata"].get("ownerReferences", [])
+        owned = any(r.get("uid") == reference["uid"] for r in references)
+        if owned != wanted:
+            cluster.patch(
+                "v1",
+                "PersistentVolumeClaim",
+                claim["metadata"]["name"],
+                meta["namespace"],
+                {"metadata": {"ownerReferences": [reference] if wanted else []}},
+            )
+
+
+def _labels(server: dict) -> dict:
+    return {SERVER_LABEL: server["metadata"]["name"]}
+
+
+def _ssh_endpoint(cluster: Cluster, server: dict) -> str | None:
+    meta = server["metadata"]
+    if not server["spec"].get("ssh", {}).get("enabled", True):
+        return None
+    service = cluster.get("v1", "Service", ssh_service_name(server), meta["namespace"])
+    if service is None:
+        return None
+    ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
+    if service["spec"].get("type") == "LoadBalancer":
+        return f"{ingress[0].get('hostname') or ingress[0].get('ip')}:22" if ingress else None
+    return f"{ssh_service_name(server)}.{meta['namespace']}.svc:22"
+
+
+def reconcile(
+    cluster: Cluster, server: dict, settings: Settings, now: datetime, measure: bool = False
+) -> Outcome:
+    """Bring `server`'s children in line with its spec; with `measure`, also check its activity
+    and ask to stop it (spec.stopped) when it has been idle longer than its idleTimeout."""
+    meta, spec = server["metadata"], server["spec"]
+    previous = server.get("status") or {}
+    if owner_of_namespace(meta["namespace"]) != spec["owner"]:
+        return _failed(
+            server,
+            "NotOwnerNamespace",
+            f"a DevServer of {spec['owner']} must be in namespace dev-{spec['owner']}",
+        )
+    flavor = cluster.get(API_VERSION, "DevServerFlavor", spec["flavor"], None)
+    if flavor is None:
+        names = sorted(
+            f["metadata"]["name"] for f in cluster.list(API_VERSION, "DevServerFlavor", None, {})
+        )
+        return _failed(
+            server, "UnknownFlavor", f"no flavor {spec['flavor']!r}; allowed: {', '.join(names)}"
+        )
+    try:
+        desired = children(server, flavor, settings)
+    except RenderError as e:
+        return _failed(server, "InvalidSpec", str(e))
+    replacing, scaled_up = _sync_children(cluster, desired)
+    _adopt_home_claims(cluster, server)
+
+    replicas = desired_replicas(server)
+    pods = cluster.list("v1", "Pod", meta["namespace"], _labels(server))
+    ready = [p for p in pods if _ready(p)]
+    status = {
+        "replicas": replicas,
+        "replicasReady": len(ready),
+        "observedGeneration": meta.get("generation", 0),
+        "reason": "",
+        "message": "",
+    }
+    if replacing:
+        status |= {
+            "phase": "Pending",
+            "reason": "Replacing",
+            "message": "new flavor, image or home size: restarting the pods (homes are kept)",
+        }
+    elif replicas == 0:
+        # An idle stop keeps saying why until the server runs again.
+        idle = previous.get("reason") == "Idle"
+        status |= {
+            "phase": "Pending" if pods else "Stopped",
+            "reason": "Idle" if idle else ("Stopping" if pods else "Stopped"),
+            "message": previous.get("message", "") if idle else "",
+        }
+    elif len(ready) == replicas:
+        status["phase"] = "Running"
+    elif any(_gated(p) for p in pods) or not pods:
+        status |= {
+            "phase": "Queued",
+            "reason": "WaitingForQuota",
+            "message": "Kueue has not admitted the pods yet",
+        }
+    else:
+        status |= {"phase": "Pending", "reason": "Starting"}
+    # None removes a field from the status (merge patch): no stale endpoint or activity figures.
+    status["sshEndpoint"] = _ssh_endpoint(cluster, server)
+    if replicas == 0:
+        status |= {"activeSessions": None, "gpuUtilization": None}
+
+    # The idle clock starts when a server starts running, so a restarted one is not stopped at once.
+    last = _parse_timestamp(previous.get("lastActivity"))
+    if (
+        scaled_up
+        or last is None
+        or (status["phase"] == "Running" and previous.get("phase") != "Running")
+    ):
+        last = now
+    outcome = Outcome(status)
+    if measure and status["phase"] == "Running":
+        sessions, busy = 0, False
+        for pod in ready:
+            activity = pod_activity(
+                cluster.exec(meta["namespace"], pod["metadata"]["name"], CONTAINER, PROBE)
+            )
+            sessions += activity.ssh_sessions
+            busy |= activity.active
+        gpu = cluster.gpu_utilization(meta["namespace"], ready)
+        status["activeSessions"] = sessions
+        if gpu is not None:
+            status["gpuUtilization"] = gpu
+        if busy or (gpu is not None and gpu > GPU_IDLE_PERCENT):
+            last = now
+        lifecycle = {"idleTimeout": "2h", "autoShutdown": True, **spec.get("lifecycle", {})}
+        timeout = timedelta(seconds=parse_duration(lifecycle["idleTimeout"]))
+        if lifecycle["autoShutdown"] and now - last > timeout:
+            outcome.spec = {"stopped": True}
+            status |= {
+                "reason": "Idle",
+                "message": f"no SSH session, process or GPU use for {lifecycle['idleTimeout']}: "
+                f"stopped, home kept; devctl start {meta['name']}",
+            }
+    status["lastActivity"] = _timestamp(last)
+    return outcome

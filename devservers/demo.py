@@ -1,0 +1,99 @@
+"""Show a DevServer as the operator would render it for a stack (what `make demo` prints).
+
+    python -m devservers.demo --stack dev [--out build/devservers/dev.yaml]
+
+Takes the stack's first user and largest GPU flavor, builds a two-pod distributed server the way
+`devctl create --distributed` does, and renders its children with the operator's own functions.
+"""
+
+import argparse
+import sys
+from pathlib import Path
+
+import yaml
+
+from devservers.api import QUEUE_LABEL, user_namespace
+from devservers.cli import parse_args, server_manifest
+from devservers.render import Settings, children
+from infra.components.block_storage import STORAGE_CLASS
+from infra.components.dev_servers import flavor_manifest
+from infra.config import ConfigError, load_stack_file
+
+DEMO_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoKeyOnlyForTheOfflineDemo demo@example"
+
+
+def summary(objects: list[dict]) -> list[str]:
+    lines = []
+    for o in objects:
+        what = f"{o['kind']}/{o['metadata']['name']}"
+        if o["kind"] == "StatefulSet":
+            pod = o["spec"]["template"]["spec"]
+            limits = pod["containers"][0]["resources"]["limits"]
+            mounts = [m["mountPath"] for m in pod["containers"][0]["volumeMounts"]]
+            what += (
+                f": {o['spec']['replicas']} pods on {pod['nodeSelector']}, each {limits}; "
+                f"mounts {', '.join(mounts)}; Kueue queue {o['metadata']['labels'][QUEUE_LABEL]}"
+            )
+        elif o["kind"] == "Service":
+            kind = "headless" if o["spec"].get("clusterIP") == "None" else o["spec"]["type"]
+            what += f": {kind}, ports {', '.join(str(p['port']) for p in o['spec']['ports'])}"
+        lines.append(f"  {what}")
+    return lines
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m devservers.demo", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--stack", default="dev")
+    parser.add_argument("--out", type=Path, help="write every rendered object here as YAML")
+    args = parser.parse_args(argv)
+    try:
+        config = load_stack_file(args.stack)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    section = config.dev_servers
+    if not (section.enabled and section.users):
+        print(
+            f"Stack {args.stack} has no DevServers users (devServers in Pulumi.{args.stack}.yaml)"
+        )
+        return 0
+    pools = {p.name: p for p in config.node_pools}
+    flavor = max(section.flavors, key=lambda f: (f.gpus, f.cpu))
+    user = section.users[0]
+    cli_args = parse_args(
+        [
+            "create",
+            "demo",
+            "--flavor",
+            flavor.name,
+            "--image",
+            "<trainer image>",
+            "--distributed",
+            "--replicas",
+            "2",
+            "--dry-run",
+        ]
+    )
+    server = server_manifest(cli_args, user_namespace(user.name), [DEMO_KEY])
+    server["metadata"]["uid"] = "<uid>"
+    objects = children(
+        server, flavor_manifest(flavor, pools[flavor.node_pool]), Settings(STORAGE_CLASS)
+    )
+    print(
+        f"DevServer {user_namespace(user.name)}/demo (devctl create demo --flavor {flavor.name} "
+        "--distributed --replicas 2):"
+    )
+    print(yaml.safe_dump(server["spec"], sort_keys=False).rstrip())
+    print("rendered by the operator into:")
+    print("\n".join(summary(objects)))
+    out = args.out or Path("build/devservers") / f"{args.stack}.yaml"
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(yaml.safe_dump_all([server, *objects], sort_keys=False))
+    print(f"Wrote {out}")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,368 @@
+"""A DevServer's children, rendered from the server and its flavor: pure functions, no cluster.
+
+Both modes are one StatefulSet (standalone: one pod; distributed: worldSize pods started together)
+behind a headless Service for stable pod DNS, with a home volume per pod from volumeClaimTemplates
+(kept when the server stops, is replaced or, unless asked, deleted), the owner's EFS claim, a
+memory-backed /dev/shm, and a ConfigMap with the entrypoint and the torchrun helper. Kueue admits
+the StatefulSet as one pod group (its `statefulset` integration): all pods or none.
+"""
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+
+from devservers.api import (
+    API_VERSION,
+    GPU,
+    LOCAL_QUEUE,
+    NAMESPACE_PREFIX,
+    OWNER_LABEL,
+    QUEUE_LABEL,
+    SERVER_LABEL,
+)
+
+HOME = "/home/dev"
+SHARED = "/shared"
+SCRIPTS = "/etc/devserver"
+SSH_PORT = 2222  # sshd runs as the image's non-root user, so above 1024
+RDZV_PORTS = range(29500, 29511)  # c10d rendezvous (29500) and spares for extra process groups
+POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
+SHAPE_ANNOTATION = "dev.training-platform.io/pod-shape"
+CONTAINER = "dev"
+
+ENTRYPOINT = f"""#!/bin/sh
+# DevServer entrypoint: install the owner's SSH keys, then serve SSH as the container's user
+# (an image without sshd still runs, reachable with kubectl exec). SSH sessions get HOME set to
+# the persistent home, whatever the image's passwd says.
+set -eu
+mkdir -p "$HOME/.ssh"
+chmod 700 "$HOME/.ssh"
+cp {SCRIPTS}/authorized_keys "$HOME/.ssh/authorized_keys"
+chmod 600 "$HOME/.ssh/authorized_keys"
+SSHD=$(command -v sshd || echo /usr/sbin/sshd)
+if [ "${{DEVSERVER_SSH:-false}}" = true ] && [ -x "$SSHD" ]; then
+  [ -f "$HOME/.ssh/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$HOME/.ssh/host_ed25519"
+  cat > "$HOME/.ssh/sshd_config" <<EOF
+Port {SSH_PORT}
+HostKey $HOME/.ssh/host_ed25519
+PidFile $HOME/.ssh/sshd.pid
+AuthorizedKeysFile $HOME/.ssh/authorized_keys
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+AllowTcpForwarding yes
+SetEnv HOME=$HOME
+EOF
+  # Sessions start in the image user's passwd home; the persistent one is where they go.
+  [ -f "$HOME/.profile" ] || echo 'cd "$HOME"' > "$HOME/.profile"
+  exec "$SSHD" -D -e -f "$HOME/.ssh/sshd_config"
+fi
+exec sleep infinity
+"""
+
+TORCHRUN = """#!/bin/sh
+# torchrun on this pod as node $RANK of $WORLD_SIZE; `devctl run` starts it on every pod.
+set -eu
+exec torchrun --nnodes "$WORLD_SIZE" --node-rank "$RANK" --nproc-per-node "$NPROC_PER_NODE" \\
+  --master-addr "$MASTER_ADDR" --master-port "$MASTER_PORT" "$@"
+"""
+
+
+class RenderError(ValueError):
+    """The server cannot be rendered as asked (a message for its status)."""
+
+
+@dataclass(frozen=True)
+class Settings:
+    """What the platform decides for every server (the operator's environment)."""
+
+    home_storage_class: str = "gp3"
+    # Source ranges an SSH LoadBalancer may accept; empty: LoadBalancer SSH is refused.
+    ssh_cidrs: tuple[str, ...] = field(default_factory=tuple)
+
+
+def world_size(server: dict) -> int:
+    spec = server["spec"]
+    return spec["distributed"]["worldSize"] if spec.get("mode") == "distributed" else 1
+
+
+def desired_replicas(server: dict) -> int:
+    return 0 if server["spec"].get("stopped") else world_size(server)
+
+
+def gpus_per_pod(flavor: dict) -> int:
+    return int(flavor["spec"]["resources"]["limits"].get(GPU, "0"))
+
+
+def procs_per_node(server: dict, flavor: dict) -> int:
+    """Processes per pod: as asked, else one per GPU (one on a CPU flavor)."""
+    asked = (server["spec"].get("distributed") or {}).get("nprocPerNode")
+    gpus = gpus_per_pod(flavor)
+    if asked and gpus and asked > gpus:
+        raise RenderError(f"nprocPerNode {asked} exceeds the flavor's {gpus} GPUs per pod")
+    return asked or max(gpus, 1)
+
+
+def ssh_service_name(server: dict) -> str:
+    return f"{server['metadata']['name']}-ssh"
+
+
+def scripts_name(server: dict) -> str:
+    return f"{server['metadata']['name']}-scripts"
+
+
+def home_claims(server: dict) -> list[str]:
+    """The home PersistentVolumeClaims the StatefulSet creates, one per pod."""
+    name = server["metadata"]["name"]
+    return [f"home-{name}-{i}" for i in range(world_size(server))]
+
+
+def children(server: dict, flavor: dict, settings: Settings) -> list[dict]:
+    """Every object the operator keeps in step with `server`, in creation order."""
+    rendered = [config_map(server), headless_service(server)]
+    if _ssh(server)["enabled"]:
+        rendered.append(ssh_service(server, settings))
+    rendered.append(stateful_set(server, flavor, settings))
+    return rendered
+
+
+def _ssh(server: dict) -> dict:
+    return {"enabled": True, "serviceType": "ClusterIP", **server["spec"].get("ssh", {})}
+
+
+def _metadata(server: dict, name: str, **extra) -> dict:
+    meta = server["metadata"]
+    labels = {SERVER_LABEL: meta["name"], OWNER_LABEL: server["spec"]["owner"]}
+    return {
+        "name": name,
+        "namespace": meta["namespace"],
+        "labels": {**labels, **extra.pop("labels", {})},
+        # The server owns its children: deleting it deletes them (but not the home volumes, which
+        # belong to the StatefulSet's claim templates; see the operator's adopt_home_claims).
+        "ownerReferences": [
+            {
+                "apiVersion": API_VERSION,
+                "kind": "DevServer",
+                "name": meta["name"],
+                "uid": meta.get("uid", ""),
+                "controller": True,
+                "blockOwnerDeletion": True,
+            }
+        ],
+        **extra,
+    }
+
+
+def _selector(server: dict) -> dict:
+    return {SERVER_LABEL: server["metadata"]["name"]}
+
+
+def master_address(server: dict) -> str:
+    meta = server["metadata"]
+    return f"{meta['name']}-0.{meta['name']}.{meta['namespace']}.svc.cluster.local"
+
+
+def config_map(server: dict) -> dict:
+    keys = _ssh(server).get("authorizedKeys", [])
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": _metadata(server, scripts_name(server)),
+        "data": {
+            "start.sh": ENTRYPOINT,
+            "torchrun.sh": TORCHRUN,
+            "authorized_keys": "".join(f"{k}\n" for k in keys),
+        },
+    }
+
+
+def headless_service(server: dict) -> dict:
+    """Stable DNS <server>-<i>.<server>.<namespace>.svc for every pod, ready or not."""
+    ports = [{"name": "ssh", "port": SSH_PORT, "targetPort": SSH_PORT}]
+    if server["spec"].get("mode") == "distributed":
+        ports += [{"name": f"torch-{p}", "port": p, "targetPort": p} for p in RDZV_PORTS]
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(server, server["metadata"]["name"]),
+        "spec": {
+            "type": "ClusterIP",
+            "clusterIP": "None",
+            # Rendezvous needs the peers' names before they pass readiness.
+            "publishNotReadyAddresses": True,
+            "selector": _selector(server),
+            "ports": ports,
+        },
+    }
+
+
+def ssh_service(server: dict, settings: Settings) -> dict:
+    """SSH to pod 0: ClusterIP (devctl ssh port-forwards) or a LoadBalancer for allowed CIDRs."""
+    spec: dict = {
+        "type": _ssh(server)["serviceType"],
+        "selector": {**_selector(server), POD_INDEX_LABEL: "0"},
+        "ports": [{"name": "ssh", "port": 22, "targetPort": SSH_PORT, "protocol": "TCP"}],
+    }
+    if spec["type"] == "LoadBalancer":
+        if not settings.ssh_cidrs:
+            raise RenderError(
+                "ssh.serviceType LoadBalancer is not allowed on this platform (no "
+                "devServers.sshLoadBalancerCidrs); use ClusterIP and devctl ssh"
+            )
+        spec["loadBalancerSourceRanges"] = list(settings.ssh_cidrs)
+    return {
+        "apiVersion": "v1",
+        "kind": "Service",
+        "metadata": _metadata(server, ssh_service_name(server)),
+        "spec": spec,
+    }
+
+
+def _env(server: dict, flavor: dict) -> list[dict]:
+    spec = server["spec"]
+    distributed = spec.get("distributed") or {}
+    env = [
+        {"name": "HOME", "value": HOME},
+        {"name": "DEVSERVER_NAME", "value": server["metadata"]["name"]},
+        {"name": "DEVSERVER_SSH", "value": str(_ssh(server)["enabled"]).lower()},
+        # Node rank = the pod's index in the StatefulSet; torchrun gives each worker its own.
+        {
+            "name": "RANK",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{POD_INDEX_LABEL}']"}},
+        },
+        {"name": "WORLD_SIZE", "value": str(world_size(server))},
+        {"name": "NPROC_PER_NODE", "value": str(procs_per_node(server, flavor))},
+        {"name": "MASTER_ADDR", "value": master_address(server)},
+        {"name": "MASTER_PORT", "value": str(RDZV_PORTS[0])},
+        {"name": "TORCH_DISTRIBUTED_BACKEND", "value": distributed.get("backend", "nccl")},
+    ]
+    env += [{"name": k, "value": v} for k, v in sorted(distributed.get("ncclEnv", {}).items())]
+    return env
+
+
+def pod_template(server: dict, flavor: dict) -> dict:
+    spec, placement = server["spec"], flavor["spec"]
+    resources = placement["resources"]
+    memory_gib = int(resources["limits"]["memory"].removesuffix("Gi"))
+    shared = {"enabled": True, "claimName": "efs-shared", **spec.get("shared", {})}
+    volumes = [
+        {"name": "scripts", "configMap": {"name": scripts_name(server), "defaultMode": 0o555}},
+        # Memory-backed: NCCL and DataLoader workers need more than the runtime's 64 MiB.
+        {"name": "dshm", "emptyDir": {"medium": "Memory", "sizeLimit": f"{memory_gib // 2}Gi"}},
+    ]
+    mounts = [
+        {"name": "home", "mountPath": HOME},
+        {"name": "scripts", "mountPath": SCRIPTS},
+        {"name": "dshm", "mountPath": "/dev/shm"},
+    ]
+    if shared["enabled"]:
+        volumes.append(
+            {"name": "shared", "persistentVolumeClaim": {"claimName": shared["claimName"]}}
+        )
+        mounts.append({"name": "shared", "mountPath": SHARED})
+    pod_spec = {
+        "nodeSelector": dict(placement["nodeSelector"]),
+        "tolerations": [dict(t) for t in placement.get("tolerations", [])],
+        "terminationGracePeriodSeconds": 30,
+        "enableServiceLinks": False,
+        # The user's code needs no Kubernetes credentials (devctl uses the user's own).
+        "automountServiceAccountToken": False,
+        # The Pod Security "restricted" level of the user namespaces; the image picks the user.
+        "securityContext": {
+            "runAsNonRoot": True,
+            "fsGroup": 1000,
+            "fsGroupChangePolicy": "OnRootMismatch",
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [
+            {
+                "name": CONTAINER,
+                "image": spec["image"],
+                "command": [f"{SCRIPTS}/start.sh"],
+                "workingDir": HOME,
+                "env": _env(server, flavor),
+                "ports": [{"name": "ssh", "containerPort": SSH_PORT}]
+                + [
+                    {"name": f"torch-{p}", "containerPort": p}
+                    for p in RDZV_PORTS
+                    if spec.get("mode") == "distributed"
+                ],
+                "resources": {
+                    "requests": dict(resources["requests"]),
+                    "limits": dict(resources["limits"]),
+                },
+                "volumeMounts": mounts,
+                "securityContext": {
+                    "allowPrivilegeEscalation": False,
+                    "capabilities": {"drop": ["ALL"]},
+                },
+            }
+        ],
+        "volumes": volumes,
+    }
+    return {
+        "metadata": {
+            "labels": {**_selector(server), OWNER_LABEL: spec["owner"]},
+            # Karpenter must not consolidate a node away under someone's session.
+            "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+        },
+        "spec": pod_spec,
+    }
+
+
+def pod_shape(template: dict, claim_templates: list[dict]) -> str:
+    """A digest of what cannot change in place: Kueue freezes an admitted pod group's spec."""
+    text = json.dumps([template, claim_templates], sort_keys=True)
+    return hashlib.sha256(text.encode()).hexdigest()[:16]
+
+
+def stateful_set(server: dict, flavor: dict, settings: Settings) -> dict:
+    name, spec = server["metadata"]["name"], server["spec"]
+    template = pod_template(server, flavor)
+    claims = [
+        {
+            "metadata": {
+                "name": "home",
+                "labels": {**_selector(server), OWNER_LABEL: spec["owner"]},
+            },
+            "spec": {
+                "accessModes": ["ReadWriteOnce"],
+                "storageClassName": settings.home_storage_class,
+                "resources": {"requests": {"storage": spec.get("persistentHomeSize", "100Gi")}},
+            },
+        }
+    ]
+    return {
+        "apiVersion": "apps/v1",
+        "kind": "StatefulSet",
+        "metadata": _metadata(
+            server,
+            name,
+            labels={QUEUE_LABEL: LOCAL_QUEUE},
+            annotations={SHAPE_ANNOTATION: pod_shape(template, claims)},
+        ),
+        "spec": {
+            "replicas": desired_replicas(server),
+            "serviceName": name,
+            # Distributed pods start together: Kueue admits them as one group anyway.
+            "podManagementPolicy": "Parallel",
+            "selector": {"matchLabels": _selector(server)},
+            "template": template,
+            "volumeClaimTemplates": claims,
+            # Homes outlive stop (scale to zero) and replacement of the StatefulSet.
+            "persistentVolumeClaimRetentionPolicy": {
+                "whenDeleted": "Retain",
+                "whenScaled": "Retain",
+            },
+        },
+    }
+
+
+def owner_of_namespace(namespace: str) -> str | None:
+    """The user a dev-<user> namespace belongs to, or None for any other namespace."""
+    match = re.fullmatch(
+        re.escape(NAMESPACE_PREFIX) + r"([a-z0-9]([-a-z0-9]*[a-z0-9])?)", namespace
+    )
+    return match.group(1) if match else None

@@ -1,0 +1,384 @@
+"""DevServers: the DevServer CRDs, their operator, the flavors, and one namespace per user.
+
+Each user in `devServers.users[]` gets namespace dev-<user> (Pod Security "restricted", labelled
+with their team so their team's ClusterQueue admits it), a LocalQueue `dev`, a ResourceQuota of
+servers and GPUs, RBAC that lets them manage DevServers and exec/port-forward there and nowhere
+else, and an EKS access entry mapping their IAM principal to that RBAC. The operator runs on the
+system nodes and may write only in the dev-* namespaces.
+"""
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+
+from devservers.api import (
+    API_VERSION,
+    FLAVORS,
+    GPU_REQUESTS,
+    GROUP,
+    LOCAL_QUEUE,
+    OWNER_LABEL,
+    QUOTA,
+    SERVER_COUNT,
+    SERVERS,
+    crds,
+    flavor_object,
+    user_namespace,
+)
+from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
+from infra.components.gpu_metrics import NAMESPACE as DCGM_NAMESPACE
+from infra.components.node_pools import GPU_TAINT, POOL_LABEL
+from infra.components.queues import (
+    API_VERSION as KUEUE_API_VERSION,
+)
+from infra.components.queues import (
+    QUEUE_ACCESS_LABEL,
+    TEAM_LABEL,
+    team_cluster_queue,
+)
+from infra.components.system_nodes import SYSTEM_PLACEMENT
+from infra.config import DevServersConfig, NodePoolConfig, TeamConfig
+from infra.paths import PROJECT_DIR
+from workloads.image import ecr_images
+
+NAMESPACE = "devservers-system"
+OPERATOR = "devserver-operator"
+# The image's build context is the devservers package alone (devservers/.dockerignore).
+CONTEXT = PROJECT_DIR / "devservers"
+IMAGE_TARGET = "operator"
+USERS_GROUP = "dev:users"  # every DevServer user, for the read-only flavor catalog
+HEALTH_PORT = 8080
+RESTRICTED = {
+    f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")
+}
+
+
+def user_group(user: str) -> str:
+    return f"dev:{user}"
+
+
+def rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict:
+    return {"apiGroups": groups, "resources": resources, "verbs": verbs}
+
+
+def binding(cls, resource_name: str, metadata: dict, role: tuple[str, str], subjects, opts):
+    """A RoleBinding or ClusterRoleBinding (`cls`) of `role` (kind, name) to `subjects`."""
+    kind, name = role
+    return cls(
+        resource_name,
+        metadata=metadata,
+        role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
+        subjects=subjects,
+        opts=opts,
+    )
+
+
+def group(name: str) -> dict:
+    return {"kind": "Group", "name": name, "apiGroup": "rbac.authorization.k8s.io"}
+
+
+READ = ["get", "list", "watch"]
+WRITE = [*READ, "create", "patch", "update", "delete"]
+
+# What the operator does in a user namespace (bound there by RoleBindings, not cluster-wide).
+OPERATOR_NAMESPACED_RULES = [
+    rule([GROUP], [SERVERS], [*READ, "patch"]),
+    rule([GROUP], [f"{SERVERS}/status"], ["get", "patch"]),
+    # Owner references with blockOwnerDeletion need this (OwnerReferencesPermissionEnforcement).
+    rule([GROUP], [f"{SERVERS}/finalizers"], ["update"]),
+    rule(["apps"], ["statefulsets"], WRITE),
+    rule([""], ["services", "configmaps"], WRITE),
+    rule([""], ["persistentvolumeclaims"], [*READ, "patch"]),
+    rule([""], ["pods"], READ),
+    rule([""], ["pods/exec"], ["create"]),
+    rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
+]
+# Cluster-wide, read-only: flavors, and what kopf watches to find namespaces and resources.
+OPERATOR_CLUSTER_RULES = [
+    rule([GROUP], [FLAVORS], READ),
+    rule([""], ["namespaces"], ["list", "watch"]),
+    rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"]),
+]
+# A user in their own namespace: their servers, and reaching into them.
+USER_RULES = [
+    rule([GROUP], [SERVERS], WRITE),
+    rule([GROUP], [f"{SERVERS}/status"], ["get"]),
+    rule([""], ["pods", "services", "configmaps", "events", "resourcequotas"], READ),
+    rule([""], ["pods/log"], ["get"]),
+    rule([""], ["pods/exec", "pods/portforward"], ["create"]),
+    rule([""], ["persistentvolumeclaims"], [*READ, "delete"]),
+    rule(["apps"], ["statefulsets"], READ),
+]
+
+
+def flavor_manifest(flavor, pool: NodePoolConfig) -> dict:
+    """The DevServerFlavor for a config flavor: its pool's node label, and the GPU taint."""
+    tolerations = [{**GPU_TAINT, "operator": "Equal"}] if pool.gpu else []
+    return flavor_object(
+        flavor.name,
+        pool.name,
+        {POOL_LABEL: pool.name},
+        tolerations,
+        flavor.gpus,
+        flavor.cpu,
+        flavor.memory_gib,
+    )
+
+
+class DevServers(pulumi.ComponentResource):
+    namespaces: dict[str, k8s.core.v1.Namespace]  # dev-<user> -> its Namespace
+
+    def __init__(
+        self,
+        name: str,
+        config: DevServersConfig,
+        pools: list[NodePoolConfig],
+        teams: list[TeamConfig],
+        cluster_name: pulumi.Input[str],
+        prerequisites: list[pulumi.Resource],  # what a controller needs: the system nodes
+        queues: list[pulumi.Resource],  # what a LocalQueue waits for: Kueue and the ClusterQueues
+        gpu_metrics: pulumi.Resource | None,
+        provider: k8s.Provider,
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:DevServers", name, None, opts)
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider)
+
+        def after(*resources) -> pulumi.ResourceOptions:
+            return pulumi.ResourceOptions.merge(
+                k8s_opts, pulumi.ResourceOptions(depends_on=list(resources))
+            )
+
+        definitions = [
+            k8s.apiextensions.v1.CustomResourceDefinition(
+                f"{name}-crd-{crd['spec']['names']['plural']}",
+                metadata=crd["metadata"],
+                spec=crd["spec"],
+                opts=k8s_opts,
+            )
+            for crd in crds()
+        ]
+        by_pool = {p.name: p for p in pools}
+        for flavor in config.flavors:
+            manifest = flavor_manifest(flavor, by_pool[flavor.node_pool])
+            k8s.apiextensions.CustomResource(
+                f"{name}-flavor-{flavor.name}",
+                api_version=API_VERSION,
+                kind="DevServerFlavor",
+                metadata=manifest["metadata"],
+                spec=manifest["spec"],
+                opts=after(*definitions),
+            )
+
+        image = (
+            pulumi.Output.from_input(config.operator_image.uri)
+            if config.operator_image.uri
+            else ecr_images(
+                f"{name}-operator-image",
+                pulumi.Output.concat(cluster_name, "/", OPERATOR),
+                CONTEXT,
+                [IMAGE_TARGET],
+                tags,
+                pulumi.ResourceOptions(parent=self),
+            )[IMAGE_TARGET]
+        )
+        operator_namespace = k8s.core.v1.Namespace(
+            f"{name}-system", metadata={"name": NAMESPACE, "labels": RESTRICTED}, opts=k8s_opts
+        )
+        account = k8s.core.v1.ServiceAccount(
+            f"{name}-operator",
+            metadata={"name": OPERATOR, "namespace": NAMESPACE},
+            opts=after(operator_namespace),
+        )
+        subject = [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
+        cluster_role = k8s.rbac.v1.ClusterRole(
+            f"{name}-operator-cluster",
+            metadata={"name": f"{OPERATOR}-cluster"},
+            rules=OPERATOR_CLUSTER_RULES,
+            opts=k8s_opts,
+        )
+        binding(
+            k8s.rbac.v1.ClusterRoleBinding,
+            f"{name}-operator-cluster",
+            {"name": f"{OPERATOR}-cluster"},
+            ("ClusterRole", f"{OPERATOR}-cluster"),
+            subject,
+            after(cluster_role, account),
+        )
+        namespaced_role = k8s.rbac.v1.ClusterRole(
+            f"{name}-operator-namespaced",
+            metadata={"name": f"{OPERATOR}-namespaced"},
+            rules=OPERATOR_NAMESPACED_RULES,
+            opts=k8s_opts,
+        )
+        user_role = k8s.rbac.v1.ClusterRole(
+            f"{name}-user", metadata={"name": "devserver-user"}, rules=USER_RULES, opts=k8s_opts
+        )
+        flavor_reader = k8s.rbac.v1.ClusterRole(
+            f"{name}-flavor-reader",
+            metadata={"name": "devserver-flavor-reader"},
+            rules=[rule([GROUP], [FLAVORS], ["get", "list"])],
+            opts=k8s_opts,
+        )
+        binding(
+            k8s.rbac.v1.ClusterRoleBinding,
+            f"{name}-flavor-reader",
+            {"name": "devserver-flavor-reader"},
+            ("ClusterRole", "devserver-flavor-reader"),
+            [group(USERS_GROUP)],
+            after(flavor_reader),
+        )
+        if gpu_metrics is not None:
+            # The operator finds each node's DCGM exporter to read its servers' GPU use.
+            dcgm_role = k8s.rbac.v1.Role(
+                f"{name}-operator-dcgm",
+                metadata={"name": f"{OPERATOR}-dcgm", "namespace": DCGM_NAMESPACE},
+                rules=[rule([""], ["pods"], ["list"])],
+                opts=after(gpu_metrics),
+            )
+            binding(
+                k8s.rbac.v1.RoleBinding,
+                f"{name}-operator-dcgm",
+                {"name": f"{OPERATOR}-dcgm", "namespace": DCGM_NAMESPACE},
+                ("Role", f"{OPERATOR}-dcgm"),
+                subject,
+                after(dcgm_role, account),
+            )
+
+        teams_by_name = {t.name: t for t in teams}
+        self.namespaces = {}
+        bindings = []
+        for user in config.users:
+            namespace = self.namespaces[user_namespace(user.name)] = self._user(
+                name, user, teams_by_name[user.team], cluster_name, queues, after, tags
+            )
+            bind = after(namespace, user_role)
+            bindings += [
+                binding(
+                    k8s.rbac.v1.RoleBinding,
+                    f"{name}-{user.name}-user",
+                    {"name": "devserver-user", "namespace": user_namespace(user.name)},
+                    ("ClusterRole", "devserver-user"),
+                    [group(user_group(user.name))],
+                    bind,
+                ),
+                binding(
+                    k8s.rbac.v1.RoleBinding,
+                    f"{name}-{user.name}-operator",
+                    {"name": OPERATOR, "namespace": user_namespace(user.name)},
+                    ("ClusterRole", f"{OPERATOR}-namespaced"),
+                    subject,
+                    after(namespace, namespaced_role, account),
+                ),
+            ]
+        self._deployment(
+            name, image, config, after(account, *definitions, *bindings, *prerequisites)
+        )
+        self.register_outputs({"operatorImage": image})
+
+    def _user(self, name, user, team: TeamConfig, cluster_name, queues, after, tags):
+        """dev-<user>: the namespace, its queue and quota, and the IAM principal's way in."""
+        namespace_name = user_namespace(user.name)
+        namespace = k8s.core.v1.Namespace(
+            f"{name}-ns-{user.name}",
+            metadata={
+                "name": namespace_name,
+                "labels": {
+                    **RESTRICTED,
+                    OWNER_LABEL: user.name,
+                    # The team's ClusterQueue selects its namespaces by these labels.
+                    TEAM_LABEL: team.name,
+                    QUEUE_ACCESS_LABEL: str(not team.own_cluster_queue).lower(),
+                },
+                "annotations": {f"{GROUP}/email": user.email},
+            },
+            opts=after(),
+        )
+        k8s.apiextensions.CustomResource(
+            f"{name}-lq-{user.name}",
+            api_version=KUEUE_API_VERSION,
+            kind="LocalQueue",
+            metadata={"name": LOCAL_QUEUE, "namespace": namespace_name},
+            spec={"clusterQueue": team_cluster_queue(team)},
+            opts=after(namespace, *queues),
+        )
+        k8s.core.v1.ResourceQuota(
+            f"{name}-quota-{user.name}",
+            metadata={"name": QUOTA, "namespace": namespace_name},
+            spec={
+                "hard": {
+                    SERVER_COUNT: str(user.quota.servers),
+                    # Extended resources take only a requests quota (GPU requests == limits).
+                    GPU_REQUESTS: str(user.quota.gpus),
+                }
+            },
+            opts=after(namespace),
+        )
+        # No access policy: the user's rights are the RBAC bound to these groups, nothing more.
+        aws.eks.AccessEntry(
+            f"{name}-access-{user.name}",
+            cluster_name=cluster_name,
+            principal_arn=user.iam_principal_arn,
+            kubernetes_groups=[user_group(user.name), USERS_GROUP],
+            type="STANDARD",
+            tags=tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        return namespace
+
+    def _deployment(self, name, image, config: DevServersConfig, opts):
+        """One replica (kopf --standalone: no peering) on the system nodes, restricted pod."""
+        env = {
+            "DEVSERVERS_HOME_STORAGE_CLASS": HOME_STORAGE_CLASS,
+            "DEVSERVERS_SSH_CIDRS": ",".join(str(c) for c in config.ssh_load_balancer_cidrs),
+            "DEVSERVERS_DCGM_NAMESPACE": DCGM_NAMESPACE,
+        }
+        labels = {"app.kubernetes.io/name": OPERATOR}
+        return k8s.apps.v1.Deployment(
+            f"{name}-operator",
+            metadata={"name": OPERATOR, "namespace": NAMESPACE, "labels": labels},
+            spec={
+                "replicas": 1,
+                # Never two operators at once: kopf runs standalone, without peering.
+                "strategy": {"type": "Recreate"},
+                "selector": {"matchLabels": labels},
+                "template": {
+                    "metadata": {"labels": labels},
+                    "spec": {
+                        "serviceAccountName": OPERATOR,
+                        **SYSTEM_PLACEMENT,
+                        "securityContext": {
+                            "runAsNonRoot": True,
+                            "seccompProfile": {"type": "RuntimeDefault"},
+                        },
+                        "containers": [
+                            {
+                                "name": "operator",
+                                "image": image,
+                                "args": [
+                                    "--namespace=dev-*",
+                                    f"--liveness=http://0.0.0.0:{HEALTH_PORT}/healthz",
+                                ],
+                                "env": [{"name": k, "value": v} for k, v in env.items()],
+                                "ports": [{"name": "health", "containerPort": HEALTH_PORT}],
+                                "livenessProbe": {
+                                    "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
+                                    "periodSeconds": 30,
+                                },
+                                "resources": {
+                                    "requests": {"cpu": "100m", "memory": "256Mi"},
+                                    "limits": {"memory": "512Mi"},
+                                },
+                                "securityContext": {
+                                    "allowPrivilegeEscalation": False,
+                                    "readOnlyRootFilesystem": True,
+                                    "capabilities": {"drop": ["ALL"]},
+                                },
+                            }
+                        ],
+                    },
+                },
+            },
+            opts=opts,
+        )

@@ -1,0 +1,190 @@
+"""The DevServers component in the offline plan: CRDs, operator, least-privilege RBAC, flavors,
+user namespaces with queue, quota, shared claim and an EKS access entry."""
+
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import kubernetes_validate
+import yaml
+
+from devservers.api import crds
+from tests.conftest import ROOT, plan_of
+from tests.crd_schema import conformance_errors
+from tests.test_services import kueue_config
+
+RBAC = "kubernetes:rbac.authorization.k8s.io/v1"
+
+
+def named(plan, type_: str) -> dict[str, dict]:
+    return {r.name: r.inputs for r in plan.of_type(type_)}
+
+
+def test_the_crds_are_installed_as_written_in_devservers_crds(dev_plan):
+    installed = named(dev_plan, "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition")
+    mine = {n: i for n, i in installed.items() if n.startswith("dev-servers-crd-")}
+    assert {i["metadata"]["name"] for i in mine.values()} == {c["metadata"]["name"] for c in crds()}
+    for crd in crds():
+        inputs = installed[f"dev-servers-crd-{crd['spec']['names']['plural']}"]
+        assert inputs["spec"]["versions"][0]["schema"] == crd["spec"]["versions"][0]["schema"]
+
+
+def test_flavors_come_from_stack_config_with_their_pools_placement(dev_plan):
+    flavors = named(dev_plan, "kubernetes:dev.training-platform.io/v1alpha1:DevServerFlavor")
+    gpu4 = flavors["dev-servers-flavor-gpu-4"]
+    assert conformance_errors(gpu4) == []
+    assert gpu4["spec"]["nodeSelector"] == {"training-platform/pool": "gpu-small"}
+    assert gpu4["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
+    assert gpu4["spec"]["resources"]["limits"] == {
+        "cpu": "44",
+        "memory": "170Gi",
+        "nvidia.com/gpu": "4",
+    }
+    assert flavors["dev-servers-flavor-cpu-small"]["spec"]["tolerations"] == []
+
+
+def test_the_operator_runs_on_system_nodes_as_a_restricted_pod_of_its_own_image(dev_plan):
+    deployment = dev_plan.one("kubernetes:apps/v1:Deployment", "dev-servers-operator").inputs
+    kubernetes_validate.validate(deployment, "1.34", strict=True)
+    pod = deployment["spec"]["template"]["spec"]
+    assert pod["nodeSelector"] == {"training-platform/node-role": "system"}
+    assert {"key": "CriticalAddonsOnly", "operator": "Exists", "effect": "NoSchedule"} in pod[
+        "tolerations"
+    ]
+    assert pod["securityContext"]["runAsNonRoot"] is True
+    (container,) = pod["containers"]
+    assert "@sha256:" in container["image"] and "/devserver-operator@" in container["image"]
+    assert "--namespace=dev-*" in container["args"]
+    assert container["securityContext"]["capabilities"] == {"drop": ["ALL"]}
+    assert deployment["spec"]["replicas"] == 1
+    repository = dev_plan.one("aws:ecr/repository:Repository", "dev-servers-operator-image").inputs
+    assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
+    assert repository["forceDelete"] is True
+    image = dev_plan.one("docker-build:index:Image", "dev-servers-operator-image-operator").inputs
+    # Paths as the engine resolves them, from the program's working directory (infra/).
+    assert image["context"] == {"location": "../devservers"}
+    assert image["dockerfile"] == {"location": "../devservers/Dockerfile"}
+    assert image["target"] == "operator"
+
+
+def test_rbac_is_least_privilege(dev_plan):
+    roles = named(dev_plan, f"{RBAC}:ClusterRole")
+    every_rule = [
+        r for name, i in roles.items() if name.startswith("dev-servers") for r in i["rules"]
+    ]
+    assert all("*" not in r["verbs"] and "*" not in r["resources"] for r in every_rule)
+    # Cluster-wide the operator only reads; it writes through RoleBindings in dev-* namespaces.
+    cluster_wide = roles["dev-servers-operator-cluster"]["rules"]
+    assert {v for r in cluster_wide for v in r["verbs"]} <= {"get", "list", "watch"}
+    bindings = named(dev_plan, f"{RBAC}:RoleBinding")
+    operator_namespaces = {
+        b["metadata"]["namespace"]
+        for n, b in bindings.items()
+        if n.startswith("dev-servers-") and b["roleRef"]["name"] == "devserver-operator-namespaced"
+    }
+    assert operator_namespaces == {"dev-alice", "dev-bob"}
+    alice = bindings["dev-servers-alice-user"]
+    assert alice["metadata"]["namespace"] == "dev-alice"
+    assert alice["subjects"] == [
+        {"kind": "Group", "name": "dev:alice", "apiGroup": "rbac.authorization.k8s.io"}
+    ]
+    user_rules = roles["dev-servers-user"]["rules"]
+    assert {"pods/exec", "pods/portforward"} <= {res for r in user_rules for res in r["resources"]}
+    # Users' only cluster-wide right: reading the flavor catalog.
+    cluster_bindings = named(dev_plan, f"{RBAC}:ClusterRoleBinding")
+    for_users = [
+        b for b in cluster_bindings.values() if any(s["kind"] == "Group" for s in b["subjects"])
+    ]
+    assert [
+        b["roleRef"]["name"] for b in for_users if b["metadata"]["name"].startswith("devserver")
+    ] == ["devserver-flavor-reader"]
+    assert roles["dev-servers-flavor-reader"]["rules"][0]["verbs"] == ["get", "list"]
+
+
+def test_each_user_gets_a_restricted_namespace_queue_quota_claim_and_access_entry(dev_plan):
+    namespaces = named(dev_plan, "kubernetes:core/v1:Namespace")
+    alice = namespaces["dev-servers-ns-alice"]["metadata"]
+    assert alice["name"] == "dev-alice"
+    assert alice["labels"]["pod-security.kubernetes.io/enforce"] == "restricted"
+    assert alice["labels"]["training-platform/team"] == "team-a"
+    assert alice["labels"]["training-platform/queue-access"] == "true"
+    # bob's team has its own ClusterQueue, which selects the team's namespaces by label.
+    assert (
+        namespaces["dev-servers-ns-bob"]["metadata"]["labels"]["training-platform/queue-access"]
+        == "false"
+    )
+    queues = named(dev_plan, "kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
+    assert queues["dev-servers-lq-alice"]["spec"] == {"clusterQueue": "platform"}
+    assert queues["dev-servers-lq-bob"]["spec"] == {"clusterQueue": "team-research"}
+    quota = dev_plan.one("kubernetes:core/v1:ResourceQuota", "dev-servers-quota-bob").inputs
+    assert quota["spec"]["hard"] == {
+        "count/devservers.dev.training-platform.io": "2",
+        "requests.nvidia.com/gpu": "16",
+    }
+    claims = named(dev_plan, "kubernetes:core/v1:PersistentVolumeClaim")
+    assert claims["efs-dev-alice"]["metadata"]["name"] == "efs-shared"
+    entries = named(dev_plan, "aws:eks/accessEntry:AccessEntry")
+    entry = entries["dev-servers-access-bob"]
+    assert entry["principalArn"] == "arn:aws:iam::123456789012:user/bob"
+    assert entry["kubernetesGroups"] == ["dev:bob", "dev:users"] and entry["type"] == "STANDARD"
+    associations = dev_plan.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert not [a for a in associations if "dev-servers" in a.name]
+
+
+def test_kueue_admits_statefulsets_as_pod_groups(dev_plan):
+    config = kueue_config(dev_plan)
+    # Kueue 0.19 names: `statefulset` admits a StatefulSet as one pod group, gated via `pod`.
+    assert {"pod", "statefulset"} <= set(config["integrations"]["frameworks"])
+
+
+def test_disabled_dev_servers_add_nothing():
+    plan = plan_of("dev", devServers={"enabled": False})
+    assert not [r for r in plan.resources if r.name.startswith("dev-servers")]
+
+
+def test_the_operator_dockerfile_passes_hadolint():
+    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    result = subprocess.run(
+        [hadolint, str(ROOT / "devservers" / "Dockerfile")],
+        capture_output=True,
+        text=True,
+        timeout=60,
+    )
+    assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_make_demo_renders_a_devserver_for_dev(tmp_path, capsys):
+    from devservers.demo import main
+
+    out = tmp_path / "dev.yaml"
+    assert main(["--stack", "dev", "--out", str(out)]) == 0
+    printed = capsys.readouterr().out
+    assert "DevServer dev-alice/demo" in printed and "StatefulSet/demo: 2 pods" in printed
+    server, *children = yaml.safe_load_all(out.read_text())
+    assert conformance_errors(server) == []
+    for child in children:
+        kubernetes_validate.validate(child, "1.34", strict=True)
+
+
+def test_the_plan_summary_lists_flavors_and_users():
+    from infra.config import load_stack_file
+    from infra.plan import dev_server_rows
+
+    rows = "\n".join(dev_server_rows(load_stack_file("dev")))
+    assert "a100-8     gpu-large     8    92        1000" in rows
+    assert "bob    dev-bob    team-research            2        16" in rows
+
+
+def test_every_built_in_object_of_the_component_validates_against_kubernetes(dev_plan):
+    component = dev_plan.one("training-platform:infra:DevServers").urn
+    built_in = [
+        r.inputs
+        for r in dev_plan.resources
+        if r.parent == component
+        and r.type.startswith("kubernetes:")
+        and not r.type.startswith(("kubernetes:dev.", "kubernetes:kueue."))
+    ]
+    assert len(built_in) >= 15
+    for manifest in built_in:
+        kubernetes_validate.validate(manifest, "1.34", strict=True)

@@ -1,0 +1,72 @@
+"""Stack config `devServers`: flavors fit their pool, users name a team, one message per bad key."""
+
+import pytest
+
+from infra.config import ConfigError, load_stack_file, parse_stack_config
+from tests.conftest import stack_values
+
+
+def test_dev_stack_declares_flavors_and_users():
+    section = load_stack_file("dev").dev_servers
+    assert section.enabled
+    assert {f.name: f.node_pool for f in section.flavors}["gpu-1"] == "gpu-small"
+    assert {u.name: u.team for u in section.users} == {"alice": "team-a", "bob": "research"}
+
+
+def error_for(dev_servers: dict) -> str:
+    values = stack_values("dev")
+    values["training-platform:devServers"] = dev_servers
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(values, "Pulumi.dev.yaml")
+    return str(caught.value)
+
+
+USER = {
+    "name": "alice",
+    "email": "alice@example.com",
+    "team": "team-a",
+    "iamPrincipalArn": "arn:aws:iam::123456789012:role/dev-alice",
+}
+
+
+@pytest.mark.parametrize(
+    ("flavor", "key", "allowed"),
+    [
+        # g5.12xlarge: 4 GPUs, 48 vCPU, 192 GiB; one vCPU and a tenth of memory stay reserved.
+        ({"gpus": 5, "cpu": 8, "memoryGib": 32}, "flavors[0].gpus", "at most 4"),
+        ({"gpus": 1, "cpu": 48, "memoryGib": 32}, "flavors[0].cpu", "at most 47"),
+        ({"gpus": 1, "cpu": 8, "memoryGib": 180}, "flavors[0].memoryGib", "at most 172"),
+        ({"gpus": 0, "cpu": 8, "memoryGib": 32}, "flavors[0].gpus", "CPU-only servers"),
+        ({"nodePool": "gpu-huge", "cpu": 8, "memoryGib": 32}, "flavors[0].nodePool", "gpu-small"),
+    ],
+)
+def test_a_flavor_must_fit_its_pools_smallest_instance_type(flavor, key, allowed):
+    message = error_for(
+        {"flavors": [{"name": "f", "nodePool": "gpu-small", **flavor}], "users": [USER]}
+    )
+    assert f"training-platform:devServers.{key}:" in message
+    assert allowed in message
+    assert "Traceback" not in message
+
+
+@pytest.mark.parametrize(
+    ("patch", "key", "allowed"),
+    [
+        ({"team": "nobody"}, "users[0].team", "allowed: team-a, research"),
+        ({"email": "alice"}, "users[0].email", "should match pattern"),
+        ({"iamPrincipalArn": "alice"}, "users[0].iamPrincipalArn", "should match pattern"),
+        ({"quota": {"gpus": -1}}, "users[0].quota.gpus", "greater than or equal to 0"),
+        ({"name": "Alice"}, "users[0].name", "should match pattern"),
+    ],
+)
+def test_users_are_checked_key_by_key(patch, key, allowed):
+    flavor = {"name": "cpu-small", "nodePool": "cpu", "cpu": 4, "memoryGib": 16}
+    message = error_for({"flavors": [flavor], "users": [{**USER, **patch}]})
+    assert f"training-platform:devServers.{key}:" in message
+    assert allowed in message
+
+
+def test_names_repeat_and_enabled_without_flavors_are_errors():
+    assert "allowed: unique names" in error_for({"users": [USER, USER]})
+    assert "devServers.flavors: empty" in error_for({"enabled": True, "users": [USER]})
+    assert "allowed keys here:" in error_for({"flavours": []})
