@@ -60,14 +60,22 @@ def test_job_pods_accept_traffic_only_from_their_own_job(stack_plan):
 
 
 def test_team_namespaces_enforce_pod_security(stack_plan):
-    teams = [
-        n
+    labelled = [
+        n.inputs["metadata"]
         for n in stack_plan.of_type("kubernetes:core/v1:Namespace")
         if "training-platform/team" in n.inputs["metadata"]["labels"]
     ]
+    assert labelled
+    for metadata in labelled:
+        enforced = metadata["labels"]["pod-security.kubernetes.io/enforce"]
+        assert enforced in {"baseline", "restricted"}, metadata["name"]
+    teams = [
+        n.inputs["metadata"]["labels"]
+        for n in stack_plan.of_type("kubernetes:core/v1:Namespace")
+        if n.name.startswith("queues-ns-")
+    ]
     assert teams
-    for namespace in teams:
-        labels = namespace.inputs["metadata"]["labels"]
+    for labels in teams:
         assert {k: labels[k] for k in POD_SECURITY_LABELS} == {
             "pod-security.kubernetes.io/enforce": "baseline",
             "pod-security.kubernetes.io/warn": "restricted",
