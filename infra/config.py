@@ -626,7 +626,9 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
             problems.append(
                 (
                     (*loc, "nodePool"),
-                    f"{flavor.node_pool!r} is not a node pool; allowed: {', '.join(pools)}",
+                    f"{flavor.node_pool!r} is not a node pool; "
+                    + _did_you_mean(flavor.node_pool, [*pools])
+                    + _allowed([*pools], "allowed: none yet, declare nodePools first"),
                 )
             )
             continue
@@ -661,7 +663,9 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
             problems.append(
                 (
                     ("devServers", "users", i, "team"),
-                    f"{user.team!r} is not a team; allowed: {', '.join(teams)}",
+                    f"{user.team!r} is not a team; "
+                    + _did_you_mean(user.team, [*teams])
+                    + _allowed([*teams], "allowed: none yet, declare queues.teams first"),
                 )
             )
     if section.enabled and not section.flavors:
