@@ -4,6 +4,7 @@ Every key is camelCase in YAML, as Pulumi config is written. A bad value stops t
 single ConfigError that names each offending key path and what is allowed there.
 """
 
+import difflib
 import ipaddress
 import json
 import math
@@ -26,10 +27,34 @@ from pydantic.alias_generators import to_camel
 
 from infra.catalog import InstanceType, RegionPrices, UnpricedError, load_catalog, load_prices
 from infra.paths import PROJECT_DIR
+from infra.regions import AWS_REGIONS
 from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
 from trainer.options import OptionsError, parse_options
 
 NAMESPACE = "training-platform"
+# S3 prefix of job checkpoints in the training bucket (each job writes under its own subprefix).
+CHECKPOINT_PREFIX = "checkpoints/"
+# Stacks whose mandatory guards no stack file can switch off: `policy.productionStacks` may add
+# stacks to this list, never drop one.
+MANDATORY_PRODUCTION_STACKS = ("prod",)
+# Namespaces the cluster or this program's controllers own: a team namespace there would mix
+# job pods (and their Pod Identity roles) with system components.
+SYSTEM_NAMESPACES = (
+    "default",
+    "kube-node-lease",
+    "kube-public",
+    "kube-system",
+    "kubeflow",
+    "kueue-system",
+    "monitoring",
+    "mpi-operator",
+)
+IAM_ROLE_NAME_MAX = 64
+# Pulumi auto-names a resource `<logical name>-<7 random hex>`.
+AUTONAME_SUFFIX = 8
+# Bounds of a node's lifetime (expireAfter): under an hour nodes churn under running jobs; over
+# 90 days they miss the AMI patches that only replacement brings.
+EXPIRE_AFTER_HOURS = (1, 2160)
 
 
 class ConfigError(pulumi.RunError):
@@ -37,21 +62,81 @@ class ConfigError(pulumi.RunError):
 
 
 class Model(BaseModel):
+    # strict: `minSize: true` or `maxNodes: "4"` is an error, not 1 or 4.
     model_config = ConfigDict(
-        extra="forbid", alias_generator=to_camel, frozen=True, hide_input_in_errors=True
+        extra="forbid",
+        alias_generator=to_camel,
+        frozen=True,
+        hide_input_in_errors=True,
+        strict=True,
     )
+
+
+def karpenter_role_names(cluster_name: str) -> dict[str, str]:
+    """IAM role names the Karpenter component derives from the cluster name (karpenter.py)."""
+    return {
+        "node": f"KarpenterNode-{cluster_name}",
+        "controller": f"KarpenterController-{cluster_name}",
+    }
+
+
+def job_role_resource_name(job_name: str) -> str:
+    """Logical name of a job's Pod Identity role; Pulumi auto-names the IAM role from it."""
+    return f"job-{job_name}-pods"
+
+
+def _allowed(values: list[str] | tuple[str, ...], none: str) -> str:
+    """`allowed: a, b` or, with nothing to offer, what to do instead."""
+    return f"allowed: {', '.join(values)}" if values else none
+
+
+def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
+    close = difflib.get_close_matches(value, list(choices), n=1)
+    return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _known_region(value: str) -> str:
+    if value not in AWS_REGIONS:
+        raise ValueError(
+            f"{value!r} is not a known AWS region; {_did_you_mean(value, AWS_REGIONS)}"
+            f"allowed: a region in infra/regions.py, e.g. us-west-2"
+        )
+    return value
+
+
+def _hours(duration: str) -> float:
+    units = {"s": 1 / 3600, "m": 1 / 60, "h": 1}
+    return sum(int(n) * units[u] for n, u in re.findall(r"([0-9]+)([smh])", duration))
 
 
 def _ipv4_network(value: Any) -> ipaddress.IPv4Network:
     if not isinstance(value, str):
         raise ValueError("must be a string such as 10.0.0.0/16")
     try:
-        return ipaddress.IPv4Network(value, strict=True)
+        network = ipaddress.IPv4Network(value, strict=True)
     except ValueError:
         raise ValueError(
             f"{value!r} is not an IPv4 CIDR; allowed: a network address with prefix, "
             "such as 10.0.0.0/16 (host bits zero)"
         ) from None
+    return network
+
+
+def _vpc_range(network: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
+    """AWS refuses VPC ranges that are loopback, link-local, multicast or otherwise reserved."""
+    reserved = {
+        "loopback": network.is_loopback,
+        "link-local": network.is_link_local,
+        "multicast": network.is_multicast,
+        "reserved": network.is_reserved or network.overlaps(ipaddress.IPv4Network("0.0.0.0/8")),
+    }
+    bad = [kind for kind, hit in reserved.items() if hit]
+    if bad:
+        raise ValueError(
+            f"{network} is a {bad[0]} range; allowed: a private range such as 10.0.0.0/16, "
+            "172.16.0.0/16 or 192.168.0.0/16"
+        )
+    return network
 
 
 Cidr = Annotated[Any, AfterValidator(_ipv4_network)]
@@ -73,13 +158,22 @@ def _known_instance_type(gpu: bool | None):
 
 CpuInstanceType = Annotated[str, _known_instance_type(gpu=False)]
 InstanceTypeName = Annotated[str, _known_instance_type(gpu=None)]
-K8sName = Annotated[str, Field(pattern=r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$")]
-Duration = Annotated[str, Field(pattern=r"^([0-9]+[smh])+$")]
+K8S_NAME = r"^[a-z0-9]([-a-z0-9]{0,38}[a-z0-9])?$"
+CLUSTER_NAME = r"^[a-z][a-z0-9]*(-[a-z0-9]+)*$"
+PATTERN_HINTS = {
+    K8S_NAME: "lowercase letters, digits and '-', 1 to 40 characters, alphanumeric at both ends",
+    CLUSTER_NAME: "lowercase words joined by single hyphens, e.g. tp-dev (the ECR repository "
+    "<name>/trainer allows no uppercase, '--' or trailing '-')",
+}
+K8sName = Annotated[str, Field(pattern=K8S_NAME)]
+Duration = Annotated[str, Field(pattern=r"^([0-9]{1,7}[smh]){1,3}$")]
 VpcId = Annotated[str, Field(pattern=r"^vpc-[0-9a-f]{8,17}$")]
 SubnetId = Annotated[str, Field(pattern=r"^subnet-[0-9a-f]{8,17}$")]
-IamPrincipalArn = Annotated[
-    str, Field(pattern=r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$")
-]
+IAM_PRINCIPAL_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$"
+PATTERN_HINTS[IAM_PRINCIPAL_ARN] = (
+    "an IAM role or user ARN, e.g. arn:aws:iam::123456789012:role/platform-admins"
+)
+IamPrincipalArn = Annotated[str, Field(pattern=IAM_PRINCIPAL_ARN)]
 
 
 class ExistingVpc(Model):
@@ -89,18 +183,30 @@ class ExistingVpc(Model):
     private_subnet_ids: list[SubnetId] = Field(min_length=2, max_length=6)
     public_subnet_ids: list[SubnetId] = Field(default_factory=list, max_length=6)
 
+    @model_validator(mode="after")
+    def _distinct(self) -> "ExistingVpc":
+        every = self.private_subnet_ids + self.public_subnet_ids
+        repeated = sorted({s for s in every if every.count(s) > 1})
+        if repeated:
+            raise ValueError(
+                f"subnets {', '.join(repeated)} are listed more than once; allowed: each subnet "
+                "once, in privateSubnetIds or publicSubnetIds"
+            )
+        return self
+
 
 class NetworkConfig(Model):
     cidr: Cidr = Field(default="10.0.0.0/16", validate_default=True)
     az_count: int = Field(default=2, ge=2, le=3)
     nat_gateways: Literal["single", "perAz"] = "single"
     # Explicit subnet CIDRs, one per AZ; by default they are carved from `cidr`.
-    private_subnet_cidrs: list[Cidr] | None = None
-    public_subnet_cidrs: list[Cidr] | None = None
+    private_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
+    public_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
     existing_vpc: ExistingVpc | None = None
 
     @model_validator(mode="after")
     def _subnets_fit(self) -> "NetworkConfig":
+        _vpc_range(self.cidr)
         if not 16 <= self.cidr.prefixlen <= 20:
             raise ValueError(
                 f"cidr {self.cidr} has prefix /{self.cidr.prefixlen}; allowed: /16 to /20 "
@@ -170,13 +276,33 @@ class NodeGroupConfig(Model):
 
 
 class ClusterConfig(Model):
-    name: str = Field(default="training-platform", pattern=r"^[a-zA-Z][a-zA-Z0-9-]{0,62}$")
+    # Lowercase words joined by single hyphens: the ECR repository `<name>/trainer` allows
+    # nothing else (no uppercase, no `--`, no trailing `-`).
+    name: str = Field(default="training-platform", pattern=CLUSTER_NAME, max_length=100)
     kubernetes_version: Literal[tuple(EKS_ADDONS)] = next(iter(EKS_ADDONS))  # type: ignore[valid-type]
     endpoint: EndpointAccess = EndpointAccess()
     # IAM principals given cluster-admin through EKS access entries.
     admin_principal_arns: list[IamPrincipalArn] = Field(default_factory=list)
     system_node_group: NodeGroupConfig = NodeGroupConfig()
     deletion_protection: bool = False
+
+    @model_validator(mode="after")
+    def _derived_names_legal(self) -> "ClusterConfig":
+        arns = self.admin_principal_arns
+        repeated = sorted({a for a in arns if arns.count(a) > 1})
+        if repeated:
+            raise ValueError(
+                f"adminPrincipalArns repeats {', '.join(repeated)}; allowed: each ARN once"
+            )
+        for what, role in karpenter_role_names(self.name).items():
+            if len(role) > IAM_ROLE_NAME_MAX:
+                longest = IAM_ROLE_NAME_MAX - len(role) + len(self.name)
+                raise ValueError(
+                    f"name {self.name!r} makes the Karpenter {what} IAM role name {role!r} "
+                    f"{len(role)} characters long; allowed: a name of at most {longest} "
+                    f"characters (IAM role names stop at {IAM_ROLE_NAME_MAX})"
+                )
+        return self
 
 
 class PoolCeiling(BaseModel):
@@ -204,6 +330,12 @@ class NodePoolConfig(Model):
 
     @model_validator(mode="after")
     def _consistent(self) -> "NodePoolConfig":
+        low, high = EXPIRE_AFTER_HOURS
+        if not low <= _hours(self.expire_after) <= high:
+            raise ValueError(
+                f"expireAfter {self.expire_after} is {_hours(self.expire_after):g} hours; allowed: "
+                f"{low}h to {high}h (nodes must be replaced to pick up patched AMIs)"
+            )
         if len(set(self.capacity_types)) != len(self.capacity_types):
             raise ValueError(
                 "capacityTypes repeats a value; allowed: on-demand and/or spot, once each"
@@ -301,6 +433,13 @@ class QueuesConfig(Model):
 
     @model_validator(mode="after")
     def _unique(self) -> "QueuesConfig":
+        for team in self.teams:
+            ns = team.namespace_name
+            if ns in SYSTEM_NAMESPACES or ns.startswith("kube-"):
+                raise ValueError(
+                    f"team {team.name}'s namespace {ns!r} is a system namespace; allowed: any "
+                    f"other name (not kube-*, nor {', '.join(SYSTEM_NAMESPACES)})"
+                )
         for what, values in (
             ("names", [t.name for t in self.teams]),
             ("namespaces", [t.namespace_name for t in self.teams]),
@@ -340,6 +479,18 @@ class FsxConfig(Model):
 
     @model_validator(mode="after")
     def _capacity(self) -> "FsxConfig":
+        segments = self.dataset_prefix.split("/")
+        if {".", ".."} & set(segments):
+            raise ValueError(
+                f"datasetPrefix {self.dataset_prefix!r} has a . or .. segment; allowed: a plain "
+                "S3 prefix such as datasets or datasets/text"
+            )
+        checkpoints = CHECKPOINT_PREFIX.rstrip("/")
+        if segments[0] == checkpoints:
+            raise ValueError(
+                f"datasetPrefix {self.dataset_prefix!r} lies under the checkpoint prefix "
+                f"{CHECKPOINT_PREFIX}; allowed: a prefix outside it, such as datasets"
+            )
         capacity = self.storage_capacity_gib
         if capacity != 1200 and (capacity < 2400 or capacity % 2400):
             raise ValueError(
@@ -358,9 +509,20 @@ class StorageConfig(Model):
 class PolicyConfig(Model):
     """Policy pack settings; a real preview takes the same keys via --policy-pack-config."""
 
-    budget_usd_per_hour: float = Field(default=1000, gt=0)
+    budget_usd_per_hour: float = Field(default=1000, gt=0, allow_inf_nan=False)
     allowed_public_ingress: list[str] = Field(default_factory=list)  # resource names
-    production_stacks: list[str] = Field(default_factory=lambda: ["prod"])
+    production_stacks: list[str] = Field(default_factory=lambda: list(MANDATORY_PRODUCTION_STACKS))
+
+    @model_validator(mode="after")
+    def _guards_stay_on(self) -> "PolicyConfig":
+        dropped = [s for s in MANDATORY_PRODUCTION_STACKS if s not in self.production_stacks]
+        if dropped:
+            raise ValueError(
+                f"productionStacks leaves out {', '.join(dropped)}; allowed: a list that "
+                f"includes {', '.join(MANDATORY_PRODUCTION_STACKS)} (a stack file may add "
+                "production stacks, not switch their guards off)"
+            )
+        return self
 
 
 class ImageConfig(Model):
@@ -385,6 +547,12 @@ class JobConfig(Model):
 
     @model_validator(mode="after")
     def _range(self) -> "JobConfig":
+        if self.name == "default":
+            raise ValueError(
+                "a job named default would bind its S3 role to every pod of the namespace "
+                "(Pod Identity follows the service account, named after the job); allowed: "
+                "any other name"
+            )
         if self.min_nodes > self.max_nodes:
             raise ValueError(
                 f"minNodes {self.min_nodes} > maxNodes {self.max_nodes}; "
@@ -458,7 +626,9 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
             problems.append(
                 (
                     (*loc, "nodePool"),
-                    f"{flavor.node_pool!r} is not a node pool; allowed: {', '.join(pools)}",
+                    f"{flavor.node_pool!r} is not a node pool; "
+                    + _did_you_mean(flavor.node_pool, [*pools])
+                    + _allowed([*pools], "allowed: none yet, declare nodePools first"),
                 )
             )
             continue
@@ -493,7 +663,9 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
             problems.append(
                 (
                     ("devServers", "users", i, "team"),
-                    f"{user.team!r} is not a team; allowed: {', '.join(teams)}",
+                    f"{user.team!r} is not a team; "
+                    + _did_you_mean(user.team, [*teams])
+                    + _allowed([*teams], "allowed: none yet, declare queues.teams first"),
                 )
             )
     if section.enabled and not section.flavors:
@@ -586,11 +758,12 @@ class HybridConfig(Model):
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
-    region: str = Field(pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d$")
+    region: Annotated[str, AfterValidator(_known_region)]
     network: NetworkConfig = NetworkConfig()
     cluster: ClusterConfig = ClusterConfig()
     karpenter: KarpenterConfig = KarpenterConfig()
-    node_pools: list[NodePoolConfig] = Field(default_factory=list)
+    # Kueue: at most 64 flavors in a ClusterQueue resource group, one flavor per pool.
+    node_pools: list[NodePoolConfig] = Field(default_factory=list, max_length=64)
     queues: QueuesConfig = QueuesConfig()
     monitoring: MonitoringConfig = MonitoringConfig()
     storage: StorageConfig = StorageConfig()
@@ -616,34 +789,91 @@ def parse_stack_config(values: Mapping[str, Any], source: str) -> StackConfig:
     """
     raw: dict[str, Any] = {}
     for key, value in values.items():
-        namespace, _, name = key.partition(":")
+        namespace, _, name = str(key).partition(":")
         if key == "aws:region":
             raw["region"] = value
         elif namespace == NAMESPACE:
             raw[name] = _decode(value)
+    header = f"Invalid stack config in {source}:\n"
     if "region" not in raw:
         raise ConfigError(
-            f"Invalid stack config in {source}:\n  aws:region: missing; "
+            f"{header}  aws:region: missing; "
             "allowed: an AWS region, e.g. `pulumi config set aws:region us-west-2`"
         )
+    bad_keys = list(_non_string_keys(raw))
+    if bad_keys:
+        lines = [
+            f"  {_key_path(loc, raw)}: key {key!r} is not a string; allowed: camelCase names"
+            for loc, key in bad_keys
+        ]
+        raise ConfigError(header + "\n".join(_one_line(line) for line in lines))
     try:
         config = StackConfig.model_validate(raw)
     except ValidationError as e:
-        lines = [f"  {_key_path(err['loc'])}: {_one_line(_explain(err))}" for err in e.errors()]
-        raise ConfigError(f"Invalid stack config in {source}:\n" + "\n".join(lines)) from None
+        lines = [f"  {_key_path(err['loc'], raw)}: {_explain(err)}" for err in e.errors()]
+        raise ConfigError(header + "\n".join(_one_line(line) for line in lines)) from None
     problems = cross_reference_errors(config) + price_errors(config)
     if problems:
-        lines = [f"  {_key_path(loc)}: {_one_line(message)}" for loc, message in problems]
-        raise ConfigError(f"Invalid stack config in {source}:\n" + "\n".join(lines))
+        lines = [f"  {_key_path(loc, raw)}: {message}" for loc, message in problems]
+        raise ConfigError(header + "\n".join(_one_line(line) for line in lines))
     return config
+
+
+def _non_string_keys(value: Any, loc: tuple = ()):
+    """(location, key) of every mapping key that is not a string (YAML allows 1:, null:, true:)."""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            if not isinstance(key, str):
+                yield loc, key
+            else:
+                yield from _non_string_keys(child, (*loc, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield from _non_string_keys(child, (*loc, i))
+
+
+# What a node keeps back for the kubelet, the OS and the DaemonSets (VPC CNI, kube-proxy, Pod
+# Identity agent, CSI node drivers): a job pod needs this much room besides its own requests.
+NODE_RESERVE = {"vcpu": 0.5, "memory_gib": 1.5}
+
+
+def job_pod_fits(pool: NodePoolConfig, instance: InstanceType) -> bool:
+    cpu, memory_gib = pool.job_pod_requests()
+    return (
+        instance.vcpu - NODE_RESERVE["vcpu"] >= cpu
+        and instance.memory_gib - NODE_RESERVE["memory_gib"] >= memory_gib
+    )
+
+
+def job_demand(job: "JobConfig", pool: NodePoolConfig) -> tuple[str, float]:
+    """(resource, amount) the whole job asks of its queue: GPUs on GPU pools, else vCPU."""
+    if pool.gpu:
+        return "nvidia.com/gpu", job.max_nodes * pool.gpus_per_node
+    return "cpu", job.max_nodes * pool.job_pod_requests()[0]
+
+
+def queue_quota(pool: NodePoolConfig, team: TeamConfig, resource: str) -> float:
+    """The most of `resource` in `pool` that the team's queue can ever admit."""
+    ceiling = pool.ceiling()
+    amount = ceiling.gpus if resource == "nvidia.com/gpu" else ceiling.vcpu
+    if team.own_cluster_queue:
+        return math.ceil(amount * team.borrowing_limit_percent / 100)
+    return amount
 
 
 def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     """Checks between sections (a job's pool, queue and storage), once each section is valid."""
     pools = {p.name: p for p in config.node_pools}
-    teams = [t.name for t in config.queues.teams]
+    teams = {t.name: t for t in config.queues.teams}
     storage = {"s3": True, "fsx": config.storage.fsx.enabled, "efs": config.storage.efs.enabled}
-    problems = []
+    problems: list[tuple[tuple, str]] = []
+    if not pools and (config.queues.teams or config.jobs):
+        problems.append(
+            (
+                ("nodePools",),
+                "is empty but queues.teams or jobs need capacity; allowed: at least one pool",
+            )
+        )
     for i, pool in enumerate(config.node_pools):
         zone, loc = pool.availability_zone, ("nodePools", i, "availabilityZone")
         if zone and zone[:-1] != config.region:
@@ -662,17 +892,31 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     "allowed: an AZ of the VPC's private subnets",
                 )
             )
+        too_small = [t.name for t in pool.types if not job_pod_fits(pool, t)]
+        if too_small and config.jobs:
+            cpu, memory_gib = pool.job_pod_requests()
+            problems.append(
+                (
+                    ("nodePools", i, "instanceTypes"),
+                    f"{', '.join(too_small)} cannot hold a job pod ({cpu} vCPU, {memory_gib} GiB "
+                    f"after about {NODE_RESERVE['vcpu']} vCPU and {NODE_RESERVE['memory_gib']} "
+                    "GiB node reserve); allowed: larger types",
+                )
+            )
     names = [j.name for j in config.jobs]
     for i, job in enumerate(config.jobs):
         loc = ("jobs", i)
         if names.count(job.name) > 1:
             problems.append(((*loc, "name"), f"{job.name!r} repeats; allowed: unique job names"))
         pool = pools.get(job.node_pool)
+        team = teams.get(job.queue)
         if pool is None:
             problems.append(
                 (
                     (*loc, "nodePool"),
-                    f"{job.node_pool!r} is not a node pool; allowed: {', '.join(pools)}",
+                    f"{job.node_pool!r} is not a node pool; "
+                    + _did_you_mean(job.node_pool, [*pools])
+                    + _allowed([*pools], "allowed: none yet, declare nodePools first"),
                 )
             )
         elif job.max_nodes > pool.max_nodes:
@@ -683,9 +927,25 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     f"{pool.max_nodes}; allowed: at most {pool.max_nodes}",
                 )
             )
-        if job.queue not in teams:
+        elif team is not None:
+            resource, wanted = job_demand(job, pool)
+            quota = queue_quota(pool, team, resource)
+            if wanted > quota:
+                problems.append(
+                    (
+                        (*loc, "maxNodes"),
+                        f"needs {wanted:g} {resource} in pool {pool.name} but team {team.name}'s "
+                        f"queue can admit at most {quota:g}; allowed: fewer nodes, or a larger "
+                        "borrowingLimitPercent or pool",
+                    )
+                )
+        if team is None:
             problems.append(
-                ((*loc, "queue"), f"{job.queue!r} is not a team queue; allowed: {', '.join(teams)}")
+                (
+                    (*loc, "queue"),
+                    f"{job.queue!r} is not a team queue; {_did_you_mean(job.queue, [*teams])}"
+                    + _allowed([*teams], "allowed: none yet, declare queues.teams first"),
+                )
             )
         problems += [((*loc, "args"), message) for message in _job_args_errors(job)]
         if not storage[job.checkpoint]:
@@ -792,6 +1052,40 @@ def placeholder_errors(config: StackConfig) -> list[str]:
     return [f"{_key_path(loc)}: {message}" for loc, message in problems]
 
 
+class _StackFileLoader(yaml.SafeLoader):
+    """SafeLoader that refuses a key given twice in one mapping (PyYAML keeps the last one)."""
+
+    def construct_mapping(self, node, deep=False):
+        seen: dict[Any, Any] = {}
+        for key_node, _ in node.value:
+            key = self.construct_object(key_node, deep=True)
+            try:
+                first = seen.setdefault(key, key_node)
+            except TypeError:  # an unhashable key (a list or a mapping)
+                raise yaml.constructor.ConstructorError(
+                    None, None, "a key must be a plain value", key_node.start_mark
+                ) from None
+            if first is not key_node:
+                raise yaml.constructor.ConstructorError(
+                    f"the key {key!r} first given",
+                    first.start_mark,
+                    "is given again (duplicate key)",
+                    key_node.start_mark,
+                )
+        return super().construct_mapping(node, deep=deep)
+
+
+def _load_yaml(path: Path) -> Any:
+    try:
+        with path.open(encoding="utf-8") as stream:  # marks in errors name the file
+            return yaml.load(stream, Loader=_StackFileLoader)
+    except UnicodeDecodeError as e:
+        raise ConfigError(f"Invalid stack config in {path.name}: not UTF-8 text ({e})") from None
+    except yaml.YAMLError as e:
+        detail = " ".join(str(e).split())
+        raise ConfigError(f"Invalid stack config in {path.name}: not YAML: {detail}") from None
+
+
 def read_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> dict[str, Any]:
     """The `config:` map of Pulumi.<stack>.yaml, as the Pulumi CLI would pass it."""
     path = project_dir / f"Pulumi.{stack}.yaml"
@@ -799,11 +1093,11 @@ def read_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> dict[str, An
         stacks = sorted(
             p.name[len("Pulumi.") : -len(".yaml")] for p in project_dir.glob("Pulumi.*.yaml")
         )
-        raise ConfigError(f"No stack file {path.name}; allowed stacks: {', '.join(stacks)}")
-    try:
-        document = yaml.safe_load(path.read_text()) or {}
-    except yaml.YAMLError as e:
-        raise ConfigError(f"Invalid stack config in {path.name}: not YAML ({e})") from None
+        raise ConfigError(
+            f"No stack file {path.name}; "
+            + (f"allowed stacks: {', '.join(stacks)}" if stacks else "no Pulumi.<stack>.yaml here")
+        )
+    document = _load_yaml(path) or {}
     config = document.get("config", {}) if isinstance(document, dict) else None
     if not isinstance(config, dict):
         raise ConfigError(f"Invalid stack config in {path.name}: `config` must be a mapping")
@@ -818,8 +1112,13 @@ def config_from_pulumi() -> StackConfig:
     """The running stack's config, read from the Pulumi runtime (real engine or mocks)."""
     from pulumi.runtime.config import CONFIG, get_config_env
 
+    stack = pulumi.get_stack()
+    # The engine's own YAML reader may keep one of two equal keys; the stack file, when it is
+    # here (it is for `pulumi up` from the project), is checked for duplicates by our loader.
+    if (PROJECT_DIR / f"Pulumi.{stack}.yaml").is_file():
+        read_stack_file(stack, PROJECT_DIR)
     values = {**get_config_env(), **CONFIG.get()}
-    source = f"Pulumi.{pulumi.get_stack()}.yaml"
+    source = f"Pulumi.{stack}.yaml"
     config = parse_stack_config(values, source)
     placeholders = placeholder_errors(config)
     if placeholders:
@@ -855,30 +1154,48 @@ def _decode(value: Any) -> Any:
     return value
 
 
-def _key_path(loc: tuple) -> str:
+def _key_path(loc: tuple, raw: Any = None) -> str:
+    """`training-platform:nodePools[gpu-small].maxNodes`: list items by name where they have one."""
     if loc[:1] == ("region",):
         return "aws:region"
     path = f"{NAMESPACE}:"
+    node = raw
     for i, part in enumerate(loc):
-        if isinstance(part, int):
-            path += f"[{part}]"
-        elif not re.fullmatch(r"[\w.-]+", part):
-            path += (
-                f"[{json.dumps(part)}]"  # a key with spaces or control characters stays one line
-            )
+        if isinstance(part, int) and not isinstance(part, bool):
+            item = node[part] if isinstance(node, list) and part < len(node) else None
+            name = item.get("name") if isinstance(item, dict) else None
+            if isinstance(name, str) and re.fullmatch(r"[a-z0-9-]{1,63}", name):
+                path += f"[{name}]"
+            else:
+                path += f"[{part}]"
+        elif not isinstance(part, str) or not re.fullmatch(r"[\w.-]+", part):
+            # a key with spaces or control characters stays one line
+            path += f"[{json.dumps(part if isinstance(part, str) else repr(part))}]"
         else:
             path += part if i == 0 else f".{part}"
+        if isinstance(node, dict):
+            node = node.get(part)
+        elif isinstance(node, list) and isinstance(part, int) and part < len(node):
+            node = node[part]
+        else:
+            node = None
     return path
 
 
 def _explain(err: dict) -> str:
     if err["type"] == "extra_forbidden":
         allowed = _allowed_keys(err["loc"][:-1])
-        return f"unknown key; allowed keys here: {', '.join(allowed)}"
+        key = str(err["loc"][-1])
+        return f"unknown key; {_did_you_mean(key, allowed)}" + _allowed(
+            allowed, "allowed: no keys here"
+        ).replace("allowed:", "allowed keys here:")
     if err["type"] == "missing":
         return "missing; this key is required"
     message = err["msg"].removeprefix("Value error, ")
-    if err["type"] in {"model_type", "dict_type"}:
+    if err["type"] == "string_pattern_mismatch":
+        hint = PATTERN_HINTS.get(err["ctx"]["pattern"])
+        message = f"does not match {err['ctx']['pattern']}" + (f"; allowed: {hint}" if hint else "")
+    if err["type"] in {"model_type", "dict_type", "model_attributes_type"}:
         message = "must be a mapping of keys to values"
     return message
 

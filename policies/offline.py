@@ -9,6 +9,7 @@ from pulumi_policy import (
     StackValidationArgs,
     StackValidationPolicy,
 )
+from pulumi_policy.proxy import unknown_checking_proxy
 
 from infra.offline import Plan
 from policies.rules import POLICIES
@@ -39,8 +40,11 @@ def check(plan: Plan, config: dict[str, Any] | None = None) -> list[Violation]:
 
         return report
 
+    # The same read-only proxies the policy server wraps inputs in, so rules meet here what they
+    # meet in a real preview (a Mapping, not a dict; unknown values raise UnknownValueError).
+    props = {r.urn: unknown_checking_proxy(r.inputs) for r in plan.resources}
     policy_resources = {
-        r.urn: PolicyResource(r.type, r.inputs, r.urn, r.name, None, None, None, [], {})
+        r.urn: PolicyResource(r.type, props[r.urn], r.urn, r.name, None, None, None, [], {})
         for r in plan.resources
     }
     for resource in plan.resources:
@@ -56,7 +60,7 @@ def check(plan: Plan, config: dict[str, Any] | None = None) -> list[Violation]:
             continue
         for resource in plan.resources:
             args = ResourceValidationArgs(
-                resource.type, resource.inputs, resource.urn, resource.name, None, None, config
+                resource.type, props[resource.urn], resource.urn, resource.name, None, None, config
             )
             policy.validate(args, reporter(policy, resource.urn))
     return violations

@@ -33,11 +33,11 @@ USER = {
     ("flavor", "key", "allowed"),
     [
         # g5.12xlarge: 4 GPUs, 48 vCPU, 192 GiB; one vCPU and a tenth of memory stay reserved.
-        ({"gpus": 5, "cpu": 8, "memoryGib": 32}, "flavors[0].gpus", "at most 4"),
-        ({"gpus": 1, "cpu": 48, "memoryGib": 32}, "flavors[0].cpu", "at most 47"),
-        ({"gpus": 1, "cpu": 8, "memoryGib": 180}, "flavors[0].memoryGib", "at most 172"),
-        ({"gpus": 0, "cpu": 8, "memoryGib": 32}, "flavors[0].gpus", "CPU-only servers"),
-        ({"nodePool": "gpu-huge", "cpu": 8, "memoryGib": 32}, "flavors[0].nodePool", "gpu-small"),
+        ({"gpus": 5, "cpu": 8, "memoryGib": 32}, "flavors[f].gpus", "at most 4"),
+        ({"gpus": 1, "cpu": 48, "memoryGib": 32}, "flavors[f].cpu", "at most 47"),
+        ({"gpus": 1, "cpu": 8, "memoryGib": 180}, "flavors[f].memoryGib", "at most 172"),
+        ({"gpus": 0, "cpu": 8, "memoryGib": 32}, "flavors[f].gpus", "CPU-only servers"),
+        ({"nodePool": "gpu-huge", "cpu": 8, "memoryGib": 32}, "flavors[f].nodePool", "gpu-small"),
     ],
 )
 def test_a_flavor_must_fit_its_pools_smallest_instance_type(flavor, key, allowed):
@@ -52,11 +52,11 @@ def test_a_flavor_must_fit_its_pools_smallest_instance_type(flavor, key, allowed
 @pytest.mark.parametrize(
     ("patch", "key", "allowed"),
     [
-        ({"team": "nobody"}, "users[0].team", "allowed: team-a, research"),
-        ({"email": "alice"}, "users[0].email", "should match pattern"),
-        ({"iamPrincipalArn": "alice"}, "users[0].iamPrincipalArn", "should match pattern"),
-        ({"quota": {"gpus": -1}}, "users[0].quota.gpus", "greater than or equal to 0"),
-        ({"name": "Alice"}, "users[0].name", "should match pattern"),
+        ({"team": "nobody"}, "users[alice].team", "allowed: team-a, research"),
+        ({"email": "alice"}, "users[alice].email", "does not match"),
+        ({"iamPrincipalArn": "alice"}, "users[alice].iamPrincipalArn", "does not match"),
+        ({"quota": {"gpus": -1}}, "users[alice].quota.gpus", "greater than or equal to 0"),
+        ({"name": "Alice"}, "users[0].name", "does not match"),
     ],
 )
 def test_users_are_checked_key_by_key(patch, key, allowed):

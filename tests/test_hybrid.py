@@ -285,7 +285,10 @@ def hybrid_error(**overrides) -> str:
             },
             "overlaps another machine's",
         ),
-        ({"machines": [{**HYBRID["machines"][0], "gpus": -1}]}, "hybrid.machines[0].gpus"),
+        (
+            {"machines": [{**HYBRID["machines"][0], "gpus": -1}]},
+            "hybrid.machines[alice-4090].gpus",
+        ),
     ],
 )
 def test_invalid_hybrid_config_names_the_key(overrides, message):

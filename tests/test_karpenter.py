@@ -152,7 +152,10 @@ def test_controller_policy_is_scoped(dev_plan):
         by_sid["AllowPassingInstanceRole"]["Resource"]
         == "arn:aws:iam::123456789012:role/KarpenterNode-tp-dev"
     )
-    assert by_sid["AllowInterruptionQueueActions"]["Resource"].endswith(":karpenter-interruption")
+    assert (
+        by_sid["AllowInterruptionQueueActions"]["Resource"]
+        == "arn:aws:sqs:us-west-2:123456789012:karpenter-tp-dev"
+    )
     assert not any("CreateInstanceProfile" in json.dumps(s) for s in statements(dev_plan))
 
 
@@ -190,9 +193,7 @@ def test_interruption_queue_and_its_five_rules(dev_plan):
     assert patterns == sorted((d,) for _, d in INTERRUPTION_EVENTS.values())
     assert len(rules) == 5
     targets = dev_plan.of_type("aws:cloudwatch/eventTarget:EventTarget")
-    assert sorted(t.inputs["rule"].rsplit("-", 1)[0] for t in targets) == sorted(
-        r.name for r in rules
-    )
+    assert sorted(t.inputs["rule"] for t in targets) == sorted(r.inputs["name"] for r in rules)
     assert all(t.inputs["arn"].endswith(":karpenter-interruption") for t in targets)
 
 
@@ -295,14 +296,18 @@ def test_max_nodes_edit_moves_that_pools_limits_quota_and_cost_together_and_noth
     [
         (
             {"instanceTypes": ["g5.13xlarge"]},
-            "nodePools[0].instanceTypes[0]",
+            "nodePools[gpu].instanceTypes[0]",
             "not a known instance type",
         ),
-        ({"instanceTypes": ["g5.xlarge"], "efa": True}, "nodePools[0]", "g5.xlarge has no EFA"),
-        ({"instanceTypes": ["g5.xlarge", "m6i.large"]}, "nodePools[0]", "mixes GPU and CPU"),
-        ({"maxNodes": 0}, "nodePools[0].maxNodes", "greater than or equal to 1"),
-        ({"capacityTypes": ["reserved"]}, "nodePools[0].capacityTypes[0]", "'on-demand' or 'spot'"),
-        ({"name": "GPU_small"}, "nodePools[0].name", "should match pattern"),
+        ({"instanceTypes": ["g5.xlarge"], "efa": True}, "nodePools[gpu]", "g5.xlarge has no EFA"),
+        ({"instanceTypes": ["g5.xlarge", "m6i.large"]}, "nodePools[gpu]", "mixes GPU and CPU"),
+        ({"maxNodes": 0}, "nodePools[gpu].maxNodes", "greater than or equal to 1"),
+        (
+            {"capacityTypes": ["reserved"]},
+            "nodePools[gpu].capacityTypes[0]",
+            "'on-demand' or 'spot'",
+        ),
+        ({"name": "GPU_small"}, "nodePools[0].name", "does not match"),
     ],
 )
 def test_bad_pool_config_is_a_config_error(pool, key_path, message):

@@ -122,7 +122,8 @@ def with_gpu_large_types(types: list[str]) -> list[dict]:
         (
             "eu-west-1",  # no p5 in Ireland
             True,
-            "training-platform:nodePools[1].instanceTypes[0]: p5.48xlarge has no eu-west-1 price",
+            "training-platform:nodePools[gpu-large].instanceTypes[0]: "
+            "p5.48xlarge has no eu-west-1 price",
         ),
     ],
 )

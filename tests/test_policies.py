@@ -1,6 +1,8 @@
 """Policy pack: every rule fails a resource that breaks it and passes one that keeps it."""
 
+import copy
 import json
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -15,6 +17,7 @@ from tests.conftest import ROOT
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
+MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 
 
 def plan_with(*resources: tuple[str, dict], stack: str = "dev") -> Plan:
@@ -26,13 +29,15 @@ def plan_with(*resources: tuple[str, dict], stack: str = "dev") -> Plan:
     return Plan(stack=stack, resources=recorded)
 
 
-def job(image="repo@sha256:" + "a" * 64, label=True, shm=True, annotate=True) -> dict:
+def job(image="repo@sha256:" + "a" * 64, label=True, shm=True, annotate=True, gpus=0) -> dict:
     pod = {
+        "nodeSelector": {"training-platform/pool": "p"},
         "containers": [
             {
                 "name": "pytorch",
                 "image": image,
                 "volumeMounts": [{"name": "dshm", "mountPath": "/dev/shm"}] if shm else [],
+                **({"resources": {"limits": {"nvidia.com/gpu": str(gpus)}}} if gpus else {}),
             }
         ],
         "volumes": [{"name": "dshm", "emptyDir": {"medium": "Memory"}}],
@@ -67,16 +72,97 @@ def gpu_pool(limits: dict) -> dict:
     }
 
 
+def iam(statement: dict) -> str:
+    return json.dumps({"Version": "2012-10-17", "Statement": [statement]})
+
+
 def star(action, resource):
-    return json.dumps({"Statement": [{"Effect": "Allow", "Action": action, "Resource": resource}]})
+    return iam({"Effect": "Allow", "Action": action, "Resource": resource})
 
 
+def trust(principal, condition=None) -> str:
+    statement = {"Effect": "Allow", "Principal": principal, "Action": ["sts:AssumeRole"]}
+    return iam({**statement, **({"Condition": condition} if condition else {})})
+
+
+def pool(types: list[str], limits: dict, taints: list | None = None, name="p") -> dict:
+    return {
+        "metadata": {"name": name},
+        "spec": {
+            "limits": limits,
+            "template": {
+                "spec": {
+                    "taints": taints or [],
+                    "requirements": [
+                        {
+                            "key": "node.kubernetes.io/instance-type",
+                            "operator": "In",
+                            "values": types,
+                        }
+                    ],
+                }
+            },
+        },
+    }
+
+
+def hardened(job_props: dict, **pod_changes) -> dict:
+    for replica in job_props["spec"]["pytorchReplicaSpecs"].values():
+        pod = replica["template"]["spec"]
+        pod["securityContext"] = {"runAsNonRoot": True, "runAsUser": 10001}
+        for container in pod["containers"]:
+            container["securityContext"] = {
+                "allowPrivilegeEscalation": False,
+                "capabilities": {"drop": ["ALL"]},
+                "seccompProfile": {"type": "RuntimeDefault"},
+            }
+        pod.update(pod_changes)
+    return job_props
+
+
+def sse(algorithm: str, key: str | None = None) -> dict:
+    default = {"sseAlgorithm": algorithm, **({"kmsMasterKeyId": key} if key else {})}
+    return {"rules": [{"applyServerSideEncryptionByDefault": default}]}
+
+
+SSE_V2 = (
+    "aws:s3/bucketServerSideEncryptionConfigurationV2:BucketServerSideEncryptionConfigurationV2"
+)
+GPU_TAINT = [{"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}]
+CPU_LIMITS = {"nodes": "2", "cpu": "32", "memory": "128Gi"}
+GPU_LIMITS = {**CPU_LIMITS, "nvidia.com/gpu": "16"}
+POD_IDENTITY = {"Service": "pods.eks.amazonaws.com"}
+SCOPED = {
+    "StringEquals": {
+        "aws:RequestTag/eks-cluster-name": "tp",
+        "aws:RequestTag/kubernetes-namespace": "team-a",
+        "aws:RequestTag/kubernetes-service-account": "job",
+    }
+}
+SEND = {
+    "Effect": "Allow",
+    "Principal": {"Service": "events.amazonaws.com"},
+    "Action": "sqs:SendMessage",
+}
 ALL_LOGS = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+NAMESPACE = "kubernetes:core/v1:Namespace"
+ROLE = "aws:iam/role:Role"
+ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
+DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+
+
+def deployment(**pod) -> dict:
+    return {"spec": {"template": {"spec": {"containers": [{"name": "c"}], **pod}}}}
+
+
+# rule -> (breaking resource, keeping resource); stack rules and production-only rules run on
+# the stack named in PROD_RULES.
 CASES = {
     "storage-encrypted": (
         ("aws:efs/fileSystem:FileSystem", {"encrypted": False}),
         ("aws:efs/fileSystem:FileSystem", {"encrypted": True}),
     ),
+    "bucket-kms-in-production": ((SSE_V2, sse("AES256")), (SSE_V2, sse("aws:kms", "key-arn"))),
     "no-world-ingress": (
         (
             "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
@@ -111,7 +197,7 @@ CASES = {
         ("eks:index:Cluster", {"enabledClusterLogTypes": ["api"], "encryptionConfigKeyArn": "k"}),
         ("eks:index:Cluster", {"enabledClusterLogTypes": ALL_LOGS, "encryptionConfigKeyArn": "k"}),
     ),
-    "karpenter-imdsv2": (
+    "imdsv2-only": (
         (
             NODECLASS,
             {"spec": {"metadataOptions": {"httpTokens": "optional", "httpPutResponseHopLimit": 2}}},
@@ -121,22 +207,115 @@ CASES = {
             {"spec": {"metadataOptions": {"httpTokens": "required", "httpPutResponseHopLimit": 1}}},
         ),
     ),
-    "gpu-nodepool-limits": (
-        (NODEPOOL, gpu_pool({"cpu": "100"})),
-        (NODEPOOL, gpu_pool({"nodes": "1", "nvidia.com/gpu": "8"})),
+    "nodepool-limits": (
+        (NODEPOOL, pool(["m6i.2xlarge"], {"cpu": "100"})),
+        (NODEPOOL, pool(["m6i.2xlarge"], CPU_LIMITS)),
+    ),
+    "gpu-nodepool-taint": (
+        (NODEPOOL, pool(["p4d.24xlarge"], GPU_LIMITS)),
+        (NODEPOOL, pool(["p4d.24xlarge"], GPU_LIMITS, GPU_TAINT)),
     ),
     "kueue-queue-label": ((PYTORCHJOB, job(label=False)), (PYTORCHJOB, job())),
     "training-pod-hygiene": ((PYTORCHJOB, job(shm=False, annotate=False)), (PYTORCHJOB, job())),
     "images-pinned": ((PYTORCHJOB, job(image="trainer:latest")), (PYTORCHJOB, job())),
     "no-iam-star-on-star": (
-        ("aws:iam/rolePolicy:RolePolicy", {"policy": star("*", "*")}),
-        ("aws:iam/rolePolicy:RolePolicy", {"policy": star("s3:GetObject", "*")}),
+        (ROLE_POLICY, {"policy": star("*", "*")}),
+        (ROLE_POLICY, {"policy": star("s3:GetObject", "*")}),
+    ),
+    "iam-no-service-wildcards": (
+        (ROLE_POLICY, {"policy": star("s3:*", "arn:aws:s3:::b/*")}),
+        (ROLE_POLICY, {"policy": star("s3:GetObject", "arn:aws:s3:::b/*")}),
+    ),
+    "iam-no-write-on-any-resource": (
+        (ROLE_POLICY, {"policy": star(["ec2:DescribeInstances", "ec2:TerminateInstances"], "*")}),
+        (ROLE_POLICY, {"policy": star(["ec2:DescribeInstances", "pricing:GetProducts"], "*")}),
+    ),
+    "iam-no-not-action": (
+        (ROLE_POLICY, {"policy": iam({"Effect": "Allow", "NotAction": "iam:*", "Resource": "x"})}),
+        (ROLE_POLICY, {"policy": iam({"Effect": "Deny", "NotAction": "s3:*", "Resource": "x"})}),
+    ),
+    "iam-no-broad-managed-policies": (
+        (
+            "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+            {"policyArn": "arn:aws:iam::aws:policy/AdministratorAccess"},
+        ),
+        (
+            "aws:iam/rolePolicyAttachment:RolePolicyAttachment",
+            {"policyArn": "arn:aws:iam::aws:policy/AmazonEKSWorkerNodePolicy"},
+        ),
+    ),
+    "iam-trust-no-wildcard-principal": (
+        (ROLE, {"assumeRolePolicy": trust({"AWS": "*"})}),
+        (ROLE, {"assumeRolePolicy": trust({"AWS": "arn:aws:iam::123456789012:root"})}),
+    ),
+    "pod-identity-trust-scoped": (
+        (ROLE, {"assumeRolePolicy": trust(POD_IDENTITY)}),
+        (ROLE, {"assumeRolePolicy": trust(POD_IDENTITY, SCOPED)}),
+    ),
+    "sqs-policy-source-scoped": (
+        ("aws:sqs/queuePolicy:QueuePolicy", {"policy": iam(SEND)}),
+        (
+            "aws:sqs/queuePolicy:QueuePolicy",
+            {"policy": iam({**SEND, "Condition": {"ArnEquals": {"aws:SourceArn": ["arn:r"]}}})},
+        ),
+    ),
+    "no-public-buckets": (
+        ("aws:s3/bucketAclV2:BucketAclV2", {"acl": "public-read"}),
+        ("aws:s3/bucketAclV2:BucketAclV2", {"acl": "private"}),
+    ),
+    "pods-no-host-access": (
+        (DEPLOYMENT, deployment(hostNetwork=True)),
+        (DEPLOYMENT, deployment()),
+    ),
+    "pods-restricted": ((PYTORCHJOB, job()), (PYTORCHJOB, hardened(job()))),
+    "team-namespaces-pod-security": (
+        (NAMESPACE, {"metadata": {"labels": {"training-platform/team": "a"}}}),
+        (
+            NAMESPACE,
+            {
+                "metadata": {
+                    "labels": {
+                        "training-platform/team": "a",
+                        "pod-security.kubernetes.io/enforce": "baseline",
+                    }
+                }
+            },
+        ),
     ),
     "ecr-scan-on-push": (
         ("aws:ecr/repository:Repository", {"imageScanningConfiguration": {"scanOnPush": False}}),
         ("aws:ecr/repository:Repository", {"imageScanningConfiguration": {"scanOnPush": True}}),
     ),
+    "ecr-immutable-tags": (
+        ("aws:ecr/repository:Repository", {"imageTagMutability": "MUTABLE"}),
+        ("aws:ecr/repository:Repository", {"imageTagMutability": "IMMUTABLE"}),
+    ),
+    "s3-private-and-tls-only": (
+        ("aws:s3/bucketV2:BucketV2", {}),
+        ("aws:ecr/repository:Repository", {}),
+    ),
+    "job-gpus-fit-node": (
+        (PYTORCHJOB, job(gpus=16)),
+        (PYTORCHJOB, job(gpus=8)),
+    ),
+    "mpi-ssh-isolated": (
+        (MPIJOB, {"metadata": {"name": "j", "namespace": "ns"}}),
+        (PYTORCHJOB, job()),
+    ),
+    "cost-budget": (
+        (
+            "aws:fsx/lustreFileSystem:LustreFileSystem",
+            {"storageCapacity": 2_400_000, "perUnitStorageThroughput": 1000},
+        ),
+        (
+            "aws:fsx/lustreFileSystem:LustreFileSystem",
+            {"storageCapacity": 2400, "perUnitStorageThroughput": 1000},
+        ),
+    ),
 }
+PROD_RULES = {"eks-endpoint-not-public-in-production", "bucket-kms-in-production"}
+# Stack rules judge a resource against others in the plan: these come along with both cases.
+CONTEXT = {"job-gpus-fit-node": [(NODEPOOL, pool(["p4d.24xlarge"], GPU_LIMITS, GPU_TAINT))]}
 
 
 def violations_of(plan: Plan, rule: str, config=None) -> list:
@@ -144,17 +323,22 @@ def violations_of(plan: Plan, rule: str, config=None) -> list:
 
 
 def test_every_rule_has_cases_and_is_mandatory():
-    names = {p.name for p in POLICIES}
-    assert set(CASES) | {"s3-private-and-tls-only", "cost-budget"} == names
+    assert len(POLICIES) >= 25
+    assert set(CASES) == {p.name for p in POLICIES}
     assert {p.enforcement_level.value for p in POLICIES} == {"mandatory"}
 
 
 @pytest.mark.parametrize("rule", sorted(CASES))
 def test_rule_fails_the_breaking_resource_and_passes_the_good_one(rule):
     bad, good = CASES[rule]
-    stack = "prod" if rule == "eks-endpoint-not-public-in-production" else "dev"
-    assert violations_of(plan_with((bad[0], dict(bad[1])), stack=stack), rule)
-    assert violations_of(plan_with((good[0], dict(good[1])), stack=stack), rule) == []
+    stack = "prod" if rule in PROD_RULES else "dev"
+    context = [(t, copy.deepcopy(p)) for t, p in CONTEXT.get(rule, [])]
+    config = {"budgetUsdPerHour": 100, "region": "us-east-1"}
+    assert violations_of(
+        plan_with(*context, (bad[0], copy.deepcopy(bad[1])), stack=stack), rule, config
+    )
+    good_plan = plan_with(*context, (good[0], copy.deepcopy(good[1])), stack=stack)
+    assert violations_of(good_plan, rule, config) == []
 
 
 def test_public_endpoint_is_fine_outside_production():
@@ -180,7 +364,7 @@ def test_bucket_needs_public_access_block_and_tls_policy():
         "ignorePublicAcls": True,
         "restrictPublicBuckets": True,
     }
-    tls = json.dumps({"Statement": [{"Condition": {"Bool": {"aws:SecureTransport": "false"}}}]})
+    tls = iam({"Effect": "Deny", "Condition": {"Bool": {"aws:SecureTransport": "false"}}})
     guarded = plan_with(
         ("aws:s3/bucket:Bucket", {}),
         ("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", {**block, "_deps": [0]}),
@@ -207,7 +391,9 @@ def test_cost_budget():
         "cost-budget",
         budget,
     )
-    assert "$440.32/hour exceeds the budget $300.00/hour" in violation.message
+    assert "$440.32/hour (NodePools, node groups, FSx) exceeds the budget $300.00/hour" in (
+        violation.message
+    )
 
 
 def test_cost_budget_prices_in_the_stack_region_and_names_what_it_cannot_price():
@@ -274,3 +460,225 @@ def test_policy_pack_entry_point_builds_from_the_rules():
     source = (ROOT / "policies" / "__main__.py").read_text()
     assert "PolicyPack(" in source and "POLICIES" in source
     assert Path(ROOT / "policies" / "PulumiPolicy.yaml").is_file()
+
+
+@pytest.mark.parametrize(
+    "cidrs",
+    [
+        {"cidrIpv4": "0.0.0.0/1"},
+        {"cidrIpv6": "::/1"},
+        {"cidrIpv6": "::/0"},
+    ],
+)
+def test_world_open_ingress_in_any_spelling(cidrs):
+    rule = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
+    assert violations_of(plan_with((rule, dict(cidrs))), "no-world-ingress")
+
+
+def test_split_world_ranges_in_one_rule_are_merged():
+    group = "aws:ec2/securityGroup:SecurityGroup"
+    split = {"ingress": [{"cidrBlocks": ["0.0.0.0/1", "128.0.0.0/1"]}]}
+    (violation,) = violations_of(plan_with((group, split)), "no-world-ingress")
+    assert "0.0.0.0/0" in violation.message
+    narrow = {"ingress": [{"cidrBlocks": ["10.0.0.0/8", "203.0.113.0/24"]}]}
+    assert violations_of(plan_with((group, narrow)), "no-world-ingress") == []
+
+
+def test_production_endpoint_open_through_split_ranges_fails():
+    cluster = {
+        "endpointPublicAccess": True,
+        "publicAccessCidrs": ["0.0.0.0/1", "128.0.0.0/1"],
+    }
+    plan = plan_with(("eks:index:Cluster", cluster), stack="prod")
+    assert violations_of(plan, "eks-endpoint-not-public-in-production")
+
+
+def test_allowed_public_ingress_does_not_apply_in_production():
+    bad = CASES["no-world-ingress"][0]
+    config = {"allowedPublicIngress": ["r0"]}
+    assert violations_of(
+        plan_with((bad[0], dict(bad[1])), stack="prod"), "no-world-ingress", config
+    )
+
+
+def test_policy_config_cannot_drop_a_mandatory_production_stack():
+    bad = CASES["eks-endpoint-not-public-in-production"][0]
+    plan = plan_with((bad[0], dict(bad[1])), stack="prod")
+    rule = "eks-endpoint-not-public-in-production"
+    assert violations_of(plan, rule, {"productionStacks": []})
+
+
+@pytest.mark.parametrize(
+    ("resource_type", "props"),
+    [
+        ("aws:sqs/queue:Queue", {"sqsManagedSseEnabled": False}),
+        ("aws:ebs/volume:Volume", {"encrypted": False}),
+        ("aws:fsx/lustreFileSystem:LustreFileSystem", {"deploymentType": "SCRATCH_1"}),
+        (SSE_V2, {"rules": [{"applyServerSideEncryptionByDefault": {"sseAlgorithm": "none"}}]}),
+        ("kubernetes:storage.k8s.io/v1:StorageClass", {"provisioner": "ebs.csi.aws.com"}),
+    ],
+)
+def test_encryption_off_on_any_storage_or_queue_type(resource_type, props):
+    assert violations_of(plan_with((resource_type, props)), "storage-encrypted")
+
+
+@pytest.mark.parametrize(
+    ("resource_type", "props"),
+    [
+        ("aws:s3/bucketAcl:BucketAcl", {"acl": "public-read-write"}),
+        ("aws:s3/bucketV2:BucketV2", {"acl": "public-read"}),
+        (
+            "aws:s3/bucketAclV2:BucketAclV2",
+            {
+                "accessControlPolicy": {
+                    "grants": [
+                        {
+                            "permission": "READ",
+                            "grantee": {"uri": "http://acs.amazonaws.com/groups/global/AllUsers"},
+                        }
+                    ]
+                }
+            },
+        ),
+        (
+            "aws:s3/bucketPolicy:BucketPolicy",
+            {
+                "policy": star("s3:GetObject", "x")
+                and iam(
+                    {"Effect": "Allow", "Principal": "*", "Action": "s3:GetObject", "Resource": "x"}
+                )
+            },
+        ),
+        ("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", {"blockPublicAcls": False}),
+    ],
+)
+def test_public_bucket_through_any_bucket_resource(resource_type, props):
+    assert violations_of(plan_with((resource_type, props)), "no-public-buckets")
+
+
+@pytest.mark.parametrize(
+    "change",
+    [{"hostPID": True}, {"hostIPC": True}, {"volumes": [{"name": "h", "hostPath": {"path": "/"}}]}],
+)
+def test_host_access_in_any_form(change):
+    assert violations_of(plan_with((DEPLOYMENT, deployment(**change))), "pods-no-host-access")
+
+
+def test_capabilities_beyond_baseline_fail_baseline_ones_pass():
+    def adding(*caps):
+        pod = deployment()
+        container = pod["spec"]["template"]["spec"]["containers"][0]
+        container["securityContext"] = {"capabilities": {"add": list(caps)}}
+        return plan_with((DEPLOYMENT, pod))
+
+    (violation,) = violations_of(adding("CHOWN", "SYS_ADMIN"), "pods-no-host-access")
+    assert "['SYS_ADMIN']" in violation.message
+    assert violations_of(adding("CHOWN", "DAC_OVERRIDE"), "pods-no-host-access") == []
+
+
+def test_privileged_and_root_containers_fail():
+    privileged = deployment()
+    privileged["spec"]["template"]["spec"]["containers"][0]["securityContext"] = {
+        "privileged": True
+    }
+    assert violations_of(plan_with((DEPLOYMENT, privileged)), "pods-no-host-access")
+    root = hardened(job())
+    root["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["securityContext"] = {
+        "runAsNonRoot": True,
+        "runAsUser": 0,
+    }
+    (violation,) = violations_of(plan_with((PYTORCHJOB, root)), "pods-restricted")
+    assert "non-root" in violation.message
+
+
+def test_imdsv1_on_launch_templates_and_node_groups_fails():
+    template = (
+        "aws:ec2/launchTemplate:LaunchTemplate",
+        {"metadataOptions": {"httpTokens": "optional"}},
+    )
+    group = ("aws:eks/nodeGroup:NodeGroup", {"instanceTypes": ["m6i.large"]})
+    default_group = ("eks:index:Cluster", {"skipDefaultNodeGroup": False})
+    assert len(violations_of(plan_with(template, group, default_group), "imdsv2-only")) == 3
+
+
+def test_broad_managed_policies_by_any_attachment():
+    role = (ROLE, {"managedPolicyArns": ["arn:aws:iam::aws:policy/AmazonS3FullAccess"]})
+    assert violations_of(plan_with(role), "iam-no-broad-managed-policies")
+
+
+def test_cost_budget_counts_fsx_and_node_groups():
+    fsx = (
+        "aws:fsx/lustreFileSystem:LustreFileSystem",
+        {"storageCapacity": 48000, "perUnitStorageThroughput": 1000},
+    )  # $0.60/GiB-month
+    group = (
+        "aws:eks/nodeGroup:NodeGroup",
+        {"instanceTypes": ["m6i.4xlarge"], "scalingConfig": {"maxSize": 10}},
+    )
+    budget = {"budgetUsdPerHour": 40, "region": "us-east-1"}
+    (violation,) = violations_of(plan_with(fsx, group), "cost-budget", budget)
+    # 48000 x 0.60 / 730 = 39.45, plus 10 x 0.768 = 7.68
+    assert "$47.13/hour" in violation.message
+
+
+def test_unknown_values_in_a_preview_are_violations_not_passes():
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
+
+    unknown_policy = (ROLE_POLICY, {"policy": UNKNOWN_STRING_VALUE})
+    found = {v.policy for v in check(plan_with(unknown_policy))}
+    assert {"no-iam-star-on-star", "iam-no-service-wildcards", "iam-no-not-action"} <= found
+    unknown_cidr = (
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+        {"cidrIpv4": UNKNOWN_STRING_VALUE},
+    )
+    (violation,) = violations_of(plan_with(unknown_cidr), "no-world-ingress")
+    assert "can't be known during preview" in violation.message
+    bucket = plan_with(
+        ("aws:s3/bucket:Bucket", {}),
+        ("aws:s3/bucketPolicy:BucketPolicy", {"policy": UNKNOWN_STRING_VALUE, "_deps": [0]}),
+    )
+    assert any(
+        "can't be known" in v.message for v in violations_of(bucket, "s3-private-and-tls-only")
+    )
+
+
+def test_a_key_arn_unknown_in_preview_still_counts_as_set():
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
+
+    cluster = {
+        "encryptionConfigKeyArn": UNKNOWN_STRING_VALUE,
+        "enabledClusterLogTypes": ALL_LOGS,
+        "skipDefaultNodeGroup": True,
+    }
+    assert check(plan_with(("eks:index:Cluster", cluster))) == []
+    prod_sse = (SSE_V2, sse("aws:kms", UNKNOWN_STRING_VALUE))
+    assert violations_of(plan_with(prod_sse, stack="prod"), "bucket-kms-in-production") == []
+
+
+def test_a_job_whose_image_this_update_builds_is_judged_on_everything_else():
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
+
+    building = hardened(job(image=UNKNOWN_STRING_VALUE))
+    assert violations_of(plan_with((PYTORCHJOB, building)), "images-pinned") == []
+    unlabelled = hardened(job(image=UNKNOWN_STRING_VALUE, label=False))
+    assert {v.policy for v in check(plan_with((PYTORCHJOB, unlabelled)))} == {"kueue-queue-label"}
+
+
+def test_unknown_values_the_rule_does_not_read_do_not_matter():
+    from pulumi_policy.proxy import UNKNOWN_STRING_VALUE
+
+    rule = (
+        "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule",
+        {
+            "securityGroupId": UNKNOWN_STRING_VALUE,
+            "referencedSecurityGroupId": UNKNOWN_STRING_VALUE,
+        },
+    )
+    assert check(plan_with(rule)) == []
+
+
+def test_readme_lists_every_rule():
+    readme = (ROOT / "README.md").read_text()
+    table = readme.split("<!-- policy-rules:start -->")[1].split("<!-- policy-rules:end -->")[0]
+    rows = re.findall(r"^\| `([a-z0-9-]+)` \| (.+?) \|$", table, re.M)
+    assert rows == [(p.name, p.description) for p in POLICIES]

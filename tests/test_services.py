@@ -225,7 +225,7 @@ def test_dcgm_exporter_on_gpu_nodes_and_prometheus_only_when_asked(dev_plan, pro
         ),
         (
             {"teams": [{"name": "a", "borrowingLimitPercent": 0}]},
-            "queues.teams[0].borrowingLimitPercent",
+            "queues.teams[a].borrowingLimitPercent",
         ),
         ({"reclaimWithinCohort": "Always"}, "'Never', 'LowerPriority' or 'Any'"),
     ],

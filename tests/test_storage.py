@@ -277,7 +277,7 @@ def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod
             "storage.bucket.checkpointRetentionDays",
             "greater than or equal to 1",
         ),
-        ({"fsx": {"datasetPrefix": "/abs"}}, "storage.fsx.datasetPrefix", "should match pattern"),
+        ({"fsx": {"datasetPrefix": "/abs"}}, "storage.fsx.datasetPrefix", "does not match"),
     ],
 )
 def test_invalid_storage_sizes_are_config_errors(storage, key_path, message):

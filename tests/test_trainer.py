@@ -483,11 +483,11 @@ def write_tokens(path: Path, count: int) -> str:
 
 
 BAD_INPUTS = {
-    "negative threads": (["--threads", "-1"], "--threads must not be negative"),
-    "negative lr": (["--lr", "-0.1"], "--lr must be positive"),
-    "nan lr": (["--lr", "nan"], "--lr must be positive"),
-    "negative weight decay": (["--weight-decay", "-1"], "--weight-decay must not be negative"),
-    "negative warmup": (["--warmup", "-5"], "--warmup must not be negative"),
+    "negative threads": (["--threads", "-1"], "--threads -1; allowed: a finite number >= 0"),
+    "negative lr": (["--lr", "-0.1"], "--lr -0.1; allowed: a finite number > 0"),
+    "nan lr": (["--lr", "nan"], "--lr nan; allowed: a finite number > 0"),
+    "negative weight decay": (["--weight-decay", "-1"], "--weight-decay -1.0; allowed: a finite number >= 0"),
+    "negative warmup": (["--warmup", "-5"], "--warmup -5; allowed: a finite number >= 0"),
     "zero eval samples": (["--eval-samples", "0"], "--eval-samples must be at least 1"),
     "missing data": (["--data", "{tmp}/none.bin"], "none.bin: no such file"),
     "empty data": (["--data", "{empty}"], "has 0 tokens; this model (sequence length 128)"),

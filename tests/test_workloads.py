@@ -252,28 +252,28 @@ def bad_job(**changes):
 @pytest.mark.parametrize(
     ("changes", "key_path", "message"),
     [
-        ({"maxNodes": 5}, "jobs[0].maxNodes", "exceeds pool gpu-small's maxNodes 4"),
+        ({"maxNodes": 5}, "jobs[j].maxNodes", "exceeds pool gpu-small's maxNodes 4"),
         (
             {"queue": "team-z"},
-            "jobs[0].queue",
-            "'team-z' is not a team queue; allowed: team-a, research",
+            "jobs[j].queue",
+            "'team-z' is not a team queue; did you mean 'team-a'? allowed: team-a, research",
         ),
-        ({"nodePool": "gpu-huge"}, "jobs[0].nodePool", "'gpu-huge' is not a node pool"),
-        ({"kind": "TFJob"}, "jobs[0].kind", "'PyTorchJob' or 'MPIJob'"),
-        ({"minNodes": 3}, "jobs[0]", "minNodes 3 > maxNodes 2"),
-        ({"kind": "MPIJob"}, "jobs[0]", "an MPIJob is not elastic"),
+        ({"nodePool": "gpu-huge"}, "jobs[j].nodePool", "'gpu-huge' is not a node pool"),
+        ({"kind": "TFJob"}, "jobs[j].kind", "'PyTorchJob' or 'MPIJob'"),
+        ({"minNodes": 3}, "jobs[j]", "minNodes 3 > maxNodes 2"),
+        ({"kind": "MPIJob"}, "jobs[j]", "an MPIJob is not elastic"),
         (
             {"checkpoint": "fsx"},
-            "jobs[0].checkpoint",
+            "jobs[j].checkpoint",
             "fsx is not enabled in storage; allowed: s3, efs",
         ),
         (
             {"args": ["--model", "huge"]},
-            "jobs[0].args",
+            "jobs[j].args",
             "--model 'huge'; allowed: tiny, small, gpt2-124m",
         ),
-        ({"args": ["--stepz", "5"]}, "jobs[0].args", "unrecognized arguments: --stepz 5"),
-        ({"args": ["--checkpoint-dir", "/x"]}, "jobs[0].args", "set by the platform"),
+        ({"args": ["--stepz", "5"]}, "jobs[j].args", "unrecognized arguments: --stepz 5"),
+        ({"args": ["--checkpoint-dir", "/x"]}, "jobs[j].args", "set by the platform"),
     ],
 )
 def test_bad_jobs_are_config_errors(changes, key_path, message):

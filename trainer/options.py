@@ -1,6 +1,7 @@
 """The trainer's options, parsed without torch, so stack config can check a job's arguments."""
 
 import argparse
+import math
 from dataclasses import dataclass, fields
 
 # The names of trainer.model.PRESETS (a test keeps the two equal).
@@ -42,9 +43,12 @@ class _Parser(argparse.ArgumentParser):
         raise OptionsError(message)
 
 
-def _parser() -> argparse.ArgumentParser:
+def _parser(add_help: bool = False) -> argparse.ArgumentParser:
+    # Without add_help, `--help` is an unknown argument (an error), never an exit with status 0.
     parser = _Parser(
-        prog="python -m trainer", description="Train the byte-level GPT (DDP or FSDP2)."
+        prog="python -m trainer",
+        description="Train the byte-level GPT (DDP or FSDP2).",
+        add_help=add_help,
     )
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
@@ -74,11 +78,12 @@ def parse_options(argv: list[str]) -> TrainConfig:
     ):
         if getattr(config, name) < 1:
             raise OptionsError(f"--{name.replace('_', '-')} must be at least 1")
-    for name in ("threads", "warmup", "weight_decay"):
-        if getattr(config, name) < 0:
-            raise OptionsError(f"--{name.replace('_', '-')} must not be negative")
-    if not config.lr > 0:  # also refuses nan
-        raise OptionsError("--lr must be positive")
+    for name in ("lr", "weight_decay", "warmup", "seed", "threads"):
+        value = getattr(config, name)
+        low = "> 0" if name == "lr" else ">= 0"
+        if not math.isfinite(value) or value < 0 or (name == "lr" and value == 0):
+            flag = name.replace("_", "-")
+            raise OptionsError(f"--{flag} {value}; allowed: a finite number {low}")
     return config
 
 
@@ -87,8 +92,11 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
     import os
     import sys
 
+    argv = sys.argv[1:] if argv is None else argv
+    if {"-h", "--help"} & set(argv):
+        _parser(add_help=True).parse_args(["--help"])  # prints help, exits 0
     try:
-        return parse_options(sys.argv[1:] if argv is None else argv)
+        return parse_options(argv)
     except OptionsError as e:
         if os.environ.get("RANK", "0") == "0":  # under torchrun every rank would say the same
             _parser().print_usage(sys.stderr)

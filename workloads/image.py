@@ -144,7 +144,8 @@ def ecr_images(
                 {
                     "address": repository.repository_url,
                     "username": token.user_name,
-                    "password": token.password,
+                    # A registry credential: kept out of state and plan output in plaintext.
+                    "password": pulumi.Output.secret(token.password),
                 }
             ],
             opts=opts,

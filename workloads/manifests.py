@@ -19,6 +19,21 @@ GRACE_SECONDS = 120
 TRAINER_UID = 10001
 # What the MPI launcher (mpirun, no training) asks for.
 LAUNCHER_REQUESTS = {"cpu": "1", "memory": "2Gi"}
+# Pod Security "restricted" for every trainer container: non-root, no privilege escalation, no
+# capabilities (MPI workers' sshd listens on 2222 as `trainer`, which needs none).
+CONTAINER_SECURITY = {
+    "allowPrivilegeEscalation": False,
+    "capabilities": {"drop": ["ALL"]},
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
+POD_SECURITY = {
+    "runAsNonRoot": True,
+    "runAsUser": TRAINER_UID,
+    "runAsGroup": TRAINER_UID,
+    # Volumes that honour fsGroup (EBS, EFS access points) are group-writable for the trainer.
+    "fsGroup": TRAINER_UID,
+    "seccompProfile": {"type": "RuntimeDefault"},
+}
 # libfabric/NCCL settings for EFA (aws-ofi-nccl ships in the AWS and NVIDIA CUDA images).
 EFA_ENV = {
     "FI_PROVIDER": "efa",
@@ -105,6 +120,10 @@ def pod_template(
         mounts.append({"name": kind, "mountPath": path})
     spec = {
         "serviceAccountName": service_account,
+        # Pod Identity mounts its own projected token (eks-pod-identity-token); the pods never
+        # call the Kubernetes API, so they get no API token.
+        "automountServiceAccountToken": False,
+        "securityContext": POD_SECURITY,
         "nodeSelector": {POOL_LABEL: pool.name},
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "containers": [
@@ -114,6 +133,7 @@ def pod_template(
                 "command": command,
                 "env": env,
                 "volumeMounts": mounts,
+                "securityContext": CONTAINER_SECURITY,
                 "resources": _resources(pool)
                 if with_resources
                 else {
@@ -135,6 +155,19 @@ def pod_template(
             "annotations": {"karpenter.sh/do-not-disrupt": "true"},
         },
         "spec": spec,
+    }
+
+
+def network_policy(job: JobConfig, namespace: str) -> dict:
+    """Ingress to the job's pods only from the job's own pods (MPI's sshd, torch rendezvous)."""
+    own_pods = {"matchLabels": {JOB_LABEL: job.name}}
+    return {
+        "metadata": {"name": f"{job.name}-own-pods", "namespace": namespace},
+        "spec": {
+            "podSelector": own_pods,
+            "policyTypes": ["Ingress"],
+            "ingress": [{"from": [{"podSelector": own_pods}]}],
+        },
     }
 
 

@@ -6,8 +6,14 @@ import pulumi_kubernetes as k8s
 
 from infra.components.bucket import TrainingBucket
 from infra.components.iam import pod_identity_role
-from infra.config import JobConfig, NodePoolConfig
-from workloads.manifests import API_VERSIONS, checkpoint_dir, mpi_job, pytorch_job
+from infra.config import JobConfig, NodePoolConfig, job_role_resource_name
+from workloads.manifests import (
+    API_VERSIONS,
+    checkpoint_dir,
+    mpi_job,
+    network_policy,
+    pytorch_job,
+)
 
 RENDER = {"PyTorchJob": pytorch_job, "MPIJob": mpi_job}
 
@@ -35,7 +41,10 @@ class TrainingJob(pulumi.ComponentResource):
         # The job's pods may read and write its own checkpoint prefix, and nothing else in S3.
         prefix = namespace_name.apply(lambda ns: f"checkpoints/{ns}/{job.name}")
         role = pod_identity_role(
-            f"{name}-pods",
+            job_role_resource_name(job.name),
+            cluster_name,
+            namespace_name,
+            job.name,
             [],
             tags,
             child,
@@ -53,14 +62,20 @@ class TrainingJob(pulumi.ComponentResource):
             tags=tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=role.ready),
         )
-        manifest = pulumi.Output.all(namespace_name, image, bucket.name).apply(
+        policy = namespace_name.apply(lambda ns: network_policy(job, ns))
+        k8s.networking.v1.NetworkPolicy(
+            name, metadata=policy["metadata"], spec=policy["spec"], opts=k8s_child
+        )
+        # The image goes in as an Output leaf, not through this apply: in a preview that builds a
+        # new image only the image fields are unknown, and the policy pack can read the rest.
+        manifest = pulumi.Output.all(namespace_name, bucket.name).apply(
             lambda values: RENDER[job.kind](
                 job,
                 pool,
                 values[0],
-                values[1],
+                image,
                 job.name,
-                checkpoint_dir(job, values[0], values[2]),
+                checkpoint_dir(job, values[0], values[1]),
                 storage,
             )
         )

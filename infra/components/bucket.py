@@ -5,9 +5,8 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import BucketConfig
-
-CHECKPOINT_PREFIX = "checkpoints/"
+from infra.components.iam import partition
+from infra.config import CHECKPOINT_PREFIX, BucketConfig
 
 
 def prefix_read_write_policy(bucket_arn: str, prefix: str, key_arn: str | None = None) -> dict:
@@ -124,6 +123,10 @@ class TrainingBucket(pulumi.ComponentResource):
         super().__init__("training-platform:infra:TrainingBucket", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         bucket = aws.s3.Bucket(name, force_destroy=config.force_destroy, tags=tags, opts=child)
+        # The ARN from the bucket's name (known in a preview, the `arn` output is not), so the
+        # policy pack can read the policies below before the bucket exists.
+        aws_partition = partition()
+        arn = bucket.bucket.apply(lambda bucket_name: f"arn:{aws_partition}:s3:::{bucket_name}")
         aws.s3.BucketPublicAccessBlock(
             name,
             bucket=bucket.id,
@@ -142,7 +145,7 @@ class TrainingBucket(pulumi.ComponentResource):
                 description="S3 training bucket encryption",
                 enable_key_rotation=True,
                 deletion_window_in_days=30,
-                policy=bucket.arn.apply(
+                policy=arn.apply(
                     lambda arn: json.dumps(
                         bucket_key_policy(
                             arn,
@@ -199,11 +202,11 @@ class TrainingBucket(pulumi.ComponentResource):
         aws.s3.BucketPolicy(
             name,
             bucket=bucket.id,
-            policy=bucket.arn.apply(lambda arn: json.dumps(tls_only_policy(arn))),
+            policy=arn.apply(lambda bucket_arn: json.dumps(tls_only_policy(bucket_arn))),
             opts=child,
         )
         self.name = bucket.bucket
-        self.arn = bucket.arn
+        self.arn = arn
         self.register_outputs({"name": self.name, "arn": self.arn})
 
     def prefix_policy(self, prefix: str) -> pulumi.Output[str]:

@@ -90,7 +90,10 @@ class Cluster(pulumi.ComponentResource):
             enabled_cluster_log_types=CONTROL_PLANE_LOG_TYPES,
             encryption_config_key_arn=secrets_key.arn,
             deletion_protection=config.deletion_protection,
-            vpc_cni_options=eks.VpcCniOptionsArgs(addon_version=addons["vpc-cni"]),
+            # Network policy enforcement: job pods accept traffic only from their own job.
+            vpc_cni_options=eks.VpcCniOptionsArgs(
+                addon_version=addons["vpc-cni"], enable_network_policy=True
+            ),
             # pulumi-eks would create CoreDNS before any node exists (or, given only a version,
             # not at all); it is created below, once the system nodes are there.
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),

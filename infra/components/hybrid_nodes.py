@@ -322,14 +322,16 @@ class HybridNodes(pulumi.ComponentResource):
                 }
             )
             managed.append(managed_policy_arn("AmazonSSMManagedInstanceCore"))
-            # `nodeadm uninstall` deregisters the machine from SSM.
-            inline.append(
+            # `nodeadm uninstall` deregisters the machine from SSM: a write, so only on this
+            # account's managed instances (the action's resource type); describing needs "*".
+            inline += [
                 {
                     "Effect": "Allow",
-                    "Action": ["ssm:DeregisterManagedInstance", "ssm:DescribeInstanceInformation"],
-                    "Resource": "*",
-                }
-            )
+                    "Action": "ssm:DeregisterManagedInstance",
+                    "Resource": f"arn:{partition()}:ssm:{region}:{account}:managed-instance/*",
+                },
+                {"Effect": "Allow", "Action": "ssm:DescribeInstanceInformation", "Resource": "*"},
+            ]
         else:
             anchor = aws.rolesanywhere.TrustAnchor(
                 f"{name}-anchor",

@@ -9,6 +9,8 @@ import pulumi_aws as aws
 from infra.components.system_nodes import SYSTEM_NODE_LABEL
 
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
+# EKS add-on controllers (EBS, EFS, FSx CSI) run in this namespace.
+ADDON_NAMESPACE = "kube-system"
 
 
 def assume_role_policy(service: str, actions: list[str] | None = None) -> str:
@@ -72,7 +74,7 @@ class GrantedRole:
 
 def _role(
     name: str,
-    trust_policy: str,
+    trust_policy: pulumi.Input[str],
     managed_policies: list[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
@@ -91,16 +93,49 @@ def _role(
     return GrantedRole(role, grants)
 
 
+def pod_identity_trust_policy(cluster_name: str, namespace: str, service_account: str) -> str:
+    """Trust for EKS Pod Identity, limited to one service account of one cluster.
+
+    Pod Identity passes the cluster, namespace and service account as session tags (EKS user
+    guide, "Create IAM role with trust policy required by EKS Pod Identity"); without these
+    conditions any association in the account could hand the role to its pods.
+    """
+    return json.dumps(
+        {
+            "Version": "2012-10-17",
+            "Statement": [
+                {
+                    "Effect": "Allow",
+                    "Principal": {"Service": POD_IDENTITY_SERVICE},
+                    "Action": ["sts:AssumeRole", "sts:TagSession"],
+                    "Condition": {
+                        "StringEquals": {
+                            "aws:RequestTag/eks-cluster-name": cluster_name,
+                            "aws:RequestTag/kubernetes-namespace": namespace,
+                            "aws:RequestTag/kubernetes-service-account": service_account,
+                        }
+                    },
+                }
+            ],
+        }
+    )
+
+
 def pod_identity_role(
     name: str,
+    cluster_name: pulumi.Input[str],
+    namespace: pulumi.Input[str],
+    service_account: pulumi.Input[str],
     managed_policies: list[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
     inline_policy: pulumi.Input[str] | None = None,
     role_name: str | None = None,
 ) -> GrantedRole:
-    """A role that EKS Pod Identity lets one service account assume."""
-    trust = assume_role_policy(POD_IDENTITY_SERVICE, ["sts:AssumeRole", "sts:TagSession"])
+    """A role that EKS Pod Identity lets one service account of one cluster assume."""
+    trust = pulumi.Output.all(cluster_name, namespace, service_account).apply(
+        lambda v: pod_identity_trust_policy(*v)
+    )
     return _role(name, trust, managed_policies, tags, opts, inline_policy, role_name)
 
 
@@ -133,7 +168,16 @@ def csi_driver_addon(
 ) -> aws.eks.Addon:
     """An EKS add-on whose controller runs as `service_account` with its own Pod Identity role,
     created once the system nodes and the Pod Identity agent are there."""
-    role = pod_identity_role(name, managed_policies or [], tags, opts, inline_policy=inline_policy)
+    role = pod_identity_role(
+        name,
+        cluster_name,
+        ADDON_NAMESPACE,
+        service_account,
+        managed_policies or [],
+        tags,
+        opts,
+        inline_policy=inline_policy,
+    )
     return aws.eks.Addon(
         name,
         cluster_name=cluster_name,

@@ -13,6 +13,7 @@ from infra.components.cluster import Cluster
 from infra.components.helm import helm_release
 from infra.components.iam import node_role, partition, pod_identity_role
 from infra.components.system_nodes import SYSTEM_PLACEMENT
+from infra.config import karpenter_role_names
 from infra.versions import KARPENTER_CHART, KARPENTER_CRD_CHART
 
 NAMESPACE = "kube-system"
@@ -28,6 +29,15 @@ INTERRUPTION_EVENTS = {
         "aws.ec2",
         "EC2 Capacity Reservation Instance Interruption Warning",
     ),
+}
+# EventBridge rule names are `<cluster>-<short>`: at most 64 characters with the longest cluster
+# name config allows (44).
+RULE_NAMES = {
+    "health": "health",
+    "spot-interruption": "spot",
+    "rebalance": "rebalance",
+    "instance-state-change": "state-change",
+    "capacity-reservation-interruption": "reservation",
 }
 
 
@@ -211,7 +221,8 @@ def controller_policy(
     }
 
 
-def interruption_queue_policy(queue_arn: str) -> dict:
+def interruption_queue_policy(queue_arn: str, rule_arns: list[str]) -> dict:
+    """EventBridge may deliver only the events of this cluster's rules (confused deputy)."""
     return {
         "Version": "2012-10-17",
         "Id": "EC2InterruptionPolicy",
@@ -222,6 +233,7 @@ def interruption_queue_policy(queue_arn: str) -> dict:
                 "Principal": {"Service": ["events.amazonaws.com", "sqs.amazonaws.com"]},
                 "Action": "sqs:SendMessage",
                 "Resource": queue_arn,
+                "Condition": {"ArnEquals": {"aws:SourceArn": rule_arns}},
             },
             {
                 "Sid": "DenyNonTLS",
@@ -254,10 +266,11 @@ class Karpenter(pulumi.ComponentResource):
         account = aws.get_caller_identity().account_id
 
         # Nodes: role, instance profile, and an access entry so they can join the cluster.
-        nodes = node_role(f"{name}-node", tags, child, role_name=f"KarpenterNode-{cluster_name}")
+        role_names = karpenter_role_names(cluster_name)
+        nodes = node_role(f"{name}-node", tags, child, role_name=role_names["node"])
         profile = aws.iam.InstanceProfile(
             f"{name}-node",
-            name=f"KarpenterNode-{cluster_name}",
+            name=role_names["node"],
             role=nodes.name,
             tags=tags,
             opts=child,
@@ -271,10 +284,22 @@ class Karpenter(pulumi.ComponentResource):
             opts=child,
         )
 
+        # ARNs built from names, so the policies below are known in a preview of a new stack
+        # (the policy pack refuses to pass a policy document it cannot read).
+        queue_name = f"karpenter-{cluster_name}"
+        aws_partition = partition()
+        queue_arn = f"arn:{aws_partition}:sqs:{region}:{account}:{queue_name}"
+        node_role_arn = f"arn:{aws_partition}:iam::{account}:role/{role_names['node']}"
+        rule_names = {event: f"{cluster_name}-{short}" for event, short in RULE_NAMES.items()}
+        rule_arns = [
+            f"arn:{aws_partition}:events:{region}:{account}:rule/{rule}"
+            for rule in rule_names.values()
+        ]
+
         # Interruption handling: EventBridge -> SQS -> controller drains before AWS reclaims.
         queue = aws.sqs.Queue(
             f"{name}-interruption",
-            name=f"karpenter-{cluster_name}",
+            name=queue_name,
             message_retention_seconds=300,
             sqs_managed_sse_enabled=True,
             tags=tags,
@@ -283,12 +308,13 @@ class Karpenter(pulumi.ComponentResource):
         queue_policy = aws.sqs.QueuePolicy(
             f"{name}-interruption",
             queue_url=queue.url,
-            policy=queue.arn.apply(lambda arn: json.dumps(interruption_queue_policy(arn))),
+            policy=json.dumps(interruption_queue_policy(queue_arn, rule_arns)),
             opts=child,
         )
         for event, (source, detail_type) in INTERRUPTION_EVENTS.items():
             rule = aws.cloudwatch.EventRule(
                 f"{name}-{event}",
+                name=rule_names[event],
                 description=f"{detail_type} events for Karpenter in {cluster_name}",
                 event_pattern=json.dumps({"source": [source], "detail-type": [detail_type]}),
                 tags=tags,
@@ -299,15 +325,18 @@ class Karpenter(pulumi.ComponentResource):
         # Controller: Pod Identity role for the chart's service account.
         controller_role = pod_identity_role(
             f"{name}-controller",
+            cluster_name,
+            NAMESPACE,
+            SERVICE_ACCOUNT,
             [],
             tags,
             child,
-            inline_policy=pulumi.Output.all(queue.arn, nodes.arn).apply(
-                lambda arns: json.dumps(
-                    controller_policy(cluster_name, region, partition(), account, *arns)
+            inline_policy=json.dumps(
+                controller_policy(
+                    cluster_name, region, aws_partition, account, queue_arn, node_role_arn
                 )
             ),
-            role_name=f"KarpenterController-{cluster_name}",
+            role_name=role_names["controller"],
         )
         identity = aws.eks.PodIdentityAssociation(
             f"{name}-controller",

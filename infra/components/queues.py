@@ -19,6 +19,14 @@ QUEUE_ACCESS_LABEL = "training-platform/queue-access"
 # Every namespace of a team carries it: the team namespace and its members' DevServer namespaces.
 TEAM_LABEL = "training-platform/team"
 COVERED_RESOURCES = ["cpu", "memory", "nvidia.com/gpu"]
+# Pod Security Admission: enforce baseline (no host access, no privileged pods) and warn/audit
+# against restricted, which the platform's own job pods meet; pods injected by operators
+# (init containers without a securityContext) stay admissible under baseline.
+POD_SECURITY_LABELS = {
+    "pod-security.kubernetes.io/enforce": "baseline",
+    "pod-security.kubernetes.io/warn": "restricted",
+    "pod-security.kubernetes.io/audit": "restricted",
+}
 
 
 def resource_flavor_spec(pool: NodePoolConfig) -> dict:
@@ -169,6 +177,7 @@ class Queues(pulumi.ComponentResource):
                     "labels": {
                         QUEUE_ACCESS_LABEL: str(not team.own_cluster_queue).lower(),
                         TEAM_LABEL: team.name,
+                        **POD_SECURITY_LABELS,
                     },
                 },
                 opts=pulumi.ResourceOptions(parent=self, provider=provider),
