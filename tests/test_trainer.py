@@ -486,7 +486,10 @@ BAD_INPUTS = {
     "negative threads": (["--threads", "-1"], "--threads -1; allowed: a finite number >= 0"),
     "negative lr": (["--lr", "-0.1"], "--lr -0.1; allowed: a finite number > 0"),
     "nan lr": (["--lr", "nan"], "--lr nan; allowed: a finite number > 0"),
-    "negative weight decay": (["--weight-decay", "-1"], "--weight-decay -1.0; allowed: a finite number >= 0"),
+    "negative weight decay": (
+        ["--weight-decay", "-1"],
+        "--weight-decay -1.0; allowed: a finite number >= 0",
+    ),
     "negative warmup": (["--warmup", "-5"], "--warmup -5; allowed: a finite number >= 0"),
     "zero eval samples": (["--eval-samples", "0"], "--eval-samples must be at least 1"),
     "missing data": (["--data", "{tmp}/none.bin"], "none.bin: no such file"),
