@@ -104,7 +104,12 @@ def build_platform(config: StackConfig) -> None:
 
     addons = EKS_ADDONS[config.cluster.kubernetes_version]
     storage = config.storage
-    bucket = TrainingBucket("training-bucket", storage.bucket, tags=tags)
+    bucket = TrainingBucket(
+        "training-bucket",
+        storage.bucket,
+        f"alias/{config.cluster.name}-training-bucket",
+        tags=tags,
+    )
     BlockStorage(
         "ebs",
         cluster.name,

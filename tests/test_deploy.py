@@ -329,10 +329,21 @@ def test_job_roles_may_use_the_bucket_key_when_the_bucket_is_sse_kms(prod_plan, 
         if p.name.startswith("job-")
     ]
     assert job_policies
+    # Named by its alias, known in a preview (the key's ARN is not): the policy pack can read it.
+    alias = prod_plan.one("aws:kms/alias:Alias", "training-bucket-sse").inputs
+    assert alias["name"] == "alias/tp-prod-training-bucket"
+    assert alias["targetKeyId"] == key_arn.rsplit("/", 1)[1]
     for policy in job_policies:
         (grant,) = [s for s in policy["Statement"] if s["Sid"] == "BucketKey"]
         assert grant["Action"] == ["kms:GenerateDataKey", "kms:Decrypt"]
-        assert grant["Resource"] == key_arn
+        assert grant["Resource"] == "arn:aws:kms:us-west-2:123456789012:key/*"
+        assert grant["Condition"] == {
+            "ForAnyValue:StringEquals": {"kms:ResourceAliases": alias["name"]}
+        }
+    for job in [r for t in JOBS for r in prod_plan.of_type(t)]:
+        assert alias and prod_plan.one("aws:kms/alias:Alias", "training-bucket-sse").urn in (
+            job.dependencies
+        )
     # FSx's data repository association reads and writes S3 as its service-linked role.
     key_policy = json.loads(key.inputs["policy"])
     (fsx,) = [s for s in key_policy["Statement"] if s["Sid"] == "FsxDataRepositoryThroughS3"]

@@ -89,7 +89,8 @@ class TrainingJob(pulumi.ComponentResource):
             # created before it would run unqueued) and its LocalQueue admits it; on destroy all of
             # them outlive the job. The identity must exist before the first pod starts.
             opts=pulumi.ResourceOptions.merge(
-                k8s_child, pulumi.ResourceOptions(depends_on=[*controllers, account, identity])
+                k8s_child,
+                pulumi.ResourceOptions(depends_on=[*controllers, *bucket.ready, account, identity]),
             ),
         )
         self.register_outputs({})

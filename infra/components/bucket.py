@@ -9,11 +9,15 @@ from infra.components.iam import partition
 from infra.config import CHECKPOINT_PREFIX, BucketConfig
 
 
-def prefix_read_write_policy(bucket_arn: str, prefix: str, key_arn: str | None = None) -> dict:
+def prefix_read_write_policy(
+    bucket_arn: str, prefix: str, key: tuple[str, str, str] | None = None
+) -> dict:
     """IAM policy: read/write objects under `prefix` of one bucket, list only that prefix.
 
-    With SSE-KMS (`key_arn`), S3 calls KMS as the caller: writing needs kms:GenerateDataKey and
-    reading kms:Decrypt on the bucket's key, or every request is denied.
+    With SSE-KMS, S3 calls KMS as the caller: writing needs kms:GenerateDataKey and reading
+    kms:Decrypt on the bucket's key, or every request is denied. `key` is (region, account,
+    alias): the grant names the key by its alias, because the key's ARN is unknown until AWS
+    creates it and a policy that cannot be read in a preview fails the policy pack.
     """
     prefix = prefix.strip("/")
     statements = [
@@ -36,13 +40,15 @@ def prefix_read_write_policy(bucket_arn: str, prefix: str, key_arn: str | None =
             "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}},
         },
     ]
-    if key_arn:
+    if key:
+        region, account, alias = key
         statements.append(
             {
                 "Sid": "BucketKey",
                 "Effect": "Allow",
                 "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
-                "Resource": key_arn,
+                "Resource": f"arn:{bucket_arn.split(':')[1]}:kms:{region}:{account}:key/*",
+                "Condition": {"ForAnyValue:StringEquals": {"kms:ResourceAliases": alias}},
             }
         )
     return {"Version": "2012-10-17", "Statement": statements}
@@ -111,15 +117,18 @@ def tls_only_policy(bucket_arn: str) -> dict:
 class TrainingBucket(pulumi.ComponentResource):
     name: pulumi.Output[str]
     arn: pulumi.Output[str]
-    key_arn: pulumi.Output[str] | None  # the SSE-KMS key, when the bucket has one
+    key: tuple[str, str, str] | None  # (region, account, alias) of the SSE-KMS key, if any
+    ready: list[pulumi.Resource]  # what a job using the bucket waits for
 
     def __init__(
         self,
         name: str,
         config: BucketConfig,
+        key_alias: str,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
+        """`key_alias` (alias/...) names the SSE-KMS key, when the bucket has one."""
         super().__init__("training-platform:infra:TrainingBucket", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         bucket = aws.s3.Bucket(name, force_destroy=config.force_destroy, tags=tags, opts=child)
@@ -158,12 +167,17 @@ class TrainingBucket(pulumi.ComponentResource):
                 tags=tags,
                 opts=child,
             )
+            alias = aws.kms.Alias(
+                f"{name}-sse", name=key_alias, target_key_id=key.key_id, opts=child
+            )
             default = {"sse_algorithm": "aws:kms", "kms_master_key_id": key.arn}
-            self.key_arn = key.arn
+            self.key = (aws.get_region().region, aws.get_caller_identity().account_id, key_alias)
+            self.ready: list[pulumi.Resource] = [alias]
         else:
             default = {"sse_algorithm": "AES256"}
-            self.key_arn = None
-        aws.s3.BucketServerSideEncryptionConfiguration(
+            self.key = None
+            self.ready = []
+        encryption = aws.s3.BucketServerSideEncryptionConfiguration(
             name,
             bucket=bucket.id,
             rules=[
@@ -174,6 +188,7 @@ class TrainingBucket(pulumi.ComponentResource):
             ],
             opts=child,
         )
+        self.ready.append(encryption)
         versioning = aws.s3.BucketVersioning(
             name, bucket=bucket.id, versioning_configuration={"status": "Enabled"}, opts=child
         )
@@ -211,6 +226,6 @@ class TrainingBucket(pulumi.ComponentResource):
 
     def prefix_policy(self, prefix: str) -> pulumi.Output[str]:
         """Policy document (JSON) granting read/write on `prefix` of this bucket only."""
-        return pulumi.Output.all(self.arn, self.key_arn).apply(
-            lambda arns: json.dumps(prefix_read_write_policy(arns[0], prefix, arns[1]))
+        return self.arn.apply(
+            lambda arn: json.dumps(prefix_read_write_policy(arn, prefix, self.key))
         )
