@@ -3,6 +3,9 @@
 The same trainer arguments feed the cluster manifests and the local twin (workloads/local.py).
 """
 
+from dataclasses import dataclass
+from typing import Any
+
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.node_pools import GPU_TAINT, POOL_LABEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
@@ -94,16 +97,26 @@ def checkpoint_dir_init(image: str, directory: str) -> dict:
     }
 
 
+@dataclass(frozen=True)
+class JobTarget:
+    """A job from stack config and where it runs: everything its manifests are rendered from."""
+
+    job: JobConfig
+    pool: NodePoolConfig
+    namespace: str
+    image: Any  # a reference by digest, or a Pulumi Output left as a leaf (see TrainingJob)
+    checkpoint: str  # where the trainer writes checkpoints (s3://..., /fsx/..., /efs/...)
+    storage: frozenset[str]  # shared file systems mounted into the pods: fsx, efs
+
+    @property
+    def service_account(self) -> str:
+        return self.job.name
+
+
 def pod_template(
-    job: JobConfig,
-    pool: NodePoolConfig,
-    image: str,
-    service_account: str,
-    container: str,
-    command: list[str],
-    storage: set[str],
-    with_resources: bool = True,
+    target: JobTarget, container: str, command: list[str], with_resources: bool = True
 ) -> dict:
+    job, pool, image = target.job, target.pool, target.image
     env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if pool.efa and with_resources:
         env += [{"name": k, "value": v} for k, v in EFA_ENV.items()]
@@ -114,12 +127,12 @@ def pod_template(
         }
     ]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    for kind in sorted(storage):
+    for kind in sorted(target.storage):
         path, claim = MOUNTS[kind]
         volumes.append({"name": kind, "persistentVolumeClaim": {"claimName": claim}})
         mounts.append({"name": kind, "mountPath": path})
     spec = {
-        "serviceAccountName": service_account,
+        "serviceAccountName": target.service_account,
         # Pod Identity mounts its own projected token (eks-pod-identity-token); the pods never
         # call the Kubernetes API, so they get no API token.
         "automountServiceAccountToken": False,
@@ -187,22 +200,22 @@ def _run_policy(job: JobConfig) -> dict:
     return {"backoffLimit": job.max_restarts, "cleanPodPolicy": "None"}
 
 
-def pytorch_job(
-    job: JobConfig,
-    pool: NodePoolConfig,
-    namespace: str,
-    image: str,
-    service_account: str,
-    checkpoint: str,
-    storage: set[str],
-) -> dict:
+def pytorch_job(target: JobTarget) -> dict:
     """Elastic PyTorchJob: torchrun reads nodes, rendezvous and restarts from the operator's env."""
+    job, pool = target.job, target.pool
     # trainer.launch runs torchrun and hands the kubelet's SIGTERM to the workers (exit 0).
-    command = ["python", "-m", "trainer.launch", "-m", "trainer", *trainer_args(job, checkpoint)]
+    command = [
+        "python",
+        "-m",
+        "trainer.launch",
+        "-m",
+        "trainer",
+        *trainer_args(job, target.checkpoint),
+    ]
     return {
         "apiVersion": API_VERSIONS["PyTorchJob"],
         "kind": "PyTorchJob",
-        "metadata": _metadata(job, namespace),
+        "metadata": _metadata(job, target.namespace),
         "spec": {
             "nprocPerNode": str(pool.procs_per_node),
             "elasticPolicy": {
@@ -216,25 +229,16 @@ def pytorch_job(
                 "Worker": {
                     "replicas": job.max_nodes,
                     "restartPolicy": "OnFailure",
-                    "template": pod_template(
-                        job, pool, image, service_account, "pytorch", command, storage
-                    ),
+                    "template": pod_template(target, "pytorch", command),
                 }
             },
         },
     }
 
 
-def mpi_job(
-    job: JobConfig,
-    pool: NodePoolConfig,
-    namespace: str,
-    image: str,
-    service_account: str,
-    checkpoint: str,
-    storage: set[str],
-) -> dict:
+def mpi_job(target: JobTarget) -> dict:
     """MPIJob: the launcher runs the same trainer through mpirun, `slots` processes per worker."""
+    job, pool, namespace = target.job, target.pool, target.namespace
     slots = pool.procs_per_node
     # The MPI operator names workers <job>-worker-<i> behind the headless service <job>.
     master = f"{job.name}-worker-0.{job.name}.{namespace}.svc"
@@ -251,11 +255,9 @@ def mpi_job(
         "python",
         "-m",
         "trainer",
-        *trainer_args(job, checkpoint),
+        *trainer_args(job, target.checkpoint),
     ]
-    launcher = pod_template(
-        job, pool, image, service_account, "launcher", launch, storage, with_resources=False
-    )
+    launcher = pod_template(target, "launcher", launch, with_resources=False)
     launcher["spec"]["containers"][0]["env"] += [
         {"name": "MASTER_ADDR", "value": master},
         {"name": "MASTER_PORT", "value": str(RDZV_PORT)},
@@ -263,7 +265,7 @@ def mpi_job(
     ]
     # sshd as the image's non-root user, with the config trainer/Dockerfile writes.
     sshd = ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]
-    worker = pod_template(job, pool, image, service_account, "worker", sshd, storage)
+    worker = pod_template(target, "worker", sshd)
     return {
         "apiVersion": API_VERSIONS["MPIJob"],
         "kind": "MPIJob",

@@ -9,6 +9,7 @@ from infra.components.iam import pod_identity_role
 from infra.config import JobConfig, NodePoolConfig, job_role_resource_name
 from workloads.manifests import (
     API_VERSIONS,
+    JobTarget,
     checkpoint_dir,
     mpi_job,
     network_policy,
@@ -70,13 +71,14 @@ class TrainingJob(pulumi.ComponentResource):
         # new image only the image fields are unknown, and the policy pack can read the rest.
         manifest = pulumi.Output.all(namespace_name, bucket.name).apply(
             lambda values: RENDER[job.kind](
-                job,
-                pool,
-                values[0],
-                image,
-                job.name,
-                checkpoint_dir(job, values[0], values[1]),
-                storage,
+                JobTarget(
+                    job,
+                    pool,
+                    values[0],
+                    image,
+                    checkpoint_dir(job, values[0], values[1]),
+                    frozenset(storage),
+                )
             )
         )
         k8s.apiextensions.CustomResource(
