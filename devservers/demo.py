@@ -17,7 +17,7 @@ from devservers.cli import parse_args, server_manifest
 from devservers.render import Settings, children
 from infra.components.block_storage import STORAGE_CLASS
 from infra.components.dev_servers import flavor_manifest
-from infra.config import ConfigError, load_stack_file
+from infra.config import load_stack_for_command
 
 DEMO_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoKeyOnlyForTheOfflineDemo demo@example"
 
@@ -48,10 +48,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--stack", default="dev")
     parser.add_argument("--out", type=Path, help="write every rendered object here as YAML")
     args = parser.parse_args(argv)
-    try:
-        config = load_stack_file(args.stack)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    config = load_stack_for_command(args.stack)
+    if config is None:
         return 2
     section = config.dev_servers
     if not (section.enabled and section.users):

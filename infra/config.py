@@ -9,6 +9,7 @@ import ipaddress
 import json
 import math
 import re
+import sys
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
@@ -93,6 +94,15 @@ def _allowed(values: list[str] | tuple[str, ...], none: str) -> str:
 def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(value, list(choices), n=1)
     return f"did you mean {close[0]!r}? " if close else ""
+
+
+def _not_a_pool(name: str, pools: list[str]) -> str:
+    """The message for a reference (a job's, a flavor's) to a node pool that does not exist."""
+    return (
+        f"{name!r} is not a node pool; "
+        + _did_you_mean(name, pools)
+        + _allowed(pools, "allowed: none yet, declare nodePools first")
+    )
 
 
 def _known_region(value: str) -> str:
@@ -626,9 +636,7 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
             problems.append(
                 (
                     (*loc, "nodePool"),
-                    f"{flavor.node_pool!r} is not a node pool; "
-                    + _did_you_mean(flavor.node_pool, [*pools])
-                    + _allowed([*pools], "allowed: none yet, declare nodePools first"),
+                    _not_a_pool(flavor.node_pool, [*pools]),
                 )
             )
             continue
@@ -914,9 +922,7 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
             problems.append(
                 (
                     (*loc, "nodePool"),
-                    f"{job.node_pool!r} is not a node pool; "
-                    + _did_you_mean(job.node_pool, [*pools])
-                    + _allowed([*pools], "allowed: none yet, declare nodePools first"),
+                    _not_a_pool(job.node_pool, [*pools]),
                 )
             )
         elif job.max_nodes > pool.max_nodes:
@@ -1106,6 +1112,16 @@ def read_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> dict[str, An
 
 def load_stack_file(stack: str, project_dir: Path = PROJECT_DIR) -> StackConfig:
     return parse_stack_config(read_stack_file(stack, project_dir), f"Pulumi.{stack}.yaml")
+
+
+def load_stack_for_command(stack: str) -> StackConfig | None:
+    """For command-line tools: the stack's config, or None after printing why it is invalid
+    (the caller exits 2)."""
+    try:
+        return load_stack_file(stack)
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return None
 
 
 def config_from_pulumi() -> StackConfig:

@@ -18,7 +18,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.config import ConfigError, load_stack_file
+from infra.config import load_stack_for_command
 from trainer.options import parse_options
 
 # Presets a 2-core CPU trains a few steps of in about a minute; larger ones take minutes a step.
@@ -113,10 +113,8 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--resume", action="store_true", help="keep the previous local checkpoints")
     args = parser.parse_args(argv)
-    try:
-        config = load_stack_file(args.stack)
-    except ConfigError as e:
-        print(f"error: {e}", file=sys.stderr)
+    config = load_stack_for_command(args.stack)
+    if config is None:
         return 2
     jobs = {j.name: j for j in config.jobs}
     if args.job not in jobs:
