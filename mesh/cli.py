@@ -103,10 +103,18 @@ def launch(mesh: Mesh, nnodes: str, max_restarts: int, script: list[str], run_id
         return 130
     finally:
         job.close()
-    failed = {n: c for n, c in job.exit_codes.items() if c != 0}
-    for name, code in failed.items():
-        print(f"{name}: torchrun exited with {code}", file=sys.stderr)
-    return 1 if failed else 0
+    return outcome(job.exit_codes, low)
+
+
+def outcome(exit_codes: dict[str, int], low: int) -> int:
+    """0 when at least MIN nodes finished: in an elastic run a node that left (a non-zero exit)
+    did not stop the others, which re-formed without it and resumed from the checkpoint."""
+    finished = [n for n, c in exit_codes.items() if c == 0]
+    for name, code in exit_codes.items():
+        if code != 0:
+            role = "left the run" if len(finished) >= low else "failed"
+            print(f"{name}: {role} (torchrun exited with {code})", file=sys.stderr)
+    return 0 if len(finished) >= low else 1
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -122,7 +130,12 @@ def main(argv: list[str] | None = None) -> int:
     run = commands.add_parser("launch", help="torchrun on every ready node")
     run.add_argument("mesh", type=Path)
     run.add_argument("--nnodes", required=True, help="N, or MIN:MAX for an elastic run")
-    run.add_argument("--max-restarts", type=int, default=3)
+    run.add_argument(
+        "--max-restarts",
+        type=int,
+        default=3,
+        help="worker-group restarts per node; each node that leaves uses one on every survivor",
+    )
     run.add_argument("--run-id", default=None, help="rendezvous id (default: a new one)")
     # What follows `--` is torchrun's script and its arguments, untouched by this parser.
     argv = sys.argv[1:] if argv is None else argv

@@ -22,6 +22,16 @@ TORCH_PROBE = (
 PID_MARK = "TP_MESH_PID="
 # How long stopped nodes get to shut their workers down before the launcher gives up on them.
 STOP_GRACE_SECONDS = 30.0
+# torchrun's c10d rendezvous settings (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py).
+# When a node leaves, the survivors' workers fail and their agents re-rendezvous; the new round
+# forms only after the leaver's heartbeat has expired (keep_alive_interval x
+# keep_alive_max_attempt) and then after last_call_timeout, the wait for nodes beyond MIN.
+# torch's defaults (5 s x 3, then 30 s) hold survivors about 45 s; these hold them about 11 s.
+# A live node silent for 6 s (a flaky home link) is only struck from the rendezvous state: its
+# workers keep training, and it joins the next round when one forms.
+# last_call also lets a node that starts late join the first round; one that misses it joins
+# the next, at the cost of one restart of every worker.
+RENDEZVOUS_CONF = {"keep_alive_interval": 2, "keep_alive_max_attempt": 3, "last_call_timeout": 5}
 
 
 def connect(mesh: Mesh, node: Node) -> paramiko.SSHClient:
@@ -170,6 +180,7 @@ def torchrun_command(
     host names), and every node publishes its WireGuard address so peers reach it over the mesh.
     """
     env = {"GLOO_SOCKET_IFNAME": node.interface, "NCCL_SOCKET_IFNAME": node.interface}
+    rendezvous_conf = {"is_host": int(node.name == mesh.coordinator), **RENDEZVOUS_CONF}
     torchrun = [
         node.python,
         "-m",
@@ -185,7 +196,7 @@ def torchrun_command(
         "--rdzv-id",
         run_id,
         "--rdzv-conf",
-        f"is_host={int(node.name == mesh.coordinator)}",
+        ",".join(f"{k}={v}" for k, v in rendezvous_conf.items()),
         "--local-addr",
         str(mesh.addresses()[node.name]),
         "--max-restarts",

@@ -75,6 +75,8 @@ class LoopbackSshd:
         for pump in pumps:
             pump.join()
         code = process.wait()
+        if code < 0:  # killed by a signal: SSH's status is unsigned, so say it as a shell does
+            code = 128 - code
         try:
             channel.send_exit_status(code)
             channel.close()
@@ -94,14 +96,40 @@ class LoopbackSshd:
             f"[{self.address}]:{self.port} {self.host_key.get_name()} {self.host_key.get_base64()}"
         )
 
+    def power_off(self) -> None:
+        """SIGKILL everything this host runs, as a machine that loses power: every process the
+        commands started, with their children in other sessions (torchrun's workers)."""
+        pids = _descendants([p.pid for p in self._processes if p.poll() is None])
+        for pid in pids:
+            try:
+                os.kill(pid, signal.SIGKILL)
+            except ProcessLookupError:
+                pass  # it exited meanwhile
+        for process in self._processes:
+            process.wait()
+
     def close(self) -> None:
         self._socket.close()
-        for process in self._processes:
-            if process.poll() is None:
-                os.killpg(process.pid, signal.SIGKILL)
-                process.wait()
+        self.power_off()
         for transport in self._transports:
             transport.close()
+
+
+def _descendants(roots: list[int]) -> list[int]:
+    """roots and every process below them, from each process's parent in /proc/PID/stat."""
+    children: dict[int, list[int]] = {}
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue  # exited while listed
+        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
+    found, pending = [], list(roots)
+    while pending:
+        pid = pending.pop()
+        found.append(pid)
+        pending.extend(children.get(pid, []))
+    return found
 
 
 def write_known_hosts(path: Path, servers: list[LoopbackSshd]) -> Path:

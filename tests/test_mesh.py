@@ -158,6 +158,28 @@ def test_nnodes_range():
             cli.parse_nnodes(bad, 3)
 
 
+def test_outcome_counts_finished_nodes_against_min(capsys):
+    assert cli.outcome({"hub": 0, "peer": 137}, low=1) == 0
+    assert "peer: left the run (torchrun exited with 137)" in capsys.readouterr().err
+    assert cli.outcome({"hub": 0, "peer": 137}, low=2) == 1  # a fixed-size run needs every node
+    assert "peer: failed (torchrun exited with 137)" in capsys.readouterr().err
+    assert cli.outcome({"hub": 1, "peer": 1}, low=1) == 1
+
+
+def test_every_node_gets_the_same_prompt_rendezvous_settings(tmp_path):
+    mesh = load_mesh(mesh_file(tmp_path, three_nodes()))
+    confs = {}
+    for node in mesh.nodes:
+        argv = remote.torchrun_command(mesh, node, "1:3", 1, "r", 3, ["-m", "trainer"]).split()
+        confs[node.name] = argv[argv.index("--rdzv-conf") + 1]
+    timing = "keep_alive_interval=2,keep_alive_max_attempt=3,last_call_timeout=5"
+    assert confs == {
+        "hub": f"is_host=1,{timing}",
+        "alice": f"is_host=0,{timing}",
+        "bob": f"is_host=0,{timing}",
+    }
+
+
 FAKE_NVIDIA_SMI = """#!/bin/sh
 echo "NVIDIA GeForce RTX 4090, 24564, 23012"
 echo "NVIDIA GeForce RTX 4090, 24564, 1200"
@@ -287,6 +309,47 @@ def test_launch_trains_across_two_hosts_with_c10d_rendezvous(tmp_path, hosts, ca
     start = next(r for r in records if r.get("event") == "start")
     assert start["world_size"] == 2
     assert any(r.get("event") == "done" for r in records)
+
+
+def test_run_goes_on_without_a_node_that_leaves(tmp_path, hosts, capsys):
+    """--nnodes 1:2: the peer loses power mid-run; the hub re-forms alone, resumes from the last
+    checkpoint and finishes, and tp-mesh reports success with the peer as having left."""
+    servers = hosts[0]
+    servers[1].env["PATH"] = "/usr/bin:/bin"
+    metrics = tmp_path / "metrics.jsonl"
+    argv = ["launch", str(loopback_mesh(tmp_path, hosts)), "--nnodes", "1:2"]
+    argv += ["--max-restarts", "1", "--", "-m", "trainer", "--steps", "12", "--global-batch"]
+    argv += ["4", "--micro-batch", "2", "--checkpoint-every", "3", "--eval-every", "100"]
+    argv += ["--threads", "1", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    argv += ["--metrics", str(metrics)]
+    result = {}
+    launcher = threading.Thread(target=lambda: result.setdefault("code", cli.main(argv)))
+    launcher.start()
+
+    def records() -> list[dict]:
+        return [json.loads(line) for line in metrics.read_text().splitlines()]
+
+    deadline = time.monotonic() + 120
+    while time.monotonic() < deadline and launcher.is_alive():
+        if metrics.exists() and any(r.get("event") == "checkpoint" for r in records()):
+            break
+        time.sleep(0.1)
+    servers[1].power_off()
+    left_at = time.monotonic()
+    launcher.join(timeout=180)
+    out, err = capsys.readouterr()
+    assert not launcher.is_alive() and result["code"] == 0, (out + err)[-4000:]
+    assert "peer: left the run" in err
+
+    first, *rest = records()
+    assert first["event"] == "start" and first["world_size"] == 2
+    assert first["resumed_from"] is None
+    restart = next(i for i, r in enumerate(rest) if r.get("event") == "start")
+    saved = [r["step"] for r in rest[:restart] if r.get("event") == "checkpoint"]
+    assert rest[restart]["world_size"] == 1  # the hub alone, without the peer
+    assert saved and rest[restart]["resumed_from"] == saved[-1] < 12
+    assert rest[-1]["event"] == "done" and rest[-1]["step"] == 12
+    print(f"re-formed and finished {time.monotonic() - left_at:.1f} s after the peer left")
 
 
 def test_stop_ends_torchrun_on_every_host(tmp_path, hosts):
