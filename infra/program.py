@@ -81,6 +81,8 @@ def build_platform(config: StackConfig) -> None:
                 network.route_table_ids,
                 cluster.cluster_security_group_id,
             ),
+            cluster.controller_prerequisites,
+            cluster.provider,
             tags,
         )
         pulumi.export("hybridGatewayIp", hybrid.gateway_public_ip)

@@ -73,3 +73,25 @@ WIREGUARD_GATEWAY_AMI_PARAMETER = (
 )
 # NVIDIA container toolkit the bootstrap installs on GPU hybrid nodes (apt/dnf package version).
 NVIDIA_CONTAINER_TOOLKIT_VERSION = "1.18.1-1"
+
+# Cilium, the CNI of hybrid nodes (the VPC CNI does not run there): AWS's build, the one AWS
+# supports on hybrid nodes, with chart and images in ECR Public. 1.18.x is a supported minor (EKS
+# user guide, "Configure CNI for hybrid nodes"); this build and these image digests are the ones
+# aws/eks-hybrid's e2e suite installed (test/e2e/cni/testdata/cilium, commit 29b7e2aa, 2026-01).
+CILIUM_CHART = ChartPin("oci://public.ecr.aws/eks/cilium/cilium", "1.18.5-0")
+CILIUM_IMAGES = {
+    "agent": {
+        "repository": "public.ecr.aws/eks/cilium/cilium",
+        "tag": "v1.18.5-0",
+        "digest": "sha256:f274a319c8eab14aff9c3f45b1688dddd60afc87bd0aeacba709cb606cbebcf3",
+        "useDigest": True,
+    },
+    # The chart appends "-generic" (the build without cloud-provider IPAM), hence genericDigest:
+    # the digest of operator-generic:v1.18.5-0.
+    "operator": {
+        "repository": "public.ecr.aws/eks/cilium/operator",
+        "tag": "v1.18.5-0",
+        "genericDigest": "sha256:b48284d14a8ebb3176537aae2452760fb7ef7e8ae499fbedb8b0a1d2d552a0ff",
+        "useDigest": True,
+    },
+}

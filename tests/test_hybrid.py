@@ -3,6 +3,7 @@ WireGuard gateway, Kueue opt-in, and the per-machine pages; plus the `hybrid` co
 
 import json
 import re
+import subprocess
 import sys
 from pathlib import Path
 
@@ -196,6 +197,64 @@ def test_kueue_flavor_is_opt_in_and_the_device_plugin_reaches_hybrid_gpus(plan):
         "operator": "Exists",
         "effect": "NoSchedule",
     } in plugin.inputs["values"]["tolerations"]
+
+
+def test_cilium_is_the_cni_of_hybrid_nodes_only(plan, dev_plan):
+    cilium = plan.one("kubernetes:helm.sh/v3:Release", "cilium")
+    assert cilium.inputs["chart"] == "oci://public.ecr.aws/eks/cilium/cilium"
+    assert cilium.inputs["version"] == "1.18.5-0"
+    assert cilium.inputs["namespace"] == "kube-system"
+    values = cilium.inputs["values"]
+    # Addresses from each Node's spec.podCIDR (set by the bootstrap), never from a pool.
+    assert values["ipam"] == {"mode": "kubernetes"}
+    assert values["k8s"] == {"requireIPv4PodCIDR": True}
+    terms = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
+    assert terms["nodeSelectorTerms"] == [
+        {
+            "matchExpressions": [
+                {"key": "eks.amazonaws.com/compute-type", "operator": "In", "values": ["hybrid"]}
+            ]
+        }
+    ]
+    assert values["tolerations"] == [{"operator": "Exists"}]  # HYBRID_TAINT among all others
+    operator = values["operator"]
+    assert operator["nodeSelector"] == {"training-platform/node-role": "system"}
+    assert operator["tolerations"] == [
+        {"key": "CriticalAddonsOnly", "operator": "Exists", "effect": "NoSchedule"}
+    ]
+    assert operator["replicas"] == 1
+    assert operator["unmanagedPodWatcher"] == {"restart": False}
+    assert values["envoy"] == {"enabled": False}
+    assert values["image"]["repository"] == "public.ecr.aws/eks/cilium/cilium"
+    assert values["image"]["useDigest"] and values["image"]["digest"].startswith("sha256:")
+    assert operator["image"]["useDigest"] and operator["image"]["genericDigest"]
+    # Installed once nodes, the Pod Identity agent and the hybrid nodes' access entry exist.
+    assert {
+        plan.one("aws:eks/nodeGroup:NodeGroup", "cluster-system").urn,
+        plan.one("aws:eks/addon:Addon", "cluster-eks-pod-identity-agent").urn,
+        plan.one("aws:eks/accessEntry:AccessEntry", "hybrid-nodes").urn,
+    } <= set(cilium.dependencies)
+    assert cilium.inputs["name"] == "cilium"
+    assert not [
+        r for r in dev_plan.of_type("kubernetes:helm.sh/v3:Release") if r.name == "cilium"
+    ]
+
+
+def test_each_machine_sets_its_node_pod_cidr_to_the_range_the_gateway_routes_to_it(plan):
+    user_data = plan.one("aws:ec2/instance:Instance", "hybrid-gateway").inputs["userData"]
+    hub = sections(user_data.split("<<'WIREGUARD'\n")[1].split("\nWIREGUARD")[0])
+    routed = [peer["AllowedIPs"].split(", ")[1] for peer in hub[1:]]
+    pages = plan.outputs["hybridBootstrap"]
+    for name, pod_cidr in zip(["alice-4090", "bob-cpu"], routed, strict=True):
+        page = pages[name]
+        patch = f'{{"spec":{{"podCIDR":"{pod_cidr}","podCIDRs":["{pod_cidr}"]}}}}'
+        assert f"kubectl patch node \"$node\" --type merge \\\n  -p '{patch}'" in page
+        # After the join (the Node must exist), as the node itself (kubelet credentials).
+        assert page.index("nodeadm init") < page.index("kubectl patch")
+        assert "export KUBECONFIG=/var/lib/kubelet/kubeconfig" in page
+        syntax = subprocess.run(["bash", "-n"], input=page, text=True, capture_output=True)
+        assert syntax.returncode == 0, syntax.stderr
+    assert routed == ["10.201.1.0/24", "10.201.2.0/24"]
 
 
 def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(plan):

@@ -15,14 +15,22 @@ from dataclasses import dataclass
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_kubernetes as k8s
 import pulumi_random as random
 import yaml
 
+from infra.components.helm import helm_release
 from infra.components.iam import assume_role_policy, managed_policy_arn, partition
 from infra.components.node_pools import GPU_NODE_LABELS, POOL_LABEL
 from infra.components.queues import Flavor
+from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import HybridConfig, HybridMachine
-from infra.versions import NVIDIA_CONTAINER_TOOLKIT_VERSION, WIREGUARD_GATEWAY_AMI_PARAMETER
+from infra.versions import (
+    CILIUM_CHART,
+    CILIUM_IMAGES,
+    NVIDIA_CONTAINER_TOOLKIT_VERSION,
+    WIREGUARD_GATEWAY_AMI_PARAMETER,
+)
 from mesh.wireguard import Hub, Spoke, hub_config, spoke_config
 
 HYBRID_FLAVOR = "hybrid"
@@ -37,6 +45,57 @@ NODEADM_CREDENTIAL_PROVIDER = {"ssm": "ssm", "iam-roles-anywhere": "iam-ra"}
 IRA_CERTIFICATE = "/etc/iam/pki/server.pem"
 IRA_PRIVATE_KEY = "/etc/iam/pki/server.key"
 KEY_PLACEHOLDER = "@WIREGUARD_PRIVATE_KEY@"
+# The label EKS gives every hybrid node. The VPC CNI (aws-node) and the EBS and EFS CSI node
+# agents are required to run on nodes without it (their charts at the pinned add-on versions).
+HYBRID_NODE_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": "eks.amazonaws.com/compute-type",
+                            "operator": "In",
+                            "values": ["hybrid"],
+                        }
+                    ]
+                }
+            ]
+        }
+    }
+}
+# The kubelet's kubeconfig that nodeadm writes (it installs kubectl too): the node's identity.
+KUBELET_KUBECONFIG = "/var/lib/kubelet/kubeconfig"
+
+
+def cilium_values() -> dict:
+    """Cilium as the CNI of the hybrid nodes only, with each machine's pods in its podCidr.
+
+    IPAM mode kubernetes: a node's pod addresses come from its Node's spec.podCIDR, which each
+    machine's bootstrap sets to the podCidr the gateway routes to it (the default cluster-pool
+    mode would hand out slices in join order, which the gateway's routes cannot follow).
+    """
+    return {
+        "image": CILIUM_IMAGES["agent"],
+        "affinity": HYBRID_NODE_AFFINITY,
+        # The chart's default, stated: a CNI agent must run on its nodes whatever their taints,
+        # HYBRID_TAINT included.
+        "tolerations": [{"operator": "Exists"}],
+        "ipam": {"mode": "kubernetes"},
+        # The agent waits for the bootstrap to set spec.podCIDR instead of failing without it.
+        "k8s": {"requireIPv4PodCIDR": True},
+        # The operator (garbage collection, CRDs) runs with the other controllers on the system
+        # nodes: there from the first `pulumi up`, before any machine joins, so the release's
+        # readiness wait means something. It never restarts pods the VPC CNI manages.
+        "operator": {
+            "image": CILIUM_IMAGES["operator"],
+            "replicas": 1,
+            **SYSTEM_PLACEMENT,
+            "unmanagedPodWatcher": {"restart": False},
+        },
+        # Its own DaemonSet would follow no hybrid affinity and land on the VPC's nodes.
+        "envoy": {"enabled": False},
+    }
 
 
 def remote_network_config(config: HybridConfig) -> dict:
@@ -121,7 +180,7 @@ def bootstrap_script(
     gpu = ""
     if machine.gpus:
         gpu = f"""
-# 4. NVIDIA container toolkit, so containerd runs GPU containers on this machine's
+# 5. NVIDIA container toolkit, so containerd runs GPU containers on this machine's
 #    {machine.gpus} x {machine.gpu_model or "GPU"}. Needs the NVIDIA driver (nvidia-smi works).
 curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey \\
   | gpg --dearmor --yes -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
@@ -167,6 +226,15 @@ install -m 600 /dev/stdin /etc/nodeadm/nodeConfig.yaml <<'NODECONFIG'
 {node_config_yaml.rstrip()}
 NODECONFIG
 nodeadm init -c file:///etc/nodeadm/nodeConfig.yaml
+
+# 4. Pod addresses from {machine.pod_cidr}, the range the gateway routes to this machine: Cilium
+#    reads it from this Node's spec.podCIDR, which a node may set once, on itself.
+export KUBECONFIG={KUBELET_KUBECONFIG}
+node=$(kubectl auth whoami -o jsonpath='{{.status.userInfo.username}}')
+node=${{node#system:node:}}
+for _ in $(seq 60); do kubectl get node "$node" >/dev/null 2>&1 && break; sleep 5; done
+kubectl patch node "$node" --type merge \\
+  -p '{{"spec":{{"podCIDR":"{machine.pod_cidr}","podCIDRs":["{machine.pod_cidr}"]}}}}'
 {gpu}"""
 
 
@@ -207,6 +275,8 @@ class HybridNodes(pulumi.ComponentResource):
         cluster_name: pulumi.Input[str],
         kubernetes_version: str,
         vpc: VpcPlacement,
+        controller_prerequisites: list[pulumi.Resource],
+        provider: k8s.Provider,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
@@ -221,13 +291,25 @@ class HybridNodes(pulumi.ComponentResource):
         remote_cidrs = [str(c) for c in config.remote_node_cidrs + config.remote_pod_cidrs]
 
         role, hybrid_credentials = self._credentials(cluster_arn, account)
-        aws.eks.AccessEntry(
+        access_entry = aws.eks.AccessEntry(
             f"{name}-nodes",
             cluster_name=cluster_name,
             principal_arn=role.arn,
             type="HYBRID_LINUX",
             tags=tags,
             opts=child,
+        )
+        # Hybrid nodes stay NotReady until a CNI runs on them; the VPC CNI never does.
+        helm_release(
+            "cilium",
+            CILIUM_CHART,
+            "kube-system",
+            cilium_values(),
+            pulumi.ResourceOptions(
+                parent=self,
+                provider=provider,
+                depends_on=[*controller_prerequisites, access_entry],
+            ),
         )
         # The machines and their pods reach the API server's ENIs in the VPC
         # through the gateway; the cluster security group lets them in on HTTPS.
