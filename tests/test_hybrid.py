@@ -235,9 +235,7 @@ def test_cilium_is_the_cni_of_hybrid_nodes_only(plan, dev_plan):
         plan.one("aws:eks/accessEntry:AccessEntry", "hybrid-nodes").urn,
     } <= set(cilium.dependencies)
     assert cilium.inputs["name"] == "cilium"
-    assert not [
-        r for r in dev_plan.of_type("kubernetes:helm.sh/v3:Release") if r.name == "cilium"
-    ]
+    assert not [r for r in dev_plan.of_type("kubernetes:helm.sh/v3:Release") if r.name == "cilium"]
 
 
 def test_each_machine_sets_its_node_pod_cidr_to_the_range_the_gateway_routes_to_it(plan):
