@@ -71,7 +71,13 @@ MPI_OPERATOR_VERSION = "v0.8.0"
 WIREGUARD_GATEWAY_AMI_PARAMETER = (
     "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-6.1-x86_64"
 )
-# NVIDIA container toolkit the bootstrap installs on GPU hybrid nodes (apt/dnf package version).
+# nodeadm, the EKS hybrid nodes agent the bootstrap installs: a release of aws/eks-hybrid (tag
+# v1.0.20, 2026-08-20). Each release keeps its files under releases/<version>/, a sha256sum file
+# beside each binary (hack/build-nodeadm.sh, hack/release-nodeadm.sh in that repository).
+NODEADM_VERSION = "v1.0.20"
+# NVIDIA container toolkit the bootstrap installs on GPU hybrid nodes (Debian package version of
+# tag v1.18.1). Its packages require each other at exactly the same version, so all four are
+# pinned together.
 NVIDIA_CONTAINER_TOOLKIT_VERSION = "1.18.1-1"
 
 # Cilium, the CNI of hybrid nodes (the VPC CNI does not run there): AWS's build, the one AWS

@@ -1,6 +1,7 @@
 """EKS Hybrid Nodes through the offline plan: cluster remote networks, IAM and credentials, the
 WireGuard gateway, Kueue opt-in, and the per-machine pages; plus the `hybrid` config checks."""
 
+import hashlib
 import json
 import re
 import subprocess
@@ -279,9 +280,62 @@ def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(pla
     )
     assert "--register-with-taints=training-platform/hybrid=true:NoSchedule" in alice
     assert re.search(r"activationCode: offline-activation-code-\w+", alice)
+    # All four packages at one version: each requires the others at exactly its own.
     assert (
-        "nvidia-container-toolkit=" in alice and "nvidia-container-toolkit=" not in pages["bob-cpu"]
+        "apt-get install -y nvidia-container-toolkit=1.18.1-1 "
+        "nvidia-container-toolkit-base=1.18.1-1 libnvidia-container-tools=1.18.1-1 "
+        "libnvidia-container1=1.18.1-1" in alice
     )
+    assert "nvidia-container-toolkit=" not in pages["bob-cpu"]
+
+
+NODEADM_STEP = re.compile(r"\nrelease=.*?\ninstall -m 755 [^\n]*\n", re.DOTALL)
+
+
+@pytest.mark.parametrize("tampered", [False, True])
+def test_bootstrap_installs_the_pinned_nodeadm_only_if_its_checksum_matches(
+    plan, tmp_path, tampered
+):
+    page = plan.outputs["hybridBootstrap"]["bob-cpu"]
+    assert "releases/latest" not in page
+    step = NODEADM_STEP.search(page).group(0)
+    assert (
+        "release=https://hybrid-assets.eks.amazonaws.com/releases/v1.0.20/bin/linux/"
+        "$(dpkg --print-architecture)" in step
+    )
+    # The step as the machine runs it, against a fake release: curl and dpkg stand in for the
+    # network and the package database, and nodeadm lands in tmp_path instead of /usr/local/bin.
+    binary = b"nodeadm v1.0.20 arm64"
+    digest = hashlib.sha256(b"tampered" if tampered else binary).hexdigest()
+    served = {
+        "https://hybrid-assets.eks.amazonaws.com/releases/v1.0.20/bin/linux/arm64/nodeadm": binary,
+        "https://hybrid-assets.eks.amazonaws.com/releases/v1.0.20/bin/linux/arm64/nodeadm.sha256": (
+            f"{digest}  nodeadm\n".encode()
+        ),
+    }
+    fakes = tmp_path / "bin"
+    fakes.mkdir()
+    (fakes / "dpkg").write_text("#!/bin/sh\necho arm64\n")
+    (fakes / "curl").write_text(
+        f"#!{sys.executable}\nimport sys\nserved = {served!r}\n"
+        "out = sys.argv[sys.argv.index('-fsSLo') + 1]\n"
+        "open(out, 'wb').write(served[sys.argv[-1]])\n"
+    )
+    for fake in fakes.iterdir():
+        fake.chmod(0o755)
+    target = tmp_path / "nodeadm"
+    run = subprocess.run(
+        ["bash", "-euo", "pipefail", "-c", step.replace("/usr/local/bin/nodeadm", str(target))],
+        env={"PATH": f"{fakes}:/usr/bin:/bin"},
+        capture_output=True,
+        text=True,
+    )
+    if tampered:
+        assert run.returncode != 0 and not target.exists()
+        assert "FAILED" in run.stdout + run.stderr
+    else:
+        assert run.returncode == 0, run.stderr
+        assert target.read_bytes() == binary
 
 
 def test_roles_anywhere_variant_without_gpu_pools():

@@ -28,6 +28,7 @@ from infra.config import HybridConfig, HybridMachine
 from infra.versions import (
     CILIUM_CHART,
     CILIUM_IMAGES,
+    NODEADM_VERSION,
     NVIDIA_CONTAINER_TOOLKIT_VERSION,
     WIREGUARD_GATEWAY_AMI_PARAMETER,
 )
@@ -39,7 +40,14 @@ HYBRID_TAINT = {"key": "training-platform/hybrid", "value": "true", "effect": "N
 # For node agents (device plugins): a workload opts in through Kueue's flavor instead.
 HYBRID_TOLERATION = {"key": HYBRID_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
 WIREGUARD_PORT = 51820
-NODEADM_URL = "https://hybrid-assets.eks.amazonaws.com/releases/latest/bin/linux/amd64/nodeadm"
+# The pinned release's binaries; a machine adds its architecture (amd64, arm64) and file name.
+NODEADM_RELEASE = f"https://hybrid-assets.eks.amazonaws.com/releases/{NODEADM_VERSION}/bin/linux"
+NVIDIA_CONTAINER_PACKAGES = [
+    "nvidia-container-toolkit",
+    "nvidia-container-toolkit-base",
+    "libnvidia-container-tools",
+    "libnvidia-container1",
+]
 NODEADM_CREDENTIAL_PROVIDER = {"ssm": "ssm", "iam-roles-anywhere": "iam-ra"}
 # Where a Roles Anywhere machine keeps its certificate (CN = machine name) and key.
 IRA_CERTIFICATE = "/etc/iam/pki/server.pem"
@@ -179,6 +187,9 @@ def bootstrap_script(
     """One page a machine's owner runs as root (Ubuntu 22.04/24.04) to join the cluster."""
     gpu = ""
     if machine.gpus:
+        packages = " ".join(
+            f"{p}={NVIDIA_CONTAINER_TOOLKIT_VERSION}" for p in NVIDIA_CONTAINER_PACKAGES
+        )
         gpu = f"""
 # 5. NVIDIA container toolkit, so containerd runs GPU containers on this machine's
 #    {machine.gpus} x {machine.gpu_model or "GPU"}. Needs the NVIDIA driver (nvidia-smi works).
@@ -189,7 +200,7 @@ curl -fsSL https://nvidia.github.io/libnvidia-container/stable/deb/nvidia-contai
   | sed "s#deb https://#deb [signed-by=$keyring] https://#" \\
   > /etc/apt/sources.list.d/nvidia-container-toolkit.list
 apt-get update
-apt-get install -y nvidia-container-toolkit={NVIDIA_CONTAINER_TOOLKIT_VERSION}
+apt-get install -y {packages}
 nvidia-ctk runtime configure --runtime=containerd --set-as-default
 systemctl restart containerd
 """
@@ -214,10 +225,14 @@ install -m 600 /dev/stdin /etc/wireguard/wg0.conf <<'WIREGUARD'
 WIREGUARD
 systemctl enable --now wg-quick@wg0
 
-# 2. nodeadm, the EKS hybrid nodes agent: kubelet, containerd, credentials (Kubernetes
-#    {kubernetes_version}).
-curl -fsSLo /usr/local/bin/nodeadm {NODEADM_URL}
-chmod +x /usr/local/bin/nodeadm
+# 2. nodeadm {NODEADM_VERSION}, the EKS hybrid nodes agent: kubelet, containerd, credentials
+#    (Kubernetes {kubernetes_version}); checked against the release's own sha256sum file.
+release={NODEADM_RELEASE}/$(dpkg --print-architecture)
+download=$(mktemp -d)
+curl -fsSLo "$download/nodeadm" "$release/nodeadm"
+curl -fsSLo "$download/nodeadm.sha256" "$release/nodeadm.sha256"
+(cd "$download" && sha256sum --check --strict nodeadm.sha256)
+install -m 755 "$download/nodeadm" /usr/local/bin/nodeadm
 nodeadm install {kubernetes_version} --credential-provider {provider}
 
 # 3. Join: the node registers with its WireGuard address, hybrid label and taint.
