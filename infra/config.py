@@ -4,6 +4,7 @@ Every key is camelCase in YAML, as Pulumi config is written. A bad value stops t
 single ConfigError that names each offending key path and what is allowed there.
 """
 
+import datetime
 import difflib
 import ipaddress
 import json
@@ -700,6 +701,33 @@ class HybridMachine(Model):
     pod_cidr: Cidr
 
 
+def _utc_date(value: Any) -> datetime.date:
+    """A YYYY-MM-DD date: YAML reads one as a date, the Pulumi engine hands over a string."""
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        try:
+            return datetime.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{value!r} is not a date; allowed: YYYY-MM-DD (UTC), e.g. 2026-11-22")
+
+
+class SsmActivation(Model):
+    """The machines' SSM hybrid activation: usable until 00:00 UTC `days` days after `start`.
+
+    Registered machines keep working once it expires; only a machine that joins later needs a
+    live one. Setting a new `start` and running `pulumi up` replaces it with a fresh one.
+    """
+
+    start: Annotated[Any, AfterValidator(_utc_date)]  # the day of the `pulumi up` creating it
+    days: int = Field(default=7, ge=1, le=30)  # SSM takes an expiry at most 30 days ahead
+
+    def expiration_date(self) -> str:
+        """RFC 3339, as SSM's CreateActivation and the aws provider take it."""
+        return f"{self.start + datetime.timedelta(days=self.days)}T00:00:00Z"
+
+
 class HybridConfig(Model):
     """EKS Hybrid Nodes reached through a WireGuard gateway in a public subnet of the VPC.
 
@@ -712,6 +740,7 @@ class HybridConfig(Model):
     credential_provider: Literal["ssm", "iam-roles-anywhere"] = "ssm"
     # PEM CA bundle that signs the machines' certificates (iam-roles-anywhere only).
     ca_bundle_pem: str = ""
+    ssm_activation: SsmActivation | None = None  # ssm only
     gateway_instance_type: CpuInstanceType = "c6i.large"
     machines: list[HybridMachine] = Field(min_length=1, max_length=100)
 
@@ -732,6 +761,11 @@ class HybridConfig(Model):
             raise ValueError(
                 "caBundlePem goes with credentialProvider iam-roles-anywhere; allowed: a PEM CA "
                 "bundle for iam-roles-anywhere, none for ssm"
+            )
+        if (self.credential_provider == "ssm") != (self.ssm_activation is not None):
+            raise ValueError(
+                "ssmActivation goes with credentialProvider ssm; allowed: {start: <UTC date of "
+                "the pulumi up>, days: 1..30} for ssm, none for iam-roles-anywhere"
             )
         names = [m.name for m in self.machines]
         repeated = sorted({n for n in names if names.count(n) > 1})

@@ -1,6 +1,7 @@
 """EKS Hybrid Nodes through the offline plan: cluster remote networks, IAM and credentials, the
 WireGuard gateway, Kueue opt-in, and the per-machine pages; plus the `hybrid` config checks."""
 
+import datetime
 import hashlib
 import json
 import re
@@ -15,7 +16,7 @@ from pulumi.runtime.sync_await import _sync_await
 
 from infra import hybrid_bootstrap
 from infra.components.hybrid_nodes import HYBRID_TAINT, remote_network_transform
-from infra.config import ConfigError, HybridConfig, parse_stack_config
+from infra.config import ConfigError, HybridConfig, SsmActivation, parse_stack_config
 from infra.offline import run_offline
 from infra.program import build_platform
 from mesh.wireguard import public_key
@@ -25,6 +26,7 @@ from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 HYBRID = {
     "remoteNodeCidrs": ["10.200.0.0/24"],
     "remotePodCidrs": ["10.201.0.0/16"],
+    "ssmActivation": {"start": "2026-11-22", "days": 7},
     "machines": [
         {
             "name": "alice-4090",
@@ -123,6 +125,8 @@ def test_hybrid_node_role_access_entry_and_ssm_activation(plan):
     assert any(d.endswith("::hybrid-node") for d in entry.dependencies)
     activation = plan.one("aws:ssm/activation:Activation", "hybrid-activation")
     assert activation.inputs["registrationLimit"] == 2
+    # Not SSM's silent 24 hours: start + days from the stack config, at 00:00 UTC.
+    assert activation.inputs["expirationDate"] == "2026-11-29T00:00:00Z"
     assert not plan.of_type("aws:rolesanywhere/trustAnchor:TrustAnchor")
     https = plan.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
     assert {(r.inputs["cidrIpv4"], r.inputs["fromPort"]) for r in https if "hybrid" in r.name} == {
@@ -342,7 +346,11 @@ def test_roles_anywhere_variant_without_gpu_pools():
     cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
     plan = plan_of(
         "dev",
-        hybrid={**HYBRID, "credentialProvider": "iam-roles-anywhere", "caBundlePem": CA_PEM},
+        hybrid={
+            **{k: v for k, v in HYBRID.items() if k != "ssmActivation"},
+            "credentialProvider": "iam-roles-anywhere",
+            "caBundlePem": CA_PEM,
+        },
         cluster=PRIVATE_ENDPOINT_OFF,
         nodePools=cpu_only,
         jobs=[],
@@ -400,11 +408,35 @@ def hybrid_error(**overrides) -> str:
             {"machines": [{**HYBRID["machines"][0], "gpus": -1}]},
             "hybrid.machines[alice-4090].gpus",
         ),
+        (
+            {"ssmActivation": {"start": "2026-11-22", "days": 31}},
+            "hybrid.ssmActivation.days: Input should be less than or equal to 30",
+        ),
+        (
+            {"ssmActivation": {"start": "2026-11-22", "days": 0}},
+            "hybrid.ssmActivation.days: Input should be greater than or equal to 1",
+        ),
+        (
+            {"ssmActivation": {"start": "22/11/2026"}},
+            "hybrid.ssmActivation.start: '22/11/2026' is not a date; allowed: YYYY-MM-DD",
+        ),
+        ({"ssmActivation": None}, "ssmActivation goes with credentialProvider ssm"),
+        (
+            {"credentialProvider": "iam-roles-anywhere", "caBundlePem": CA_PEM},
+            "ssmActivation goes with credentialProvider ssm",
+        ),
     ],
 )
 def test_invalid_hybrid_config_names_the_key(overrides, message):
     error = hybrid_error(**overrides)
     assert "training-platform:hybrid" in error and message in error
+
+
+def test_ssm_activation_start_is_a_yaml_date_or_the_engines_string():
+    from_yaml = SsmActivation.model_validate({"start": datetime.date(2026, 12, 30)})
+    from_engine = SsmActivation.model_validate({"start": "2026-12-30", "days": 30})
+    assert from_yaml.expiration_date() == "2027-01-06T00:00:00Z"  # 7 days unless told
+    assert from_engine.expiration_date() == "2027-01-29T00:00:00Z"
 
 
 def test_hybrid_needs_one_endpoint_mode():

@@ -483,6 +483,7 @@ class HybridNodes(pulumi.ComponentResource):
                 description=f"EKS hybrid nodes of {name}",
                 iam_role=role.name,
                 registration_limit=len(config.machines),
+                expiration_date=config.ssm_activation.expiration_date(),
                 tags=tags,
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
             )
