@@ -26,12 +26,12 @@ STOP_GRACE_SECONDS = 30.0
 # When a node leaves, the survivors' workers fail and their agents re-rendezvous; the new round
 # forms only after the leaver's heartbeat has expired (keep_alive_interval x
 # keep_alive_max_attempt) and then after last_call_timeout, the wait for nodes beyond MIN.
-# torch's defaults (5 s x 3, then 30 s) hold survivors about 45 s; these hold them about 11 s.
+# torch's defaults (5 s x 3, then 30 s) hold survivors about 45 s; these hold them about 16 s.
 # A live node silent for 6 s (a flaky home link) is only struck from the rendezvous state: its
 # workers keep training, and it joins the next round when one forms.
-# last_call also lets a node that starts late join the first round; one that misses it joins
-# the next, at the cost of one restart of every worker.
-RENDEZVOUS_CONF = {"keep_alive_interval": 2, "keep_alive_max_attempt": 3, "last_call_timeout": 5}
+# last_call also lets a node that starts late (a slow disk importing torch) join the first
+# round; one that misses it joins the next, at the cost of one restart of every worker.
+RENDEZVOUS_CONF = {"keep_alive_interval": 2, "keep_alive_max_attempt": 3, "last_call_timeout": 10}
 
 
 def connect(mesh: Mesh, node: Node) -> paramiko.SSHClient:

@@ -172,7 +172,7 @@ def test_every_node_gets_the_same_prompt_rendezvous_settings(tmp_path):
     for node in mesh.nodes:
         argv = remote.torchrun_command(mesh, node, "1:3", 1, "r", 3, ["-m", "trainer"]).split()
         confs[node.name] = argv[argv.index("--rdzv-conf") + 1]
-    timing = "keep_alive_interval=2,keep_alive_max_attempt=3,last_call_timeout=5"
+    timing = "keep_alive_interval=2,keep_alive_max_attempt=3,last_call_timeout=10"
     assert confs == {
         "hub": f"is_host=1,{timing}",
         "alice": f"is_host=0,{timing}",
