@@ -240,6 +240,12 @@ def test_cilium_is_the_cni_of_hybrid_nodes_only(plan, dev_plan):
         plan.one("aws:eks/accessEntry:AccessEntry", "hybrid-nodes").urn,
     } <= set(cilium.dependencies)
     assert cilium.inputs["name"] == "cilium"
+    agent = plan.one("aws:eks/addon:Addon", "cluster-eks-pod-identity-agent")
+    assert json.loads(agent.inputs["configurationValues"]) == {
+        "daemonsets": {"hybrid": {"create": True}}
+    }
+    dev_agent = dev_plan.one("aws:eks/addon:Addon", "cluster-eks-pod-identity-agent")
+    assert "configurationValues" not in dev_agent.inputs
     assert not [r for r in dev_plan.of_type("kubernetes:helm.sh/v3:Release") if r.name == "cilium"]
 
 
@@ -284,6 +290,8 @@ def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(pla
     )
     assert "--register-with-taints=training-platform/hybrid=true:NoSchedule" in alice
     assert re.search(r"activationCode: offline-activation-code-\w+", alice)
+    # Pod credentials (S3 checkpoints) through the Pod Identity agent's hybrid DaemonSet.
+    assert "  hybrid:\n    enableCredentialsFile: true\n" in alice
     # All four packages at one version: each requires the others at exactly its own.
     assert (
         "apt-get install -y nvidia-container-toolkit=1.18.1-1 "

@@ -5,7 +5,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
-from infra.components.hybrid_nodes import remote_network_transform
+from infra.components.hybrid_nodes import POD_IDENTITY_ON_HYBRID_NODES, remote_network_transform
 from infra.components.iam import node_role, partition
 from infra.components.network import Network, discovery_tag
 from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
@@ -115,6 +115,8 @@ class Cluster(pulumi.ComponentResource):
             addon_name="eks-pod-identity-agent",
             addon_version=addons["eks-pod-identity-agent"],
             resolve_conflicts_on_update="OVERWRITE",
+            # Hybrid nodes have no IMDS: a second DaemonSet there reads nodeadm's credentials file.
+            configuration_values=POD_IDENTITY_ON_HYBRID_NODES if hybrid else None,
             tags=tags,
             opts=child,
         )

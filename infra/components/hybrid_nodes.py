@@ -72,6 +72,10 @@ HYBRID_NODE_AFFINITY = {
         }
     }
 }
+# The Pod Identity agent add-on's DaemonSet for hybrid nodes (from v1.3.3-eksbuild.1; EKS user
+# guide, "Configure add-ons for hybrid nodes"): it reads the credentials file nodeadm keeps at
+# /eks-hybrid/.aws/credentials with spec.hybrid.enableCredentialsFile, as IMDS is not there.
+POD_IDENTITY_ON_HYBRID_NODES = json.dumps({"daemonsets": {"hybrid": {"create": True}}})
 # The kubelet's kubeconfig that nodeadm writes (it installs kubectl too): the node's identity.
 KUBELET_KUBECONFIG = "/var/lib/kubelet/kubeconfig"
 
@@ -488,7 +492,10 @@ class HybridNodes(pulumi.ComponentResource):
                 opts=pulumi.ResourceOptions(parent=self, depends_on=[role]),
             )
             block = pulumi.Output.all(activation.activation_code, activation.id).apply(
-                lambda a: {"ssm": {"activationCode": a[0], "activationId": a[1]}}
+                lambda a: {
+                    "enableCredentialsFile": True,  # for POD_IDENTITY_ON_HYBRID_NODES
+                    "ssm": {"activationCode": a[0], "activationId": a[1]},
+                }
             )
             return role, block.apply(lambda b: {m.name: b for m in config.machines})
         profile = aws.rolesanywhere.Profile(
