@@ -42,6 +42,7 @@ HYBRID_TOLERATION = {"key": HYBRID_TAINT["key"], "operator": "Exists", "effect":
 WIREGUARD_PORT = 51820
 # The pinned release's binaries; a machine adds its architecture (amd64, arm64) and file name.
 NODEADM_RELEASE = f"https://hybrid-assets.eks.amazonaws.com/releases/{NODEADM_VERSION}/bin/linux"
+# Installed at one version together: each requires the others at exactly its own.
 NVIDIA_CONTAINER_PACKAGES = [
     "nvidia-container-toolkit",
     "nvidia-container-toolkit-base",
