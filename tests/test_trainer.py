@@ -323,6 +323,19 @@ def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto_server):
     assert event(resumed, "start")["resumed_from"] == 4
     assert event(resumed, "done")["step"] == 6
 
+    # A committed checkpoint torn after the fact is named, moved aside (kept) and skipped.
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"]]
+    shard = next(k for k in keys if k.startswith("runs/tiny/step-00000006/") and "distcp" in k)
+    body = s3.get_object(Bucket="ckpts", Key=shard)["Body"].read()
+    s3.put_object(Bucket="ckpts", Key=shard, Body=body[:100])
+    recs, stderr = run(tmp_path, 1, uri, "--steps", "8", "--checkpoint-every", "2", env=moto_server)
+    assert f"checkpoint {uri}/step-00000006 is unreadable" in stderr
+    assert event(recs, "start")["resumed_from"] == 4
+    assert event(recs, "done")["step"] == 8
+    keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"]]
+    aside = s3.get_object(Bucket="ckpts", Key=shard.replace("step-", "unreadable-step-", 1))
+    assert aside["Body"].read() == body[:100]  # moved as it was, while step 6 was saved anew
+
 
 def test_single_process_run_creates_its_metrics_folder(tmp_path):
     metrics = tmp_path / "not" / "yet" / "metrics.jsonl"
@@ -366,16 +379,26 @@ def test_a_world_size_that_does_not_divide_the_global_batch_still_trains(tmp_pat
     assert done["samples"] == 20 * 7 and len(set(done["param_digests"])) == 1
 
 
-def test_bad_trainer_arguments_exit_2_with_the_reason(tmp_path):
+@pytest.mark.parametrize(
+    "args, reason",
+    [
+        (["--model", "huge"], "--model 'huge'; allowed: tiny, small, gpt2-124m"),
+        (["--data", "/nonexistent.bin"], "--data /nonexistent.bin: no such file"),
+    ],
+    ids=["option", "data"],
+)
+def test_bad_input_under_the_launcher_exits_2_once_without_restarts(tmp_path, args, reason):
     result = subprocess.run(
-        command(1, "--model", "huge", "--checkpoint-dir", str(tmp_path)),
+        command(2, *args, "--checkpoint-dir", str(tmp_path), max_restarts=3),
         cwd=ROOT,
         capture_output=True,
         text=True,
         timeout=120,
     )
     assert result.returncode == 2
-    assert "--model 'huge'; allowed: tiny, small, gpt2-124m" in result.stderr
+    # Said once by rank 0, in the first worker group: no restart, no torchrun traceback.
+    assert result.stderr.count(f"python -m trainer: error: {reason}") == 1, result.stderr
+    assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
 
 
 def test_ranks_come_from_openmpi_under_mpirun(tmp_path):
@@ -589,3 +612,29 @@ def test_compile_happens_inside_ddp_so_no_sync_still_applies(process_group):
     model = wrap(GPT(PRESETS["tiny"]), "ddp", 2, torch.device("cpu"), compile=True, bf16=False)
     assert isinstance(model, DistributedDataParallel)
     assert all(isinstance(block, OptimizedModule) for block in model.module.blocks)
+
+
+def test_fsdp_casts_parameters_and_reduces_gradients_in_bf16_on_gpus(process_group):
+    model = wrap(GPT(PRESETS["tiny"]), "fsdp", 1, torch.device("cpu"), compile=False, bf16=True)
+    for module in (model, *model.blocks):
+        policy = module._get_fsdp_state()._mp_policy
+        assert policy.param_dtype == policy.reduce_dtype == torch.bfloat16
+
+
+def test_progress_bar_line_ends_before_an_event_is_printed(monkeypatch, capsys):
+    import io
+
+    from trainer.train import Logger
+
+    class Terminal(io.StringIO):
+        def isatty(self):
+            return True
+
+    terminal = Terminal()
+    monkeypatch.setattr(sys, "stderr", terminal)
+    logger = Logger(rank=0, path="", total_steps=10)
+    logger.log({"step": 5, "loss": 2.5, "tokens_per_s": 1000.0})
+    logger.log({"step": 5, "val_loss": 2.4})
+    logger.log({"step": 10, "loss": 2.1, "tokens_per_s": 1000.0})
+    assert terminal.getvalue().count("\n") == 1 and terminal.getvalue().endswith("tok/s")
+    assert json.loads(capsys.readouterr().out) == {"step": 5, "val_loss": 2.4}

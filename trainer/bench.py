@@ -4,12 +4,16 @@
 
 Every figure is the median over interleaved pairs of runs (A then B, B then A, ...), each run a
 fresh process: on a shared machine one run swings by 10 % or more, and interleaving spreads the
-drift over both sides. Figures and the targets they should meet:
+drift over both sides. A run's throughput is the median of its timing windows (equal numbers of
+steps, the first window left out as warm-up), the same statistic for the bare loop and the
+trainer, so a burst of other work during one window moves neither side. Figures and targets:
   - trainer vs an independent bare loop, per preset, 1 and 2 threads (>= 0.97)
-  - trainer, 2 processes x 1 thread vs 1 process x 2 threads (>= 0.95; on a 2-core CPU this
-    measures DDP's overhead, not scaling)
-  - with 2 workers while training: the time the loop is blocked by async saves, including the
-    wait for the last one, vs the same saves done synchronously (<= 25%)
+  - trainer at its default batch, 2 processes x 1 thread vs 1 process x 2 threads (>= 0.95; on a
+    2-core CPU this measures DDP's overhead, not scaling)
+  - with 2 workers while training: the time the loop is blocked by async saves, including every
+    wait for a write still under way, vs the same saves done synchronously (<= 25%); a run ends
+    with a save that nothing can hide, so the run saves often enough that the saves between are
+    what the figure measures, as they are in a long run
 """
 
 import argparse
@@ -29,9 +33,11 @@ from torch import nn
 
 from trainer.data import ensure_default_tokens
 from trainer.model import PRESETS
+from trainer.options import TrainConfig
 
-# Sequences per step and timed steps per run: about the same seconds per run for each preset.
-RUN = {"tiny": (8, 24), "small": (4, 4), "gpt2-124m": (1, 2)}
+# Sequences per step, steps per timing window and timed windows per run (one more window warms
+# up): each window long enough to time, each run a few seconds on 2 cores.
+RUN = {"tiny": (8, 10, 6), "small": (4, 2, 5), "gpt2-124m": (1, 1, 3)}
 
 
 class BareBlock(nn.Module):
@@ -54,8 +60,9 @@ class BareBlock(nn.Module):
         return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
 
 
-def bare_loop(preset: str, threads: int, batch: int, steps: int) -> float:
-    """Tokens/s of the least a training step can be: batch, forward, backward, clip, AdamW."""
+def bare_loop(preset: str, threads: int, batch: int, window: int, windows: int) -> list[float]:
+    """The median tokens/s of the timing windows after the first, of the least a training step
+    can be: batch, forward, backward, clip, AdamW (fused, like the trainer's)."""
     torch.set_num_threads(threads)
     torch.manual_seed(0)
     c = PRESETS[preset]
@@ -68,12 +75,11 @@ def bare_loop(preset: str, threads: int, batch: int, steps: int) -> float:
             nn.init.normal_(module.weight, std=0.02)
         if isinstance(module, nn.Linear):
             nn.init.zeros_(module.bias)
-    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95))
+    optimizer = torch.optim.AdamW(model.parameters(), lr=1e-4, betas=(0.9, 0.95), fused=True)
     data = np.memmap(ensure_default_tokens(), dtype=np.uint8, mode="r")
-    warmup = max(2, steps // 4)
-    for step in range(warmup + steps):
-        if step == warmup:
-            start = time.perf_counter()
+    rates = []
+    start = time.perf_counter()
+    for step in range(1, (windows + 1) * window + 1):
         ix = torch.randint(len(data) - c.seq_len - 1, (batch,)).tolist()
         rows = torch.from_numpy(
             np.stack([data[i : i + c.seq_len + 1] for i in ix]).astype(np.int64)
@@ -85,11 +91,14 @@ def bare_loop(preset: str, threads: int, batch: int, steps: int) -> float:
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         optimizer.step()
         optimizer.zero_grad(set_to_none=True)
-    return steps * batch * c.seq_len / (time.perf_counter() - start)
+        if step % window == 0:
+            now = time.perf_counter()
+            rates.append(window * batch * c.seq_len / (now - start))
+            start = now
+    return statistics.median(rates[1:])
 
 
 def run_bare(preset: str, threads: int) -> float:
-    batch, steps = RUN[preset]
     out = subprocess.run(
         [sys.executable, "-m", "trainer.bench", "--bare", preset, str(threads)],
         check=True,
@@ -101,18 +110,25 @@ def run_bare(preset: str, threads: int) -> float:
 
 
 def run_trainer(
-    preset: str, nproc: int, threads: int, *extra: str, steps: int | None = None
+    preset: str,
+    nproc: int,
+    threads: int,
+    *extra: str,
+    run: tuple[int, int, int] | None = None,
+    micro_batch: int | None = None,
+    steps: int | None = None,
 ) -> list[dict]:
-    """The trainer's metrics records for one run on the default corpus."""
-    batch, timed = RUN[preset]
-    timed = steps or timed
-    warmup = max(2, timed // 4)
+    """The trainer's metrics records for one run on the default corpus: by default the bare
+    loop's batch, steps and timing windows, the batch split evenly over the workers."""
+    batch, window, windows = run or RUN[preset]
     with tempfile.TemporaryDirectory() as tmp:
         metrics = Path(tmp) / "metrics.jsonl"
         args = [
-            *("--model", preset, "--steps", str(warmup + timed), "--global-batch", str(batch)),
-            *("--micro-batch", str(max(1, batch // nproc)), "--threads", str(threads)),
-            *("--log-every", str(warmup), "--checkpoint-dir", f"{tmp}/ckpt"),
+            *("--model", preset, "--steps", str(steps or (windows + 1) * window)),
+            *("--global-batch", str(batch)),
+            *("--micro-batch", str(micro_batch or max(1, batch // nproc))),
+            *("--threads", str(threads), "--log-every", str(window)),
+            *("--checkpoint-dir", f"{tmp}/ckpt"),
             *("--metrics", str(metrics), "--eval-every", str(10**9), "--eval-samples", "1"),
             *("--checkpoint-every", str(10**9)),
             *extra,
@@ -134,16 +150,13 @@ def run_trainer(
 
 
 def steady_tokens_per_s(recs: list[dict]) -> float:
-    """Tokens/s over the logging windows after the first (which holds the warm-up steps)."""
-    windows = [r for r in recs if "tokens_per_s" in r]
-    steps = [w["step"] - prev["step"] for prev, w in zip(windows, windows[1:], strict=False)]
-    seconds = [w["step_time_s"] * n for w, n in zip(windows[1:], steps, strict=True)]
-    tokens = [w["tokens_per_s"] * s for w, s in zip(windows[1:], seconds, strict=True)]
-    return sum(tokens) / sum(seconds)
+    """The median of the trainer's logging windows after the first (which warms up)."""
+    return statistics.median([r["tokens_per_s"] for r in recs if "tokens_per_s" in r][1:])
 
 
 def blocked_seconds(recs: list[dict]) -> float:
-    """Time saves kept the loop from training: every save call plus the wait for the last one."""
+    """Time saves kept the loop from training: every save call (which first waits for the
+    previous async write) plus the wait for the last write at the end."""
     saves = sum(r["blocked_s"] for r in recs if r.get("event") == "checkpoint")
     return saves + next(r["final_wait_s"] for r in recs if r.get("event") == "done")
 
@@ -200,15 +213,25 @@ def main(argv: list[str] | None = None) -> int:
             )
             print(*rows[-1], flush=True)
 
+    # DDP all-reduces the gradients once per optimizer step, so its share of a step depends on
+    # the batch: this runs the trainer's default batch and micro-batch on both sides (4 and 2
+    # micro-steps per step), one step per timing window.
     preset = args.presets[-1]
+    default = TrainConfig()
+    run = (default.global_batch, 1, 4)
     results = pairs(
         args.pairs,
-        lambda: steady_tokens_per_s(run_trainer(preset, 1, 2)),
-        lambda: steady_tokens_per_s(run_trainer(preset, 2, 1)),
+        lambda: steady_tokens_per_s(
+            run_trainer(preset, 1, 2, run=run, micro_batch=default.micro_batch)
+        ),
+        lambda: steady_tokens_per_s(
+            run_trainer(preset, 2, 1, run=run, micro_batch=default.micro_batch)
+        ),
     )
     rows.append(
         (
-            f"{preset}: 2 procs x 1 thread / 1 proc x 2 threads",
+            f"{preset}, batch {default.global_batch} in micro-batches of {default.micro_batch}: "
+            "2 procs x 1 thread / 1 proc x 2 threads",
             f"{median_ratio(results):.3f}",
             f"({statistics.median(b for _, b in results):,.0f} / "
             f"{statistics.median(a for a, _ in results):,.0f} tok/s)",
@@ -217,19 +240,31 @@ def main(argv: list[str] | None = None) -> int:
     )
     print(*rows[-1], flush=True)
 
-    # The same saves of model + AdamW state (steps 3, 6 and the last, 8) on 2 training workers.
-    saving = ("--checkpoint-every", "3")
-    results = pairs(
-        args.pairs,
-        lambda: blocked_seconds(run_trainer(preset, 2, 1, *saving, steps=6)),
-        lambda: blocked_seconds(run_trainer(preset, 2, 1, *saving, "--async-save", steps=6)),
-    )
+    # The same 12 saves of model + AdamW state (every 2 steps, the last at the end) on 2 workers.
+    saving = ("--checkpoint-every", "2")
+    runs: dict[str, list[list[dict]]] = {"sync": [], "async": []}
+
+    def saves(mode: str) -> float:
+        recs = run_trainer(
+            preset, 2, 1, *saving, *(("--async-save",) if mode == "async" else ()), steps=24
+        )
+        runs[mode].append(recs)
+        return blocked_seconds(recs)
+
+    results = pairs(args.pairs, lambda: saves("sync"), lambda: saves("async"))
+    loop = {
+        mode: statistics.median(
+            next(r["elapsed_s"] for r in recs if r.get("event") == "done") for recs in found
+        )
+        for mode, found in runs.items()
+    }
     rows.append(
         (
-            f"{preset}, 2 workers saving every 3 steps: loop blocked, async / sync",
+            f"{preset}, 2 workers saving every 2 steps: loop blocked, async / sync",
             f"{median_ratio(results):.1%}",
             f"({statistics.median(b for _, b in results) * 1000:,.0f} / "
-            f"{statistics.median(a for a, _ in results) * 1000:,.0f} ms)",
+            f"{statistics.median(a for a, _ in results) * 1000:,.0f} ms of a "
+            f"{loop['async']:.1f} / {loop['sync']:.1f} s loop)",
             "<= 25%",
         )
     )

@@ -6,13 +6,23 @@ torchrun answers a SIGTERM by signalling its workers and then exiting 1 with a t
 cleanly they stopped. Started through this module, torchrun (in a session of its own, so a
 terminal's Ctrl-C does not reach it either) never sees the signal: its workers do, save a
 checkpoint and exit 0, torchrun sees a successful group and exits 0, and so does the pod.
+
+Bad input (a missing data file, an unwritable checkpoint dir, a checkpoint of another model) ends
+the run with the trainer's one line and exit 2, at once: torchrun would otherwise restart the
+workers into the same error until `--max-restarts` ran out, then exit 1 with a traceback.
 """
 
 import os
 import signal
 import subprocess
 import sys
+import tempfile
+import time
 from pathlib import Path
+
+# A worker that stops on bad input writes its message to the file this names and waits, so the
+# launcher can stop torchrun before it restarts the group into an error no restart can fix.
+INPUT_ERROR_FILE = "TRAINER_INPUT_ERROR_FILE"
 
 
 def children(pid: int) -> list[int]:
@@ -30,21 +40,38 @@ def children(pid: int) -> list[int]:
 
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
-    torchrun = subprocess.Popen(
-        [sys.executable, "-m", "torch.distributed.run", *args], start_new_session=True
-    )
+    with tempfile.TemporaryDirectory(prefix="trainer-launch-") as tmp:
+        input_error = Path(tmp) / "input-error"
+        torchrun = subprocess.Popen(
+            [sys.executable, "-m", "torch.distributed.run", *args],
+            start_new_session=True,
+            env={**os.environ, INPUT_ERROR_FILE: str(input_error)},
+        )
 
-    def forward(signum, frame):
-        # Between worker groups (a restart under way) there is nobody to tell but torchrun.
-        for pid in children(torchrun.pid) or [torchrun.pid]:
-            try:
-                os.kill(pid, signum)
-            except ProcessLookupError:
-                pass
+        def forward(signum, frame):
+            # Between worker groups (a restart under way) there is nobody to tell but torchrun.
+            for pid in children(torchrun.pid) or [torchrun.pid]:
+                try:
+                    os.kill(pid, signum)
+                except ProcessLookupError:
+                    pass
 
-    for sig in (signal.SIGTERM, signal.SIGINT):
-        signal.signal(sig, forward)
-    return torchrun.wait()
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, forward)
+        while (status := torchrun.poll()) is None:
+            if input_error.exists():
+                # The workers said why (rank 0 on stderr) and wait; torchrun goes first, so
+                # it cannot start another group.
+                workers = children(torchrun.pid)
+                for pid in (torchrun.pid, *workers):
+                    try:
+                        os.kill(pid, signal.SIGKILL)
+                    except ProcessLookupError:
+                        pass
+                torchrun.wait()
+                return 2
+            time.sleep(0.1)
+        return status
 
 
 if __name__ == "__main__":

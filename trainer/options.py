@@ -88,17 +88,14 @@ def parse_options(argv: list[str]) -> TrainConfig:
 
 
 def parse_args(argv: list[str] | None) -> TrainConfig:
-    """For the command line: usage and exit status 2 on bad arguments."""
-    import os
+    """For the command line: `--help` prints the options and exits 0; OptionsError otherwise."""
     import sys
 
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):
         _parser(add_help=True).parse_args(["--help"])  # prints help, exits 0
-    try:
-        return parse_options(argv)
-    except OptionsError as e:
-        if os.environ.get("RANK", "0") == "0":  # under torchrun every rank would say the same
-            _parser().print_usage(sys.stderr)
-            print(f"python -m trainer: error: {e}", file=sys.stderr)
-        raise SystemExit(2) from None
+    return parse_options(argv)
+
+
+def usage() -> str:
+    return _parser().format_usage()

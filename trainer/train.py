@@ -34,8 +34,10 @@ from torch.nn.parallel import DistributedDataParallel
 
 from trainer.checkpoint import Checkpointer, UnusableCheckpoint, open_store
 from trainer.data import TokenData, ensure_default_tokens, open_splits
+from trainer.launch import INPUT_ERROR_FILE
 from trainer.model import GPT, PRESETS
-from trainer.options import TrainConfig, parse_args
+from trainer.options import OptionsError, TrainConfig, parse_args
+from trainer.options import usage as options_usage
 
 # Ranks agree on a stop request every this many steps: one tiny collective, and on CUDA one host
 # sync, per check rather than per step; a SIGTERM waits at most this many steps for its save.
@@ -191,6 +193,7 @@ class Logger:
         self.file = open(path, "a") if self.enabled and path else None  # noqa: SIM115
         self.total = total_steps
         self.tty = sys.stderr.isatty()
+        self.bar_shown = False  # the progress line is open: end it before printing another line
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -206,7 +209,11 @@ class Logger:
                 f"loss {record['loss']:.3f} {record['tokens_per_s']:,.0f} tok/s"
             )
             sys.stderr.flush()
+            self.bar_shown = True
         else:
+            if self.bar_shown:
+                sys.stderr.write("\n")
+                self.bar_shown = False
             print(line, flush=True)
 
 
@@ -238,10 +245,10 @@ def wrap(
     if parallel == "fsdp":
         from torch.distributed.fsdp import MixedPrecisionPolicy, fully_shard
 
-        # bf16 parameters for compute; gradients reduced in fp32, since summing bf16 gradients
-        # over many ranks loses precision (torchtitan's default).
+        # bf16 parameters for compute and bf16 gradient reduce-scatter: half the bytes of fp32
+        # on the wire; the fp32 master weights and optimizer state stay sharded in fp32.
         policy = (
-            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.float32)
+            MixedPrecisionPolicy(param_dtype=torch.bfloat16, reduce_dtype=torch.bfloat16)
             if bf16
             else MixedPrecisionPolicy()
         )
@@ -327,8 +334,10 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
     agree(error)
 
     model, core = build_model(config, device)
+    # Fused AdamW (CUDA and CPU): one pass over parameters and state per group, where the
+    # default foreach version makes about ten; 3-5x faster steps on CPU.
     optimizer = torch.optim.AdamW(
-        core.parameter_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95), fused=cuda
+        core.parameter_groups(config.weight_decay), lr=config.lr, betas=(0.9, 0.95), fused=True
     )
     progress = Progress()
     state = {"train": ModelAndOptimizer(model, optimizer), "progress": progress}
@@ -379,7 +388,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
     loss_sum = torch.zeros((), device=device)
     norm_sum = torch.zeros((), device=device)
     stopping = False
-    window_start, window_steps = time.perf_counter(), 0
+    loop_start = window_start = time.perf_counter()
+    window_steps = 0
     while progress.step < config.steps and not stopping:
         for group in optimizer.param_groups:
             group["lr"] = lr_at(progress.step, config)
@@ -454,6 +464,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
     wait_start = time.perf_counter()
     checkpointer.wait()
     final_wait = time.perf_counter() - wait_start
+    elapsed = time.perf_counter() - loop_start
     digests = [None] * world
     dist.all_gather_object(digests, param_digest(model) if config.parallel == "ddp" else None)
     logger.log(
@@ -462,6 +473,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
             "step": progress.step,
             "samples": progress.samples,
             "final_wait_s": round(final_wait, 3),
+            "elapsed_s": round(elapsed, 3),
             "param_digests": digests,
         }
     )
@@ -469,10 +481,15 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
 
 
 def main(argv: list[str] | None = None) -> int:
-    config = parse_args(argv)
     try:
-        return train(config)
+        return train(parse_args(argv))
+    except OptionsError as e:
+        message, usage_text = str(e), options_usage()
     except InputError as e:
-        if os.environ.get("RANK", "0") == "0":
-            print(f"python -m trainer: error: {e}", file=sys.stderr, flush=True)
-        return 2
+        message, usage_text = str(e), ""
+    if os.environ.get("RANK", "0") == "0":  # every rank found the same; one says it
+        print(f"{usage_text}python -m trainer: error: {message}", file=sys.stderr, flush=True)
+    if handoff := os.environ.get(INPUT_ERROR_FILE):
+        Path(handoff).write_text(message)
+        time.sleep(60)  # the launcher stops this process well before; alone, it still exits
+    return 2
