@@ -50,7 +50,7 @@ STEPS ?= 20
 job-local: $(VENV)/.installed
 	$(PY) -m workloads.local $(JOB) --stack $(STACK) --steps $(STEPS) $(if $(MODEL),--model $(MODEL))
 
-## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 8 minutes)
+## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 12 minutes)
 bench: $(VENV)/.installed
 	$(PY) -m trainer.bench
 

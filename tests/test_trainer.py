@@ -638,3 +638,20 @@ def test_progress_bar_line_ends_before_an_event_is_printed(monkeypatch, capsys):
     logger.log({"step": 10, "loss": 2.1, "tokens_per_s": 1000.0})
     assert terminal.getvalue().count("\n") == 1 and terminal.getvalue().endswith("tok/s")
     assert json.loads(capsys.readouterr().out) == {"step": 5, "val_loss": 2.4}
+
+
+def test_gradients_cross_ranks_only_on_the_last_micro_step(process_group):
+    from trainer.train import gradient_sync
+
+    cpu = torch.device("cpu")
+    ddp = wrap(GPT(PRESETS["tiny"]), "ddp", 2, cpu, compile=False, bf16=False)
+    with gradient_sync(ddp, last=False):
+        assert not ddp.require_backward_grad_sync
+    with gradient_sync(ddp, last=True):
+        assert ddp.require_backward_grad_sync
+
+    fsdp = wrap(GPT(PRESETS["tiny"]), "fsdp", 1, cpu, compile=False, bf16=False)
+    groups = [g for m in (fsdp, *fsdp.blocks) for g in m._get_fsdp_state()._fsdp_param_groups]
+    for last in (False, True):
+        with gradient_sync(fsdp, last=last):
+            assert all(g.reduce_grads is last for g in groups)
