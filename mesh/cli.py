@@ -95,25 +95,32 @@ def launch(mesh: Mesh, nnodes: str, max_restarts: int, script: list[str], run_id
     )
     job = remote.Launch(mesh, commands)
     job.start()
+    silent: list[str] = []
     try:
-        while not job.wait(timeout=0.5):
+        while not job.wait(timeout=0.5) and not (silent := job.silent()):
             pass
     except KeyboardInterrupt:
         job.stop()
         return 130
     finally:
         job.close()
-    return outcome(job.exit_codes, low)
+    return outcome({**job.exit_codes, **dict.fromkeys(silent)}, low)
 
 
-def outcome(exit_codes: dict[str, int], low: int) -> int:
-    """0 when at least MIN nodes finished: in an elastic run a node that left (a non-zero exit)
-    did not stop the others, which re-formed without it and resumed from the checkpoint."""
+def outcome(exit_codes: dict[str, int | None], low: int) -> int:
+    """0 when at least MIN nodes finished: in an elastic run a node that left (a non-zero exit,
+    or no answer at all) did not stop the others, which re-formed without it and resumed from
+    the checkpoint."""
     finished = [n for n, c in exit_codes.items() if c == 0]
     for name, code in exit_codes.items():
         if code != 0:
             role = "left the run" if len(finished) >= low else "failed"
-            print(f"{name}: {role} (torchrun exited with {code})", file=sys.stderr)
+            how = (
+                f"no answer {remote.FINISH_GRACE_SECONDS:.0f} s after the run finished"
+                if code is None
+                else f"torchrun exited with {code}"
+            )
+            print(f"{name}: {role} ({how})", file=sys.stderr)
     return 0 if len(finished) >= low else 1
 
 

@@ -4,6 +4,7 @@ import json
 import shlex
 import sys
 import threading
+import time
 import uuid
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -22,6 +23,10 @@ TORCH_PROBE = (
 PID_MARK = "TP_MESH_PID="
 # How long stopped nodes get to shut their workers down before the launcher gives up on them.
 STOP_GRACE_SECONDS = 30.0
+# How long the launcher waits, once one node has finished the run, for nodes still running: a
+# machine that dropped off the network (asleep, unplugged) never ends its torchrun, and its SSH
+# session never closes.
+FINISH_GRACE_SECONDS = 60.0
 # torchrun's c10d rendezvous settings (torch/distributed/elastic/rendezvous/dynamic_rendezvous.py).
 # When a node leaves, the survivors' workers fail and their agents re-rendezvous; the new round
 # forms only after the leaver's heartbeat has expired (keep_alive_interval x
@@ -219,6 +224,7 @@ class Launch:
         self._pids: dict[str, str] = {}
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
+        self._finished_at: float | None = None
 
     def start(self) -> None:
         for name in self.commands:
@@ -244,6 +250,8 @@ class Launch:
                 self._print(name, line)
         code = channel.recv_exit_status()
         self.exit_codes[name] = code
+        if code == 0 and self._finished_at is None:
+            self._finished_at = time.monotonic()
         self._print(name, f"torchrun exited with {code}")
 
     def wait(self, timeout: float | None = None) -> bool:
@@ -253,6 +261,12 @@ class Launch:
             if thread.is_alive():
                 return False
         return True
+
+    def silent(self) -> list[str]:
+        """Nodes still running FINISH_GRACE_SECONDS after another one finished the run."""
+        if self._finished_at is None or time.monotonic() - self._finished_at < FINISH_GRACE_SECONDS:
+            return []
+        return [name for name in self.commands if name not in self.exit_codes]
 
     def stop(self) -> None:
         """SIGTERM each node's torchrun: its agent stops the workers and exits."""

@@ -108,6 +108,15 @@ class LoopbackSshd:
         for process in self._processes:
             process.wait()
 
+    def freeze(self) -> None:
+        """SIGSTOP everything this host runs, as a machine that drops off the network: its
+        processes stop answering, yet none of their connections closes."""
+        for pid in _descendants([p.pid for p in self._processes if p.poll() is None]):
+            try:
+                os.kill(pid, signal.SIGSTOP)
+            except ProcessLookupError:
+                pass  # it exited meanwhile
+
     def close(self) -> None:
         self._socket.close()
         self.power_off()

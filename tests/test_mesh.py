@@ -311,17 +311,20 @@ def test_launch_trains_across_two_hosts_with_c10d_rendezvous(tmp_path, hosts, ca
     assert any(r.get("event") == "done" for r in records)
 
 
-def test_run_goes_on_without_a_node_that_leaves(tmp_path, hosts, capsys):
-    """--nnodes 1:2: the peer loses power mid-run; the hub re-forms alone, resumes from the last
-    checkpoint and finishes, and tp-mesh reports success with the peer as having left."""
+@pytest.mark.parametrize("how", ["power_off", "freeze"])
+def test_run_goes_on_without_a_node_that_leaves(tmp_path, hosts, capsys, monkeypatch, how):
+    """--nnodes 1:2: the peer loses power (its connections close) or drops off the network (it
+    stops answering) mid-run; the hub re-forms alone, resumes from the last checkpoint and
+    finishes, and tp-mesh reports success with the peer as having left."""
     servers = hosts[0]
     servers[1].env["PATH"] = "/usr/bin:/bin"
+    monkeypatch.setattr(remote, "FINISH_GRACE_SECONDS", 3.0)
     metrics = tmp_path / "metrics.jsonl"
     argv = ["launch", str(loopback_mesh(tmp_path, hosts)), "--nnodes", "1:2"]
     argv += ["--max-restarts", "1", "--", "-m", "trainer", "--steps", "12", "--global-batch"]
     argv += ["4", "--micro-batch", "2", "--checkpoint-every", "3", "--eval-every", "100"]
     argv += ["--threads", "1", "--checkpoint-dir", str(tmp_path / "ckpt")]
-    argv += ["--metrics", str(metrics)]
+    argv += ["--metrics", str(metrics), "--collective-timeout", "5"]
     result = {}
     launcher = threading.Thread(target=lambda: result.setdefault("code", cli.main(argv)))
     launcher.start()
@@ -334,12 +337,14 @@ def test_run_goes_on_without_a_node_that_leaves(tmp_path, hosts, capsys):
         if metrics.exists() and any(r.get("event") == "checkpoint" for r in records()):
             break
         time.sleep(0.1)
-    servers[1].power_off()
+    getattr(servers[1], how)()
     left_at = time.monotonic()
     launcher.join(timeout=180)
     out, err = capsys.readouterr()
     assert not launcher.is_alive() and result["code"] == 0, (out + err)[-4000:]
     assert "peer: left the run" in err
+    if how == "freeze":
+        assert "no answer 3 s after the run finished" in err
 
     first, *rest = records()
     assert first["event"] == "start" and first["world_size"] == 2

@@ -172,11 +172,19 @@ class Checkpointer:
     gloo also gives async save the CPU backend it needs when the default group is NCCL-only.
     """
 
-    def __init__(self, store: LocalStore | S3Store, keep_last: int = 3, async_save: bool = False):
+    def __init__(
+        self,
+        store: LocalStore | S3Store,
+        keep_last: int = 3,
+        async_save: bool = False,
+        timeout: timedelta = timedelta(minutes=10),
+    ):
         self.store = store
         self.keep_last = keep_last
         self.async_save = async_save
-        self.group = dist.new_group(backend="gloo", timeout=timedelta(minutes=30))
+        # How long a collective waits for a rank: a rank that stopped answering mid-save must
+        # fail the others, not hold them (the default group's timeout does not apply here).
+        self.group = dist.new_group(backend="gloo", timeout=timeout)
         self._pending: Future | None = None
         self.rank = dist.get_rank()
 

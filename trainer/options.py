@@ -32,6 +32,10 @@ class TrainConfig:
     bf16: bool = True  # autocast, CUDA only
     compile: bool = False  # torch.compile, CUDA only
     threads: int = 0  # intra-op threads per worker; 0: cores / local workers
+    # Seconds a collective (training or checkpoint) waits for a rank that stopped answering (a
+    # machine that fell off the network) before this worker fails and torchrun re-forms the
+    # group without it. A rank's checkpoint write may lag the others' by at most this much.
+    collective_timeout: int = 600
 
 
 class OptionsError(ValueError):
@@ -75,6 +79,7 @@ def parse_options(argv: list[str]) -> TrainConfig:
         "log_every",
         "eval_every",
         "eval_samples",
+        "collective_timeout",
     ):
         if getattr(config, name) < 1:
             raise OptionsError(f"--{name.replace('_', '-')} must be at least 1")

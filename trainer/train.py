@@ -122,7 +122,7 @@ _OPENMPI_ENV = {
 }
 
 
-def init_distributed() -> tuple[int, int, torch.device]:
+def init_distributed(timeout: timedelta) -> tuple[int, int, torch.device]:
     if "RANK" not in os.environ and "OMPI_COMM_WORLD_RANK" in os.environ:
         os.environ.update({ours: os.environ[theirs] for ours, theirs in _OPENMPI_ENV.items()})
     if "RANK" not in os.environ:  # plain `python -m trainer`: a group of one
@@ -161,9 +161,10 @@ def init_distributed() -> tuple[int, int, torch.device]:
             store=store,
             rank=int(os.environ["RANK"]),
             world_size=int(os.environ["WORLD_SIZE"]),
+            timeout=timeout,
         )
     else:
-        dist.init_process_group(backend)
+        dist.init_process_group(backend, timeout=timeout)
     return dist.get_rank(), dist.get_world_size(), device
 
 
@@ -295,7 +296,7 @@ def validation_loss(
 
 def train(config: TrainConfig) -> int:
     """Raises InputError, before any training step, for what the user must fix."""
-    rank, world, device = init_distributed()
+    rank, world, device = init_distributed(timedelta(seconds=config.collective_timeout))
     try:
         return _train(config, rank, world, device)
     finally:
@@ -341,7 +342,9 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
     )
     progress = Progress()
     state = {"train": ModelAndOptimizer(model, optimizer), "progress": progress}
-    checkpointer = Checkpointer(store, config.keep_last, config.async_save)
+    checkpointer = Checkpointer(
+        store, config.keep_last, config.async_save, timedelta(seconds=config.collective_timeout)
+    )
     shapes = {f"train.model.{k}": v.shape for k, v in get_model_state_dict(model).items()}
     try:
         resumed, unreadable = checkpointer.restore(state, shapes)
