@@ -196,12 +196,13 @@ def test_kueue_flavor_is_opt_in_and_the_device_plugin_reaches_hybrid_gpus(plan):
             {"name": "nvidia.com/gpu", "nominalQuota": "1"},
         ],
     }
-    plugin = plan.one("kubernetes:helm.sh/v3:Release", "nvidia-device-plugin")
-    assert {
-        "key": HYBRID_TAINT["key"],
-        "operator": "Exists",
-        "effect": "NoSchedule",
-    } in plugin.inputs["values"]["tolerations"]
+    for agent in ("nvidia-device-plugin", "dcgm-exporter"):  # GPUs advertised and watched
+        release = plan.one("kubernetes:helm.sh/v3:Release", agent)
+        assert {
+            "key": HYBRID_TAINT["key"],
+            "operator": "Exists",
+            "effect": "NoSchedule",
+        } in release.inputs["values"]["tolerations"]
 
 
 def test_cilium_is_the_cni_of_hybrid_nodes_only(plan, dev_plan):

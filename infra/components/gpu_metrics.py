@@ -4,7 +4,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components.helm import helm_release
-from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
+from infra.components.hybrid_nodes import GPU_AGENT_TOLERATIONS
+from infra.components.node_pools import GPU_NODE_LABELS
 from infra.versions import DCGM_EXPORTER_CHART, KUBE_PROMETHEUS_STACK_CHART
 
 NAMESPACE = "monitoring"
@@ -69,7 +70,7 @@ class GpuMetrics(pulumi.ComponentResource):
             NAMESPACE,
             {
                 "nodeSelector": GPU_NODE_LABELS,
-                "tolerations": [GPU_TOLERATION],
+                "tolerations": GPU_AGENT_TOLERATIONS,
                 # The ServiceMonitor CRD comes with kube-prometheus-stack.
                 "serviceMonitor": {"enabled": prometheus_stack},
             },

@@ -21,7 +21,7 @@ import yaml
 
 from infra.components.helm import helm_release
 from infra.components.iam import assume_role_policy, managed_policy_arn, partition
-from infra.components.node_pools import GPU_NODE_LABELS, POOL_LABEL
+from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION, POOL_LABEL
 from infra.components.queues import Flavor
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import HybridConfig, HybridMachine
@@ -39,6 +39,8 @@ HYBRID_LABELS = {POOL_LABEL: HYBRID_FLAVOR, "training-platform/node-role": "hybr
 HYBRID_TAINT = {"key": "training-platform/hybrid", "value": "true", "effect": "NoSchedule"}
 # For node agents (device plugins): a workload opts in through Kueue's flavor instead.
 HYBRID_TOLERATION = {"key": HYBRID_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+# Agents every GPU node runs (device plugin, DCGM exporter), pool nodes and hybrid ones alike.
+GPU_AGENT_TOLERATIONS = [GPU_TOLERATION, HYBRID_TOLERATION]
 WIREGUARD_PORT = 51820
 # The pinned release's binaries; a machine adds its architecture (amd64, arm64) and file name.
 NODEADM_RELEASE = f"https://hybrid-assets.eks.amazonaws.com/releases/{NODEADM_VERSION}/bin/linux"

@@ -7,8 +7,8 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components.helm import helm_release
-from infra.components.hybrid_nodes import HYBRID_TOLERATION
-from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
+from infra.components.hybrid_nodes import GPU_AGENT_TOLERATIONS
+from infra.components.node_pools import GPU_NODE_LABELS
 from infra.versions import NVIDIA_DEVICE_PLUGIN_CHART
 
 
@@ -24,7 +24,7 @@ class NvidiaDevicePlugin(pulumi.ComponentResource):
             {
                 # Only GPU nodes: the pools label them, and their taint is tolerated.
                 "nodeSelector": GPU_NODE_LABELS,
-                "tolerations": [GPU_TOLERATION, HYBRID_TOLERATION],
+                "tolerations": GPU_AGENT_TOLERATIONS,
                 "priorityClassName": "system-node-critical",
                 "gfd": {"enabled": False},
                 "nfd": {"enabled": False},
