@@ -6,6 +6,7 @@ import pytest
 import yaml
 
 from infra.components.kueue import FRAMEWORKS
+from infra.components.queues import TEAM_LABEL
 from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TOLERATION
 from infra.components.training_operators import (
     MPI_OPERATOR_KUSTOMIZATION,
@@ -97,6 +98,21 @@ def test_kueue_integrations_and_all_or_nothing_admission(dev_plan):
         ready["requeuingStrategy"]["backoffBaseSeconds"] > 0
         and ready["requeuingStrategy"]["backoffLimitCount"] > 0
     )
+
+
+def test_kueue_webhooks_reach_only_the_namespaces_that_have_queues(stack_plan):
+    """Kueue's pod webhook fails closed: it must not stand between any other pod and starting."""
+    selector = kueue_config(stack_plan)["managedJobsNamespaceSelector"]
+    assert selector == {"matchExpressions": [{"key": TEAM_LABEL, "operator": "Exists"}]}
+    selected = {
+        n.inputs["metadata"]["name"]
+        for n in stack_plan.of_type("kubernetes:core/v1:Namespace")
+        if TEAM_LABEL in n.inputs["metadata"].get("labels", {})
+    }
+    queued = {q.inputs["metadata"]["namespace"] for q in stack_plan.of_type(KUEUE_TYPES[2])}
+    assert selected == queued and queued
+    controllers = {r.inputs["namespace"] for r in stack_plan.of_type(RELEASE)}
+    assert not controllers & selected and {"kube-system", "kueue-system"} <= controllers
 
 
 def test_install_order_lets_a_first_up_succeed(stack_plan):

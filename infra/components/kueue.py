@@ -5,6 +5,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from infra.components.helm import helm_release
+from infra.components.queues import TEAM_LABEL
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.versions import KUEUE_CHART
 
@@ -36,6 +37,13 @@ def manager_config() -> dict:
         "webhook": {"port": 9443},
         "leaderElection": {"leaderElect": True, "resourceName": "c1f6bfd2.kueue.x-k8s.io"},
         "manageJobsWithoutQueueName": False,
+        # Only the platform's team and DevServer namespaces (all labelled with their team). The
+        # chart gives the pod webhook (failurePolicy Fail) this selector too: without it every
+        # pod outside kube-system and kueue-system would wait on Kueue's webhook, so a Kueue
+        # outage would stop pods from starting cluster-wide (monitoring, Karpenter, CSI, ...).
+        "managedJobsNamespaceSelector": {
+            "matchExpressions": [{"key": TEAM_LABEL, "operator": "Exists"}]
+        },
         # All-or-nothing admission: a job that cannot get every pod running within the timeout
         # gives its quota back and is requeued with exponential backoff, so two half-admitted
         # jobs never deadlock the GPUs. In v1beta2 the block's presence switches it on.
