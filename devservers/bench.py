@@ -55,7 +55,7 @@ def main(argv: list[str] | None = None) -> None:
     args = parser.parse_args(argv)
     gpu = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true", "effect": "NoSchedule"}
     flavor = flavor_object(
-        "gpu-4", "gpu-small", {"training-platform/pool": "gpu-small"}, [gpu], 4, 44, 170
+        "gpu-4", "gpu-small", {"training-platform/pool": "gpu-small"}, [gpu], 4, 43, 163
     )
     servers = [server(i) for i in range(args.servers)]
     settings, now = Settings(), datetime.now(UTC)

@@ -316,6 +316,17 @@ class ClusterConfig(Model):
         return self
 
 
+def pod_room(instance_type: InstanceType) -> tuple[int, int]:
+    """(vCPU, GiB of memory) a pod may request and still fit alone on a node of this type.
+
+    What the node keeps: EC2's memory overhead (Karpenter assumes 7.5 %), the kubelet's
+    reservations and eviction threshold, and the DaemonSets (CNI, kube-proxy, CSI and device
+    plugins, GPU metrics): 10 % of the vCPUs (at least one) and 15 % of the memory.
+    """
+    vcpu, memory_gib = instance_type.vcpu, instance_type.memory_gib
+    return min(vcpu - 1, math.floor(vcpu * 0.9)), math.floor(memory_gib * 0.85)
+
+
 class PoolCeiling(BaseModel):
     """The most a NodePool can ever hold; Karpenter limits and Kueue quotas both come from it."""
 
@@ -389,16 +400,14 @@ class NodePoolConfig(Model):
     def job_pod_requests(self) -> tuple[int, int]:
         """(vCPU, GiB of memory) one job pod requests on this pool.
 
-        A GPU pod has its node to itself (it asks for every GPU), so it asks for what the pool's
-        smallest node leaves after EC2's memory overhead, the kubelet's reservations and the
-        DaemonSets: 90 % of the vCPUs (at least one spare) and 85 % of the memory. A CPU pod
-        asks for a fixed slice, several to a node.
+        A GPU pod has its node to itself (it asks for every GPU), so it asks for the room the
+        pool's smallest node leaves (pod_room). A CPU pod asks for a fixed slice, several to a
+        node.
         """
         if not self.gpu:
             return 2, 8
-        vcpu = min(t.vcpu for t in self.types)
-        memory_gib = min(t.memory_gib for t in self.types)
-        return min(vcpu - 1, math.floor(vcpu * 0.9)), math.floor(memory_gib * 0.85)
+        rooms = [pod_room(t) for t in self.types]
+        return min(vcpu for vcpu, _ in rooms), min(memory for _, memory in rooms)
 
     def ceiling(self) -> PoolCeiling:
         """maxNodes times the largest figure among the pool's types, per resource."""
@@ -611,12 +620,6 @@ class DevServersConfig(Model):
     operator_image: ImageConfig = ImageConfig()
 
 
-# What a node keeps for the kubelet, the OS and the daemonsets: a flavor must leave this free on
-# the smallest instance type of its pool, or its pod never schedules.
-DEV_SERVER_RESERVED_VCPU = 1
-DEV_SERVER_RESERVED_MEMORY_FRACTION = 0.1
-
-
 def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
     """A DevServers section's flavors fit their pools, users name teams, names are unique."""
     section = config.dev_servers
@@ -641,14 +644,14 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
                 )
             )
             continue
+        # A flavor's pod must fit on the smallest instance type of its pool, or it never
+        # schedules: the same room a job pod asks for.
         smallest = min(pool.types, key=lambda t: (t.gpus, t.vcpu, t.memory_gib))
+        vcpu, memory_gib = pod_room(smallest)
         limits = {
             "gpus": (flavor.gpus, smallest.gpus),
-            "cpu": (flavor.cpu, smallest.vcpu - DEV_SERVER_RESERVED_VCPU),
-            "memoryGib": (
-                flavor.memory_gib,
-                int(smallest.memory_gib * (1 - DEV_SERVER_RESERVED_MEMORY_FRACTION)),
-            ),
+            "cpu": (flavor.cpu, vcpu),
+            "memoryGib": (flavor.memory_gib, memory_gib),
         }
         for key, (asked, most) in limits.items():
             if asked > most:

@@ -37,8 +37,8 @@ def test_flavors_come_from_stack_config_with_their_pools_placement(dev_plan):
     assert gpu4["spec"]["nodeSelector"] == {"training-platform/pool": "gpu-small"}
     assert gpu4["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert gpu4["spec"]["resources"]["limits"] == {
-        "cpu": "44",
-        "memory": "170Gi",
+        "cpu": "43",
+        "memory": "163Gi",
         "nvidia.com/gpu": "4",
     }
     assert flavors["dev-servers-flavor-cpu-small"]["spec"]["tolerations"] == []
@@ -172,7 +172,7 @@ def test_the_plan_summary_lists_flavors_and_users():
     from infra.plan import dev_server_rows
 
     rows = "\n".join(dev_server_rows(load_stack_file("dev")))
-    assert "a100-8     gpu-large     8    92        1000" in rows
+    assert "a100-8     gpu-large     8    86         979" in rows
     assert "bob    dev-bob    team-research            2        16" in rows
 
 

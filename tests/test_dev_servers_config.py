@@ -32,15 +32,19 @@ USER = {
 @pytest.mark.parametrize(
     ("flavor", "key", "allowed"),
     [
-        # g5.12xlarge: 4 GPUs, 48 vCPU, 192 GiB; one vCPU and a tenth of memory stay reserved.
+        # g5.12xlarge: 4 GPUs, 48 vCPU, 192 GiB; a pod may ask what a job pod asks (pod_room).
         ({"gpus": 5, "cpu": 8, "memoryGib": 32}, "flavors[f].gpus", "at most 4"),
-        ({"gpus": 1, "cpu": 48, "memoryGib": 32}, "flavors[f].cpu", "at most 47"),
-        ({"gpus": 1, "cpu": 8, "memoryGib": 180}, "flavors[f].memoryGib", "at most 172"),
+        ({"gpus": 1, "cpu": 48, "memoryGib": 32}, "flavors[f].cpu", "at most 43"),
+        ({"gpus": 1, "cpu": 8, "memoryGib": 180}, "flavors[f].memoryGib", "at most 163"),
         ({"gpus": 0, "cpu": 8, "memoryGib": 32}, "flavors[f].gpus", "CPU-only servers"),
         ({"nodePool": "gpu-huge", "cpu": 8, "memoryGib": 32}, "flavors[f].nodePool", "gpu-small"),
     ],
 )
 def test_a_flavor_must_fit_its_pools_smallest_instance_type(flavor, key, allowed):
+    from infra.config import load_stack_file
+
+    gpu_small = next(p for p in load_stack_file("dev").node_pools if p.name == "gpu-small")
+    assert gpu_small.job_pod_requests() == (43, 163)  # DevServers and jobs: one rule
     message = error_for(
         {"flavors": [{"name": "f", "nodePool": "gpu-small", **flavor}], "users": [USER]}
     )
