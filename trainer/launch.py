@@ -21,7 +21,8 @@ import time
 from pathlib import Path
 
 # A worker that stops on bad input writes its message to the file this names and waits, so the
-# launcher can stop torchrun before it restarts the group into an error no restart can fix.
+# launcher can stop torchrun before it restarts the group into an error no restart can fix, and
+# print the message itself.
 INPUT_ERROR_FILE = "TRAINER_INPUT_ERROR_FILE"
 
 
@@ -60,8 +61,8 @@ def main(argv: list[str] | None = None) -> int:
             signal.signal(sig, forward)
         while (status := torchrun.poll()) is None:
             if input_error.exists():
-                # The workers said why (rank 0 on stderr) and wait; torchrun goes first, so
-                # it cannot start another group.
+                # The workers wait for this; torchrun goes first, so it cannot start another
+                # group.
                 workers = children(torchrun.pid)
                 for pid in (torchrun.pid, *workers):
                     try:
@@ -69,6 +70,7 @@ def main(argv: list[str] | None = None) -> int:
                     except ProcessLookupError:
                         pass
                 torchrun.wait()
+                print(input_error.read_text(), file=sys.stderr, flush=True)
                 return 2
             time.sleep(0.1)
         return status

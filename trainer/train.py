@@ -490,9 +490,14 @@ def main(argv: list[str] | None = None) -> int:
         message, usage_text = str(e), options_usage()
     except InputError as e:
         message, usage_text = str(e), ""
-    if os.environ.get("RANK", "0") == "0":  # every rank found the same; one says it
-        print(f"{usage_text}python -m trainer: error: {message}", file=sys.stderr, flush=True)
+    text = f"{usage_text}python -m trainer: error: {message}"
     if handoff := os.environ.get(INPUT_ERROR_FILE):
-        Path(handoff).write_text(message)
-        time.sleep(60)  # the launcher stops this process well before; alone, it still exits
+        # The launcher says it, once, and stops every worker (this one is killed while it
+        # waits): a worker printing it could be killed before its line was out.
+        partial = Path(f"{handoff}.{os.getpid()}")
+        partial.write_text(text)
+        partial.replace(handoff)  # whole or absent, whichever rank gets there first
+        time.sleep(60)
+    elif os.environ.get("RANK", "0") == "0":  # every rank found the same; one says it
+        print(text, file=sys.stderr, flush=True)
     return 2
