@@ -2,7 +2,6 @@
 request with /bin/sh on this machine. Two of them on 127.0.0.2 and 127.0.0.3 stand in for two
 hosts of a mesh, without root, network namespaces or an sshd package."""
 
-import os
 import signal
 import socket
 import subprocess
@@ -10,6 +9,8 @@ import threading
 from pathlib import Path
 
 import paramiko
+
+from trainer.launch import children, signal_each
 
 
 class _ExecServer(paramiko.ServerInterface):
@@ -99,46 +100,29 @@ class LoopbackSshd:
     def power_off(self) -> None:
         """SIGKILL everything this host runs, as a machine that loses power: every process the
         commands started, with their children in other sessions (torchrun's workers)."""
-        pids = _descendants([p.pid for p in self._processes if p.poll() is None])
-        for pid in pids:
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass  # it exited meanwhile
+        signal_each(self._process_tree(), signal.SIGKILL)
         for process in self._processes:
             process.wait()
 
     def freeze(self) -> None:
         """SIGSTOP everything this host runs, as a machine that drops off the network: its
         processes stop answering, yet none of their connections closes."""
-        for pid in _descendants([p.pid for p in self._processes if p.poll() is None]):
-            try:
-                os.kill(pid, signal.SIGSTOP)
-            except ProcessLookupError:
-                pass  # it exited meanwhile
+        signal_each(self._process_tree(), signal.SIGSTOP)
+
+    def _process_tree(self) -> list[int]:
+        """The running commands and every process below them."""
+        found, pending = [], [p.pid for p in self._processes if p.poll() is None]
+        while pending:
+            pid = pending.pop()
+            found.append(pid)
+            pending.extend(children(pid))
+        return found
 
     def close(self) -> None:
         self._socket.close()
         self.power_off()
         for transport in self._transports:
             transport.close()
-
-
-def _descendants(roots: list[int]) -> list[int]:
-    """roots and every process below them, from each process's parent in /proc/PID/stat."""
-    children: dict[int, list[int]] = {}
-    for stat in Path("/proc").glob("[0-9]*/stat"):
-        try:
-            fields = stat.read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue  # exited while listed
-        children.setdefault(int(fields[1]), []).append(int(stat.parent.name))
-    found, pending = [], list(roots)
-    while pending:
-        pid = pending.pop()
-        found.append(pid)
-        pending.extend(children.get(pid, []))
-    return found
 
 
 def write_known_hosts(path: Path, servers: list[LoopbackSshd]) -> Path:

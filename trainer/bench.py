@@ -60,7 +60,7 @@ class BareBlock(nn.Module):
         return x + self.fc_out(F.gelu(self.fc(self.ln2(x))))
 
 
-def bare_loop(preset: str, threads: int, batch: int, window: int, windows: int) -> list[float]:
+def bare_loop(preset: str, threads: int, batch: int, window: int, windows: int) -> float:
     """The median tokens/s of the timing windows after the first, of the least a training step
     can be: batch, forward, backward, clip, AdamW (fused, like the trainer's)."""
     torch.set_num_threads(threads)

@@ -39,6 +39,15 @@ def children(pid: int) -> list[int]:
     return found
 
 
+def signal_each(pids, signum: int) -> None:
+    """Send `signum` to each process that still exists."""
+    for pid in pids:
+        try:
+            os.kill(pid, signum)
+        except ProcessLookupError:
+            pass  # it exited meanwhile
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
     with tempfile.TemporaryDirectory(prefix="trainer-launch-") as tmp:
@@ -51,11 +60,7 @@ def main(argv: list[str] | None = None) -> int:
 
         def forward(signum, frame):
             # Between worker groups (a restart under way) there is nobody to tell but torchrun.
-            for pid in children(torchrun.pid) or [torchrun.pid]:
-                try:
-                    os.kill(pid, signum)
-                except ProcessLookupError:
-                    pass
+            signal_each(children(torchrun.pid) or [torchrun.pid], signum)
 
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, forward)
@@ -63,12 +68,7 @@ def main(argv: list[str] | None = None) -> int:
             if input_error.exists():
                 # The workers wait for this; torchrun goes first, so it cannot start another
                 # group.
-                workers = children(torchrun.pid)
-                for pid in (torchrun.pid, *workers):
-                    try:
-                        os.kill(pid, signal.SIGKILL)
-                    except ProcessLookupError:
-                        pass
+                signal_each([torchrun.pid, *children(torchrun.pid)], signal.SIGKILL)
                 torchrun.wait()
                 print(input_error.read_text(), file=sys.stderr, flush=True)
                 return 2
