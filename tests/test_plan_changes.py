@@ -180,7 +180,7 @@ def test_the_real_program_entry_refuses_prod_placeholders_until_replaced():
     values = stack_values(
         "prod",
         cluster={
-            "endpoint": {"publicAccessCidrs": ["100.64.10.0/24"]},
+            "endpoint": {"publicAccessCidrs": ["81.2.69.0/24"]},
             "adminPrincipalArns": ["arn:aws:iam::210987654321:role/platform-admins"],
         },
     )
