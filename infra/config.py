@@ -27,7 +27,7 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from infra.catalog import InstanceType, RegionPrices, UnpricedError, load_catalog, load_prices
+from infra.catalog import InstanceType, UnpricedError, load_catalog, load_prices
 from infra.paths import PROJECT_DIR
 from infra.regions import AWS_REGIONS
 from infra.versions import AL2023_FIRST_RELEASE, EKS_ADDONS, KARPENTER_AMI_ALIAS
@@ -454,10 +454,6 @@ class NodePoolConfig(Model):
             vcpu=self.max_nodes * max(t.vcpu for t in self.types),
             memory_gib=self.max_nodes * max(t.memory_gib for t in self.types),
         )
-
-    def max_usd_per_hour(self, prices: RegionPrices) -> float:
-        """maxNodes times the dearest of the pool's types at the region's on-demand price."""
-        return round(self.max_nodes * max(prices.instance(t) for t in self.instance_types), 2)
 
 
 def utc_today() -> datetime.date:
@@ -1176,6 +1172,8 @@ def price_errors(config: StackConfig) -> list[tuple[tuple, str]]:
         wanted += [
             (("nodePools", i, "instanceTypes", j), t) for j, t in enumerate(pool.instance_types)
         ]
+    if config.hybrid is not None:
+        wanted.append((("hybrid", "gatewayInstanceType"), config.hybrid.gateway_instance_type))
     problems = []
     for loc, name in wanted:
         try:
