@@ -93,6 +93,10 @@ BASELINE_CAPABILITIES = {
     "SETUID",
     "SYS_CHROOT",
 }
+# The one exception to "restricted", known by its shape rather than its name: an init container
+# preparing a volume for the non-root trainer (workloads.manifests.checkpoint_dir_init, chown of
+# its folder on FSx) may run as root, all capabilities dropped but these, without escalation.
+VOLUME_PREPARER_CAPABILITIES = {"CHOWN", "DAC_OVERRIDE"}
 PUBLIC_ACLS = {"public-read", "public-read-write", "authenticated-read"}
 PUBLIC_GRANTEES = ("AllUsers", "AuthenticatedUsers")
 DEFAULTS = {
@@ -573,11 +577,15 @@ def _host_access(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
 
 
 def _restricted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    # The long-running containers; init containers that prepare a volume (chown a folder on FSx)
-    # may run as root within baseline, which pods-no-host-access holds them to.
+    # Pod Security "restricted" as upstream checks it (kubernetes/pod-security-admission,
+    # policy/check_runAsNonRoot.go, check_runAsUser.go, check_allowPrivilegeEscalation.go,
+    # check_capabilities_restricted.go, check_seccompProfile_restricted.go): on containers and
+    # init containers alike.
     for pod in _pod_specs(props, args.resource_type):
         pod_context = pod.get("securityContext") or {}
-        for container in listed(pod.get("containers")):
+        containers = [(c, False) for c in listed(pod.get("containers"))]
+        containers += [(c, True) for c in listed(pod.get("initContainers"))]
+        for container, init in containers:
             name = container.get("name")
             context = container.get("securityContext") or {}
 
@@ -585,12 +593,22 @@ def _restricted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
                 value = context.get(key)
                 return pod_context.get(key) if value is None else value
 
-            if setting("runAsNonRoot") is not True or setting("runAsUser") == 0:
+            added = sorted(set(map(str, listed(dig(context, "capabilities", "add")))))
+            root = setting("runAsNonRoot") is not True or setting("runAsUser") == 0
+            if root and not init:
                 yield f"container {name} must run as non-root (runAsNonRoot: true)"
+            elif root and not set(added) <= VOLUME_PREPARER_CAPABILITIES:
+                yield (
+                    f"init container {name} runs as root adding {added}; allowed: non-root, or "
+                    f"root adding only {', '.join(sorted(VOLUME_PREPARER_CAPABILITIES))}"
+                )
             if context.get("allowPrivilegeEscalation") is not False:
                 yield f"container {name} must set allowPrivilegeEscalation: false"
             if "ALL" not in listed(dig(context, "capabilities", "drop")):
                 yield f"container {name} must drop ALL capabilities"
+            beyond = [c for c in added if c not in ("NET_BIND_SERVICE",)]
+            if beyond and not (init and root):
+                yield f"container {name} adds capabilities {beyond}; allowed: NET_BIND_SERVICE"
             seccomp = dig(context, "seccompProfile", "type") or dig(
                 pod_context, "seccompProfile", "type"
             )
@@ -890,8 +908,10 @@ POLICIES = [
     ),
     resource_rule(
         "pods-restricted",
-        "Pod containers (init containers aside) run as non-root, without privilege escalation, "
-        "with RuntimeDefault seccomp and ALL capabilities dropped",
+        "Pod containers and init containers run as non-root (an init container preparing a "
+        "volume may be root adding only CHOWN and DAC_OVERRIDE), without privilege escalation, "
+        "with RuntimeDefault seccomp, ALL capabilities dropped and none added but "
+        "NET_BIND_SERVICE",
         lambda t: t in JOB_TYPES or t in POD_TEMPLATE_PATHS,
         _restricted,
     ),

@@ -806,3 +806,84 @@ def test_allowed_public_ingress_names_are_what_the_program_opens(hybrid_stack):
     assert (
         violations_of(plan, "no-world-ingress", {"allowedPublicIngress": ["hybrid-gateway"]}) == []
     )
+
+
+# --- program edits that make training containers privileged or root -------------------------
+
+
+def job_inputs(plan: Plan, name: str) -> tuple[str, dict]:
+    job = next(r for r in plan.resources if r.type in (PYTORCHJOB, MPIJOB) and r.name == name)
+    return job.type, copy.deepcopy(job.inputs)
+
+
+def pods(inputs: dict) -> list[dict]:
+    spec = inputs["spec"]
+    replicas = spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"]
+    return [replica["template"]["spec"] for replica in replicas.values()]
+
+
+def init_context(pod: dict) -> dict:
+    return pod["initContainers"][0]["securityContext"]
+
+
+def main_context(pod: dict) -> dict:
+    return pod["containers"][0]["securityContext"]
+
+
+# Upstream's rules: kubernetes/pod-security-admission policy/check_runAsNonRoot.go,
+# check_runAsUser.go, check_allowPrivilegeEscalation.go and check_capabilities_restricted.go
+# (restricted: drop ALL, add only NET_BIND_SERVICE) hold containers AND initContainers to them.
+PROGRAM_EDITS = {
+    "init container escalates": (
+        lambda pod: init_context(pod).update(allowPrivilegeEscalation=True),
+        "checkpoint-dir must set allowPrivilegeEscalation: false",
+    ),
+    "init container keeps the runtime's default capabilities": (
+        lambda pod: init_context(pod).pop("capabilities"),
+        "checkpoint-dir must drop ALL capabilities",
+    ),
+    "root init container adds SETUID": (
+        lambda pod: init_context(pod)["capabilities"]["add"].append("SETUID"),
+        "checkpoint-dir runs as root",
+    ),
+    "a second root init container": (
+        lambda pod: pod["initContainers"].append(
+            {"name": "setup", "image": "x", "securityContext": {"runAsUser": 0}}
+        ),
+        "container setup must drop ALL capabilities",  # root, as the exception's shape allows
+    ),
+    "trainer adds capabilities": (
+        lambda pod: main_context(pod)["capabilities"].update(add=["CHOWN", "SETUID"]),
+        "container pytorch adds capabilities ['CHOWN', 'SETUID']",
+    ),
+    "trainer runs as root": (
+        lambda pod: pod["securityContext"].update(runAsUser=0),
+        "container pytorch must run as non-root",
+    ),
+    "trainer is privileged": (
+        lambda pod: main_context(pod).update(privileged=True),
+        "container pytorch is privileged",
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(PROGRAM_EDITS))
+def test_a_program_edit_making_training_containers_root_or_privileged_fails(prod_plan, edit):
+    change, expected = PROGRAM_EDITS[edit]
+    kind, inputs = job_inputs(prod_plan, "job-gpt-large")  # checkpoints on FSx: its init container
+    assert check(plan_with((kind, copy.deepcopy(inputs)))) == []
+    for pod in pods(inputs):
+        change(pod)
+    messages = [v.message for v in check(plan_with((kind, inputs)))]
+    assert any(expected in m for m in messages), messages
+
+
+def test_mpi_workers_are_held_to_the_same_rules(prod_plan):
+    kind, inputs = job_inputs(prod_plan, "job-gpt-large-mpi")
+    for pod in pods(inputs):
+        main_context(pod)["capabilities"]["add"] = ["SYS_CHROOT"]
+    messages = {v.message for v in violations_of(plan_with((kind, inputs)), "pods-restricted")}
+    assert messages == {
+        "container launcher adds capabilities ['SYS_CHROOT']; allowed: NET_BIND_SERVICE",
+        "container worker adds capabilities ['SYS_CHROOT']; allowed: NET_BIND_SERVICE",
+    }
