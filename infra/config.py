@@ -153,7 +153,9 @@ def _vpc_range(network: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
 # Ranges no client on the internet comes from: those Python's ipaddress calls not global
 # (`is_global`, after IANA's special-purpose address registry) and multicast, never a source. The
 # RFC 5737 documentation ranges are not global either but pass here: Pulumi.prod.yaml ships them
-# as placeholders, which `pulumi up` refuses (placeholder_errors).
+# as placeholders, which `pulumi up` refuses (placeholder_errors). Blocks to lie inside of, not
+# IPv4Network.is_global, which judges a network by its first and last address (0.0.0.0/0 is "not
+# global" there).
 NOT_INTERNET = {
     ipaddress.IPv4Network(cidr): kind
     for cidr, kind in (
