@@ -140,7 +140,11 @@ def test_a_region_or_type_without_a_price_is_a_config_error_naming_the_key(
 
 def test_moving_the_stack_to_another_region_reprices_it():
     oregon = plan_of("dev")
-    values = {**stack_values("dev"), "aws:region": "eu-central-1"}
+    pools = [
+        {**p, "availabilityZone": "eu-central-1a"} if p.get("efa") else p
+        for p in stack_values("dev")["training-platform:nodePools"]
+    ]
+    values = {**stack_values("dev", nodePools=pools), "aws:region": "eu-central-1"}
     frankfurt_config = parse_stack_config(values, "Pulumi.dev.yaml")
     frankfurt = run_offline(lambda: build_platform(frankfurt_config), "dev", values)
     lines = changes(
