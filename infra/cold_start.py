@@ -108,9 +108,7 @@ class ColdStart:
 
 
 def fast_image_pull(instance: InstanceType) -> bool:
-    return (
-        instance.vcpu >= FAST_PULL_MIN_VCPU and instance.memory_gib >= FAST_PULL_MIN_MEMORY_GIB
-    )
+    return instance.vcpu >= FAST_PULL_MIN_VCPU and instance.memory_gib >= FAST_PULL_MIN_MEMORY_GIB
 
 
 def launch_seconds(instance: InstanceType) -> float:

@@ -105,7 +105,9 @@ class Kueue(pulumi.ComponentResource):
             KUEUE_CHART,
             NAMESPACE,
             {
-                "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config(pools))},
+                "managerConfig": {
+                    "controllerManagerConfigYaml": yaml.safe_dump(manager_config(pools))
+                },
                 # Two replicas (one leads) and a PDB: a node drain never stops admission.
                 "controllerManager": {
                     "replicas": 2,
