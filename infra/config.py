@@ -352,8 +352,8 @@ class NodePoolConfig(Model):
     max_nodes: int = Field(ge=1, le=1000)
     capacity_types: list[Literal["on-demand", "spot"]] = Field(default=["on-demand"], min_length=1)
     efa: bool = False
-    # EFA pools keep their nodes in one AZ and one cluster placement group; default: the first AZ
-    # of the VPC the program creates (required with an existing VPC).
+    # EFA pools keep their nodes in one AZ and one cluster placement group: required there, as an
+    # instance type is not offered in every AZ (infra.preflight checks it is in this one).
     availability_zone: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
     disk_size_gib: int = Field(default=200, ge=50, le=16000)
     # gp3 throughput of the root volume in MiB/s; Karpenter's EC2NodeClass takes 125 to 1000.
@@ -950,12 +950,14 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     f"{config.region}a, {config.region}b, ...",
                 )
             )
-        if pool.efa and not zone and config.network.existing_vpc:
+        if pool.efa and not zone:
             problems.append(
                 (
                     loc,
-                    f"pool {pool.name}: missing; an EFA pool in an existing VPC needs it; "
-                    "allowed: an AZ of the VPC's private subnets",
+                    f"pool {pool.name}: missing; an EFA pool keeps its nodes in one cluster "
+                    "placement group, which lives in one AZ; allowed: an AZ of the stack's "
+                    f"subnets where {', '.join(pool.instance_types)} is offered, e.g. "
+                    f"{config.region}a (python -m infra.preflight checks the offering)",
                 )
             )
         too_small = [t.name for t in pool.types if not job_pod_fits(pool, t)]

@@ -133,17 +133,10 @@ def check_quotas(config: StackConfig, quotas, report: Report) -> None:
 
 def check_offerings(config: StackConfig, ec2, zones: list[str], report: Report) -> None:
     for pool in config.node_pools:
-        pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
-            LocationType="availability-zone",
-            Filters=[
-                {"Name": "instance-type", "Values": pool.instance_types},
-                {"Name": "location", "Values": zones},
-            ],
-        )
-        offered = defaultdict(set)
-        for page in pages:
-            for offering in page["InstanceTypeOfferings"]:
-                offered[offering["InstanceType"]].add(offering["Location"])
+        if pool.efa:
+            check_efa_zone(pool, ec2, zones, report)
+            continue
+        offered = offerings(ec2, pool.instance_types, zones)
         for name in pool.instance_types:
             missing = [z for z in zones if z not in offered[name]]
             if missing:
@@ -155,24 +148,57 @@ def check_offerings(config: StackConfig, ec2, zones: list[str], report: Report) 
             )
 
 
+def offerings(ec2, instance_types: list[str], zones: list[str]) -> dict[str, set[str]]:
+    """The zones among `zones` where each instance type is offered."""
+    pages = ec2.get_paginator("describe_instance_type_offerings").paginate(
+        LocationType="availability-zone",
+        Filters=[
+            {"Name": "instance-type", "Values": instance_types},
+            {"Name": "location", "Values": zones},
+        ],
+    )
+    offered = defaultdict(set)
+    for page in pages:
+        for offering in page["InstanceTypeOfferings"]:
+            offered[offering["InstanceType"]].add(offering["Location"])
+    return offered
+
+
+def check_efa_zone(pool, ec2, zones: list[str], report: Report) -> None:
+    """An EFA pool launches only in its one zone: every type must be offered there."""
+    zone = pool.availability_zone
+    if zone not in zones:
+        report.problems.append(
+            f"{pool.name}: availabilityZone {zone} has no subnet of this stack ({', '.join(zones)})"
+        )
+        return
+    offered = offerings(ec2, pool.instance_types, [zone])
+    for name in pool.instance_types:
+        if zone in offered[name]:
+            report.notes.append(f"{pool.name}: {name} offered in {zone}, the pool's zone")
+        else:
+            report.problems.append(f"{pool.name}: {name} not offered in {zone}, the pool's zone")
+
+
 def check_spot(config: StackConfig, ec2, zones: list[str], report: Report) -> None:
     prices = load_prices(config.region)  # config validation made sure every pool type is priced
     start = datetime.now(UTC) - SPOT_LOOKBACK
     for pool in config.node_pools:
         if "spot" not in pool.capacity_types:
             continue
+        pool_zones = [pool.availability_zone] if pool.efa else zones
         pages = ec2.get_paginator("describe_spot_price_history").paginate(
             InstanceTypes=pool.instance_types,
             ProductDescriptions=[SPOT_PRODUCT],
             StartTime=start,
-            Filters=[{"Name": "availability-zone", "Values": zones}],
+            Filters=[{"Name": "availability-zone", "Values": pool_zones}],
         )
         cheapest: dict[str, tuple[float, str]] = {}
         for page in pages:
             for price in page["SpotPriceHistory"]:
                 value, zone = float(price["SpotPrice"]), price["AvailabilityZone"]
                 name = price["InstanceType"]
-                if zone in zones and (name not in cheapest or value < cheapest[name][0]):
+                if zone in pool_zones and (name not in cheapest or value < cheapest[name][0]):
                     cheapest[name] = (value, zone)
         for name in pool.instance_types:
             if name in cheapest:
@@ -184,7 +210,7 @@ def check_spot(config: StackConfig, ec2, zones: list[str], report: Report) -> No
         if not cheapest:
             line = (
                 f"{pool.name}: no spot price for {', '.join(pool.instance_types)} in "
-                f"{', '.join(zones)} during the last {SPOT_LOOKBACK.days} day(s)"
+                f"{', '.join(pool_zones)} during the last {SPOT_LOOKBACK.days} day(s)"
             )
             only_spot = pool.capacity_types == ["spot"]
             (report.problems if only_spot else report.warnings).append(line)

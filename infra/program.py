@@ -37,7 +37,7 @@ def build_platform(config: StackConfig) -> None:
         cluster_name=config.cluster.name,
         instance_profile=karpenter.instance_profile_name,
         ami_alias=config.karpenter.ami_alias,
-        default_efa_zone=network.zones[0] if network.zones else None,
+        vpc_zones=network.zones,
         karpenter_release=karpenter.release,
         provider=cluster.provider,
         tags=tags,

@@ -300,6 +300,11 @@ def test_max_nodes_edit_moves_that_pools_limits_quota_and_cost_together_and_noth
             "not a known instance type",
         ),
         ({"instanceTypes": ["g5.xlarge"], "efa": True}, "nodePools[gpu]", "g5.xlarge has no EFA"),
+        (
+            {"instanceTypes": ["p4d.24xlarge"], "efa": True},
+            "nodePools[gpu].availabilityZone",
+            "missing; an EFA pool keeps its nodes in one cluster placement group",
+        ),
         ({"instanceTypes": ["g5.xlarge", "m6i.large"]}, "nodePools[gpu]", "mixes GPU and CPU"),
         ({"maxNodes": 0}, "nodePools[gpu].maxNodes", "greater than or equal to 1"),
         (
@@ -322,3 +327,16 @@ def test_repeated_pool_names_are_a_config_error():
     pool = {"name": "gpu", "instanceTypes": ["g5.12xlarge"], "maxNodes": 2}
     with pytest.raises(ConfigError, match="nodePools names gpu repeat"):
         parse_stack_config(stack_values("dev", nodePools=[pool, pool]), "Pulumi.dev.yaml")
+
+
+def test_efa_pool_zone_must_have_a_subnet_of_the_stack():
+    pools = [
+        {**p, "availabilityZone": "us-west-2c"} if p.get("efa") else p
+        for p in stack_values("dev")["training-platform:nodePools"]
+    ]
+    with pytest.raises(ConfigError) as caught:
+        plan_of("dev", nodePools=pools)  # azCount 2: us-west-2a and us-west-2b
+    assert str(caught.value).splitlines()[1] == (
+        "  training-platform:nodePools[gpu-large].availabilityZone: us-west-2c has no subnet of "
+        "this stack; allowed: us-west-2a, us-west-2b (network.azCount picks the first AZs)"
+    )

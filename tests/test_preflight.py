@@ -164,6 +164,39 @@ def test_satisfiable_stack_passes_with_spot_prices(aws):
     assert "system node group, cpu: quota 64 vCPU of 38 needed" in " ".join(report.notes)
 
 
+@pytest.mark.parametrize(
+    ("zone", "az_count", "found"),
+    [
+        # moto's eu-west-1 offers p4d.24xlarge only in eu-west-1c.
+        ("eu-west-1a", 3, ("ERROR", "p4d.24xlarge not offered in eu-west-1a, the pool's zone")),
+        (
+            "eu-west-1c",
+            2,
+            (
+                "ERROR",
+                "availabilityZone eu-west-1c has no subnet of this stack (eu-west-1a, eu-west-1b)",
+            ),
+        ),
+        ("eu-west-1c", 3, ("ok", "p4d.24xlarge offered in eu-west-1c, the pool's zone")),
+    ],
+)
+def test_efa_pool_fails_unless_its_type_is_offered_in_its_zone(aws, zone, az_count, found):
+    pool = {
+        "name": "efa",
+        "instanceTypes": ["p4d.24xlarge"],
+        "maxNodes": 1,
+        "efa": True,
+        "availabilityZone": zone,
+    }
+    config = config_in("eu-west-1", [pool], az_count)
+    quotas = stubbed_quotas("eu-west-1", {"L-1216C47A": 64, "L-417A185B": 96})
+    report = preflight.preflight(config, boto3.client("ec2", region_name="eu-west-1"), quotas)
+    level, text = found
+    assert f"efa: {text}" in (report.problems if level == "ERROR" else report.notes)
+    assert bool(report.problems) == (level == "ERROR")
+    assert not report.warnings  # an EFA pool's other zones are not its business
+
+
 def test_spot_only_pool_without_a_spot_market_fails(aws):
     # moto prices spot only where a type is offered: eu-west-1 has p4d.24xlarge in 1c only.
     config = config_in(

@@ -10,7 +10,7 @@ import pulumi_kubernetes as k8s
 import yaml
 
 from infra.components.network import discovery_tag
-from infra.config import NodePoolConfig
+from infra.config import ConfigError, NodePoolConfig
 
 POOL_LABEL = "training-platform/pool"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -171,7 +171,7 @@ class NodePools(pulumi.ComponentResource):
         cluster_name: str,
         instance_profile: pulumi.Input[str],
         ami_alias: str,
-        default_efa_zone: str | None,
+        vpc_zones: list[str] | None,  # the created VPC's AZs; None for an adopted VPC
         karpenter_release: pulumi.Resource,
         provider: k8s.Provider,
         tags: dict[str, str],
@@ -186,7 +186,14 @@ class NodePools(pulumi.ComponentResource):
         for pool in pools:
             zone = placement_group = None
             if pool.efa:
-                zone = pool.availability_zone or default_efa_zone
+                zone = pool.availability_zone
+                if vpc_zones is not None and zone not in vpc_zones:
+                    # Karpenter would find no subnet in the zone: pods would stay pending.
+                    raise ConfigError(
+                        f"Invalid stack config:\n  training-platform:nodePools[{pool.name}]."
+                        f"availabilityZone: {zone} has no subnet of this stack; allowed: "
+                        f"{', '.join(vpc_zones)} (network.azCount picks the first AZs)"
+                    )
                 # Nodes of one job talk over EFA: keep them on one network spine.
                 placement_group = aws.ec2.PlacementGroup(
                     f"{name}-{pool.name}",
