@@ -6,6 +6,7 @@ import copy
 import io
 import re
 from datetime import UTC, datetime
+from functools import cache
 from pathlib import Path
 
 import jsonschema
@@ -195,6 +196,7 @@ def test_a_slower_instance_type_moves_the_timeouts(dev_plan):
 # --- a Workload as Kueue writes it, and what devctl shows -------------------------------------
 
 
+@cache
 def workload_schema() -> dict:
     crd = yaml.load(
         (UPSTREAM / "kueue" / "kueue.x-k8s.io_workloads.yaml").read_text(), Loader=yaml.CSafeLoader
