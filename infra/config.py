@@ -327,6 +327,14 @@ def pod_room(instance_type: InstanceType) -> tuple[int, int]:
     return min(vcpu - 1, math.floor(vcpu * 0.9)), math.floor(memory_gib * 0.85)
 
 
+# gp3 root volume throughput (MiB/s) by whether the pool's nodes have NVMe instance store. Without
+# it, images unpack onto the root volume: nodeadm's FastImagePull guide asks for at least 600 MiB/s
+# (awslabs/amazon-eks-ami nodeadm/doc/examples.md, "Enabling fast image pull"); gp3's baseline 125
+# MiB/s would make the disk the bottleneck of every cold start. With it, the root volume holds only
+# the OS and gets gp3's baseline, which costs nothing extra.
+ROOT_THROUGHPUT_MIBPS = {False: 600, True: 125}
+
+
 class PoolCeiling(BaseModel):
     """The most a NodePool can ever hold; Karpenter limits and Kueue quotas both come from it."""
 
@@ -348,6 +356,9 @@ class NodePoolConfig(Model):
     # instance type is not offered in every AZ (infra.preflight checks it is in this one).
     availability_zone: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
     disk_size_gib: int = Field(default=200, ge=50, le=16000)
+    # gp3 throughput of the root volume in MiB/s; Karpenter's EC2NodeClass takes 125 to 1000.
+    # Default: ROOT_THROUGHPUT_MIBPS by whether image pulls land on it (see root_throughput_mibps).
+    disk_throughput_mibps: int | None = Field(default=None, ge=125, le=1000)
     expire_after: Duration = "720h"
 
     @model_validator(mode="after")
@@ -377,6 +388,16 @@ class NodePoolConfig(Model):
     @property
     def types(self) -> list[InstanceType]:
         return [load_catalog()[name] for name in self.instance_types]
+
+    @property
+    def instance_store(self) -> bool:
+        """Every type has NVMe instance store: containerd's data (and image pulls) go to a RAID0
+        of it, the root volume keeps the OS. A pool mixing in a type without keeps EBS for all."""
+        return all(t.nvme for t in self.types)
+
+    def root_throughput_mibps(self) -> int:
+        """The root volume's gp3 throughput: configured, else by whether pulls write to it."""
+        return self.disk_throughput_mibps or ROOT_THROUGHPUT_MIBPS[self.instance_store]
 
     @property
     def gpu(self) -> bool:

@@ -57,6 +57,7 @@ def build_platform(config: StackConfig) -> None:
     )
     kueue = Kueue(
         "kueue",
+        config.node_pools,
         provider=cluster.provider,
         depends_on=[*operators.installs, *cluster.controller_prerequisites],
     )

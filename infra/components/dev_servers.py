@@ -92,6 +92,7 @@ OPERATOR_NAMESPACED_RULES = [
     rule([""], ["pods"], READ),
     rule([""], ["pods/exec"], ["create"]),
     rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
+    rule(["kueue.x-k8s.io"], ["workloads"], ["get", "list"]),  # status.kueue
 ]
 # Cluster-wide, read-only: flavors, and what kopf watches to find namespaces and resources.
 OPERATOR_CLUSTER_RULES = [
