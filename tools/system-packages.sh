@@ -4,6 +4,8 @@
 # (wireguard-go, for kernels without the module) and iptables, used in network namespaces the
 # tests create. Installs what is missing with apt-get (Debian/Ubuntu), as root or through sudo;
 # prints nothing when all are there. Versions follow the distribution release, as in the images.
+# The SSH tests also use setpriv (util-linux), useradd (passwd) and awk, which every Debian and
+# Ubuntu system has.
 set -euo pipefail
 packages=(openssh-server openssh-client wireguard-tools wireguard-go iptables iproute2)
 missing=()
