@@ -63,6 +63,13 @@ class Hub:
     routed: tuple[ipaddress.IPv4Network, ...] = ()
 
 
+# wg-quick(8) runs each PostUp/PostDown line with bash once the interface is up (or gone), %i
+# standing for the interface. Docker and ufw leave the FORWARD policy at DROP, which would stop
+# every packet between two spokes at the hub: accept those (in on the tunnel, out on it again),
+# and nothing else, so the hub forwards no traffic between the mesh and its other networks.
+FORWARD_BETWEEN_SPOKES = "FORWARD -i %i -o %i -j ACCEPT"
+
+
 def hub_config(hub: Hub, network: ipaddress.IPv4Network, spokes: list[Spoke]) -> str:
     lines = [
         "# WireGuard hub; install as /etc/wireguard/wg0.conf, then: wg-quick up wg0",
@@ -72,6 +79,8 @@ def hub_config(hub: Hub, network: ipaddress.IPv4Network, spokes: list[Spoke]) ->
         f"PrivateKey = {hub.private_key}",
         # Spoke-to-spoke traffic (torchrun, NCCL/gloo) enters and leaves through the hub.
         "PostUp = sysctl -w net.ipv4.ip_forward=1",
+        f"PostUp = iptables -A {FORWARD_BETWEEN_SPOKES}",
+        f"PostDown = iptables -D {FORWARD_BETWEEN_SPOKES}",
     ]
     for spoke in spokes:
         allowed = ", ".join(str(n) for n in (ipaddress.IPv4Network(spoke.address), *spoke.routed))
