@@ -49,8 +49,6 @@ class Spoke:
     name: str
     private_key: str
     address: ipaddress.IPv4Address
-    # Networks behind this spoke the hub routes to it (hybrid nodes: the machine's pod CIDR).
-    routed: tuple[ipaddress.IPv4Network, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,6 +59,10 @@ class Hub:
     listen_port: int
     # Networks the spokes reach through the hub, besides the mesh itself (hybrid: the VPC).
     routed: tuple[ipaddress.IPv4Network, ...] = ()
+    # Networks behind the spokes, routed into the tunnel as a whole: which spoke holds which part
+    # its peer's AllowedIPs say, set as the parts are handed out (hybrid: the remote pod CIDRs,
+    # sliced per node by Cilium, see infra/components/hybrid_nodes.py).
+    behind_spokes: tuple[ipaddress.IPv4Network, ...] = ()
 
 
 # wg-quick(8) runs each PostUp/PostDown line with bash once the interface is up (or gone), %i
@@ -70,7 +72,8 @@ class Hub:
 FORWARD_BETWEEN_SPOKES = "FORWARD -i %i -o %i -j ACCEPT"
 
 
-def hub_config(hub: Hub, network: ipaddress.IPv4Network, spokes: list[Spoke]) -> str:
+def hub_interface(hub: Hub, network: ipaddress.IPv4Network) -> str:
+    """The hub's [Interface] section, without peers: they follow as peer_section()s."""
     lines = [
         "# WireGuard hub; install as /etc/wireguard/wg0.conf, then: wg-quick up wg0",
         "[Interface]",
@@ -82,16 +85,28 @@ def hub_config(hub: Hub, network: ipaddress.IPv4Network, spokes: list[Spoke]) ->
         f"PostUp = iptables -A {FORWARD_BETWEEN_SPOKES}",
         f"PostDown = iptables -D {FORWARD_BETWEEN_SPOKES}",
     ]
-    for spoke in spokes:
-        allowed = ", ".join(str(n) for n in (ipaddress.IPv4Network(spoke.address), *spoke.routed))
-        lines += [
-            "",
-            f"# {spoke.name}",
-            "[Peer]",
-            f"PublicKey = {public_key(spoke.private_key)}",
-            f"AllowedIPs = {allowed}",
-        ]
+    # wg-quick routes only the AllowedIPs of the peers it starts with; these come later.
+    lines += [f"PostUp = ip route replace {net} dev %i" for net in hub.behind_spokes]
     return "\n".join(lines) + "\n"
+
+
+def peer_section(spoke: Spoke) -> str:
+    """A spoke as the hub's [Peer]: the hub sends it what is addressed to it."""
+    return (
+        "\n".join(
+            [
+                f"# {spoke.name}",
+                "[Peer]",
+                f"PublicKey = {public_key(spoke.private_key)}",
+                f"AllowedIPs = {ipaddress.IPv4Network(spoke.address)}",
+            ]
+        )
+        + "\n"
+    )
+
+
+def hub_config(hub: Hub, network: ipaddress.IPv4Network, spokes: list[Spoke]) -> str:
+    return "\n".join([hub_interface(hub, network), *(peer_section(s) for s in spokes)])
 
 
 def spoke_config(hub: Hub, network: ipaddress.IPv4Network, spoke: Spoke) -> str:
