@@ -721,8 +721,17 @@ class HybridMachine(Model):
     gpu_model: str = Field(default="", pattern=r"^[A-Za-z0-9 ._-]{0,40}$")
     vcpu: int = Field(ge=1, le=512)  # what Kueue may admit onto it, with memoryGib and gpus
     memory_gib: int = Field(ge=1, le=8192)
-    # Its slice of remotePodCidrs: the WireGuard gateway routes these pod addresses to it.
-    pod_cidr: Cidr
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_pod_cidr(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "podCidr" in data:
+            raise ValueError(
+                "podCidr is gone: Cilium's cluster-pool IPAM now gives each node its slice of "
+                "remotePodCidrs when it joins (size: hybrid.podCidrMaskSize), and the gateway "
+                "routes whatever slice it got; allowed: remove podCidr"
+            )
+        return data
 
 
 def _utc_date(value: Any) -> datetime.date:
@@ -766,21 +775,19 @@ class HybridConfig(Model):
     ca_bundle_pem: str = ""
     ssm_activation: SsmActivation | None = None  # ssm only
     gateway_instance_type: CpuInstanceType = "c6i.large"
+    # The prefix of each node's slice of remotePodCidrs (Cilium's clusterPoolIPv4MaskSize): /24
+    # holds 254 pods. Cilium hands slices out as nodes join; a change applies to new slices only.
+    pod_cidr_mask_size: int = Field(default=24, ge=16, le=28)
     machines: list[HybridMachine] = Field(min_length=1, max_length=100)
 
     @model_validator(mode="after")
     def _consistent(self) -> "HybridConfig":
-        every = self.remote_node_cidrs + self.remote_pod_cidrs
-        for cidr in every:
+        for cidr in self.remote_node_cidrs + self.remote_pod_cidrs:
             if not any(cidr.subnet_of(r) for r in HYBRID_ALLOWED_RANGES):
                 raise ValueError(
                     f"{cidr} is not allowed for hybrid nodes; allowed: inside "
                     + ", ".join(str(r) for r in HYBRID_ALLOWED_RANGES)
                 )
-        for i, a in enumerate(every):
-            for b in every[i + 1 :]:
-                if a.overlaps(b):
-                    raise ValueError(f"remote CIDRs {a} and {b} overlap; allowed: disjoint CIDRs")
         if (self.credential_provider == "iam-roles-anywhere") != bool(self.ca_bundle_pem):
             raise ValueError(
                 "caBundlePem goes with credentialProvider iam-roles-anywhere; allowed: a PEM CA "
@@ -800,18 +807,20 @@ class HybridConfig(Model):
                 f"remoteNodeCidrs[0] {self.remote_node_cidrs[0]} holds fewer addresses than the "
                 f"gateway and {len(self.machines)} machines need"
             )
-        pods = [m.pod_cidr for m in self.machines]
-        for machine in self.machines:
-            if not any(machine.pod_cidr.subnet_of(c) for c in self.remote_pod_cidrs):
-                raise ValueError(
-                    f"machine {machine.name}: podCidr {machine.pod_cidr} lies outside "
-                    "remotePodCidrs; allowed: a slice of one of them"
-                )
-            if sum(machine.pod_cidr.overlaps(other) for other in pods) > 1:
-                raise ValueError(
-                    f"machine {machine.name}: podCidr {machine.pod_cidr} overlaps another "
-                    "machine's; allowed: disjoint slices"
-                )
+        widest = min(c.prefixlen for c in self.remote_pod_cidrs)
+        if self.pod_cidr_mask_size < max(c.prefixlen for c in self.remote_pod_cidrs):
+            raise ValueError(
+                f"podCidrMaskSize /{self.pod_cidr_mask_size} is wider than a remotePodCidrs "
+                "entry; allowed: at least the longest prefix among remotePodCidrs"
+            )
+        slices = sum(2 ** (self.pod_cidr_mask_size - c.prefixlen) for c in self.remote_pod_cidrs)
+        if slices < len(self.machines):
+            raise ValueError(
+                f"remotePodCidrs have room for {slices} node slice(s) of "
+                f"/{self.pod_cidr_mask_size} and {len(self.machines)} machines need one each; "
+                f"allowed: a larger podCidrMaskSize (at most 28) or wider remotePodCidrs (the "
+                f"widest is /{widest})"
+            )
         return self
 
     def addresses(self) -> tuple[ipaddress.IPv4Address, dict[str, ipaddress.IPv4Address]]:
@@ -1025,6 +1034,19 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     return problems + _hybrid_errors(config) + dev_servers_errors(config)
 
 
+def eks_service_cidr(vpc_cidr: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
+    """The Kubernetes service CIDR EKS picks when the cluster sets none, as this program's does.
+
+    EKS takes 172.20.0.0/16 when the VPC is in 10.0.0.0/8 and 10.100.0.0/16 otherwise (EKS API,
+    KubernetesNetworkConfigRequest.serviceIpv4Cidr names the two; the choice is the one the
+    EKS AMI's bootstrap makes for the cluster DNS IP: awslabs/amazon-eks-ami,
+    templates/al2/runtime/bootstrap.sh, "Detected VPC CIDR (IPv4) in 10.0.0.0/8 range").
+    """
+    if vpc_cidr.subnet_of(ipaddress.IPv4Network("10.0.0.0/8")):
+        return ipaddress.IPv4Network("172.20.0.0/16")
+    return ipaddress.IPv4Network("10.100.0.0/16")
+
+
 def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     """Hybrid nodes against the rest of the stack: endpoint mode and the VPC's addresses."""
     if config.hybrid is None:
@@ -1039,16 +1061,27 @@ def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                 "resolve to public IPs for nodes outside the VPC); allowed: one of them true",
             )
         )
-    remote = config.hybrid.remote_node_cidrs + config.hybrid.remote_pod_cidrs
-    for cidr in remote:
-        if cidr.overlaps(config.network.cidr):
-            problems.append(
-                (
-                    ("hybrid",),
-                    f"{cidr} overlaps the VPC cidr {config.network.cidr}; allowed: "
-                    "remote CIDRs outside the VPC",
+    # EKS refuses remote networks that overlap each other, the VPC or the service CIDR (EKS
+    # user guide, "Prepare networking for hybrid nodes"); the VPC's routes would misdirect them.
+    vpc, services = config.network.cidr, eks_service_cidr(config.network.cidr)
+    taken = [("the VPC cidr", vpc), ("the cluster's service CIDR", services)]
+    remote = {
+        "remoteNodeCidrs": config.hybrid.remote_node_cidrs,
+        "remotePodCidrs": config.hybrid.remote_pod_cidrs,
+    }
+    for key, cidrs in remote.items():
+        for i, cidr in enumerate(cidrs):
+            clash = next(((what, c) for what, c in taken if cidr.overlaps(c)), None)
+            if clash:
+                problems.append(
+                    (
+                        ("hybrid", key, i),
+                        f"{cidr} overlaps {clash[0]} {clash[1]}; allowed: a range outside "
+                        f"the VPC ({vpc}), the service CIDR ({services}) and the other remote "
+                        "CIDRs",
+                    )
                 )
-            )
+            taken.append((f"hybrid.{key}[{i}]", cidr))
     if config.network.existing_vpc is not None:
         problems.append(
             (
