@@ -206,6 +206,23 @@ class ExistingVpc(Model):
         return self
 
 
+# VPC endpoints a stack may create: `s3` is a gateway endpoint (no hourly charge), the others
+# interface endpoints, one network interface per AZ (billed per AZ-hour).
+GATEWAY_ENDPOINTS = ("s3",)
+VpcEndpoint = Literal[
+    "s3",
+    "ec2",
+    "ecr.api",
+    "ecr.dkr",
+    "eks",
+    "eks-auth",
+    "elasticfilesystem",
+    "sqs",
+    "ssm",
+    "sts",
+]
+
+
 class NetworkConfig(Model):
     cidr: Cidr = Field(default="10.0.0.0/16", validate_default=True)
     az_count: int = Field(default=2, ge=2, le=3)
@@ -214,6 +231,24 @@ class NetworkConfig(Model):
     private_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
     public_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
     existing_vpc: ExistingVpc | None = None
+    vpc_endpoints: list[VpcEndpoint] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> "NetworkConfig":
+        repeated = sorted({e for e in self.vpc_endpoints if self.vpc_endpoints.count(e) > 1})
+        if repeated:
+            raise ValueError(
+                f"vpcEndpoints lists {', '.join(repeated)} more than once; allowed: each once"
+            )
+        if self.vpc_endpoints and self.existing_vpc:
+            raise ValueError(
+                "vpcEndpoints is set with existingVpc; allowed: no vpcEndpoints in an adopted "
+                "VPC (its owner keeps its routes and endpoints)"
+            )
+        return self
+
+    def interface_endpoints(self) -> list[str]:
+        return [e for e in self.vpc_endpoints if e not in GATEWAY_ENDPOINTS]
 
     @model_validator(mode="after")
     def _subnets_fit(self) -> "NetworkConfig":

@@ -11,6 +11,7 @@ from infra.config import StackConfig
 from infra.offline import Plan
 
 NAT_GATEWAY = "aws:ec2/natGateway:NatGateway"
+VPC_ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
 
 
 @dataclass(frozen=True)
@@ -64,6 +65,10 @@ def stack_cost(config: StackConfig, plan: Plan) -> StackCost:
         ),
     ]
     fsx = config.storage.fsx
+    endpoints = plan.of_type(VPC_ENDPOINT)
+    interface = [e for e in endpoints if e.inputs["vpcEndpointType"] == "Interface"]
+    if endpoints:
+        baseline.append(vpc_endpoints_line(endpoints, prices))
     if fsx.enabled:
         monthly = fsx.storage_capacity_gib * prices.fsx(fsx.throughput_per_tib)
         baseline.append(
@@ -87,6 +92,23 @@ def stack_cost(config: StackConfig, plan: Plan) -> StackCost:
     usage += [
         f"job volumes (gp3 ${prices.ebs_gp3_per_gib_month}/GiB-month)",
         "NAT data processing",
+        *(["VPC endpoint data processing"] if interface else []),
         "data transfer",
     ]
     return StackCost(prices, baseline, pools, usage)
+
+
+def vpc_endpoints_line(endpoints: list, prices: RegionPrices) -> CostLine:
+    """Interface endpoints bill per hour in each AZ they have a network interface in (one per
+    subnet); gateway endpoints (S3) have no hourly charge."""
+    interface = [e for e in endpoints if e.inputs["vpcEndpointType"] == "Interface"]
+    gateways = [e.inputs["serviceName"].rsplit(".", 1)[1] for e in endpoints if e not in interface]
+    details = []
+    if interface:
+        details.append(f"{len(interface)} interface in {len(interface[0].inputs['subnetIds'])} AZs")
+    if gateways:
+        details.append(f"{', '.join(gateways)} gateway (free)")
+    az_hours = sum(len(e.inputs["subnetIds"]) for e in interface)
+    return CostLine(
+        "VPC endpoints", ", ".join(details), az_hours * prices.vpc_interface_endpoint_per_az_hour
+    )

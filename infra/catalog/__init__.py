@@ -90,6 +90,7 @@ class RegionPrices:
     instance_as_of: str
     eks_control_plane_per_hour: float
     nat_gateway_per_hour: float
+    vpc_interface_endpoint_per_az_hour: float
     ebs_gp3_per_gib_month: float
     efs_standard_per_gib_month: float
     s3_standard_per_gib_month: float
@@ -140,6 +141,7 @@ def load_prices(region: str) -> RegionPrices:
         instance_as_of=str(instances["asOf"]),
         eks_control_plane_per_hour=float(usd["eksControlPlanePerHour"]),
         nat_gateway_per_hour=float(usd["natGatewayPerHour"]),
+        vpc_interface_endpoint_per_az_hour=float(usd["vpcInterfaceEndpointPerAzHour"]),
         ebs_gp3_per_gib_month=float(usd["ebsGp3PerGibMonth"]),
         efs_standard_per_gib_month=float(usd["efsStandardPerGibMonth"]),
         s3_standard_per_gib_month=float(usd["s3StandardPerGibMonth"]),

@@ -173,14 +173,17 @@ class NodePools(pulumi.ComponentResource):
         ami_alias: str,
         vpc_zones: list[str] | None,  # the created VPC's AZs; None for an adopted VPC
         karpenter_release: pulumi.Resource,
+        volume_driver: pulumi.Resource,
         provider: k8s.Provider,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:NodePools", name, None, opts)
-        # The Karpenter chart brings the CRDs: nothing here can be created before it.
+        # The Karpenter chart brings the CRDs: nothing here can be created before it. Karpenter
+        # terminates a node only once its volumes are detached (termination controller
+        # awaitVolumeDetachment), which the EBS CSI driver does: both outlive the pools.
         child = pulumi.ResourceOptions(
-            parent=self, provider=provider, depends_on=[karpenter_release]
+            parent=self, provider=provider, depends_on=[karpenter_release, volume_driver]
         )
         self.node_pools = {}
         for pool in pools:
