@@ -225,7 +225,7 @@ class Devctl:
         servers = self._call(
             "list DevServers", self.cluster.list, API_VERSION, "DevServer", self.namespace, {}
         )
-        rows = [["NAME", "FLAVOR", "MODE", "READY", "PHASE", "SSH", "LAST ACTIVITY"]]
+        rows = [["NAME", "FLAVOR", "MODE", "READY", "PHASE", "KUEUE", "SSH", "LAST ACTIVITY"]]
         for s in servers:
             status = s.get("status") or {}
             rows.append(
@@ -235,6 +235,7 @@ class Devctl:
                     s["spec"].get("mode", "standalone"),
                     f"{status.get('replicasReady', 0)}/{status.get('replicas', 0)}",
                     status.get("phase", "-"),
+                    status.get("kueue", "-"),
                     status.get("sshEndpoint", "-"),
                     status.get("lastActivity", "-"),
                 ]
@@ -301,6 +302,7 @@ class Devctl:
             "phase": status.get("phase", "-")
             + (f" ({status['reason']})" if status.get("reason") else ""),
             "pods ready": f"{status.get('replicasReady', 0)}/{status.get('replicas', 0)}",
+            "kueue": status.get("kueue", "-"),
             "GPU utilization": "-" if gpu is None else f"{gpu:.0f}%",
             "SSH sessions": str(status.get("activeSessions", "-")),
             "last activity": last or "-",

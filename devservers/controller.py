@@ -26,6 +26,11 @@ from devservers.render import (
 )
 
 KUEUE_GATE = "kueue.x-k8s.io/admission"
+# Kueue 0.19's StatefulSet integration creates one Workload per StatefulSet, labelled with the
+# StatefulSet's UID (pkg/controller/jobs/statefulset/statefulset_reconciler.go, constructWorkload;
+# JobUIDLabel in pkg/controller/constants/constants.go).
+WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
+JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 
 class Cluster(Protocol):
@@ -107,6 +112,49 @@ def _ready(pod: dict) -> bool:
 
 def _gated(pod: dict) -> bool:
     return any(g["name"] == KUEUE_GATE for g in pod["spec"].get("schedulingGates", []))
+
+
+def _condition(workload: dict, kind: str) -> dict | None:
+    conditions = (workload.get("status") or {}).get("conditions", [])
+    return next((c for c in conditions if c["type"] == kind), None)
+
+
+def kueue_state(workload: dict | None) -> str | None:
+    """One line for a Workload's state, from the conditions Kueue 0.19 sets on it
+    (apis/kueue/v1beta2/workload_types.go; pkg/workload/evict/evict.go sets Evicted with the
+    eviction reason; pkg/workload/workload.go, UpdateRequeueState, sets status.requeueState)."""
+    if workload is None:
+        return None
+
+    def true(kind: str) -> dict | None:
+        condition = _condition(workload, kind)
+        return condition if condition and condition["status"] == "True" else None
+
+    evicted = true("Evicted")
+    if workload["spec"].get("active") is False:
+        return f"Deactivated ({evicted['reason'] if evicted else 'spec.active false'})"
+    if true("Finished"):
+        return "Finished"
+    if evicted:
+        requeue_at = ((workload.get("status") or {}).get("requeueState") or {}).get("requeueAt")
+        again = f"requeued at {requeue_at}" if requeue_at else "requeued"
+        return f"Evicted ({evicted['reason']}), {again}"
+    if true("Admitted"):
+        ready = _condition(workload, "PodsReady")
+        if ready is None or ready["status"] == "True":
+            return "Admitted"
+        return f"Admitted, pods not ready ({ready['reason']})"
+    return "Queued"
+
+
+def _workload(cluster: Cluster, server: dict) -> dict | None:
+    """The Kueue Workload of the server's StatefulSet, if Kueue has made one."""
+    meta = server["metadata"]
+    stateful_set = cluster.get("apps/v1", "StatefulSet", meta["name"], meta["namespace"])
+    if stateful_set is None:
+        return None
+    labels = {JOB_UID_LABEL: stateful_set["metadata"]["uid"]}
+    return next(iter(cluster.list(*WORKLOAD, meta["namespace"], labels)), None)
 
 
 def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool]:
@@ -250,6 +298,7 @@ def reconcile(
         status |= {"phase": "Pending", "reason": "Starting"}
     # None removes a field from the status (merge patch): no stale endpoint or activity figures.
     status["sshEndpoint"] = _ssh_endpoint(cluster, server)
+    status["kueue"] = kueue_state(_workload(cluster, server)) if replicas else None
     if replicas == 0:
         status |= {"activeSessions": None, "gpuUtilization": None}
 

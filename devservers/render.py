@@ -31,18 +31,48 @@ POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 SHAPE_ANNOTATION = "dev.training-platform.io/pod-shape"
 CONTAINER = "dev"
 
+# One `SetEnv` line for sshd_config with the container's environment (the image's PATH and
+# LD_LIBRARY_PATH, the pod's HOME, RANK, WORLD_SIZE, MASTER_ADDR, NCCL_*, ...): sshd builds a
+# fresh one for each session otherwise. sshd applies SetEnv over its own defaults, honours only
+# the first SetEnv line, and splits it into words where `"` quotes and `\` escapes `"` and `\`
+# (OpenSSH 8.7+: servconf.c sSetEnv, misc.c argv_split). Left out: what sshd sets per session
+# (USER, LOGNAME, SHELL, MAIL, TERM, DISPLAY, SSH_*), the shells' own PWD, OLDPWD, SHLVL and _,
+# and values spanning lines, which one config line cannot hold.
+SESSION_ENV_AWK = r"""BEGIN {
+  line = "SetEnv"
+  for (name in ENVIRON) {
+    value = ENVIRON[name]
+    if (name !~ /^[A-Za-z_][A-Za-z0-9_]*$/) continue
+    if (name ~ /^(USER|LOGNAME|SHELL|MAIL|TERM|DISPLAY|SSH_.*|PWD|OLDPWD|SHLVL|_)$/) continue
+    if (index(value, "\n")) {
+      print "start.sh: " name " spans lines, so SSH sessions go without it" > "/dev/stderr"
+      continue
+    }
+    quoted = ""
+    for (i = 1; i <= length(value); i++) {
+      c = substr(value, i, 1)
+      quoted = quoted (c == "\\" || c == "\"" ? "\\" : "") c
+    }
+    line = line " \"" name "=" quoted "\""
+  }
+  print line
+}"""
+
 ENTRYPOINT = f"""#!/bin/sh
 # DevServer entrypoint: install the owner's SSH keys, then serve SSH as the container's user
-# (an image without sshd still runs, reachable with kubectl exec). SSH sessions get HOME set to
-# the persistent home, whatever the image's passwd says.
+# (an image without sshd still runs, reachable with kubectl exec). SSH sessions get the
+# container's environment, HOME included: the persistent home, whatever the image's passwd says.
 set -eu
 mkdir -p "$HOME/.ssh"
 chmod 700 "$HOME/.ssh"
-cp {SCRIPTS}/authorized_keys "$HOME/.ssh/authorized_keys"
+cp "$(dirname "$0")/authorized_keys" "$HOME/.ssh/authorized_keys"
 chmod 600 "$HOME/.ssh/authorized_keys"
 SSHD=$(command -v sshd || echo /usr/sbin/sshd)
 if [ "${{DEVSERVER_SSH:-false}}" = true ] && [ -x "$SSHD" ]; then
   [ -f "$HOME/.ssh/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$HOME/.ssh/host_ed25519"
+  # Only this user may read the config: it holds the environment.
+  (
+  umask 077
   cat > "$HOME/.ssh/sshd_config" <<EOF
 Port {SSH_PORT}
 HostKey $HOME/.ssh/host_ed25519
@@ -53,8 +83,9 @@ KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
 AllowTcpForwarding yes
-SetEnv HOME=$HOME
 EOF
+  awk '{SESSION_ENV_AWK}' >> "$HOME/.ssh/sshd_config"
+  )
   # Sessions start in the image user's passwd home; the persistent one is where they go.
   [ -f "$HOME/.profile" ] || echo 'cd "$HOME"' > "$HOME/.profile"
   exec "$SSHD" -D -e -f "$HOME/.ssh/sshd_config"

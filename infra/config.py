@@ -245,6 +245,23 @@ class ExistingVpc(Model):
         return self
 
 
+# VPC endpoints a stack may create: `s3` is a gateway endpoint (no hourly charge), the others
+# interface endpoints, one network interface per AZ (billed per AZ-hour).
+GATEWAY_ENDPOINTS = ("s3",)
+VpcEndpoint = Literal[
+    "s3",
+    "ec2",
+    "ecr.api",
+    "ecr.dkr",
+    "eks",
+    "eks-auth",
+    "elasticfilesystem",
+    "sqs",
+    "ssm",
+    "sts",
+]
+
+
 class NetworkConfig(Model):
     cidr: Cidr = Field(default="10.0.0.0/16", validate_default=True)
     az_count: int = Field(default=2, ge=2, le=3)
@@ -253,6 +270,24 @@ class NetworkConfig(Model):
     private_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
     public_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
     existing_vpc: ExistingVpc | None = None
+    vpc_endpoints: list[VpcEndpoint] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> "NetworkConfig":
+        repeated = sorted({e for e in self.vpc_endpoints if self.vpc_endpoints.count(e) > 1})
+        if repeated:
+            raise ValueError(
+                f"vpcEndpoints lists {', '.join(repeated)} more than once; allowed: each once"
+            )
+        if self.vpc_endpoints and self.existing_vpc:
+            raise ValueError(
+                "vpcEndpoints is set with existingVpc; allowed: no vpcEndpoints in an adopted "
+                "VPC (its owner keeps its routes and endpoints)"
+            )
+        return self
+
+    def interface_endpoints(self) -> list[str]:
+        return [e for e in self.vpc_endpoints if e not in GATEWAY_ENDPOINTS]
 
     @model_validator(mode="after")
     def _subnets_fit(self) -> "NetworkConfig":
@@ -366,6 +401,14 @@ def pod_room(instance_type: InstanceType) -> tuple[int, int]:
     return min(vcpu - 1, math.floor(vcpu * 0.9)), math.floor(memory_gib * 0.85)
 
 
+# gp3 root volume throughput (MiB/s) by whether the pool's nodes have NVMe instance store. Without
+# it, images unpack onto the root volume: nodeadm's FastImagePull guide asks for at least 600 MiB/s
+# (awslabs/amazon-eks-ami nodeadm/doc/examples.md, "Enabling fast image pull"); gp3's baseline 125
+# MiB/s would make the disk the bottleneck of every cold start. With it, the root volume holds only
+# the OS and gets gp3's baseline, which costs nothing extra.
+ROOT_THROUGHPUT_MIBPS = {False: 600, True: 125}
+
+
 class PoolCeiling(BaseModel):
     """The most a NodePool can ever hold; Karpenter limits and Kueue quotas both come from it."""
 
@@ -387,6 +430,9 @@ class NodePoolConfig(Model):
     # instance type is not offered in every AZ (infra.preflight checks it is in this one).
     availability_zone: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
     disk_size_gib: int = Field(default=200, ge=50, le=16000)
+    # gp3 throughput of the root volume in MiB/s; Karpenter's EC2NodeClass takes 125 to 1000.
+    # Default: ROOT_THROUGHPUT_MIBPS by whether image pulls land on it (see root_throughput_mibps).
+    disk_throughput_mibps: int | None = Field(default=None, ge=125, le=1000)
     expire_after: Duration = "720h"
 
     @model_validator(mode="after")
@@ -416,6 +462,16 @@ class NodePoolConfig(Model):
     @property
     def types(self) -> list[InstanceType]:
         return [load_catalog()[name] for name in self.instance_types]
+
+    @property
+    def instance_store(self) -> bool:
+        """Every type has NVMe instance store: containerd's data (and image pulls) go to a RAID0
+        of it, the root volume keeps the OS. A pool mixing in a type without keeps EBS for all."""
+        return all(t.nvme for t in self.types)
+
+    def root_throughput_mibps(self) -> int:
+        """The root volume's gp3 throughput: configured, else by whether pulls write to it."""
+        return self.disk_throughput_mibps or ROOT_THROUGHPUT_MIBPS[self.instance_store]
 
     @property
     def gpu(self) -> bool:
@@ -761,8 +817,17 @@ class HybridMachine(Model):
     gpu_model: str = Field(default="", pattern=r"^[A-Za-z0-9 ._-]{0,40}$")
     vcpu: int = Field(ge=1, le=512)  # what Kueue may admit onto it, with memoryGib and gpus
     memory_gib: int = Field(ge=1, le=8192)
-    # Its slice of remotePodCidrs: the WireGuard gateway routes these pod addresses to it.
-    pod_cidr: Cidr
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_pod_cidr(cls, data: Any) -> Any:
+        if isinstance(data, dict) and "podCidr" in data:
+            raise ValueError(
+                "podCidr is gone: Cilium's cluster-pool IPAM now gives each node its slice of "
+                "remotePodCidrs when it joins (size: hybrid.podCidrMaskSize), and the gateway "
+                "routes whatever slice it got; allowed: remove podCidr"
+            )
+        return data
 
 
 def _utc_date(value: Any) -> datetime.date:
@@ -806,21 +871,19 @@ class HybridConfig(Model):
     ca_bundle_pem: str = ""
     ssm_activation: SsmActivation | None = None  # ssm only
     gateway_instance_type: CpuInstanceType = "c6i.large"
+    # The prefix of each node's slice of remotePodCidrs (Cilium's clusterPoolIPv4MaskSize): /24
+    # holds 254 pods. Cilium hands slices out as nodes join; a change applies to new slices only.
+    pod_cidr_mask_size: int = Field(default=24, ge=16, le=28)
     machines: list[HybridMachine] = Field(min_length=1, max_length=100)
 
     @model_validator(mode="after")
     def _consistent(self) -> "HybridConfig":
-        every = self.remote_node_cidrs + self.remote_pod_cidrs
-        for cidr in every:
+        for cidr in self.remote_node_cidrs + self.remote_pod_cidrs:
             if not any(cidr.subnet_of(r) for r in HYBRID_ALLOWED_RANGES):
                 raise ValueError(
                     f"{cidr} is not allowed for hybrid nodes; allowed: inside "
                     + ", ".join(str(r) for r in HYBRID_ALLOWED_RANGES)
                 )
-        for i, a in enumerate(every):
-            for b in every[i + 1 :]:
-                if a.overlaps(b):
-                    raise ValueError(f"remote CIDRs {a} and {b} overlap; allowed: disjoint CIDRs")
         if (self.credential_provider == "iam-roles-anywhere") != bool(self.ca_bundle_pem):
             raise ValueError(
                 "caBundlePem goes with credentialProvider iam-roles-anywhere; allowed: a PEM CA "
@@ -840,18 +903,20 @@ class HybridConfig(Model):
                 f"remoteNodeCidrs[0] {self.remote_node_cidrs[0]} holds fewer addresses than the "
                 f"gateway and {len(self.machines)} machines need"
             )
-        pods = [m.pod_cidr for m in self.machines]
-        for machine in self.machines:
-            if not any(machine.pod_cidr.subnet_of(c) for c in self.remote_pod_cidrs):
-                raise ValueError(
-                    f"machine {machine.name}: podCidr {machine.pod_cidr} lies outside "
-                    "remotePodCidrs; allowed: a slice of one of them"
-                )
-            if sum(machine.pod_cidr.overlaps(other) for other in pods) > 1:
-                raise ValueError(
-                    f"machine {machine.name}: podCidr {machine.pod_cidr} overlaps another "
-                    "machine's; allowed: disjoint slices"
-                )
+        widest = min(c.prefixlen for c in self.remote_pod_cidrs)
+        if self.pod_cidr_mask_size < max(c.prefixlen for c in self.remote_pod_cidrs):
+            raise ValueError(
+                f"podCidrMaskSize /{self.pod_cidr_mask_size} is wider than a remotePodCidrs "
+                "entry; allowed: at least the longest prefix among remotePodCidrs"
+            )
+        slices = sum(2 ** (self.pod_cidr_mask_size - c.prefixlen) for c in self.remote_pod_cidrs)
+        if slices < len(self.machines):
+            raise ValueError(
+                f"remotePodCidrs have room for {slices} node slice(s) of "
+                f"/{self.pod_cidr_mask_size} and {len(self.machines)} machines need one each; "
+                f"allowed: a larger podCidrMaskSize (at most 28) or wider remotePodCidrs (the "
+                f"widest is /{widest})"
+            )
         return self
 
     def addresses(self) -> tuple[ipaddress.IPv4Address, dict[str, ipaddress.IPv4Address]]:
@@ -1123,6 +1188,19 @@ def _public_ingress_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     ]
 
 
+def eks_service_cidr(vpc_cidr: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
+    """The Kubernetes service CIDR EKS picks when the cluster sets none, as this program's does.
+
+    EKS takes 172.20.0.0/16 when the VPC is in 10.0.0.0/8 and 10.100.0.0/16 otherwise (EKS API,
+    KubernetesNetworkConfigRequest.serviceIpv4Cidr names the two; the choice is the one the
+    EKS AMI's bootstrap makes for the cluster DNS IP: awslabs/amazon-eks-ami,
+    templates/al2/runtime/bootstrap.sh, "Detected VPC CIDR (IPv4) in 10.0.0.0/8 range").
+    """
+    if vpc_cidr.subnet_of(ipaddress.IPv4Network("10.0.0.0/8")):
+        return ipaddress.IPv4Network("172.20.0.0/16")
+    return ipaddress.IPv4Network("10.100.0.0/16")
+
+
 def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     """Hybrid nodes against the rest of the stack: endpoint mode and the VPC's addresses."""
     if config.hybrid is None:
@@ -1137,16 +1215,27 @@ def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                 "resolve to public IPs for nodes outside the VPC); allowed: one of them true",
             )
         )
-    remote = config.hybrid.remote_node_cidrs + config.hybrid.remote_pod_cidrs
-    for cidr in remote:
-        if cidr.overlaps(config.network.cidr):
-            problems.append(
-                (
-                    ("hybrid",),
-                    f"{cidr} overlaps the VPC cidr {config.network.cidr}; allowed: "
-                    "remote CIDRs outside the VPC",
+    # EKS refuses remote networks that overlap each other, the VPC or the service CIDR (EKS
+    # user guide, "Prepare networking for hybrid nodes"); the VPC's routes would misdirect them.
+    vpc, services = config.network.cidr, eks_service_cidr(config.network.cidr)
+    taken = [("the VPC cidr", vpc), ("the cluster's service CIDR", services)]
+    remote = {
+        "remoteNodeCidrs": config.hybrid.remote_node_cidrs,
+        "remotePodCidrs": config.hybrid.remote_pod_cidrs,
+    }
+    for key, cidrs in remote.items():
+        for i, cidr in enumerate(cidrs):
+            clash = next(((what, c) for what, c in taken if cidr.overlaps(c)), None)
+            if clash:
+                problems.append(
+                    (
+                        ("hybrid", key, i),
+                        f"{cidr} overlaps {clash[0]} {clash[1]}; allowed: a range outside "
+                        f"the VPC ({vpc}), the service CIDR ({services}) and the other remote "
+                        "CIDRs",
+                    )
                 )
-            )
+            taken.append((f"hybrid.{key}[{i}]", cidr))
     if config.network.existing_vpc is not None:
         problems.append(
             (

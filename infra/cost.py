@@ -5,7 +5,7 @@ on the declared resources (the plan's records offline, the engine's inputs in a 
 an edit to the program or to stack config moves both alike. Each line is that resource's ceiling
 per hour: a NodePool at limits.nodes of its dearest type, a node group at maxSize, storage at its
 provisioned size. Fixed-rate items only; usage-priced ones (S3 and EFS storage, data transfer,
-NAT data processing, job volumes) are named with their unit price, not guessed.
+NAT and VPC endpoint data processing, job volumes) are named with their unit price, not guessed.
 """
 
 import math
@@ -20,6 +20,7 @@ from infra.offline import Plan
 EKS_COMPONENT = "eks:index:Cluster"
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 NAT_GATEWAY = "aws:ec2/natGateway:NatGateway"
+VPC_ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
@@ -110,6 +111,25 @@ def _nat_gateway(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -
     return CostLine(f"NAT gateway {r.name}", "data processing extra", prices.nat_gateway_per_hour)
 
 
+def _vpc_endpoint(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
+    """An interface endpoint bills per hour in each AZ it has a network interface in (one per
+    subnet); a gateway endpoint (S3), EC2's default type, has no hourly charge."""
+    kind = dig(r.props, "vpcEndpointType") or "Gateway"
+    service = str(dig(r.props, "serviceName")).rsplit(".", 1)[-1]
+    if kind == "Gateway":
+        return CostLine(f"VPC endpoint {r.name}", f"{service} gateway, free", 0.0)
+    if kind != "Interface":
+        raise UnpricedError(
+            f"a {kind} VPC endpoint has no price in infra/catalog/prices/{prices.region}.yaml"
+        )
+    azs = len(listed(dig(r.props, "subnetIds")))
+    return CostLine(
+        f"VPC endpoint {r.name}",
+        f"{service} interface in {azs} AZs",
+        azs * prices.vpc_interface_endpoint_per_az_hour,
+    )
+
+
 def _node_group(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
     """maxSize nodes of the dearest type, each with its launch template's disks."""
     nodes = int(dig(r.props, "scalingConfig", "maxSize") or 0)
@@ -191,6 +211,7 @@ PRICERS: dict[str, Pricer] = {
     EKS_COMPONENT: _control_plane,
     EKS_CLUSTER: _control_plane,
     NAT_GATEWAY: _nat_gateway,
+    VPC_ENDPOINT: _vpc_endpoint,
     NODE_GROUP: _node_group,
     LUSTRE: _lustre,
     INSTANCE: _instance,
@@ -210,15 +231,14 @@ def stack_cost(prices: RegionPrices, stack: Sequence[Declared]) -> StackCost:
                 continue
             if line is not None:
                 lines.append(line)
-    types = {r.type for r in stack}
     usage = [f"S3 ${prices.s3_standard_per_gib_month}/GiB-month"]
-    if "aws:efs/fileSystem:FileSystem" in types:
+    if any(r.type == "aws:efs/fileSystem:FileSystem" for r in stack):
         usage.append(f"EFS ${prices.efs_standard_per_gib_month}/GiB-month")
-    usage += [
-        f"job volumes (gp3 ${prices.ebs_gp3_per_gib_month}/GiB-month)",
-        "NAT data processing",
-        "data transfer",
-    ]
+    usage += [f"job volumes (gp3 ${prices.ebs_gp3_per_gib_month}/GiB-month)", "NAT data processing"]
+    endpoint_types = [dig(r.props, "vpcEndpointType") for r in stack if r.type == VPC_ENDPOINT]
+    if "Interface" in endpoint_types:
+        usage.append("VPC endpoint data processing")
+    usage.append("data transfer")
     return StackCost(prices, lines, unpriced, usage)
 
 

@@ -22,6 +22,7 @@ import yaml
 
 from devservers.api import user_namespace
 from infra.catalog import HOURS_PER_MONTH
+from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
@@ -178,6 +179,40 @@ def borrowing_rows(config: StackConfig, plan: Plan) -> list[str]:
     )
 
 
+def cold_start_rows(config: StackConfig) -> list[str]:
+    """Each pool's cold start on its slowest type, and the Kueue timeouts derived from them."""
+    starts = [cold_start(pool) for pool in config.node_pools]
+    rows = [
+        [
+            s.pool,
+            s.instance_type,
+            s.disk,
+            "yes" if s.fast_pull else "no",
+            round(s.launch_s),
+            round(s.pull_s),
+            round(s.start_s),
+            duration(s.total_s),
+        ]
+        for s in starts
+    ]
+    header = ["pool", "instance type", "image unpacks to", "parallel pull"]
+    header += ["launch s", "pull s", "start s", "total"]
+    timeouts = pods_ready_timeouts(config.node_pools)
+    slowest = timeouts.slowest
+    cold = f"{slowest.pool} {duration(slowest.total_s)}" if slowest else "no pool, at least"
+    return [
+        "",
+        "Cold start of a pod on a new node (infra/cold_start.py: launch to Ready + GPUs, image "
+        "pull, process start):",
+        *table(header, rows),
+        f"  Kueue waitForPodsReady: timeout {duration(timeouts.timeout_s)} = slowest ({cold}) "
+        f"x {MARGIN}; recoveryTimeout {duration(timeouts.recovery_timeout_s)} = "
+        f"({duration(SPOT_NOTICE_S.value)} Spot notice + {cold}) x {MARGIN}",
+        "  no blockAdmission (one starting pod never stalls admission); evicted workloads are "
+        "requeued without limit",
+    ]
+
+
 def cost_rows(cost: StackCost) -> list[str]:
     def row(item: str, detail: str, per_hour: float) -> list[str]:
         return [item, detail, money(per_hour, 3), money(per_hour * HOURS_PER_MONTH, 0)]
@@ -253,6 +288,7 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
     lines = [f"Stack {plan.stack} ({config.region}): {len(plan.resources)} resources", ""]
     if config.node_pools:
         lines += pool_rows(config, plan, cost) + borrowing_rows(config, plan)
+        lines += cold_start_rows(config)
     lines += cost_rows(cost)
     placeholders = placeholder_errors(config)
     if placeholders:

@@ -31,6 +31,15 @@ def build_platform(config: StackConfig) -> None:
     network = Network("network", config.network, cluster_name=config.cluster.name, tags=tags)
     cluster = Cluster("cluster", config.cluster, network=network, tags=tags, hybrid=config.hybrid)
     karpenter = Karpenter("karpenter", cluster, cluster_name=config.cluster.name, tags=tags)
+    addons = EKS_ADDONS[config.cluster.kubernetes_version]
+    ebs = BlockStorage(
+        "ebs",
+        cluster.name,
+        addons["aws-ebs-csi-driver"],
+        cluster.controller_prerequisites,
+        cluster.provider,
+        tags,
+    )
     NodePools(
         "nodepools",
         config.node_pools,
@@ -39,6 +48,7 @@ def build_platform(config: StackConfig) -> None:
         ami_alias=config.karpenter.ami_alias,
         vpc_zones=network.zones,
         karpenter_release=karpenter.release,
+        volume_driver=ebs.addon,
         provider=cluster.provider,
         tags=tags,
     )
@@ -57,14 +67,58 @@ def build_platform(config: StackConfig) -> None:
     )
     kueue = Kueue(
         "kueue",
+        config.node_pools,
         provider=cluster.provider,
         depends_on=[*operators.installs, *cluster.controller_prerequisites],
     )
+    storage = config.storage
+    bucket = TrainingBucket(
+        "training-bucket",
+        storage.bucket,
+        f"alias/{config.cluster.name}-training-bucket",
+        tags=tags,
+    )
+    efs = fsx = None
+    if storage.efs.enabled:
+        efs = SharedFileSystem(
+            "efs",
+            cluster.name,
+            addons["aws-efs-csi-driver"],
+            cluster.controller_prerequisites,
+            network.vpc_id,
+            network.private_subnets,
+            cluster.cluster_security_group_id,
+            cluster.provider,
+            tags,
+        )
+    if storage.fsx.enabled:
+        fsx = LustreFileSystem(
+            "fsx",
+            storage.fsx,
+            cluster.name,
+            addons["aws-fsx-csi-driver"],
+            cluster.controller_prerequisites,
+            network.vpc_id,
+            network.private_subnets[0],
+            cluster.cluster_security_group_id,
+            bucket.name,
+            cluster.provider,
+            tags,
+        )
+    # Pods in team and DevServer namespaces carry Kueue's finalizers and mount volumes of these
+    # drivers: destroy deletes the namespaces while Kueue and the drivers still run.
+    namespace_prerequisites = [
+        kueue.release,
+        ebs.addon,
+        *(efs.driver if efs else []),
+        *(fsx.driver if fsx else []),
+    ]
     queues = Queues(
         "queues",
         config.node_pools,
         config.queues,
         kueue.release,
+        namespace_prerequisites,
         provider=cluster.provider,
         extra_flavors=(kueue_flavor(config.hybrid),) if config.hybrid else (),
     )
@@ -99,56 +153,17 @@ def build_platform(config: StackConfig) -> None:
             cluster.name,
             cluster.controller_prerequisites,
             [kueue.release, queues],
+            namespace_prerequisites,
             gpu_metrics,
             cluster.provider,
             tags,
         ).namespaces
 
-    addons = EKS_ADDONS[config.cluster.kubernetes_version]
-    storage = config.storage
-    bucket = TrainingBucket(
-        "training-bucket",
-        storage.bucket,
-        f"alias/{config.cluster.name}-training-bucket",
-        tags=tags,
-    )
-    BlockStorage(
-        "ebs",
-        cluster.name,
-        addons["aws-ebs-csi-driver"],
-        cluster.controller_prerequisites,
-        cluster.provider,
-        tags,
-    )
-    if storage.efs.enabled:
-        SharedFileSystem(
-            "efs",
-            cluster.name,
-            addons["aws-efs-csi-driver"],
-            cluster.controller_prerequisites,
-            network.vpc_id,
-            network.private_subnets,
-            cluster.cluster_security_group_id,
-            # Every team namespace and every user's DevServer namespace gets the shared claim.
-            {**queues.namespaces, **dev_namespaces},
-            cluster.provider,
-            tags,
-        )
-    if storage.fsx.enabled:
-        LustreFileSystem(
-            "fsx",
-            storage.fsx,
-            cluster.name,
-            addons["aws-fsx-csi-driver"],
-            cluster.controller_prerequisites,
-            network.vpc_id,
-            network.private_subnets[0],
-            cluster.cluster_security_group_id,
-            bucket.name,
-            queues.namespaces,
-            cluster.provider,
-            tags,
-        )
+    if efs:
+        # Every team namespace and every user's DevServer namespace gets the shared claim.
+        efs.claim_in({**queues.namespaces, **dev_namespaces})
+    if fsx:
+        fsx.claim_in(queues.namespaces)
     pools = {p.name: p for p in config.node_pools}
     enabled_storage = {
         k for k, on in (("fsx", storage.fsx.enabled), ("efs", storage.efs.enabled)) if on

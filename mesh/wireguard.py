@@ -49,8 +49,6 @@ class Spoke:
     name: str
     private_key: str
     address: ipaddress.IPv4Address
-    # Networks behind this spoke the hub routes to it (hybrid nodes: the machine's pod CIDR).
-    routed: tuple[ipaddress.IPv4Network, ...] = ()
 
 
 @dataclass(frozen=True)
@@ -61,9 +59,21 @@ class Hub:
     listen_port: int
     # Networks the spokes reach through the hub, besides the mesh itself (hybrid: the VPC).
     routed: tuple[ipaddress.IPv4Network, ...] = ()
+    # Networks behind the spokes, routed into the tunnel as a whole: which spoke holds which part
+    # its peer's AllowedIPs say, set as the parts are handed out (hybrid: the remote pod CIDRs,
+    # sliced per node by Cilium, see infra/components/hybrid_nodes.py).
+    behind_spokes: tuple[ipaddress.IPv4Network, ...] = ()
 
 
-def hub_config(hub: Hub, network: ipaddress.IPv4Network, spokes: list[Spoke]) -> str:
+# wg-quick(8) runs each PostUp/PostDown line with bash once the interface is up (or gone), %i
+# standing for the interface. Docker and ufw leave the FORWARD policy at DROP, which would stop
+# every packet between two spokes at the hub: accept those (in on the tunnel, out on it again),
+# and nothing else, so the hub forwards no traffic between the mesh and its other networks.
+FORWARD_BETWEEN_SPOKES = "FORWARD -i %i -o %i -j ACCEPT"
+
+
+def hub_interface(hub: Hub, network: ipaddress.IPv4Network) -> str:
+    """The hub's [Interface] section, without peers: they follow as peer_section()s."""
     lines = [
         "# WireGuard hub; install as /etc/wireguard/wg0.conf, then: wg-quick up wg0",
         "[Interface]",
@@ -72,17 +82,31 @@ def hub_config(hub: Hub, network: ipaddress.IPv4Network, spokes: list[Spoke]) ->
         f"PrivateKey = {hub.private_key}",
         # Spoke-to-spoke traffic (torchrun, NCCL/gloo) enters and leaves through the hub.
         "PostUp = sysctl -w net.ipv4.ip_forward=1",
+        f"PostUp = iptables -A {FORWARD_BETWEEN_SPOKES}",
+        f"PostDown = iptables -D {FORWARD_BETWEEN_SPOKES}",
     ]
-    for spoke in spokes:
-        allowed = ", ".join(str(n) for n in (ipaddress.IPv4Network(spoke.address), *spoke.routed))
-        lines += [
-            "",
-            f"# {spoke.name}",
-            "[Peer]",
-            f"PublicKey = {public_key(spoke.private_key)}",
-            f"AllowedIPs = {allowed}",
-        ]
+    # wg-quick routes only the AllowedIPs of the peers it starts with; these come later.
+    lines += [f"PostUp = ip route replace {net} dev %i" for net in hub.behind_spokes]
     return "\n".join(lines) + "\n"
+
+
+def peer_section(spoke: Spoke) -> str:
+    """A spoke as the hub's [Peer]: the hub sends it what is addressed to it."""
+    return (
+        "\n".join(
+            [
+                f"# {spoke.name}",
+                "[Peer]",
+                f"PublicKey = {public_key(spoke.private_key)}",
+                f"AllowedIPs = {ipaddress.IPv4Network(spoke.address)}",
+            ]
+        )
+        + "\n"
+    )
+
+
+def hub_config(hub: Hub, network: ipaddress.IPv4Network, spokes: list[Spoke]) -> str:
+    return "\n".join([hub_interface(hub, network), *(peer_section(s) for s in spokes)])
 
 
 def spoke_config(hub: Hub, network: ipaddress.IPv4Network, spoke: Spoke) -> str:

@@ -1,4 +1,5 @@
-"""Shared fixtures: plans of the real stack files, and plans of edited copies of them."""
+"""Shared fixtures: plans of the real stack files, plans of edited copies of them, and network
+namespaces for tests that run real WireGuard."""
 
 import copy
 from pathlib import Path
@@ -9,6 +10,7 @@ import pytest
 from infra.config import parse_stack_config, read_stack_file
 from infra.offline import Plan, run_offline
 from infra.program import build_platform
+from tests.netns import Namespaces
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = ["dev", "prod"]
@@ -55,3 +57,11 @@ def prod_plan() -> Plan:
 @pytest.fixture(scope="session", params=STACKS)
 def stack_plan(request) -> Plan:
     return request.getfixturevalue(f"{request.param}_plan")
+
+
+@pytest.fixture
+def namespaces():
+    """Network namespaces for one test, removed with their processes when it ends."""
+    spaces = Namespaces("hybrid-dns-mesh")
+    yield spaces
+    spaces.close()

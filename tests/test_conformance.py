@@ -89,17 +89,20 @@ def test_conformance_catches_misspellings_bad_enums_and_wrong_versions(
     assert any(expected in e for e in errors), errors
 
 
-def test_vendored_crds_match_the_checksums_in_sources_md():
-    """tests/crds holds upstream files byte for byte: SOURCES.md names each and its sha256."""
-    crds = Path(__file__).parent / "crds"
-    sources = (crds / "SOURCES.md").read_text()
+@pytest.mark.parametrize("folder", ["crds", "upstream"])
+def test_vendored_files_match_the_checksums_in_sources_md(folder):
+    """tests/crds and tests/upstream hold upstream files byte for byte: SOURCES.md names each and
+    its sha256."""
+    vendored = Path(__file__).parent / folder
+    sources = (vendored / "SOURCES.md").read_text()
     listed = dict(
         reversed(line.split()) for line in re.findall(r"^[0-9a-f]{64}  \S+$", sources, re.M)
     )
-    present = {str(p.relative_to(crds)) for p in crds.rglob("*.yaml")}
+    present = {str(p.relative_to(vendored)) for p in vendored.rglob("*") if p.suffix != ".md"}
+    present -= {str(p.relative_to(vendored)) for p in vendored.rglob("*") if p.is_dir()}
     assert present and set(listed) == present
     for name, digest in listed.items():
-        assert hashlib.sha256((crds / name).read_bytes()).hexdigest() == digest, name
+        assert hashlib.sha256((vendored / name).read_bytes()).hexdigest() == digest, name
 
 
 def test_nothing_in_the_repository_reads_outside_it():

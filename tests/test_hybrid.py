@@ -3,6 +3,7 @@ WireGuard gateway, Kueue opt-in, and the per-machine pages; plus the `hybrid` co
 
 import datetime
 import hashlib
+import ipaddress
 import json
 import re
 import subprocess
@@ -15,11 +16,17 @@ from pulumi.runtime import settings
 from pulumi.runtime.sync_await import _sync_await
 
 from infra import hybrid_bootstrap
+from infra.components.hybrid_gateway_boot import (
+    KEY_PLACEHOLDER,
+    SYNC_SCRIPT,
+    SyncTarget,
+    sync_script,
+    sync_units,
+)
 from infra.components.hybrid_nodes import HYBRID_TAINT, remote_network_transform
 from infra.config import ConfigError, HybridConfig, SsmActivation, parse_stack_config
 from infra.offline import run_offline
 from infra.program import build_platform
-from mesh.wireguard import public_key
 from policies.offline import check
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 
@@ -34,9 +41,8 @@ HYBRID = {
             "gpuModel": "RTX 4090",
             "vcpu": 16,
             "memoryGib": 64,
-            "podCidr": "10.201.1.0/24",
         },
-        {"name": "bob-cpu", "gpus": 0, "vcpu": 8, "memoryGib": 32, "podCidr": "10.201.2.0/24"},
+        {"name": "bob-cpu", "gpus": 0, "vcpu": 8, "memoryGib": 32},
     ],
 }
 PRIVATE_ENDPOINT_OFF = {"endpoint": {"privateAccess": False}}
@@ -128,11 +134,34 @@ def test_hybrid_node_role_access_entry_and_ssm_activation(plan):
     # Not SSM's silent 24 hours: start + days from the stack config, at 00:00 UTC.
     assert activation.inputs["expirationDate"] == "2026-11-29T00:00:00Z"
     assert not plan.of_type("aws:rolesanywhere/trustAnchor:TrustAnchor")
-    https = plan.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
-    assert {(r.inputs["cidrIpv4"], r.inputs["fromPort"]) for r in https if "hybrid" in r.name} == {
-        ("10.200.0.0/24", 443),
-        ("10.201.0.0/16", 443),
+
+
+def test_hybrid_nodes_and_pods_reach_the_api_server_and_coredns_in_the_vpc(plan):
+    """EKS user guide, "Prepare networking for hybrid nodes": HTTPS to the cluster from the remote
+    node and pod CIDRs, and DNS (UDP and TCP 53) to where CoreDNS runs, the system nodes, which
+    carry the cluster security group (a managed node group without its own groups gets it)."""
+    rules = [
+        r
+        for r in plan.of_type("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule")
+        if r.name.startswith("hybrid-cluster-")
+    ]
+    # The cluster security group: the one tagged for Karpenter's nodes, the system nodes' too.
+    cluster_sg = plan.one("aws:ec2/tag:Tag", "cluster-cluster-sg-discovery").inputs["resourceId"]
+    assert {r.inputs["securityGroupId"] for r in rules} == {cluster_sg}
+    by_cidr = {
+        (r.inputs.get("cidrIpv4"), r.inputs["ipProtocol"], r.inputs["fromPort"], r.inputs["toPort"])
+        for r in rules
     }
+    assert by_cidr == {
+        (cidr, protocol, port, port)
+        for cidr in ("10.200.0.0/24", "10.201.0.0/16")
+        for protocol, port in (("tcp", 443), ("udp", 53), ("tcp", 53))
+    } | {(None, "tcp", 443, 443)}
+    # The gateway itself, by its security group: it lists CiliumNodes (a private endpoint).
+    gateway_rule = next(r for r in rules if "cidrIpv4" not in r.inputs)
+    gateway_sg = plan.one("aws:ec2/securityGroup:SecurityGroup", "hybrid-gateway")
+    assert gateway_rule.inputs["referencedSecurityGroupId"].startswith("sg-")
+    assert gateway_sg.urn in gateway_rule.dependencies
 
 
 def test_wireguard_gateway_is_open_on_udp_51820_only_and_routes_the_remote_cidrs(plan):
@@ -211,9 +240,16 @@ def test_cilium_is_the_cni_of_hybrid_nodes_only(plan, dev_plan):
     assert cilium.inputs["version"] == "1.18.5-0"
     assert cilium.inputs["namespace"] == "kube-system"
     values = cilium.inputs["values"]
-    # Addresses from each Node's spec.podCIDR (set by the bootstrap), never from a pool.
-    assert values["ipam"] == {"mode": "kubernetes"}
-    assert values["k8s"] == {"requireIPv4PodCIDR": True}
+    # The IPAM mode AWS supports on hybrid nodes (EKS user guide, "Configure CNI for hybrid
+    # nodes"), pooled from the cluster's remote pod networks; no node sets its own podCIDR.
+    assert values["ipam"] == {
+        "mode": "cluster-pool",
+        "operator": {
+            "clusterPoolIPv4PodCIDRList": ["10.201.0.0/16"],
+            "clusterPoolIPv4MaskSize": 24,
+        },
+    }
+    assert "k8s" not in values
     terms = values["affinity"]["nodeAffinity"]["requiredDuringSchedulingIgnoredDuringExecution"]
     assert terms["nodeSelectorTerms"] == [
         {
@@ -250,38 +286,32 @@ def test_cilium_is_the_cni_of_hybrid_nodes_only(plan, dev_plan):
     assert not [r for r in dev_plan.of_type("kubernetes:helm.sh/v3:Release") if r.name == "cilium"]
 
 
-def test_each_machine_sets_its_node_pod_cidr_to_the_range_the_gateway_routes_to_it(plan):
-    user_data = plan.one("aws:ec2/instance:Instance", "hybrid-gateway").inputs["userData"]
-    hub = sections(user_data.split("<<'WIREGUARD'\n")[1].split("\nWIREGUARD")[0])
-    routed = [peer["AllowedIPs"].split(", ")[1] for peer in hub[1:]]
-    pages = plan.outputs["hybridBootstrap"]
-    for name, pod_cidr in zip(["alice-4090", "bob-cpu"], routed, strict=True):
-        page = pages[name]
-        patch = f'{{"spec":{{"podCIDR":"{pod_cidr}","podCIDRs":["{pod_cidr}"]}}}}'
-        assert f"kubectl patch node \"$node\" --type merge \\\n  -p '{patch}'" in page
-        # After the join (the Node must exist), as the node itself (kubelet credentials).
-        assert page.index("nodeadm init") < page.index("kubectl patch")
-        assert "export KUBECONFIG=/var/lib/kubelet/kubeconfig" in page
-        syntax = subprocess.run(["bash", "-n"], input=page, text=True, capture_output=True)
-        assert syntax.returncode == 0, syntax.stderr
-    assert routed == ["10.201.1.0/24", "10.201.2.0/24"]
-
-
 def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(plan):
     peers, pages = plan.outputs["hybridPeerConfigs"], plan.outputs["hybridBootstrap"]
     assert set(peers) == set(pages) == {"alice-4090", "bob-cpu"}
     user_data = plan.one("aws:ec2/instance:Instance", "hybrid-gateway").inputs["userData"]
-    hub = sections(user_data.split("<<'WIREGUARD'\n")[1].split("\nWIREGUARD")[0])
-    assert hub[0]["Address"] == "10.200.0.1/24" and hub[0]["ListenPort"] == "51820"
-    for (name, conf), hub_peer, pod_cidr in zip(
-        sorted(peers.items()), hub[1:], ["10.201.1.0/24", "10.201.2.0/24"], strict=True
-    ):
+    (hub,) = sections(user_data.split("<<'WIREGUARD'\n")[1].split("\nWIREGUARD")[0])
+    assert hub["Address"] == "10.200.0.1/24" and hub["ListenPort"] == "51820"
+    # The gateway's peers: one SSM parameter per machine under the path its sync reads.
+    parameters = {
+        r.inputs["name"]: r
+        for r in plan.of_type("aws:ssm/parameter:Parameter")
+        if r.name.startswith("hybrid-peer-")
+    }
+    assert set(parameters) == {
+        "/training-platform/dev/hybrid-wireguard-peers/alice-4090",
+        "/training-platform/dev/hybrid-wireguard-peers/bob-cpu",
+    }
+    assert {p.inputs["type"] for p in parameters.values()} == {"String"}  # public keys only
+    for name, conf in sorted(peers.items()):
         interface, gateway = sections(conf)
-        assert hub_peer["PublicKey"] == public_key(interface["PrivateKey"])
-        assert hub_peer["AllowedIPs"] == f"{interface['Address'].split('/')[0]}/32, {pod_cidr}"
         assert gateway["Endpoint"] == "203.0.113.10:51820"
         assert gateway["AllowedIPs"] == "10.200.0.0/24, 10.20.0.0/16"
         assert conf.strip() in pages[name]
+        # Joining is the whole page: no node sets its own podCIDR any more (Cilium's pool does).
+        assert "kubectl patch node" not in pages[name] and "podCIDR" not in pages[name]
+        syntax = subprocess.run(["bash", "-n"], input=pages[name], text=True, capture_output=True)
+        assert syntax.returncode == 0, syntax.stderr
     alice = pages["alice-4090"]
     assert "nodeadm install 1.34 --credential-provider ssm" in alice
     assert "--node-ip=10.200.0.2" in alice
@@ -300,6 +330,102 @@ def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(pla
         "libnvidia-container1=1.18.1-1" in alice
     )
     assert "nvidia-container-toolkit=" not in pages["bob-cpu"]
+
+
+def heredoc(user_data: str, path: str) -> str:
+    """The file the gateway's boot script installs at `path`."""
+    return user_data.split(f"{path} <<'FILE'\n")[1].split("\nFILE\n")[0] + "\n"
+
+
+def test_gateway_boot_installs_the_sync_for_this_stack(plan):
+    user_data = plan.one("aws:ec2/instance:Instance", "hybrid-gateway").inputs["userData"]
+    target = SyncTarget(
+        "us-west-2",
+        "tp-dev",
+        "/training-platform/dev/hybrid-wireguard-peers",
+        (ipaddress.IPv4Network("10.201.0.0/16"),),
+    )
+    assert heredoc(user_data, SYNC_SCRIPT) == sync_script(target)
+    for name, text in sync_units().items():
+        assert heredoc(user_data, f"/etc/systemd/system/{name}") == text
+    assert "systemctl enable --now wg-quick@wg0 hybrid-wireguard-peers.timer" in user_data
+    (hub,) = sections(user_data.split("<<'WIREGUARD'\n")[1].split("\nWIREGUARD")[0])
+    assert hub["PrivateKey"] == KEY_PLACEHOLDER  # read from SSM at boot, never in user data
+    syntax = subprocess.run(["bash", "-n"], input=user_data, text=True, capture_output=True)
+    assert syntax.returncode == 0, syntax.stderr
+
+
+def test_gateway_may_read_its_peers_and_list_ciliumnodes_and_nothing_else(plan):
+    policy = plan.one("aws:iam/rolePolicy:RolePolicy", "hybrid-gateway").inputs["policy"]
+    statements = json.loads(policy)["Statement"]
+    # The key parameter's ARN (the offline mock's ARN of hybrid-gateway-key).
+    assert statements[0]["Resource"].endswith(":hybrid-gateway-key")
+    assert statements == [
+        {"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": statements[0]["Resource"]},
+        {
+            "Effect": "Allow",
+            "Action": "ssm:GetParametersByPath",
+            # The path the sync asks for, under which the peer parameters are.
+            "Resource": "arn:aws:ssm:us-west-2:123456789012:parameter/training-platform/dev/"
+            "hybrid-wireguard-peers",
+        },
+        {
+            "Effect": "Allow",
+            "Action": "eks:DescribeCluster",
+            "Resource": "arn:aws:eks:us-west-2:123456789012:cluster/tp-dev",
+        },
+    ]
+    entry = plan.one("aws:eks/accessEntry:AccessEntry", "hybrid-gateway")
+    assert entry.inputs["type"] == "STANDARD"
+    assert entry.inputs["kubernetesGroups"] == ["hybrid-wireguard-gateway"]
+    assert re.fullmatch(
+        r"arn:aws:iam::123456789012:role/hybrid-gateway-\w+", entry.inputs["principalArn"]
+    )
+    role = plan.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "hybrid-gateway")
+    assert role.inputs["rules"] == [
+        {"apiGroups": ["cilium.io"], "resources": ["ciliumnodes"], "verbs": ["list"]}
+    ]
+    binding = plan.one(
+        "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding", "hybrid-gateway"
+    )
+    assert binding.inputs["roleRef"]["name"] == role.inputs["metadata"]["name"]
+    assert binding.inputs["subjects"] == [
+        {
+            "kind": "Group",
+            "name": "hybrid-wireguard-gateway",
+            "apiGroup": "rbac.authorization.k8s.io",
+        }
+    ]
+
+
+def test_adding_a_machine_adds_a_peer_parameter_and_leaves_the_gateway_alone(plan):
+    """The gateway's user data is replace-on-change (it runs once, at boot): a new machine must
+    leave every input of the instance as it was, so the engine has nothing to change there and
+    no tunnel drops; the new peer arrives as one more SSM parameter the sync picks up."""
+    carol = {"name": "carol-3090", "gpus": 1, "vcpu": 8, "memoryGib": 32}
+    bigger = plan_of(
+        "dev",
+        hybrid={**HYBRID, "machines": [*HYBRID["machines"], carol]},
+        cluster=PRIVATE_ENDPOINT_OFF,
+    )
+    for type_, name in [
+        ("aws:ec2/instance:Instance", "hybrid-gateway"),
+        ("aws:ec2/eip:Eip", "hybrid-gateway"),
+        ("aws:ec2/securityGroup:SecurityGroup", "hybrid-gateway"),
+        ("aws:iam/rolePolicy:RolePolicy", "hybrid-gateway"),
+        ("aws:ssm/parameter:Parameter", "hybrid-gateway-key"),
+        ("aws:ssm/parameter:Parameter", "hybrid-peer-alice-4090"),
+    ]:
+        assert bigger.one(type_, name).inputs == plan.one(type_, name).inputs, name
+    added = bigger.one("aws:ssm/parameter:Parameter", "hybrid-peer-carol-3090")
+    assert added.inputs["name"] == "/training-platform/dev/hybrid-wireguard-peers/carol-3090"
+    assert set(bigger.outputs["hybridPeerConfigs"]) == {"alice-4090", "bob-cpu", "carol-3090"}
+    carol_conf = sections(bigger.outputs["hybridPeerConfigs"]["carol-3090"])[0]
+    assert carol_conf["Address"] == "10.200.0.4/24"
+    assert (
+        bigger.outputs["hybridPeerConfigs"]["alice-4090"]
+        == plan.outputs["hybridPeerConfigs"]["alice-4090"]
+    )
 
 
 NODEADM_STEP = re.compile(r"\nrelease=.*?\ninstall -m 755 [^\n]*\n", re.DOTALL)
@@ -395,23 +521,38 @@ def hybrid_error(**overrides) -> str:
         ({"remotePodCidrs": ["8.8.0.0/16"]}, "8.8.0.0/16 is not allowed for hybrid nodes"),
         (
             {"remotePodCidrs": ["10.200.0.0/16"]},
-            "remote CIDRs 10.200.0.0/24 and 10.200.0.0/16 overlap",
+            "hybrid.remotePodCidrs[0]: 10.200.0.0/16 overlaps hybrid.remoteNodeCidrs[0] "
+            "10.200.0.0/24; allowed: a range outside the VPC (10.20.0.0/16), the service CIDR "
+            "(172.20.0.0/16) and the other remote CIDRs",
         ),
-        ({"remoteNodeCidrs": ["10.20.5.0/24"]}, "10.20.5.0/24 overlaps the VPC cidr 10.20.0.0/16"),
+        (
+            {"remoteNodeCidrs": ["10.20.5.0/24"]},
+            "hybrid.remoteNodeCidrs[0]: 10.20.5.0/24 overlaps the VPC cidr 10.20.0.0/16",
+        ),
+        # dev's VPC is in 10.0.0.0/8, so EKS gives services 172.20.0.0/16.
+        (
+            {"remotePodCidrs": ["172.20.128.0/17"]},
+            "hybrid.remotePodCidrs[0]: 172.20.128.0/17 overlaps the cluster's service CIDR "
+            "172.20.0.0/16",
+        ),
         ({"credentialProvider": "iam-roles-anywhere"}, "caBundlePem goes with credentialProvider"),
         ({"remoteNodeCidrs": ["10.200.0.0/30"]}, "holds fewer addresses than the gateway and 2"),
         (
-            {"machines": [{**HYBRID["machines"][0], "podCidr": "10.202.0.0/24"}]},
-            "podCidr 10.202.0.0/24 lies outside remotePodCidrs",
+            {"machines": [{**HYBRID["machines"][0], "podCidr": "10.201.1.0/24"}]},
+            "hybrid.machines[alice-4090]: podCidr is gone: Cilium's cluster-pool IPAM now gives "
+            "each node its slice of remotePodCidrs when it joins (size: hybrid.podCidrMaskSize)",
         ),
         (
-            {
-                "machines": [
-                    HYBRID["machines"][0],
-                    {**HYBRID["machines"][1], "podCidr": "10.201.1.0/25"},
-                ]
-            },
-            "overlaps another machine's",
+            {"podCidrMaskSize": 15},
+            "hybrid.podCidrMaskSize: Input should be greater than or equal to 16",
+        ),
+        (
+            {"remotePodCidrs": ["10.201.0.0/26"], "podCidrMaskSize": 24},
+            "podCidrMaskSize /24 is wider than a remotePodCidrs entry",
+        ),
+        (
+            {"remotePodCidrs": ["10.201.0.0/24"], "podCidrMaskSize": 24},
+            "remotePodCidrs have room for 1 node slice(s) of /24 and 2 machines need one each",
         ),
         (
             {"machines": [{**HYBRID["machines"][0], "gpus": -1}]},

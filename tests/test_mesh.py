@@ -42,15 +42,20 @@ def three_nodes(**overrides) -> dict:
     return document | overrides
 
 
-def sections(config: str) -> list[dict[str, str]]:
-    """A wg-quick config as its sections' key/value pairs, in order ([Peer] repeats)."""
+def sections(config: str) -> list[dict[str, str | list[str]]]:
+    """A wg-quick config as its sections' key/value pairs, in order ([Peer] repeats); a key given
+    more than once (PostUp) has the list of its values."""
     found = []
     for line in config.splitlines():
         if line.startswith("["):
             found.append({"section": line.strip("[]")})
         elif "=" in line and not line.startswith("#"):
-            key, _, value = line.partition("=")
-            found[-1][key.strip()] = value.strip()
+            key, _, value = (part.strip() for part in line.partition("="))
+            if key in found[-1]:
+                earlier = found[-1][key]
+                found[-1][key] = [*(earlier if isinstance(earlier, list) else [earlier]), value]
+            else:
+                found[-1][key] = value
     return found
 
 
@@ -83,7 +88,11 @@ def test_hub_and_spoke_configs(tmp_path):
         "Address": "10.77.0.1/24",
         "ListenPort": "51820",
         "PrivateKey": keys["hub"],
-        "PostUp": "sysctl -w net.ipv4.ip_forward=1",
+        "PostUp": [
+            "sysctl -w net.ipv4.ip_forward=1",
+            "iptables -A FORWARD -i %i -o %i -j ACCEPT",
+        ],
+        "PostDown": "iptables -D FORWARD -i %i -o %i -j ACCEPT",
     }
     assert peers == [
         {"section": "Peer", "PublicKey": public_key(keys["alice"]), "AllowedIPs": "10.77.0.2/32"},
@@ -418,3 +427,45 @@ def test_example_mesh_file_writes_configs(tmp_path, capsys):
         "home.conf",
     ]
     assert "Endpoint = home.example.org:51820" in (tmp_path / "bob.conf").read_text()
+
+
+def test_hub_forwards_between_spokes_when_the_forward_policy_is_drop(tmp_path, namespaces):
+    """Three machines in network namespaces, real WireGuard brought up by wg-quick with the configs
+    `tp-mesh wireguard` writes; the hub's FORWARD policy is DROP, as Docker and ufw leave it. A
+    spoke reaches the other spoke through the hub thanks to the hub's PostUp rule, and without the
+    rule it does not."""
+    underlay = {"hub": "192.0.2.1", "s1": "192.0.2.2", "s2": "192.0.2.3"}
+    document = {
+        "network": "10.77.0.0/24",
+        "coordinator": "hub",
+        "nodes": [
+            {"name": name, "ssh": {"host": address}} | ({"endpoint": address} if i == 0 else {})
+            for i, (name, address) in enumerate(underlay.items())
+        ],
+    }
+    assert cli.main(["wireguard", str(mesh_file(tmp_path, document)), "--out", str(tmp_path)]) == 0
+    # What a user copies to /etc/wireguard/wg0.conf, under a name unique on this machine.
+    configs = {}
+    for name, address in underlay.items():
+        namespaces.add(name, underlay=f"{address}/24")
+        configs[name] = tmp_path / f"{namespaces.interface(name)}.conf"
+        configs[name].write_text((tmp_path / f"{name}.conf").read_text())
+        configs[name].chmod(0o600)
+    hub, s1, s2 = (namespaces.ns(name) for name in underlay)
+    namespaces.run(hub, "iptables", "-P", "FORWARD", "DROP")
+    for name in underlay:
+        namespaces.wg_quick(namespaces.ns(name), "up", configs[name])
+    assert namespaces.reaches(s2, "10.77.0.1")  # each spoke's own session with the hub
+    assert namespaces.reaches(s1, "10.77.0.3"), "spoke to spoke through the hub"
+    interface = namespaces.interface("hub")
+    rule = f"-A FORWARD -i {interface} -o {interface} -j ACCEPT"
+    assert rule in namespaces.run(hub, "iptables", "-S", "FORWARD").stdout.splitlines()
+    # The hub as it was before the rule: the spokes reach it, not each other.
+    namespaces.run(hub, "iptables", "-D", *rule.split()[1:])
+    assert namespaces.reaches(s1, "10.77.0.1")
+    assert not namespaces.reaches(s1, "10.77.0.3", attempts=2)
+    namespaces.run(hub, "iptables", *rule.split())
+    assert namespaces.reaches(s1, "10.77.0.3")
+    # wg-quick down runs PostDown: the rule goes with the interface.
+    namespaces.wg_quick(hub, "down", configs["hub"])
+    assert rule not in namespaces.run(hub, "iptables", "-S", "FORWARD").stdout

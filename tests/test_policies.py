@@ -717,6 +717,18 @@ def test_the_budget_rule_adds_up_what_the_plans_cost_table_does(stack, request, 
     assert budget_total(plan) == round(plan_cost("us-west-2", plan).total_per_hour, 2)
 
 
+PROD_INTERFACE_ENDPOINTS = (
+    "ec2",
+    "ecr-api",
+    "ecr-dkr",
+    "eks",
+    "eks-auth",
+    "elasticfilesystem",
+    "sqs",
+    "ssm",
+)
+
+
 def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
     """prod's lines, figured from the price file (us-west-2) by hand: nodes with their gp3 disks,
     the system node group at maxSize, FSx per GiB-month, NAT gateways and the control plane."""
@@ -732,6 +744,9 @@ def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
     expected = {
         "EKS control plane cluster": 0.10,
         **{f"NAT gateway network-{i}": 0.045 for i in range(3)},
+        # PrivateLink: an interface endpoint bills per AZ-hour, $0.01 here; the S3 gateway is free.
+        **{f"VPC endpoint network-{service}": 3 * 0.01 for service in PROD_INTERFACE_ENDPOINTS},
+        "VPC endpoint network-s3": 0.0,
         "node group cluster-system": nodes(6, "m6i.xlarge", 50),
         "FSx for Lustre fsx": 4800 * 0.210 / HOURS_PER_MONTH,
         "EC2 instance hybrid-gateway": None,  # prod has no hybrid section

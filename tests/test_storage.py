@@ -1,5 +1,6 @@
 """Storage: S3 bucket, EBS, EFS and FSx for Lustre with their CSI drivers, claims and rules."""
 
+import ipaddress
 import json
 
 import pytest
@@ -170,9 +171,14 @@ def test_efs_encrypted_with_a_mount_target_per_private_subnet_and_nfs_from_nodes
 
 
 def test_no_security_group_rule_is_open_to_the_world(stack_plan):
+    """Rules name a security group, or (VPC endpoints: HTTPS from the VPC) a range inside it."""
+    vpc = ipaddress.ip_network(stack_plan.one("aws:ec2/vpc:Vpc").inputs["cidrBlock"])
     for rule in stack_plan.of_type(INGRESS) + stack_plan.of_type(EGRESS):
-        assert "cidrIpv4" not in rule.inputs and "cidrIpv6" not in rule.inputs, rule.name
-        assert rule.inputs["referencedSecurityGroupId"]
+        assert "cidrIpv6" not in rule.inputs, rule.name
+        if "cidrIpv4" in rule.inputs:
+            assert ipaddress.ip_network(rule.inputs["cidrIpv4"]).subnet_of(vpc), rule.name
+        else:
+            assert rule.inputs["referencedSecurityGroupId"], rule.name
 
 
 def test_dev_has_no_fsx_and_prod_has_persistent_2(dev_plan, prod_plan):

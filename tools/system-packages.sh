@@ -1,11 +1,13 @@
 #!/usr/bin/env bash
 # The system programs the tests run for real rather than imitate: OpenSSH's sshd and client
 # (MPI launch through sshd, DevServer SSH sessions), WireGuard with its userspace implementation
-# (wireguard-go, for kernels without the module) and iptables, used in network namespaces the
-# tests create. Installs what is missing with apt-get (Debian/Ubuntu), as root or through sudo;
-# prints nothing when all are there. Versions follow the distribution release, as in the images.
+# (wireguard-go, for kernels without the module), iptables and ping, used in network namespaces
+# the tests create, and jq and curl, which the hybrid gateway's peer sync runs. Installs what is
+# missing with apt-get (Debian/Ubuntu), as root or through sudo; prints nothing when all are
+# there. Versions follow the distribution release, as in the images. The SSH tests also use
+# setpriv (util-linux), useradd (passwd) and awk, which every Debian and Ubuntu system has.
 set -euo pipefail
-packages=(openssh-server openssh-client wireguard-tools wireguard-go iptables iproute2)
+packages=(openssh-server openssh-client wireguard-tools wireguard-go iptables iproute2 iputils-ping jq curl)
 missing=()
 for package in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)

@@ -37,6 +37,16 @@ POD_SECURITY = {
     "fsGroup": TRAINER_UID,
     "seccompProfile": {"type": "RuntimeDefault"},
 }
+# What mpirun hands its ranks besides the launcher's own pod env. A worker's sshd starts orted
+# with sshd's default environment (PATH=/usr/local/bin:/usr/bin:/bin..., where Debian's and
+# Ubuntu's openmpi-bin put orted; no LD_LIBRARY_PATH), and orted gives a rank only what mpirun
+# exports with -x (OpenMPI 4.1: orte/mca/schizo/ompi/schizo_ompi.c), looking the program up on
+# that PATH (orte/util/context_fns.c). mpi-operator's examples pass `-x PATH -x LD_LIBRARY_PATH`.
+# From the image: python is in /opt/conda/bin, the efa target's aws-ofi-nccl plugin is found
+# through LD_LIBRARY_PATH. From EKS Pod Identity, which injects them into every pod of the job's
+# service account (workers mount the same token path): the credentials for S3 checkpoints.
+IMAGE_ENV = ("PATH", "LD_LIBRARY_PATH")
+POD_IDENTITY_ENV = ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")
 # libfabric/NCCL settings for EFA (aws-ofi-nccl ships in the AWS and NVIDIA CUDA images).
 EFA_ENV = {
     "FI_PROVIDER": "efa",
@@ -242,8 +252,12 @@ def mpi_job(target: JobTarget) -> dict:
     slots = pool.procs_per_node
     # The MPI operator names workers <job>-worker-<i> behind the headless service <job>.
     master = f"{job.name}-worker-0.{job.name}.{namespace}.svc"
-    exported = ["MASTER_ADDR", "MASTER_PORT", "PYTHONUNBUFFERED", *(EFA_ENV if pool.efa else {})]
-    launch = [
+    env = {"MASTER_ADDR": master, "MASTER_PORT": str(RDZV_PORT), **(EFA_ENV if pool.efa else {})}
+    launcher = pod_template(target, "launcher", [], with_resources=False)
+    container = launcher["spec"]["containers"][0]
+    container["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    exported = [*IMAGE_ENV, *POD_IDENTITY_ENV, *(e["name"] for e in container["env"])]
+    container["command"] = [
         "mpirun",
         "-np",
         str(job.max_nodes * slots),
@@ -256,12 +270,6 @@ def mpi_job(target: JobTarget) -> dict:
         "-m",
         "trainer",
         *trainer_args(job, target.checkpoint),
-    ]
-    launcher = pod_template(target, "launcher", launch, with_resources=False)
-    launcher["spec"]["containers"][0]["env"] += [
-        {"name": "MASTER_ADDR", "value": master},
-        {"name": "MASTER_PORT", "value": str(RDZV_PORT)},
-        *[{"name": k, "value": v} for k, v in EFA_ENV.items() if pool.efa],
     ]
     # sshd as the image's non-root user, with the config trainer/Dockerfile writes.
     sshd = ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]

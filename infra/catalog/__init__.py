@@ -24,10 +24,17 @@ class InstanceType:
     gpu_model: str | None
     gpu_memory_gib: int
     efa_network_cards: int  # 0: no EFA
+    nvme_disks: int  # NVMe instance store disks; 0: none (EBS only)
+    nvme_gb_per_disk: int
+    network_gbps: float  # baseline, not burst
 
     @property
     def efa(self) -> bool:
         return self.efa_network_cards > 0
+
+    @property
+    def nvme(self) -> bool:
+        return self.nvme_disks > 0
 
 
 @dataclass(frozen=True)
@@ -53,6 +60,7 @@ def load_catalog() -> Catalog:
         for size, figures in spec["types"].items():
             vcpu, memory_gib, gpus = (*figures, 0) if len(figures) == 2 else figures
             name = f"{family}.{size}"
+            nvme_disks, nvme_gb = spec["nvme"].get(size, (0, 0))
             types[name] = InstanceType(
                 name=name,
                 vcpu=vcpu,
@@ -61,6 +69,9 @@ def load_catalog() -> Catalog:
                 gpu_model=spec["gpuModel"],
                 gpu_memory_gib=spec.get("gpuMemoryGiB", 0),
                 efa_network_cards=spec["efa"].get(size, 0),
+                nvme_disks=nvme_disks,
+                nvme_gb_per_disk=nvme_gb,
+                network_gbps=float(spec["networkGbps"][size]),
             )
     return Catalog(types=types)
 
@@ -79,6 +90,7 @@ class RegionPrices:
     instance_as_of: str
     eks_control_plane_per_hour: float
     nat_gateway_per_hour: float
+    vpc_interface_endpoint_per_az_hour: float
     ebs_gp3_per_gib_month: float
     efs_standard_per_gib_month: float
     s3_standard_per_gib_month: float
@@ -129,6 +141,7 @@ def load_prices(region: str) -> RegionPrices:
         instance_as_of=str(instances["asOf"]),
         eks_control_plane_per_hour=float(usd["eksControlPlanePerHour"]),
         nat_gateway_per_hour=float(usd["natGatewayPerHour"]),
+        vpc_interface_endpoint_per_az_hour=float(usd["vpcInterfaceEndpointPerAzHour"]),
         ebs_gp3_per_gib_month=float(usd["ebsGp3PerGibMonth"]),
         efs_standard_per_gib_month=float(usd["efsStandardPerGibMonth"]),
         s3_standard_per_gib_month=float(usd["s3StandardPerGibMonth"]),

@@ -10,6 +10,10 @@ STORAGE_CLASS = "gp3"
 
 
 class BlockStorage(pulumi.ComponentResource):
+    # The EBS CSI driver: it detaches and deletes volumes, so nodes with attached volumes and
+    # namespaces with claims depend on it.
+    addon: pulumi.Resource
+
     def __init__(
         self,
         name: str,
@@ -22,7 +26,7 @@ class BlockStorage(pulumi.ComponentResource):
     ):
         super().__init__("training-platform:infra:BlockStorage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        addon = csi_driver_addon(
+        self.addon = addon = csi_driver_addon(
             f"{name}-csi",
             cluster_name,
             "aws-ebs-csi-driver",

@@ -21,7 +21,8 @@ class Cluster(pulumi.ComponentResource):
     provider: k8s.Provider
     cluster_security_group_id: pulumi.Output[str]
     # What every in-cluster controller waits for on create and outlives on destroy: nodes to run
-    # on and the Pod Identity agent that hands it AWS credentials.
+    # on (with their permissions and the VPC's egress), cluster DNS (the CSI controllers reach
+    # AWS APIs by name) and the Pod Identity agent that hands it AWS credentials.
     controller_prerequisites: list[pulumi.Resource]
 
     def __init__(
@@ -131,7 +132,7 @@ class Cluster(pulumi.ComponentResource):
             )
 
         system_nodes = self._system_node_group(name, config, cluster_name, network, tags)
-        aws.eks.Addon(
+        coredns = aws.eks.Addon(
             f"{name}-coredns",
             cluster_name=cluster_name,
             addon_name="coredns",
@@ -146,7 +147,7 @@ class Cluster(pulumi.ComponentResource):
         self.name = cluster_name
         self.kubeconfig = pulumi.Output.secret(cluster.kubeconfig_json)
         self.cluster_security_group_id = cluster_sg_id
-        self.controller_prerequisites = [system_nodes, pod_identity_agent]
+        self.controller_prerequisites = [system_nodes, coredns, pod_identity_agent]
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, opts=child)
         self.register_outputs(
             {
@@ -204,5 +205,7 @@ class Cluster(pulumi.ComponentResource):
             labels=SYSTEM_NODE_LABEL,
             taints=[{"key": SYSTEM_TAINT_KEY, "value": "true", "effect": "NO_SCHEDULE"}],
             tags=tags,
-            opts=child,
+            # EKS creates and deletes the group's instances and ENIs with its role's policies
+            # (aws_eks_node_group docs), and its nodes join and pull images through the egress.
+            opts=pulumi.ResourceOptions(parent=self, depends_on=[*role.ready, *network.egress]),
         )

@@ -92,6 +92,7 @@ OPERATOR_NAMESPACED_RULES = [
     rule([""], ["pods"], READ),
     rule([""], ["pods/exec"], ["create"]),
     rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
+    rule(["kueue.x-k8s.io"], ["workloads"], ["get", "list"]),  # status.kueue
 ]
 # Cluster-wide, read-only: flavors, and what kopf watches to find namespaces and resources.
 OPERATOR_CLUSTER_RULES = [
@@ -137,6 +138,8 @@ class DevServers(pulumi.ComponentResource):
         cluster_name: pulumi.Input[str],
         prerequisites: list[pulumi.Resource],  # what a controller needs: the system nodes
         queues: list[pulumi.Resource],  # what a LocalQueue waits for: Kueue and the ClusterQueues
+        # What a user's pods need until they are gone: Kueue and the CSI drivers of their volumes.
+        namespace_prerequisites: list[pulumi.Resource],
         gpu_metrics: pulumi.Resource | None,
         provider: k8s.Provider,
         tags: dict[str, str],
@@ -251,7 +254,14 @@ class DevServers(pulumi.ComponentResource):
         bindings = []
         for user in config.users:
             namespace = self.namespaces[user_namespace(user.name)] = self._user(
-                name, user, teams_by_name[user.team], cluster_name, queues, after, tags
+                name,
+                user,
+                teams_by_name[user.team],
+                cluster_name,
+                queues,
+                namespace_prerequisites,
+                after,
+                tags,
             )
             bind = after(namespace, user_role)
             bindings += [
@@ -277,7 +287,7 @@ class DevServers(pulumi.ComponentResource):
         )
         self.register_outputs({"operatorImage": image})
 
-    def _user(self, name, user, team: TeamConfig, cluster_name, queues, after, tags):
+    def _user(self, name, user, team: TeamConfig, cluster_name, queues, prerequisites, after, tags):
         """dev-<user>: the namespace, its queue and quota, and the IAM principal's way in."""
         namespace_name = user_namespace(user.name)
         namespace = k8s.core.v1.Namespace(
@@ -293,7 +303,7 @@ class DevServers(pulumi.ComponentResource):
                 },
                 "annotations": {f"{GROUP}/email": user.email},
             },
-            opts=after(),
+            opts=after(*prerequisites),
         )
         k8s.apiextensions.CustomResource(
             f"{name}-lq-{user.name}",

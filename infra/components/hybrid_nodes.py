@@ -2,15 +2,16 @@
 
 A small gateway instance in a public subnet is the WireGuard hub: every machine dials it (UDP
 51820, the only port open to the internet), the VPC's route tables send the remote node and pod
-CIDRs to it. Each machine's node IP is its WireGuard address. Credentials come from an SSM hybrid
-activation or IAM Roles Anywhere, mapped into the cluster by a HYBRID_LINUX access entry. Hybrid
-nodes carry a label and a taint and have their own Kueue flavor, so only jobs that opt in (by
-tolerating the taint) run there.
+CIDRs to it. Each machine's node IP is its WireGuard address. Cilium gives each node a slice of
+the remote pod CIDRs as it joins; the gateway routes each slice to its node, so VPC pods, the
+control plane and Prometheus reach pods on the machines (hybrid_gateway_boot.py). Credentials
+come from an SSM hybrid activation or IAM Roles Anywhere, mapped into the cluster by a
+HYBRID_LINUX access entry. Hybrid nodes carry a label and a taint and have their own Kueue
+flavor, so only jobs that opt in (by tolerating the taint) run there.
 """
 
 import ipaddress
 import json
-import textwrap
 from dataclasses import dataclass
 
 import pulumi
@@ -20,6 +21,7 @@ import pulumi_random as random
 import yaml
 
 from infra.components.helm import helm_release
+from infra.components.hybrid_gateway_boot import KEY_PLACEHOLDER, SyncTarget, user_data
 from infra.components.iam import assume_role_policy, managed_policy_arn, partition
 from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION, POOL_LABEL
 from infra.components.queues import Flavor
@@ -32,7 +34,7 @@ from infra.versions import (
     NVIDIA_CONTAINER_TOOLKIT_VERSION,
     WIREGUARD_GATEWAY_AMI_PARAMETER,
 )
-from mesh.wireguard import Hub, Spoke, hub_config, spoke_config
+from mesh.wireguard import Hub, Spoke, hub_interface, peer_section, spoke_config
 
 HYBRID_FLAVOR = "hybrid"
 HYBRID_LABELS = {POOL_LABEL: HYBRID_FLAVOR, "training-platform/node-role": "hybrid"}
@@ -55,7 +57,8 @@ NODEADM_CREDENTIAL_PROVIDER = {"ssm": "ssm", "iam-roles-anywhere": "iam-ra"}
 # Where a Roles Anywhere machine keeps its certificate (CN = machine name) and key.
 IRA_CERTIFICATE = "/etc/iam/pki/server.pem"
 IRA_PRIVATE_KEY = "/etc/iam/pki/server.key"
-KEY_PLACEHOLDER = "@WIREGUARD_PRIVATE_KEY@"
+# The Kubernetes group of the gateway's IAM role: it may list CiliumNodes, nothing else.
+GATEWAY_GROUP = "hybrid-wireguard-gateway"
 # The label EKS gives every hybrid node. The VPC CNI (aws-node) and the EBS and EFS CSI node
 # agents are required to run on nodes without it (their charts at the pinned add-on versions).
 HYBRID_NODE_AFFINITY = {
@@ -79,16 +82,24 @@ HYBRID_NODE_AFFINITY = {
 # guide, "Configure add-ons for hybrid nodes"): it reads the credentials file nodeadm keeps at
 # /eks-hybrid/.aws/credentials with spec.hybrid.enableCredentialsFile, as IMDS is not there.
 POD_IDENTITY_ON_HYBRID_NODES = json.dumps({"daemonsets": {"hybrid": {"create": True}}})
-# The kubelet's kubeconfig that nodeadm writes (it installs kubectl too): the node's identity.
-KUBELET_KUBECONFIG = "/var/lib/kubelet/kubeconfig"
+# Ports the hybrid nodes and their pods reach in the cluster security group (EKS user guide,
+# "Prepare networking for hybrid nodes"): the API server, and CoreDNS, which runs on the system
+# nodes ("if you run at least 1 replica of CoreDNS in the cloud, you must allow DNS traffic to
+# the VPC where CoreDNS is running"). Cilium masquerades pod traffic leaving the node to the node
+# address, so the node CIDR is the source in practice; the pod CIDR covers traffic it does not.
+CLUSTER_INGRESS = {
+    "https": ("tcp", 443, "Kubernetes API from hybrid nodes and their pods"),
+    "dns-udp": ("udp", 53, "CoreDNS from hybrid nodes and their pods"),
+    "dns-tcp": ("tcp", 53, "CoreDNS from hybrid nodes and their pods"),
+}
 
 
-def cilium_values() -> dict:
-    """Cilium as the CNI of the hybrid nodes only, with each machine's pods in its podCidr.
+def cilium_values(config: HybridConfig) -> dict:
+    """Cilium as the CNI of the hybrid nodes only, in the IPAM mode AWS supports there.
 
-    IPAM mode kubernetes: a node's pod addresses come from its Node's spec.podCIDR, which each
-    machine's bootstrap sets to the podCidr the gateway routes to it (the default cluster-pool
-    mode would hand out slices in join order, which the gateway's routes cannot follow).
+    cluster-pool (EKS user guide, "Configure CNI for hybrid nodes"): the operator gives each node
+    a /podCidrMaskSize slice of the remote pod CIDRs as it joins, recorded in its CiliumNode; the
+    gateway reads those and routes each slice to its node (hybrid_gateway_boot.py).
     """
     return {
         "image": CILIUM_IMAGES["agent"],
@@ -96,9 +107,14 @@ def cilium_values() -> dict:
         # The chart's default, stated: a CNI agent must run on its nodes whatever their taints,
         # HYBRID_TAINT included.
         "tolerations": [{"operator": "Exists"}],
-        "ipam": {"mode": "kubernetes"},
-        # The agent waits for the bootstrap to set spec.podCIDR instead of failing without it.
-        "k8s": {"requireIPv4PodCIDR": True},
+        "ipam": {
+            "mode": "cluster-pool",
+            "operator": {
+                # AWS: the same CIDRs as the cluster's remote pod networks, never changed later.
+                "clusterPoolIPv4PodCIDRList": [str(c) for c in config.remote_pod_cidrs],
+                "clusterPoolIPv4MaskSize": config.pod_cidr_mask_size,
+            },
+        },
         # The operator (garbage collection, CRDs) runs with the other controllers on the system
         # nodes: there from the first `pulumi up`, before any machine joins, so the release's
         # readiness wait means something. It never restarts pods the VPC CNI manages.
@@ -198,7 +214,7 @@ def bootstrap_script(
             f"{p}={NVIDIA_CONTAINER_TOOLKIT_VERSION}" for p in NVIDIA_CONTAINER_PACKAGES
         )
         gpu = f"""
-# 5. NVIDIA container toolkit, so containerd runs GPU containers on this machine's
+# 4. NVIDIA container toolkit, so containerd runs GPU containers on this machine's
 #    {machine.gpus} x {machine.gpu_model or "GPU"}. Needs the NVIDIA driver (nvidia-smi works).
 curl -fsSL https://nvidia.github.io/libnvidia-container/gpgkey \\
   | gpg --dearmor --yes -o /usr/share/keyrings/nvidia-container-toolkit-keyring.gpg
@@ -248,24 +264,15 @@ install -m 600 /dev/stdin /etc/nodeadm/nodeConfig.yaml <<'NODECONFIG'
 {node_config_yaml.rstrip()}
 NODECONFIG
 nodeadm init -c file:///etc/nodeadm/nodeConfig.yaml
-
-# 4. Pod addresses from {machine.pod_cidr}, the range the gateway routes to this machine: Cilium
-#    reads it from this Node's spec.podCIDR, which a node may set once, on itself.
-export KUBECONFIG={KUBELET_KUBECONFIG}
-node=$(kubectl auth whoami -o jsonpath='{{.status.userInfo.username}}')
-node=${{node#system:node:}}
-for _ in $(seq 60); do kubectl get node "$node" >/dev/null 2>&1 && break; sleep 5; done
-kubectl patch node "$node" --type merge \\
-  -p '{{"spec":{{"podCIDR":"{machine.pod_cidr}","podCIDRs":["{machine.pod_cidr}"]}}}}'
 {gpu}"""
 
 
 def spokes(
     config: HybridConfig, node_ips: dict[str, ipaddress.IPv4Address], private_keys: list[str]
 ) -> list[Spoke]:
-    """The machines as WireGuard spokes: the gateway routes each one's pod CIDR to it."""
+    """The machines as WireGuard spokes, each at its node IP."""
     return [
-        Spoke(m.name, key, node_ips[m.name], (m.pod_cidr,))
+        Spoke(m.name, key, node_ips[m.name])
         for m, key in zip(config.machines, private_keys, strict=True)
     ]
 
@@ -326,26 +333,27 @@ class HybridNodes(pulumi.ComponentResource):
             "cilium",
             CILIUM_CHART,
             "kube-system",
-            cilium_values(),
+            cilium_values(config),
             pulumi.ResourceOptions(
                 parent=self,
                 provider=provider,
                 depends_on=[*controller_prerequisites, access_entry],
             ),
         )
-        # The machines and their pods reach the API server's ENIs in the VPC
-        # through the gateway; the cluster security group lets them in on HTTPS.
-        for i, cidr in enumerate(remote_cidrs):
-            aws.vpc.SecurityGroupIngressRule(
-                f"{name}-cluster-https-{i}",
-                security_group_id=vpc.cluster_security_group_id,
-                description="Kubernetes API from hybrid nodes and their pods",
-                ip_protocol="tcp",
-                from_port=443,
-                to_port=443,
-                cidr_ipv4=cidr,
-                opts=child,
-            )
+        # The machines and their pods reach the API server's ENIs and CoreDNS in the VPC
+        # through the gateway.
+        for kind, (protocol, port, description) in CLUSTER_INGRESS.items():
+            for i, cidr in enumerate(remote_cidrs):
+                aws.vpc.SecurityGroupIngressRule(
+                    f"{name}-cluster-{kind}-{i}",
+                    security_group_id=vpc.cluster_security_group_id,
+                    description=description,
+                    ip_protocol=protocol,
+                    from_port=port,
+                    to_port=port,
+                    cidr_ipv4=cidr,
+                    opts=child,
+                )
 
         gateway_address, node_ips = config.addresses()
         network = config.remote_node_cidrs[0]
@@ -354,14 +362,26 @@ class HybridNodes(pulumi.ComponentResource):
             for machine in config.machines
         }
         gateway_key = random.RandomBytes(f"{name}-wg-gateway", length=32, opts=child)
-        gateway_ip = self._gateway(vpc, remote_cidrs, keys, gateway_key)
+        # One list for both ends: each machine's config and the gateway's peer for it.
+        machine_spokes = pulumi.Output.all(*[keys[m.name].base64 for m in config.machines]).apply(
+            lambda private_keys: spokes(config, node_ips, private_keys)
+        )
+        gateway_ip = self._gateway(
+            vpc,
+            remote_cidrs,
+            machine_spokes,
+            gateway_key,
+            cluster_name,
+            cluster_arn,
+            account,
+            provider,
+        )
 
         def render(args: list) -> tuple[dict[str, str], dict[str, str]]:
-            public_ip, gateway_private, credentials, *private_keys = args
+            public_ip, gateway_private, credentials, all_spokes = args
             hub = Hub(gateway_private, gateway_address, public_ip, WIREGUARD_PORT, (vpc.cidr,))
             peers, pages = {}, {}
-            machine_spokes = spokes(config, node_ips, private_keys)
-            for machine, spoke in zip(config.machines, machine_spokes, strict=True):
+            for machine, spoke in zip(config.machines, all_spokes, strict=True):
                 peers[machine.name] = spoke_config(hub, network, spoke)
                 node_yaml = node_config(
                     credentials["cluster"],
@@ -384,7 +404,7 @@ class HybridNodes(pulumi.ComponentResource):
             gateway_ip,
             gateway_key.base64,
             pulumi.Output.all(cluster=cluster_name, hybrid=hybrid_credentials),
-            *[keys[m.name].base64 for m in config.machines],
+            machine_spokes,
         ).apply(render)
         self.peer_configs = pulumi.Output.secret(rendered.apply(lambda r: r[0]))
         self.bootstraps = pulumi.Output.secret(rendered.apply(lambda r: r[1]))
@@ -531,12 +551,16 @@ class HybridNodes(pulumi.ComponentResource):
         self,
         vpc: VpcPlacement,
         remote_cidrs: list[str],
-        keys: dict[str, random.RandomBytes],
+        machine_spokes: pulumi.Output[list[Spoke]],
         gateway_key: random.RandomBytes,
+        cluster_name: pulumi.Input[str],
+        cluster_arn: pulumi.Output[str],
+        account: str,
+        provider: k8s.Provider,
     ) -> pulumi.Output[str]:
-        """The WireGuard hub instance, its address, firewall and the VPC's routes through it."""
+        """The WireGuard hub instance, its peers, address, firewall and the VPC's routes."""
         name, config, tags, region = self._name, self._config, self._tags, self._region
-        gateway_address, node_ips = config.addresses()
+        gateway_address = config.addresses()[0]
         child = pulumi.ResourceOptions(parent=self)
         group = aws.ec2.SecurityGroup(
             f"{name}-gateway",
@@ -564,6 +588,17 @@ class HybridNodes(pulumi.ComponentResource):
             tags={**tags, "Name": f"{name}-gateway"},
             opts=child,
         )
+        # The gateway itself lists CiliumNodes; with a private endpoint it does so in the VPC.
+        aws.vpc.SecurityGroupIngressRule(
+            f"{name}-cluster-https-gateway",
+            security_group_id=vpc.cluster_security_group_id,
+            description="Kubernetes API from the hybrid nodes' WireGuard gateway",
+            ip_protocol="tcp",
+            from_port=443,
+            to_port=443,
+            referenced_security_group_id=group.id,
+            opts=child,
+        )
         key_parameter = aws.ssm.Parameter(
             f"{name}-gateway-key",
             type="SecureString",
@@ -572,52 +607,60 @@ class HybridNodes(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
+        # One parameter per machine, under one path: adding or removing a machine adds or
+        # removes a parameter, which the gateway picks up without being replaced.
+        peers_path = f"/{pulumi.get_project()}/{pulumi.get_stack()}/{name}-wireguard-peers"
+        for i, machine in enumerate(config.machines):
+            aws.ssm.Parameter(
+                f"{name}-peer-{machine.name}",
+                name=f"{peers_path}/{machine.name}",
+                type="String",
+                description=f"WireGuard peer of hybrid machine {machine.name} (public key only)",
+                value=machine_spokes.apply(lambda all_spokes, i=i: peer_section(all_spokes[i])),
+                tags=tags,
+                opts=child,
+            )
         role = aws.iam.Role(
             f"{name}-gateway",
             assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
             tags=tags,
             opts=child,
         )
+        # Exactly what the gateway calls: its key once at boot, the peers and the cluster's
+        # endpoint on every sync. The key is a SecureString under the AWS managed key aws/ssm,
+        # whose key policy lets SSM decrypt for callers in the account (no kms:Decrypt here);
+        # `aws eks get-token` presigns sts:GetCallerIdentity, which needs no permission.
+        peers_arn = f"arn:{partition()}:ssm:{region}:{account}:parameter{peers_path}"
         aws.iam.RolePolicy(
             f"{name}-gateway",
             role=role.name,
-            policy=key_parameter.arn.apply(
-                lambda arn: _policy(
-                    [{"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": arn}]
+            policy=pulumi.Output.all(key_parameter.arn, cluster_arn).apply(
+                lambda arns: _policy(
+                    [
+                        {"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": arns[0]},
+                        # Authorized against the requested path, not the parameters returned
+                        # (Parameter Store, "How Parameter Store authorizes parameter retrieval").
+                        {
+                            "Effect": "Allow",
+                            "Action": "ssm:GetParametersByPath",
+                            "Resource": peers_arn,
+                        },
+                        {"Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": arns[1]},
+                    ]
                 )
             ),
             opts=child,
         )
+        self._gateway_cluster_access(role, cluster_name, provider)
         profile = aws.iam.InstanceProfile(f"{name}-gateway", role=role.name, opts=child)
 
-        def user_data(args: list) -> str:
-            parameter, *private_keys = args
-            # The hub's own key is fetched at boot: user data is readable by anyone who may
-            # describe the instance.
-            hub = Hub(KEY_PLACEHOLDER, gateway_address, "", WIREGUARD_PORT)
-            conf = hub_config(
-                hub, config.remote_node_cidrs[0], spokes(config, node_ips, private_keys)
-            )
-            return textwrap.dedent(
-                """\
-                #!/bin/bash
-                set -euo pipefail
-                dnf install -y wireguard-tools
-                key=$(aws ssm get-parameter --region {region} --name {parameter} \\
-                  --with-decryption --query Parameter.Value --output text)
-                umask 077
-                sed "s|{placeholder}|$key|" > /etc/wireguard/wg0.conf <<'WIREGUARD'
-                {conf}
-                WIREGUARD
-                systemctl enable --now wg-quick@wg0
-                """
-            ).format(
-                region=region,
-                parameter=parameter,
-                placeholder=KEY_PLACEHOLDER,
-                conf=conf.rstrip(),
-            )
-
+        hub = Hub(
+            KEY_PLACEHOLDER,
+            gateway_address,
+            "",
+            WIREGUARD_PORT,
+            behind_spokes=tuple(config.remote_pod_cidrs),
+        )
         ami = aws.ssm.get_parameter_output(name=WIREGUARD_GATEWAY_AMI_PARAMETER).value
         instance = aws.ec2.Instance(
             f"{name}-gateway",
@@ -630,9 +673,16 @@ class HybridNodes(pulumi.ComponentResource):
             source_dest_check=False,
             # Reaches the package repositories at boot, before the Elastic IP is attached.
             associate_public_ip_address=True,
-            user_data=pulumi.Output.all(
-                key_parameter.name, *[keys[m.name].base64 for m in config.machines]
-            ).apply(user_data),
+            # Nothing in it depends on the machines; a change of what it does depend on (the
+            # networks, the boot script) needs a new instance, as user data runs once.
+            user_data=pulumi.Output.all(key_parameter.name, cluster_name).apply(
+                lambda args: user_data(
+                    region,
+                    args[0],
+                    hub_interface(hub, config.remote_node_cidrs[0]),
+                    SyncTarget(region, args[1], peers_path, tuple(config.remote_pod_cidrs)),
+                )
+            ),
             user_data_replace_on_change=True,
             metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1},
             root_block_device={"encrypted": True, "volume_type": "gp3"},
@@ -657,3 +707,38 @@ class HybridNodes(pulumi.ComponentResource):
                     opts=child,
                 )
         return address.public_ip
+
+    def _gateway_cluster_access(
+        self, role: aws.iam.Role, cluster_name: pulumi.Input[str], provider: k8s.Provider
+    ) -> None:
+        """The gateway's role may list CiliumNodes (their pod CIDRs), and do nothing else."""
+        name = self._name
+        aws.eks.AccessEntry(
+            f"{name}-gateway",
+            cluster_name=cluster_name,
+            principal_arn=role.arn,
+            type="STANDARD",
+            kubernetes_groups=[GATEWAY_GROUP],
+            tags=self._tags,
+            opts=pulumi.ResourceOptions(parent=self),
+        )
+        in_cluster = pulumi.ResourceOptions(parent=self, provider=provider)
+        k8s.rbac.v1.ClusterRole(
+            f"{name}-gateway",
+            metadata={"name": GATEWAY_GROUP},
+            rules=[{"apiGroups": ["cilium.io"], "resources": ["ciliumnodes"], "verbs": ["list"]}],
+            opts=in_cluster,
+        )
+        k8s.rbac.v1.ClusterRoleBinding(
+            f"{name}-gateway",
+            metadata={"name": GATEWAY_GROUP},
+            role_ref={
+                "apiGroup": "rbac.authorization.k8s.io",
+                "kind": "ClusterRole",
+                "name": GATEWAY_GROUP,
+            },
+            subjects=[
+                {"kind": "Group", "name": GATEWAY_GROUP, "apiGroup": "rbac.authorization.k8s.io"}
+            ],
+            opts=in_cluster,
+        )

@@ -4,9 +4,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 import yaml
 
+from infra.cold_start import duration, pods_ready_timeouts
 from infra.components.helm import helm_release
 from infra.components.queues import TEAM_LABEL
 from infra.components.system_nodes import SYSTEM_PLACEMENT
+from infra.config import NodePoolConfig
 from infra.versions import KUEUE_CHART
 
 NAMESPACE = "kueue-system"
@@ -27,8 +29,44 @@ FRAMEWORKS = [
 EXCLUDED_RESOURCE_PREFIXES = ["vpc.amazonaws.com/"]
 
 
-def manager_config() -> dict:
-    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) as the chart takes it."""
+def wait_for_pods_ready(pools: list[NodePoolConfig]) -> dict:
+    """All-or-nothing admission: a workload that cannot get every pod Ready within `timeout`
+    gives its quota back and is requeued with a capped exponential backoff, so two half-admitted
+    jobs never hold the GPUs against each other. In v1beta2 the block's presence switches it on.
+    Field semantics checked in kueue v0.19.2: apis/config/v1beta2/configuration_types.go,
+    pkg/controller/core/workload_controller.go, pkg/scheduler/scheduler.go."""
+    timeouts = pods_ready_timeouts(pools)
+    return {
+        # The slowest pool's cold start (launch + image pull + process start, infra/cold_start.py)
+        # with margin: shorter, and a job whose nodes are merely booting is evicted.
+        "timeout": duration(timeouts.timeout_s),
+        # blockAdmission stops ALL admission while any admitted workload in any ClusterQueue is
+        # not PodsReady (Cache.podsReadyForAllAdmittedWorkloads walks every ClusterQueue) and no
+        # workload can opt out: DevServers are Kueue workloads too, so one cold GPU DevServer, or
+        # one whose image never pulls, would stall every training job for up to `timeout`. It
+        # guards against partial admissions deadlocking when quota exceeds real capacity; here
+        # quotas equal the NodePool ceilings Karpenter fills, and `timeout` still evicts a job
+        # that cannot get all its nodes. Off.
+        "blockAdmission": False,
+        # Measured from a Ready workload's last PodsReady=False (a pod lost): a Spot replacement
+        # of the slowest pool (the 2-minute notice, then a cold start of the new node) with
+        # margin, so one interruption does not evict a whole elastic job.
+        "recoveryTimeout": duration(timeouts.recovery_timeout_s),
+        "requeuingStrategy": {
+            "timestamp": "Eviction",
+            # No backoffLimitCount: past that count Kueue deactivates the workload for good
+            # (spec.active=false, reason RequeuingLimitExceeded, shown nowhere in `kubectl get
+            # workloads`). Left unset, a workload is requeued forever with this capped backoff
+            # (60 s, 120 s, ... at most an hour), and its Evicted condition says why.
+            "backoffBaseSeconds": 60,
+            "backoffMaxSeconds": 3600,
+        },
+    }
+
+
+def manager_config(pools: list[NodePoolConfig]) -> dict:
+    """Kueue's Configuration (config.kueue.x-k8s.io/v1beta2) as the chart takes it. Kueue decodes
+    it strictly (pkg/config/config.go: serializer.EnableStrict): an unknown field stops it."""
     return {
         "apiVersion": "config.kueue.x-k8s.io/v1beta2",
         "kind": "Configuration",
@@ -44,20 +82,7 @@ def manager_config() -> dict:
         "managedJobsNamespaceSelector": {
             "matchExpressions": [{"key": TEAM_LABEL, "operator": "Exists"}]
         },
-        # All-or-nothing admission: a job that cannot get every pod running within the timeout
-        # gives its quota back and is requeued with exponential backoff, so two half-admitted
-        # jobs never deadlock the GPUs. In v1beta2 the block's presence switches it on.
-        "waitForPodsReady": {
-            "timeout": "10m",
-            "blockAdmission": True,
-            "recoveryTimeout": "3m",
-            "requeuingStrategy": {
-                "timestamp": "Eviction",
-                "backoffLimitCount": 5,
-                "backoffBaseSeconds": 60,
-                "backoffMaxSeconds": 3600,
-            },
-        },
+        "waitForPodsReady": wait_for_pods_ready(pools),
         "integrations": {"frameworks": FRAMEWORKS},
         "resources": {"excludeResourcePrefixes": EXCLUDED_RESOURCE_PREFIXES},
     }
@@ -69,6 +94,7 @@ class Kueue(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
+        pools: list[NodePoolConfig],
         provider: k8s.Provider,
         depends_on: list[pulumi.Resource],
         opts: pulumi.ResourceOptions | None = None,
@@ -79,7 +105,9 @@ class Kueue(pulumi.ComponentResource):
             KUEUE_CHART,
             NAMESPACE,
             {
-                "managerConfig": {"controllerManagerConfigYaml": yaml.safe_dump(manager_config())},
+                "managerConfig": {
+                    "controllerManagerConfigYaml": yaml.safe_dump(manager_config(pools))
+                },
                 # Two replicas (one leads) and a PDB: a node drain never stops admission.
                 "controllerManager": {
                     "replicas": 2,

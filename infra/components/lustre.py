@@ -34,6 +34,10 @@ def csi_policy() -> str:
 
 
 class LustreFileSystem(pulumi.ComponentResource):
+    # What pods mounting the file system need until they are gone: the CSI driver and the file
+    # system's servers. Namespaces holding such pods depend on it.
+    driver: list[pulumi.Resource]
+
     def __init__(
         self,
         name: str,
@@ -45,7 +49,6 @@ class LustreFileSystem(pulumi.ComponentResource):
         subnet_id: pulumi.Input[str],
         client_security_group_id: pulumi.Input[str],
         bucket_name: pulumi.Input[str],
-        namespaces: dict[str, pulumi.Resource],
         provider: k8s.Provider,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
@@ -124,39 +127,45 @@ class LustreFileSystem(pulumi.ComponentResource):
             child,
             inline_policy=csi_policy(),
         )
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[addon])
-        capacity = f"{config.storage_capacity_gib}Gi"
-        # A PersistentVolume binds one claim, so each team namespace gets its own pair.
+        self.driver = [addon, file_system]
+        self._k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[addon])
+        self._name = name
+        self._file_system = file_system
+        self._capacity = f"{config.storage_capacity_gib}Gi"
+        self.register_outputs({"fileSystemId": file_system.id, "claim": CLAIM})
+
+    def claim_in(self, namespaces: dict[str, pulumi.Resource]) -> None:
+        """A volume and claim per namespace (a PersistentVolume binds one claim). Separate from
+        the driver, which the namespaces depend on and so must exist before them."""
         for team, namespace in namespaces.items():
             volume = k8s.core.v1.PersistentVolume(
-                f"{name}-{team}",
+                f"{self._name}-{team}",
                 metadata={"name": f"fsx-{team}"},
                 spec={
-                    "capacity": {"storage": capacity},
+                    "capacity": {"storage": self._capacity},
                     "accessModes": ["ReadWriteMany"],
                     "persistentVolumeReclaimPolicy": "Retain",
                     "storageClassName": "",
                     "mountOptions": ["flock"],
                     "csi": {
                         "driver": "fsx.csi.aws.com",
-                        "volumeHandle": file_system.id,
+                        "volumeHandle": self._file_system.id,
                         "volumeAttributes": {
-                            "dnsname": file_system.dns_name,
-                            "mountname": file_system.mount_name,
+                            "dnsname": self._file_system.dns_name,
+                            "mountname": self._file_system.mount_name,
                         },
                     },
                 },
-                opts=k8s_opts,
+                opts=self._k8s_opts,
             )
             k8s.core.v1.PersistentVolumeClaim(
-                f"{name}-{team}",
+                f"{self._name}-{team}",
                 metadata={"name": CLAIM, "namespace": namespace.metadata.name},
                 spec={
                     "accessModes": ["ReadWriteMany"],
                     "storageClassName": "",
                     "volumeName": volume.metadata.name,
-                    "resources": {"requests": {"storage": capacity}},
+                    "resources": {"requests": {"storage": self._capacity}},
                 },
-                opts=k8s_opts,
+                opts=self._k8s_opts,
             )
-        self.register_outputs({"fileSystemId": file_system.id, "claim": CLAIM})

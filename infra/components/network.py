@@ -3,7 +3,9 @@
 import pulumi
 import pulumi_aws as aws
 
-from infra.config import ConfigError, NetworkConfig
+from infra.config import GATEWAY_ENDPOINTS, ConfigError, NetworkConfig
+
+HTTPS = 443
 
 # Subnet tags that the AWS Load Balancer Controller and Karpenter select by.
 PUBLIC_ELB_TAG = {"kubernetes.io/role/elb": "1"}
@@ -23,6 +25,10 @@ class Network(pulumi.ComponentResource):
     # Created VPCs only (an adopted VPC's routing stays its owner's): hybrid nodes add routes.
     public_subnets: list[pulumi.Input[str]]
     route_table_ids: list[pulumi.Output[str]]  # public first, then one per private subnet
+    # How nodes and controllers reach AWS APIs and registries: the NAT path (gateways, their
+    # addresses, the internet gateway, route tables and associations) and the VPC endpoints.
+    # Whatever calls out depends on these, so destroy removes them only after it.
+    egress: list[pulumi.Resource]
 
     def __init__(
         self,
@@ -62,7 +68,7 @@ class Network(pulumi.ComponentResource):
                 )
         self.vpc_id = pulumi.Output.from_input(existing.vpc_id)
         self.private_subnets = list(existing.private_subnet_ids)
-        self.public_subnets, self.route_table_ids = [], []
+        self.public_subnets, self.route_table_ids, self.egress = [], [], []
         self.private_subnet_ids = pulumi.Output.from_input(self.private_subnets)
         self.public_subnet_ids = pulumi.Output.from_input(list(existing.public_subnet_ids))
         self.zones = None  # the adopted subnets' AZs are the owner's business
@@ -96,6 +102,8 @@ class Network(pulumi.ComponentResource):
 
         public_subnets, private_subnets, nats = [], [], []
         self.route_table_ids = [public_rt.id]
+        self.egress = [igw, public_rt]
+        private_rts = []
         for i, (zone, private_cidr, public_cidr) in enumerate(
             zip(zones, private_cidrs, public_cidrs, strict=True)
         ):
@@ -108,12 +116,13 @@ class Network(pulumi.ComponentResource):
                 tags=self._named(f"{name}-public-{zone}", PUBLIC_ELB_TAG),
                 opts=self._child,
             )
-            aws.ec2.RouteTableAssociation(
+            public_association = aws.ec2.RouteTableAssociation(
                 f"{name}-public-{i}",
                 subnet_id=public.id,
                 route_table_id=public_rt.id,
                 opts=self._child,
             )
+            self.egress.append(public_association)
             public_subnets.append(public)
             if i == 0 or config.nat_gateways == "perAz":
                 eip = aws.ec2.Eip(
@@ -131,6 +140,7 @@ class Network(pulumi.ComponentResource):
                         opts=pulumi.ResourceOptions(parent=self, depends_on=[igw]),
                     )
                 )
+                self.egress += [eip, nats[-1]]
             private = aws.ec2.Subnet(
                 f"{name}-private-{i}",
                 vpc_id=vpc.id,
@@ -151,20 +161,69 @@ class Network(pulumi.ComponentResource):
                 tags=self._named(f"{name}-private-{zone}"),
                 opts=self._child,
             )
-            aws.ec2.RouteTableAssociation(
+            private_association = aws.ec2.RouteTableAssociation(
                 f"{name}-private-{i}",
                 subnet_id=private.id,
                 route_table_id=private_rt.id,
                 opts=self._child,
             )
+            self.egress += [private_rt, private_association]
             private_subnets.append(private)
+            private_rts.append(private_rt)
             self.route_table_ids.append(private_rt.id)
 
+        self.egress += self._endpoints(name, config, vpc, private_subnets, private_rts)
         self.vpc_id = vpc.id
         self.private_subnets = [s.id for s in private_subnets]
         self.private_subnet_ids = pulumi.Output.all(*self.private_subnets)
         self.public_subnets = [s.id for s in public_subnets]
         self.public_subnet_ids = pulumi.Output.all(*self.public_subnets)
+
+    def _endpoints(self, name, config: NetworkConfig, vpc, private_subnets, private_rts):
+        """`network.vpcEndpoints`: AWS APIs reached from the private subnets without the NAT.
+
+        Interface endpoints take HTTPS from the VPC only and publish the services' usual names
+        (private DNS), so SDKs need no endpoint settings.
+        """
+        region = aws.get_region().region
+        created: list[pulumi.Resource] = []
+        interface = config.interface_endpoints()
+        if interface:
+            group = aws.ec2.SecurityGroup(
+                f"{name}-endpoints",
+                vpc_id=vpc.id,
+                description="VPC interface endpoints: HTTPS from the VPC",
+                tags=self._named(f"{name}-endpoints"),
+                opts=self._child,
+            )
+            https = aws.vpc.SecurityGroupIngressRule(
+                f"{name}-endpoints-https",
+                security_group_id=group.id,
+                cidr_ipv4=str(config.cidr),
+                ip_protocol="tcp",
+                from_port=HTTPS,
+                to_port=HTTPS,
+                description="HTTPS from the VPC",
+                opts=self._child,
+            )
+            created += [group, https]
+        for service in config.vpc_endpoints:
+            gateway = service in GATEWAY_ENDPOINTS
+            created.append(
+                aws.ec2.VpcEndpoint(
+                    f"{name}-{service.replace('.', '-')}",
+                    vpc_id=vpc.id,
+                    service_name=f"com.amazonaws.{region}.{service}",
+                    vpc_endpoint_type="Gateway" if gateway else "Interface",
+                    route_table_ids=[rt.id for rt in private_rts] if gateway else None,
+                    subnet_ids=None if gateway else [s.id for s in private_subnets],
+                    security_group_ids=None if gateway else [group.id],
+                    private_dns_enabled=None if gateway else True,
+                    tags=self._named(f"{name}-{service}"),
+                    opts=self._child,
+                )
+            )
+        return created
 
     def _named(self, name: str, *extra: dict[str, str]) -> dict[str, str]:
         tags = {**self._tags, "Name": name}

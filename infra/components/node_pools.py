@@ -7,6 +7,7 @@ plan's cost ceiling all come from NodePoolConfig.ceiling().
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
+import yaml
 
 from infra.components.network import discovery_tag
 from infra.config import ConfigError, NodePoolConfig
@@ -19,6 +20,13 @@ GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSc
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 # The EFA device plugin runs on nodes carrying this label.
 EFA_NODE_LABELS = {"training-platform/efa": "true"}
+GP3_BASELINE_IOPS = 3000
+# The user data of every EC2NodeClass, a nodeadm NodeConfig (node.eks.aws/v1alpha1).
+FAST_IMAGE_PULL_NODE_CONFIG = {
+    "apiVersion": "node.eks.aws/v1alpha1",
+    "kind": "NodeConfig",
+    "spec": {"featureGates": {"FastImagePull": True}},
+}
 # Job pods carry karpenter.sh/do-not-disrupt, which blocks draining forever; past this, a node
 # that drifted or expired is drained anyway (the trainer checkpoints on SIGTERM and resumes).
 TERMINATION_GRACE_PERIOD = "24h"
@@ -32,6 +40,7 @@ def ec2_node_class_spec(
     tags: dict,
     placement_group: str | None = None,
 ) -> dict:
+    throughput = pool.root_throughput_mibps()
     spec = {
         "instanceProfile": instance_profile,
         # For GPU instance types the alias resolves to the AL2023 NVIDIA variant by itself.
@@ -45,11 +54,23 @@ def ec2_node_class_spec(
                     # CUDA images run to tens of GB; pulling several must not fill the root disk.
                     "volumeSize": f"{pool.disk_size_gib}Gi",
                     "volumeType": "gp3",
+                    # Where images unpack onto it, its throughput bounds every cold start.
+                    "throughput": throughput,
+                    # gp3 allows at most 0.25 MiB/s per provisioned IOPS (AWS EBS user guide,
+                    # "General Purpose SSD volumes"); 3000 IOPS is gp3's baseline, included.
+                    "iops": max(GP3_BASELINE_IOPS, 4 * throughput),
                     "encrypted": True,
                     "deleteOnTermination": True,
                 },
             }
         ],
+        # nodeadm's FastImagePull: the SOCI snapshotter pulls and unpacks in parallel, 20
+        # connections per image (awslabs/amazon-eks-ami nodeadm; nodeadm ignores it below 4 vCPU
+        # and 7 GiB). Karpenter adds this NodeConfig to its own in the MIME user data it builds
+        # (pkg/providers/amifamily/bootstrap/nodeadm.go, parseUserData). The kubelet already
+        # pulls images in parallel: nodeadm writes serializeImagePulls: false by default
+        # (nodeadm/internal/kubelet/config.go).
+        "userData": yaml.safe_dump(FAST_IMAGE_PULL_NODE_CONFIG, sort_keys=False),
         # IMDSv2 only, one hop: pods cannot reach the node's credentials.
         "metadataOptions": {
             "httpEndpoint": "enabled",
@@ -59,6 +80,13 @@ def ec2_node_class_spec(
         },
         "tags": {**tags, POOL_LABEL: pool.name},
     }
+    if pool.instance_store:
+        # Karpenter has nodeadm build a RAID0 of the NVMe instance store and mount containerd's,
+        # the SOCI snapshotter's and the pod logs' directories on it (nodeadm LocalStorageOptions;
+        # Karpenter docs, concepts/nodeclasses.md, spec.instanceStorePolicy): images unpack onto
+        # local NVMe instead of the network-attached root volume, and ephemeral-storage is the
+        # instance store's size.
+        spec["instanceStorePolicy"] = "RAID0"
     if pool.efa:
         spec["networkInterfaces"] = efa_network_interfaces(pool.efa_network_cards)
     if placement_group:
@@ -145,14 +173,17 @@ class NodePools(pulumi.ComponentResource):
         ami_alias: str,
         vpc_zones: list[str] | None,  # the created VPC's AZs; None for an adopted VPC
         karpenter_release: pulumi.Resource,
+        volume_driver: pulumi.Resource,
         provider: k8s.Provider,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:NodePools", name, None, opts)
-        # The Karpenter chart brings the CRDs: nothing here can be created before it.
+        # The Karpenter chart brings the CRDs: nothing here can be created before it. Karpenter
+        # terminates a node only once its volumes are detached (termination controller
+        # awaitVolumeDetachment), which the EBS CSI driver does: both outlive the pools.
         child = pulumi.ResourceOptions(
-            parent=self, provider=provider, depends_on=[karpenter_release]
+            parent=self, provider=provider, depends_on=[karpenter_release, volume_driver]
         )
         self.node_pools = {}
         for pool in pools:

@@ -110,6 +110,9 @@ class Queues(pulumi.ComponentResource):
         pools: list[NodePoolConfig],
         queues: QueuesConfig,
         kueue_release: pulumi.Resource,
+        # What the pods of a team namespace need until they are gone: Kueue (its finalizers)
+        # and the CSI drivers of their volumes. Destroy deletes the namespaces first.
+        namespace_prerequisites: list[pulumi.Resource],
         provider: k8s.Provider,
         opts: pulumi.ResourceOptions | None = None,
         extra_flavors: tuple[Flavor, ...] = (),
@@ -180,7 +183,9 @@ class Queues(pulumi.ComponentResource):
                         **POD_SECURITY_LABELS,
                     },
                 },
-                opts=pulumi.ResourceOptions(parent=self, provider=provider),
+                opts=pulumi.ResourceOptions(
+                    parent=self, provider=provider, depends_on=namespace_prerequisites
+                ),
             )
             self.local_queues[team.name] = custom(
                 f"{name}-lq-{team.name}",

@@ -14,6 +14,9 @@ CLAIM = "efs-shared"
 
 class SharedFileSystem(pulumi.ComponentResource):
     file_system_id: pulumi.Output[str]
+    # What pods mounting the file system need until they are gone: the CSI driver and the mount
+    # targets NFS reaches. Namespaces holding such pods depend on it.
+    driver: list[pulumi.Resource]
 
     def __init__(
         self,
@@ -24,7 +27,6 @@ class SharedFileSystem(pulumi.ComponentResource):
         vpc_id: pulumi.Input[str],
         private_subnet_ids: list[pulumi.Input[str]],
         client_security_group_id: pulumi.Input[str],
-        namespaces: dict[str, pulumi.Resource],
         provider: k8s.Provider,
         tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
@@ -48,7 +50,7 @@ class SharedFileSystem(pulumi.ComponentResource):
             tags=tags,
             opts=child,
         )
-        aws.vpc.SecurityGroupIngressRule(
+        nfs = aws.vpc.SecurityGroupIngressRule(
             f"{name}-nfs",
             security_group_id=group.id,
             referenced_security_group_id=client_security_group_id,
@@ -79,9 +81,8 @@ class SharedFileSystem(pulumi.ComponentResource):
             child,
             managed_policies=[EFS_CSI_POLICY],
         )
-        k8s_opts = pulumi.ResourceOptions(
-            parent=self, provider=provider, depends_on=[addon, *targets]
-        )
+        self.driver = [addon, *targets, nfs]
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=self.driver)
         storage_class = k8s.storage.v1.StorageClass(
             STORAGE_CLASS,
             metadata={"name": STORAGE_CLASS},
@@ -97,18 +98,24 @@ class SharedFileSystem(pulumi.ComponentResource):
             volume_binding_mode="Immediate",
             opts=k8s_opts,
         )
+        self._claim_opts = pulumi.ResourceOptions.merge(
+            k8s_opts, pulumi.ResourceOptions(depends_on=[storage_class])
+        )
+        self._name = name
+        self.file_system_id = file_system.id
+        self.register_outputs({"fileSystemId": file_system.id, "claim": CLAIM})
+
+    def claim_in(self, namespaces: dict[str, pulumi.Resource]) -> None:
+        """The shared claim in each namespace. Separate from the driver, which the namespaces
+        depend on (so they go first on destroy) and so must exist before them."""
         for team, namespace in namespaces.items():
             k8s.core.v1.PersistentVolumeClaim(
-                f"{name}-{team}",
+                f"{self._name}-{team}",
                 metadata={"name": CLAIM, "namespace": namespace.metadata.name},
                 spec={
                     "accessModes": ["ReadWriteMany"],
                     "storageClassName": STORAGE_CLASS,
                     "resources": {"requests": {"storage": "100Gi"}},
                 },
-                opts=pulumi.ResourceOptions.merge(
-                    k8s_opts, pulumi.ResourceOptions(depends_on=[storage_class])
-                ),
+                opts=self._claim_opts,
             )
-        self.file_system_id = file_system.id
-        self.register_outputs({"fileSystemId": file_system.id, "claim": CLAIM})

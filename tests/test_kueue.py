@@ -1,0 +1,304 @@
+"""Kueue as configured and as seen: the rendered Configuration against Kueue v0.19.2's own Go types,
+waitForPodsReady derived from the cold-start model, and a DevServer's Workload as Kueue writes it,
+shown by `devctl list`."""
+
+import copy
+import io
+import re
+from datetime import UTC, datetime
+from functools import cache
+from pathlib import Path
+
+import jsonschema
+import pytest
+import yaml
+from openapi_schema_validator import OAS30Validator
+
+from devservers.api import API_VERSION
+from devservers.cli import main as devctl
+from devservers.controller import JOB_UID_LABEL, kueue_state, reconcile
+from devservers.fake_cluster import FakeCluster
+from devservers.render import Settings
+from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
+from infra.config import parse_stack_config
+from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
+from tests.crd_schema import _closed
+from tests.go_types import closed_schema
+from tests.test_devservers_crds import gpu_flavor
+from tests.test_devservers_render import server as server_manifest
+
+UPSTREAM = Path(__file__).resolve().parent / "upstream"
+RELEASE = "kubernetes:helm.sh/v3:Release"
+SERVER = (API_VERSION, "DevServer", "box", "dev-alice")
+NOW = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
+
+# Types of other packages that Kueue's Configuration uses, as their upstream definitions decode:
+# time.ParseDuration strings (k8s.io/apimachinery/pkg/apis/meta/v1/duration.go: metav1.Duration);
+# meta/v1 types.go (TypeMeta, LabelSelector, LabelSelectorRequirement with its operators);
+# k8s.io/component-base/config/v1alpha1/types.go (LeaderElectionConfiguration).
+DURATION = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"}
+EXTERNAL = {
+    "metav1.TypeMeta": {
+        "type": "object",
+        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}},
+    },
+    "metav1.Duration": DURATION,
+    "metav1.LabelSelector": {
+        "type": "object",
+        "properties": {
+            "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
+            "matchExpressions": {
+                "type": "array",
+                "items": {
+                    "type": "object",
+                    "properties": {
+                        "key": {"type": "string"},
+                        "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
+                        "values": {"type": "array", "items": {"type": "string"}},
+                    },
+                    "required": ["key", "operator"],
+                    "additionalProperties": False,
+                },
+            },
+        },
+        "additionalProperties": False,
+    },
+    "configv1alpha1.LeaderElectionConfiguration": {
+        "type": "object",
+        "properties": {
+            "leaderElect": {"type": "boolean"},
+            "leaseDuration": DURATION,
+            "renewDeadline": DURATION,
+            "retryPeriod": DURATION,
+            "resourceLock": {"type": "string"},
+            "resourceName": {"type": "string"},
+            "resourceNamespace": {"type": "string"},
+        },
+        "additionalProperties": False,
+    },
+    "time.Duration": {"type": "integer"},
+    "corev1.ResourceName": {"type": "string"},
+    "corev1.ResourceList": {"type": "object"},
+    "resourcev1.QualifiedName": {"type": "string"},
+    "resourcev1.DeviceSelector": {"type": "object"},
+    "clientcmdapi.ExecConfig": {"type": "object"},
+    # Defined in another file of the same package (MultiKueue); the platform does not use it.
+    "ClusterProfileCredentialsProvider": {"type": "object"},
+}
+
+
+def kueue_types() -> str:
+    return (UPSTREAM / "kueue" / "configuration_types.go").read_text()
+
+
+def frameworks_kueue_knows() -> set[str]:
+    """The framework names Integrations.Frameworks' doc comment lists at v0.19.2."""
+    source = kueue_types()
+    block = source[source.index("type Integrations struct") :]
+    block = block[: block.index("Frameworks []string")]
+    return set(re.findall(r'^\s*//\s+- "([^"]+)"', block, re.M))
+
+
+def configuration_errors(config: dict) -> list[str]:
+    """What Kueue v0.19.2 would refuse: its strict decoder (unknown fields, wrong types; closed
+    schema of apis/config/v1beta2/configuration_types.go) and pkg/config/validation.go's checks of
+    waitForPodsReady and integrations."""
+    schema = closed_schema(kueue_types(), "Configuration", EXTERNAL)
+    errors = [
+        f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
+        for e in jsonschema.Draft7Validator(schema).iter_errors(config)
+    ]
+    ready = config.get("waitForPodsReady")
+    if ready is not None and not ready.get("timeout"):
+        errors.append("waitForPodsReady.timeout: must be specified")
+    unknown = set(config.get("integrations", {}).get("frameworks", [])) - frameworks_kueue_knows()
+    errors += [f"integrations.frameworks: {name} is not a framework" for name in sorted(unknown)]
+    return errors
+
+
+def kueue_config(plan) -> dict:
+    release = plan.one(RELEASE, "kueue").inputs["values"]
+    return yaml.safe_load(release["managerConfig"]["controllerManagerConfigYaml"])
+
+
+def test_rendered_configuration_decodes_into_kueue_types(stack_plan):
+    config = kueue_config(stack_plan)
+    assert configuration_errors(config) == []
+    assert {"waitForPodsReady", "integrations", "managedJobsNamespaceSelector"} <= set(config)
+
+
+@pytest.mark.parametrize(
+    ("mutate", "expected"),
+    [
+        (lambda c: c["waitForPodsReady"].update(blockAdmision=False), "blockAdmision"),
+        (lambda c: c.update(waitForPodReady={}), "waitForPodReady"),
+        (lambda c: c["waitForPodsReady"].update(timeout=600), "600 is not of type 'string'"),
+        (lambda c: c["waitForPodsReady"].update(timeout="10 minutes"), "does not match"),
+        (
+            lambda c: c["waitForPodsReady"]["requeuingStrategy"].update(timestamp="Evicted"),
+            "'Evicted' is not one of ['Creation', 'Eviction']",
+        ),
+        (lambda c: c["integrations"]["frameworks"].append("kubeflow.org/pytorchjobs"), "not a"),
+        (lambda c: c["metrics"].update(enableClusterQueueResources="yes"), "not of type"),
+    ],
+)
+def test_the_schema_from_kueue_types_catches_what_kueue_refuses(dev_plan, mutate, expected):
+    config = copy.deepcopy(kueue_config(dev_plan))
+    mutate(config)
+    assert any(expected in error for error in configuration_errors(config))
+
+
+def test_one_starting_pod_never_stalls_admission_and_no_workload_is_deactivated(stack_plan):
+    """blockAdmission stops all admission while any admitted workload (a cold DevServer too) is
+    not ready; a backoffLimitCount deactivates a workload for good (workload_controller.go,
+    triggerDeactivation). Neither may be set."""
+    ready = kueue_config(stack_plan)["waitForPodsReady"]
+    assert ready.get("blockAdmission", False) is False
+    assert "backoffLimitCount" not in ready["requeuingStrategy"]
+    strategy = ready["requeuingStrategy"]
+    assert 0 < strategy["backoffBaseSeconds"] <= strategy["backoffMaxSeconds"] <= 3600
+
+
+def seconds(text: str) -> int:
+    return sum(int(n) * {"m": 60, "s": 1}[u] for n, u in re.findall(r"(\d+)([ms])", text))
+
+
+def rendered_timeouts(plan) -> tuple[int, int]:
+    ready = kueue_config(plan)["waitForPodsReady"]
+    return seconds(ready["timeout"]), seconds(ready["recoveryTimeout"])
+
+
+def test_timeouts_cover_the_slowest_cold_start_and_a_spot_replacement(stack_plan):
+    config = parse_stack_config(stack_values(stack_plan.stack), stack_plan.stack)
+    slowest = max(cold_start(p).total_s for p in config.node_pools)
+    timeout, recovery = rendered_timeouts(stack_plan)
+    assert slowest * MARGIN <= timeout < slowest * MARGIN + 60
+    assert recovery >= (SPOT_NOTICE_S.value + slowest) * MARGIN
+
+
+def test_a_slower_instance_type_moves_the_timeouts(dev_plan):
+    """dev's slowest pool is gpu-large on p4d.24xlarge; on g5.48xlarge (no 8-GPU P-type boot) the
+    cold start and both timeouts shrink, the plan's Kueue config with them."""
+    pools = stack_values("dev")["training-platform:nodePools"]
+    faster = [
+        {**p, "instanceTypes": ["g5.48xlarge"]} if p["name"] == "gpu-large" else p for p in pools
+    ]
+    plan = plan_of("dev", nodePools=faster, devServers=NO_DEV_SERVERS)
+    faster_config = parse_stack_config(
+        stack_values("dev", nodePools=faster, devServers=NO_DEV_SERVERS), "dev"
+    )
+    expected = pods_ready_timeouts(faster_config.node_pools)
+    assert rendered_timeouts(plan) == (expected.timeout_s, expected.recovery_timeout_s)
+    assert rendered_timeouts(plan) < rendered_timeouts(dev_plan)
+    assert kueue_config(plan)["waitForPodsReady"]["timeout"] == duration(expected.timeout_s)
+
+
+# --- a Workload as Kueue writes it, and what devctl shows -------------------------------------
+
+
+@cache
+def workload_schema() -> dict:
+    crd = yaml.load(
+        (UPSTREAM / "kueue" / "kueue.x-k8s.io_workloads.yaml").read_text(), Loader=yaml.CSafeLoader
+    )
+    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
+    return version
+
+
+def condition(kind: str, status: str, reason: str, message: str = "") -> dict:
+    return {
+        "type": kind,
+        "status": status,
+        "reason": reason,
+        "message": message or reason,
+        "lastTransitionTime": "2026-11-22T09:10:00Z",
+    }
+
+
+def workload(*conditions: dict, active: bool = True, requeue_at: str | None = None) -> dict:
+    status: dict = {"conditions": list(conditions)}
+    if requeue_at:
+        status["requeueState"] = {"count": 1, "requeueAt": requeue_at}
+    return {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "Workload",
+        "metadata": {"name": "statefulset-box-3f2a1", "namespace": "dev-alice"},
+        "spec": {
+            "active": active,
+            "queueName": "dev",
+            "podSets": [{"name": "main", "count": 1, "template": {"spec": {"containers": []}}}],
+        },
+        "status": status,
+    }
+
+
+# The states, with the conditions Kueue 0.19.2 sets in them: eviction on PodsReady timeout
+# (workload_controller.go reconcileNotReadyTimeout -> evict.Evict: Evicted=True reason
+# PodsReadyTimeout; UpdateRequeueState: requeueState.requeueAt; jobframework/reconciler.go:
+# Requeued=False with the eviction's reason, QuotaReserved=False), deactivation after a
+# backoffLimitCount (Evicted=True reason "Deactivated" + cause), admission with pods starting.
+STATES = [
+    (workload(condition("QuotaReserved", "False", "Pending")), "Queued"),
+    (
+        workload(
+            condition("QuotaReserved", "True", "QuotaReserved"),
+            condition("Admitted", "True", "Admitted"),
+            condition("PodsReady", "False", "WaitForStart"),
+        ),
+        "Admitted, pods not ready (WaitForStart)",
+    ),
+    (
+        workload(
+            condition("QuotaReserved", "False", "Pending"),
+            condition("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout"),
+            condition("Requeued", "False", "PodsReadyTimeout"),
+            requeue_at="2026-11-22T09:12:00Z",
+        ),
+        "Evicted (PodsReadyTimeout), requeued at 2026-11-22T09:12:00Z",
+    ),
+    (
+        workload(
+            condition("Evicted", "True", "DeactivatedDueToRequeuingLimitExceeded"),
+            active=False,
+        ),
+        "Deactivated (DeactivatedDueToRequeuingLimitExceeded)",
+    ),
+]
+
+
+@pytest.mark.parametrize(("manifest", "shown"), STATES)
+def test_kueue_state_reads_workloads_as_kueue_writes_them(manifest, shown):
+    schema = _closed(copy.deepcopy(workload_schema()["schema"]["openAPIV3Schema"]))
+    assert list(OAS30Validator(schema).iter_errors(manifest)) == []
+    assert kueue_state(manifest) == shown
+
+
+def test_kubectl_get_workloads_shows_no_eviction_reason():
+    """Why devctl shows it: the Workload CRD's printer columns at v0.19.2 have none."""
+    columns = [c["name"] for c in workload_schema()["additionalPrinterColumns"]]
+    assert columns == ["Queue", "Reserved in", "Admitted", "Finished", "Age"]
+
+
+def test_devctl_list_shows_the_servers_kueue_state():
+    """The operator finds the Workload of the server's StatefulSet by Kueue's job-uid label and
+    records its state; devctl lists it."""
+    cluster = FakeCluster()
+    cluster.admit = False  # Kueue holds the pods
+    cluster.create(gpu_flavor())
+    manifest = server_manifest()
+    del manifest["metadata"]["uid"]
+    cluster.create(manifest)
+    reconcile(cluster, cluster.get(*SERVER), Settings(), NOW)
+    cluster.settle()
+    stateful_set = cluster.get("apps/v1", "StatefulSet", "box", "dev-alice")
+    evicted = copy.deepcopy(STATES[2][0])
+    evicted["metadata"]["labels"] = {JOB_UID_LABEL: stateful_set["metadata"]["uid"]}
+    cluster.create(evicted)
+    status = reconcile(cluster, cluster.get(*SERVER), Settings(), NOW).status
+    cluster.patch_status("box", "dev-alice", status)
+    out = io.StringIO()
+    assert devctl(["list", "-n", "dev-alice"], cluster=cluster, out=out) == 0
+    header, row = out.getvalue().splitlines()
+    assert "KUEUE" in header.split()
+    assert "Queued" in row
+    assert "Evicted (PodsReadyTimeout), requeued at 2026-11-22T09:12:00Z" in row
