@@ -76,6 +76,14 @@ def money(usd: float, digits: int = 2) -> str:
     return "unbounded" if math.isinf(usd) else f"{usd:,.{digits}f}"
 
 
+def _required(props: object, *path: str) -> object:
+    """A field the price depends on: missing (a program edit dropped it), the line is unpriced."""
+    value = dig(props, *path)
+    if value is None:
+        raise UnpricedError(f"no {'.'.join(path)} to price it by")
+    return value
+
+
 def _quantity(value: object) -> float:
     """A Kubernetes quantity ("200Gi", "4", 4) as a number."""
     match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", str(value))
@@ -132,10 +140,10 @@ def _vpc_endpoint(r: Declared, stack: Sequence[Declared], prices: RegionPrices) 
 
 def _node_group(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
     """maxSize nodes of the dearest type, each with its launch template's disks."""
-    nodes = int(dig(r.props, "scalingConfig", "maxSize") or 0)
+    nodes = int(_required(r.props, "scalingConfig", "maxSize"))
     types = [str(t) for t in listed(dig(r.props, "instanceTypes"))]
     if not types:
-        raise UnpricedError("no instanceTypes: EKS would choose the type")
+        raise UnpricedError("no instanceTypes to price it by")
     templates = [d for d in stack if d.urn in r.dependencies and d.type == LAUNCH_TEMPLATE]
     disks = [dig(m, "ebs") for t in templates for m in listed(dig(t.props, "blockDeviceMappings"))]
     gib = sum(float(_gp3_size(disk, prices)) for disk in disks)  # GiB, as EC2 takes them
@@ -153,8 +161,8 @@ def _lustre(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> Cos
             f"FSx for Lustre {kind} has no price in infra/catalog/prices/{prices.region}.yaml "
             "(servicePrices.usd prices PERSISTENT_2 SSD)"
         )
-    gib = int(dig(r.props, "storageCapacity") or 0)
-    throughput = int(dig(r.props, "perUnitStorageThroughput") or 0)
+    gib = int(_required(r.props, "storageCapacity"))
+    throughput = int(_required(r.props, "perUnitStorageThroughput"))
     return CostLine(
         f"FSx for Lustre {r.name}",
         f"{gib} GiB at {throughput} MB/s/TiB",
@@ -163,7 +171,7 @@ def _lustre(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> Cos
 
 
 def _instance(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
-    kind = str(dig(r.props, "instanceType"))
+    kind = str(_required(r.props, "instanceType"))
     root = dig(r.props, "rootBlockDevice")
     # Without a volumeSize the root volume takes the AMI's size (a few GiB): not priced.
     gib = float(_gp3_size(root, prices)) if dig(root, "volumeSize") else 0.0
