@@ -27,10 +27,10 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from infra.catalog import InstanceType, RegionPrices, UnpricedError, load_catalog, load_prices
+from infra.catalog import InstanceType, UnpricedError, load_catalog, load_prices
 from infra.paths import PROJECT_DIR
 from infra.regions import AWS_REGIONS
-from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
+from infra.versions import AL2023_FIRST_RELEASE, EKS_ADDONS, KARPENTER_AMI_ALIAS
 from trainer.options import OptionsError, parse_options
 
 NAMESPACE = "training-platform"
@@ -150,7 +150,46 @@ def _vpc_range(network: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
     return network
 
 
+# Ranges no client on the internet comes from: those Python's ipaddress calls not global
+# (`is_global`, after IANA's special-purpose address registry) and multicast, never a source. The
+# RFC 5737 documentation ranges are not global either but pass here: Pulumi.prod.yaml ships them
+# as placeholders, which `pulumi up` refuses (placeholder_errors). Blocks to lie inside of, not
+# IPv4Network.is_global, which judges a network by its first and last address (0.0.0.0/0 is "not
+# global" there).
+NOT_INTERNET = {
+    ipaddress.IPv4Network(cidr): kind
+    for cidr, kind in (
+        ("0.0.0.0/8", "'this network' range"),
+        ("10.0.0.0/8", "private range (RFC 1918)"),
+        ("100.64.0.0/10", "carrier-grade NAT range (RFC 6598)"),
+        ("127.0.0.0/8", "loopback range"),
+        ("169.254.0.0/16", "link-local range"),
+        ("172.16.0.0/12", "private range (RFC 1918)"),
+        ("192.0.0.0/29", "IETF protocol range"),
+        ("192.0.0.170/31", "IETF protocol range"),
+        ("192.168.0.0/16", "private range (RFC 1918)"),
+        ("198.18.0.0/15", "benchmarking range (RFC 2544)"),
+        ("224.0.0.0/4", "multicast range"),
+        ("240.0.0.0/4", "reserved range"),
+    )
+}
+
+
+def _internet_range(network: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
+    """A source the EKS public endpoint can see: not wholly inside a NOT_INTERNET range (a range
+    that holds internet addresses, as 0.0.0.0/0 does, passes)."""
+    kind = next((k for n, k in NOT_INTERNET.items() if network.subnet_of(n)), None)
+    if kind:
+        raise ValueError(
+            f"{network} is not an internet range but a {kind}: no client of the public endpoint "
+            "has such an address; allowed: public addresses your admins come from, e.g. an "
+            "office's /24 (from a private network into the VPC, privateAccess serves instead)"
+        )
+    return network
+
+
 Cidr = Annotated[Any, AfterValidator(_ipv4_network)]
+InternetCidr = Annotated[Any, AfterValidator(_ipv4_network), AfterValidator(_internet_range)]
 
 
 def _known_instance_type(gpu: bool | None):
@@ -291,7 +330,7 @@ class NetworkConfig(Model):
 class EndpointAccess(Model):
     public_access: bool = True
     private_access: bool = True
-    public_access_cidrs: list[Cidr] = Field(
+    public_access_cidrs: list[InternetCidr] = Field(
         default=["0.0.0.0/0"], min_length=1, validate_default=True
     )
 
@@ -474,14 +513,36 @@ class NodePoolConfig(Model):
             memory_gib=self.max_nodes * max(t.memory_gib for t in self.types),
         )
 
-    def max_usd_per_hour(self, prices: RegionPrices) -> float:
-        """maxNodes times the dearest of the pool's types at the region's on-demand price."""
-        return round(self.max_nodes * max(prices.instance(t) for t in self.instance_types), 2)
+
+def utc_today() -> datetime.date:
+    return datetime.datetime.now(datetime.UTC).date()
+
+
+def _ami_release_day(alias: str) -> str:
+    """An AL2023 release is named after the day it was built: a real day, and not later than
+    tomorrow in UTC (its builder's time zone may be ahead of UTC)."""
+    digits = alias.removeprefix("al2023@v")
+    try:
+        day = datetime.date(int(digits[:4]), int(digits[4:6]), int(digits[6:]))
+    except ValueError:
+        raise ValueError(
+            f"{alias} is not a calendar date; allowed: al2023@vYYYYMMDD, the day of an EKS AMI "
+            f"release, e.g. {KARPENTER_AMI_ALIAS}"
+        ) from None
+    tomorrow = utc_today() + datetime.timedelta(days=1)
+    if day > tomorrow:
+        raise ValueError(
+            f"{alias} is dated {day}, after tomorrow ({tomorrow}, UTC): no such release exists "
+            f"yet; allowed: a released version, e.g. {KARPENTER_AMI_ALIAS}"
+        )
+    return alias
 
 
 class KarpenterConfig(Model):
     # Pinned AL2023 release (al2023@vYYYYMMDD): `@latest` would silently roll every node.
-    ami_alias: str = Field(default=KARPENTER_AMI_ALIAS, pattern=r"^al2023@v\d{8}$")
+    ami_alias: Annotated[str, AfterValidator(_ami_release_day)] = Field(
+        default=KARPENTER_AMI_ALIAS, pattern=r"^al2023@v\d{8}$"
+    )
 
 
 class TeamConfig(Model):
@@ -984,6 +1045,15 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                 "is empty but queues.teams or jobs need capacity; allowed: at least one pool",
             )
         )
+    elif not pools and config.hybrid is None:
+        # Kueue's CRD refuses a ClusterQueue without flavors (resourceGroups[].flavors minItems 1).
+        problems.append(
+            (
+                ("nodePools",),
+                "is empty, which leaves the platform ClusterQueue without a flavor (Kueue refuses "
+                "it) and the platform without capacity; allowed: at least one pool",
+            )
+        )
     for i, pool in enumerate(config.node_pools):
         zone, loc = pool.availability_zone, ("nodePools", i, "availabilityZone")
         if zone and zone[:-1] != config.region:
@@ -1066,7 +1136,56 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     + ", ".join(k for k, on in storage.items() if on),
                 )
             )
-    return problems + _hybrid_errors(config) + dev_servers_errors(config)
+    return (
+        problems
+        + _hybrid_errors(config)
+        + dev_servers_errors(config)
+        + _ami_release_errors(config)
+        + _public_ingress_errors(config)
+    )
+
+
+def _ami_release_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    """Karpenter finds AMIs of a release for the cluster's Kubernetes version only."""
+    version = config.cluster.kubernetes_version
+    first = f"al2023@{AL2023_FIRST_RELEASE[version]}"
+    if config.karpenter.ami_alias >= first:  # one format, al2023@vYYYYMMDD: text order is time
+        return []
+    return [
+        (
+            ("karpenter", "amiAlias"),
+            f"{config.karpenter.ami_alias} has no AMI for Kubernetes {version}: the first AL2023 "
+            f"release for Kubernetes {version} is {first.removeprefix('al2023@')}; allowed: "
+            f"{first} or later",
+        )
+    ]
+
+
+HYBRID_GATEWAY = "hybrid-gateway"
+
+
+def public_ingress_resources(config: StackConfig) -> list[str]:
+    """What this stack opens to the internet on purpose, by resource name: the WireGuard
+    gateway's security group of the hybrid section. policy.allowedPublicIngress names these."""
+    return [HYBRID_GATEWAY] if config.hybrid else []
+
+
+def _public_ingress_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    opened = public_ingress_resources(config)
+    return [
+        (
+            ("policy", "allowedPublicIngress", i),
+            f"{name!r} is not a resource this stack opens to the internet; "
+            + _did_you_mean(name, opened)
+            + _allowed(
+                opened,
+                f"allowed: none, nothing here faces the internet ({HYBRID_GATEWAY} "
+                "comes with a hybrid section)",
+            ),
+        )
+        for i, name in enumerate(config.policy.allowed_public_ingress)
+        if name not in opened
+    ]
 
 
 def eks_service_cidr(vpc_cidr: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
@@ -1144,6 +1263,8 @@ def price_errors(config: StackConfig) -> list[tuple[tuple, str]]:
         wanted += [
             (("nodePools", i, "instanceTypes", j), t) for j, t in enumerate(pool.instance_types)
         ]
+    if config.hybrid is not None:
+        wanted.append((("hybrid", "gatewayInstanceType"), config.hybrid.gateway_instance_type))
     problems = []
     for loc, name in wanted:
         try:

@@ -1,32 +1,63 @@
-"""What a stack costs at list prices in its region: always-on baseline plus NodePool ceilings.
+"""What a stack can cost at list prices in its region, priced from the resources it declares.
 
-Fixed-rate items only (per hour or per provisioned GiB); usage-priced ones (S3 and EFS storage,
-data transfer, NAT data processing, job volumes) are named with their unit price, not guessed.
+One pricing path: the plan's cost table and the policy pack's budget rule both call stack_cost
+on the declared resources (the plan's records offline, the engine's inputs in a real preview), so
+an edit to the program or to stack config moves both alike. Each line is that resource's ceiling
+per hour: a NodePool at limits.nodes of its dearest type, a node group at maxSize, storage at its
+provisioned size. Fixed-rate items only; usage-priced ones (S3 and EFS storage, data transfer,
+NAT and VPC endpoint data processing, job volumes) are named with their unit price, not guessed.
 """
 
+import math
+import re
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from infra.catalog import HOURS_PER_MONTH, RegionPrices, load_prices
-from infra.config import StackConfig
+from infra.catalog import HOURS_PER_MONTH, RegionPrices, UnpricedError, load_prices
+from infra.declared import Declared, declared_in, dig, listed
 from infra.offline import Plan
 
+EKS_COMPONENT = "eks:index:Cluster"
+EKS_CLUSTER = "aws:eks/cluster:Cluster"
 NAT_GATEWAY = "aws:ec2/natGateway:NatGateway"
 VPC_ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
+LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
+INSTANCE = "aws:ec2/instance:Instance"
+NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
+NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# Kubernetes quantity suffixes (resource.Quantity): binary and decimal.
+QUANTITY_UNITS = {
+    **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi"))},
+    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P"), start=1)},
+}
 
 
 @dataclass(frozen=True)
 class CostLine:
-    item: str
+    item: str  # a NodePool's name; else what the resource is and its name
     detail: str
-    usd_per_hour: float
+    usd_per_hour: float  # math.inf: no ceiling (a NodePool without limits.nodes)
+    node_pool: bool = False
 
 
 @dataclass(frozen=True)
 class StackCost:
     prices: RegionPrices
-    baseline: list[CostLine]  # billed from `pulumi up` on, whether or not a job runs
-    pools: list[CostLine]  # each NodePool at its ceiling (maxNodes of its dearest type)
+    lines: list[CostLine]
+    unpriced: list[str]  # resources the region's price file cannot price, and why
     usage_priced: list[str]
+
+    @property
+    def baseline(self) -> list[CostLine]:
+        """Billed from `pulumi up` on, whether or not a job runs."""
+        return [line for line in self.lines if not line.node_pool]
+
+    @property
+    def pools(self) -> list[CostLine]:
+        return [line for line in self.lines if line.node_pool]
 
     @property
     def baseline_per_hour(self) -> float:
@@ -41,74 +72,183 @@ class StackCost:
         return self.baseline_per_hour + self.pools_per_hour
 
 
-def stack_cost(config: StackConfig, plan: Plan) -> StackCost:
-    prices = load_prices(config.region)
-    system = config.cluster.system_node_group
-    nats = len(plan.of_type(NAT_GATEWAY))
-    baseline = [
-        CostLine("EKS control plane", "standard support", prices.eks_control_plane_per_hour),
-        CostLine(
-            "NAT gateways", f"{nats}, data processing extra", nats * prices.nat_gateway_per_hour
-        ),
-        CostLine(
-            "system nodes",
-            f"{system.desired_size} x {system.instance_type}",
-            system.desired_size * prices.instance(system.instance_type),
-        ),
-        CostLine(
-            "system node disks",
-            f"{system.desired_size} x {system.disk_size_gib} GiB gp3",
-            system.desired_size
-            * system.disk_size_gib
-            * prices.ebs_gp3_per_gib_month
-            / HOURS_PER_MONTH,
-        ),
-    ]
-    fsx = config.storage.fsx
-    endpoints = plan.of_type(VPC_ENDPOINT)
-    interface = [e for e in endpoints if e.inputs["vpcEndpointType"] == "Interface"]
-    if endpoints:
-        baseline.append(vpc_endpoints_line(endpoints, prices))
-    if fsx.enabled:
-        monthly = fsx.storage_capacity_gib * prices.fsx(fsx.throughput_per_tib)
-        baseline.append(
-            CostLine(
-                "FSx for Lustre",
-                f"{fsx.storage_capacity_gib} GiB at {fsx.throughput_per_tib} MB/s/TiB",
-                monthly / HOURS_PER_MONTH,
-            )
-        )
-    pools = [
-        CostLine(
-            p.name,
-            f"{p.max_nodes} x {max(p.instance_types, key=prices.instance)}",
-            p.max_usd_per_hour(prices),
-        )
-        for p in config.node_pools
-    ]
-    usage = [f"S3 ${prices.s3_standard_per_gib_month}/GiB-month"]
-    if config.storage.efs.enabled:
-        usage.append(f"EFS ${prices.efs_standard_per_gib_month}/GiB-month")
-    usage += [
-        f"job volumes (gp3 ${prices.ebs_gp3_per_gib_month}/GiB-month)",
-        "NAT data processing",
-        *(["VPC endpoint data processing"] if interface else []),
-        "data transfer",
-    ]
-    return StackCost(prices, baseline, pools, usage)
+def money(usd: float, digits: int = 2) -> str:
+    return "unbounded" if math.isinf(usd) else f"{usd:,.{digits}f}"
 
 
-def vpc_endpoints_line(endpoints: list, prices: RegionPrices) -> CostLine:
-    """Interface endpoints bill per hour in each AZ they have a network interface in (one per
-    subnet); gateway endpoints (S3) have no hourly charge."""
-    interface = [e for e in endpoints if e.inputs["vpcEndpointType"] == "Interface"]
-    gateways = [e.inputs["serviceName"].rsplit(".", 1)[1] for e in endpoints if e not in interface]
-    details = []
-    if interface:
-        details.append(f"{len(interface)} interface in {len(interface[0].inputs['subnetIds'])} AZs")
-    if gateways:
-        details.append(f"{', '.join(gateways)} gateway (free)")
-    az_hours = sum(len(e.inputs["subnetIds"]) for e in interface)
+def _required(props: object, *path: str) -> object:
+    """A field the price depends on: missing (a program edit dropped it), the line is unpriced."""
+    value = dig(props, *path)
+    if value is None:
+        raise UnpricedError(f"no {'.'.join(path)} to price it by")
+    return value
+
+
+def _quantity(value: object) -> float:
+    """A Kubernetes quantity ("200Gi", "4", 4) as a number."""
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", str(value))
+    if not match or match[2] not in QUANTITY_UNITS:
+        raise UnpricedError(f"{value!r} is not a quantity this pricing reads")
+    return float(match[1]) * QUANTITY_UNITS[match[2]]
+
+
+def _gp3_size(volume: object, prices: RegionPrices) -> object:
+    """The volumeSize of an EBS volume, which must be gp3: the one type the price files price."""
+    if dig(volume, "volumeType") != "gp3":
+        raise UnpricedError(
+            f"EBS {dig(volume, 'volumeType') or 'volume without a volumeType'} has no price in "
+            f"infra/catalog/prices/{prices.region}.yaml (servicePrices.usd prices gp3)"
+        )
+    return dig(volume, "volumeSize") or 0
+
+
+def _gp3_per_hour(gib: float, prices: RegionPrices) -> float:
+    return gib * prices.ebs_gp3_per_gib_month / HOURS_PER_MONTH
+
+
+def _control_plane(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine | None:
+    # pulumi-eks's Cluster creates an aws:eks/cluster:Cluster, which a real preview shows too.
+    if r.type == EKS_COMPONENT and any(other.type == EKS_CLUSTER for other in stack):
+        return None
     return CostLine(
-        "VPC endpoints", ", ".join(details), az_hours * prices.vpc_interface_endpoint_per_az_hour
+        f"EKS control plane {r.name}", "standard support", prices.eks_control_plane_per_hour
     )
+
+
+def _nat_gateway(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
+    return CostLine(f"NAT gateway {r.name}", "data processing extra", prices.nat_gateway_per_hour)
+
+
+def _vpc_endpoint(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
+    """An interface endpoint bills per hour in each AZ it has a network interface in (one per
+    subnet); a gateway endpoint (S3), EC2's default type, has no hourly charge."""
+    kind = dig(r.props, "vpcEndpointType") or "Gateway"
+    service = str(dig(r.props, "serviceName")).rsplit(".", 1)[-1]
+    if kind == "Gateway":
+        return CostLine(f"VPC endpoint {r.name}", f"{service} gateway, free", 0.0)
+    if kind != "Interface":
+        raise UnpricedError(
+            f"a {kind} VPC endpoint has no price in infra/catalog/prices/{prices.region}.yaml"
+        )
+    azs = len(listed(dig(r.props, "subnetIds")))
+    return CostLine(
+        f"VPC endpoint {r.name}",
+        f"{service} interface in {azs} AZs",
+        azs * prices.vpc_interface_endpoint_per_az_hour,
+    )
+
+
+def _node_group(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
+    """maxSize nodes of the dearest type, each with its launch template's disks."""
+    nodes = int(_required(r.props, "scalingConfig", "maxSize"))
+    types = [str(t) for t in listed(dig(r.props, "instanceTypes"))]
+    if not types:
+        raise UnpricedError("no instanceTypes to price it by")
+    templates = [d for d in stack if d.urn in r.dependencies and d.type == LAUNCH_TEMPLATE]
+    disks = [dig(m, "ebs") for t in templates for m in listed(dig(t.props, "blockDeviceMappings"))]
+    gib = sum(float(_gp3_size(disk, prices)) for disk in disks)  # GiB, as EC2 takes them
+    dearest = max(types, key=prices.instance)
+    per_node = prices.instance(dearest) + _gp3_per_hour(gib, prices)
+    return CostLine(
+        f"node group {r.name}", f"up to {nodes} x {dearest}, {gib:g} GiB gp3 each", nodes * per_node
+    )
+
+
+def _lustre(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
+    kind = dig(r.props, "deploymentType")
+    if kind != "PERSISTENT_2":
+        raise UnpricedError(
+            f"FSx for Lustre {kind} has no price in infra/catalog/prices/{prices.region}.yaml "
+            "(servicePrices.usd prices PERSISTENT_2 SSD)"
+        )
+    gib = int(_required(r.props, "storageCapacity"))
+    throughput = int(_required(r.props, "perUnitStorageThroughput"))
+    return CostLine(
+        f"FSx for Lustre {r.name}",
+        f"{gib} GiB at {throughput} MB/s/TiB",
+        gib * prices.fsx(throughput) / HOURS_PER_MONTH,
+    )
+
+
+def _instance(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
+    kind = str(_required(r.props, "instanceType"))
+    root = dig(r.props, "rootBlockDevice")
+    # Without a volumeSize the root volume takes the AMI's size (a few GiB): not priced.
+    gib = float(_gp3_size(root, prices)) if dig(root, "volumeSize") else 0.0
+    return CostLine(
+        f"EC2 instance {r.name}",
+        f"{kind}, {gib:g} GiB gp3" if gib else kind,
+        prices.instance(kind) + _gp3_per_hour(gib, prices),
+    )
+
+
+def _node_pool(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
+    """limits.nodes of the dearest type it may launch, each with its node class's disks."""
+    name = str(dig(r.props, "metadata", "name") or r.name)
+    spec = dig(r.props, "spec", "template", "spec")
+    types = [
+        str(t)
+        for requirement in listed(dig(spec, "requirements"))
+        if dig(requirement, "key") == INSTANCE_TYPE_LABEL and dig(requirement, "operator") == "In"
+        for t in listed(dig(requirement, "values"))
+    ]
+    nodes = dig(r.props, "spec", "limits", "nodes")
+    if nodes is None or not types:
+        unbounded = "no limits.nodes" if nodes is None else "no instance-type In requirement"
+        return CostLine(name, unbounded, math.inf, node_pool=True)
+    node_class = dig(spec, "nodeClassRef", "name")
+    classes = [
+        d for d in stack if d.type == NODECLASS and dig(d.props, "metadata", "name") == node_class
+    ]
+    disks = [
+        dig(m, "ebs") for c in classes for m in listed(dig(c.props, "spec", "blockDeviceMappings"))
+    ]
+    gib = sum(_quantity(_gp3_size(disk, prices)) / 1024**3 for disk in disks)  # "200Gi"
+    dearest = max(types, key=prices.instance)
+    count = _quantity(nodes)
+    return CostLine(
+        name,
+        f"{count:g} x {dearest}, {gib:g} GiB gp3 each",
+        count * (prices.instance(dearest) + _gp3_per_hour(gib, prices)),
+        node_pool=True,
+    )
+
+
+Pricer = Callable[[Declared, Sequence[Declared], RegionPrices], CostLine | None]
+PRICERS: dict[str, Pricer] = {
+    EKS_COMPONENT: _control_plane,
+    EKS_CLUSTER: _control_plane,
+    NAT_GATEWAY: _nat_gateway,
+    VPC_ENDPOINT: _vpc_endpoint,
+    NODE_GROUP: _node_group,
+    LUSTRE: _lustre,
+    INSTANCE: _instance,
+    NODEPOOL: _node_pool,
+}
+
+
+def stack_cost(prices: RegionPrices, stack: Sequence[Declared]) -> StackCost:
+    """Every priced resource of `stack` at its ceiling; what cannot be priced is named instead."""
+    lines, unpriced = [], []
+    for kind, pricer in PRICERS.items():
+        for resource in (r for r in stack if r.type == kind):
+            try:
+                line = pricer(resource, stack, prices)
+            except UnpricedError as e:
+                unpriced.append(f"{resource.name}: {e}")
+                continue
+            if line is not None:
+                lines.append(line)
+    usage = [f"S3 ${prices.s3_standard_per_gib_month}/GiB-month"]
+    if any(r.type == "aws:efs/fileSystem:FileSystem" for r in stack):
+        usage.append(f"EFS ${prices.efs_standard_per_gib_month}/GiB-month")
+    usage += [f"job volumes (gp3 ${prices.ebs_gp3_per_gib_month}/GiB-month)", "NAT data processing"]
+    endpoint_types = [dig(r.props, "vpcEndpointType") for r in stack if r.type == VPC_ENDPOINT]
+    if "Interface" in endpoint_types:
+        usage.append("VPC endpoint data processing")
+    usage.append("data transfer")
+    return StackCost(prices, lines, unpriced, usage)
+
+
+def plan_cost(region: str, plan: Plan) -> StackCost:
+    return stack_cost(load_prices(region), declared_in(plan))

@@ -33,7 +33,8 @@ from infra.config import (
     placeholder_errors,
     read_stack_file,
 )
-from infra.cost import StackCost, stack_cost
+from infra.cost import StackCost, money, plan_cost
+from infra.declared import dig, listed
 from infra.offline import Plan, run_offline
 from infra.paths import PROJECT_DIR
 from infra.plan_changes import Facts, changes, plan_facts
@@ -102,12 +103,12 @@ def table(header: list[str], rows: list[list[Any]]) -> list[str]:
 def cluster_queue_resources(plan: Plan, queue: str) -> dict[tuple[str, str], dict[str, str]]:
     """(flavor, resource) -> {nominalQuota, borrowingLimit?} of one ClusterQueue in the plan."""
     return {
-        (flavor["name"], res["name"]): res
+        (dig(flavor, "name"), dig(res, "name")): res
         for r in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue")
-        if r.inputs["metadata"]["name"] == queue
-        for group in r.inputs["spec"]["resourceGroups"]
-        for flavor in group["flavors"]
-        for res in flavor["resources"]
+        if dig(r.inputs, "metadata", "name") == queue
+        for group in listed(dig(r.inputs, "spec", "resourceGroups"))
+        for flavor in listed(dig(group, "flavors"))
+        for res in listed(dig(flavor, "resources"))
     }
 
 
@@ -117,8 +118,9 @@ def pool_rows(config: StackConfig, plan: Plan, cost: StackCost) -> list[str]:
     def nominal(pool: str, resource: str) -> str:
         return quota.get((pool, resource), {}).get("nominalQuota", "-")
 
+    priced = {line.item: money(line.usd_per_hour) for line in cost.pools}
     rows = []
-    for pool, line in zip(config.node_pools, cost.pools, strict=True):
+    for pool in config.node_pools:
         c = pool.ceiling()
         rows.append(
             [
@@ -131,7 +133,7 @@ def pool_rows(config: StackConfig, plan: Plan, cost: StackCost) -> list[str]:
                 nominal(pool.name, "nvidia.com/gpu"),
                 nominal(pool.name, "cpu"),
                 nominal(pool.name, "memory"),
-                f"{line.usd_per_hour:,.2f}",
+                priced.get(pool.name, "-"),
             ]
         )
     ceilings = [p.ceiling() for p in config.node_pools]
@@ -146,7 +148,7 @@ def pool_rows(config: StackConfig, plan: Plan, cost: StackCost) -> list[str]:
             "",
             "",
             "",
-            f"{cost.pools_per_hour:,.2f}",
+            money(cost.pools_per_hour),
         ]
     )
     header = ["pool", "instance types", "max nodes", "max GPUs", "max vCPU", "max mem GiB"]
@@ -213,7 +215,7 @@ def cold_start_rows(config: StackConfig) -> list[str]:
 
 def cost_rows(cost: StackCost) -> list[str]:
     def row(item: str, detail: str, per_hour: float) -> list[str]:
-        return [item, detail, f"{per_hour:,.3f}", f"{per_hour * HOURS_PER_MONTH:,.0f}"]
+        return [item, detail, money(per_hour, 3), money(per_hour * HOURS_PER_MONTH, 0)]
 
     rows = [row(line.item, line.detail, line.usd_per_hour) for line in cost.baseline]
     rows.append(row("baseline", "always on, billed from pulumi up", cost.baseline_per_hour))
@@ -224,6 +226,7 @@ def cost_rows(cost: StackCost) -> list[str]:
         "",
         f"Cost (USD, on-demand list prices in {prices.region}; month = {HOURS_PER_MONTH} h):",
         *table(["item", "detail", "$/hour", "$/month"], rows),
+        *[f"  not priced, so not included: {message}" for message in cost.unpriced],
         f"  usage-priced, not included: {', '.join(cost.usage_priced)}",
         f"  instance prices: {prices.instance_source}, as of {prices.instance_as_of}",
         f"  service prices: {prices.service_source}, as of {prices.service_as_of}",
@@ -281,7 +284,7 @@ def dev_server_rows(config: StackConfig) -> list[str]:
 
 def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> str:
     """NodePools and cost first; then storage, jobs, teams; resource counts only when asked."""
-    cost = stack_cost(config, plan)
+    cost = plan_cost(config.region, plan)
     lines = [f"Stack {plan.stack} ({config.region}): {len(plan.resources)} resources", ""]
     if config.node_pools:
         lines += pool_rows(config, plan, cost) + borrowing_rows(config, plan)

@@ -9,49 +9,60 @@ written beside plan.json as facts.json; the change list compares two of them lin
 from typing import Any
 
 from infra.config import StackConfig
-from infra.cost import stack_cost
+from infra.cost import INSTANCE_TYPE_LABEL, NODEPOOL, money, plan_cost
+from infra.declared import dig, listed
 from infra.offline import Plan
 
 Facts = dict[str, dict[str, str]]
 ABSENT = "-"
+# Fields a program edit may drop are left out of the facts, so the change list shows them `-`.
+REQUIREMENT_FACTS = {
+    INSTANCE_TYPE_LABEL: "instance-types",
+    "karpenter.sh/capacity-type": "capacity-types",
+}
 
 
-def _money(value: float, digits: int = 2) -> str:
-    return f"{value:,.{digits}f}"
+def _present(fields: dict[str, Any]) -> dict[str, str]:
+    return {k: str(v) for k, v in fields.items() if v is not None}
 
 
 def plan_facts(config: StackConfig, plan: Plan) -> Facts:
     facts: Facts = {}
-    for pool in plan.of_type("kubernetes:karpenter.sh/v1:NodePool"):
-        spec = pool.inputs["spec"]
-        requirements = {r["key"]: r["values"] for r in spec["template"]["spec"]["requirements"]}
-        facts[f"NodePool {pool.inputs['metadata']['name']}"] = {
-            **{f"limits.{k}": str(v) for k, v in sorted(spec["limits"].items())},
-            "instance-types": ",".join(requirements["node.kubernetes.io/instance-type"]),
-            "capacity-types": ",".join(requirements["karpenter.sh/capacity-type"]),
+    for pool in plan.of_type(NODEPOOL):
+        spec = dig(pool.inputs, "spec")
+        limits = dig(spec, "limits") or {}
+        requirements = {
+            dig(r, "key"): ",".join(map(str, listed(dig(r, "values"))))
+            for r in listed(dig(spec, "template", "spec", "requirements"))
+        }
+        facts[f"NodePool {dig(pool.inputs, 'metadata', 'name') or pool.name}"] = {
+            **{f"limits.{k}": str(v) for k, v in sorted(limits.items())},
+            **_present({field: requirements.get(key) for key, field in REQUIREMENT_FACTS.items()}),
         }
     for queue in plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"):
         fields = {}
-        for group in queue.inputs["spec"]["resourceGroups"]:
-            for flavor in group["flavors"]:
-                for res in flavor["resources"]:
-                    key = f"{flavor['name']}.{res['name']}"
-                    fields[f"quota.{key}"] = str(res["nominalQuota"])
-                    if "borrowingLimit" in res:
-                        fields[f"borrowing.{key}"] = str(res["borrowingLimit"])
-        facts[f"ClusterQueue {queue.inputs['metadata']['name']}"] = fields
+        for group in listed(dig(queue.inputs, "spec", "resourceGroups")):
+            for flavor in listed(dig(group, "flavors")):
+                for res in listed(dig(flavor, "resources")):
+                    key = f"{dig(flavor, 'name')}.{dig(res, 'name')}"
+                    fields[f"quota.{key}"] = dig(res, "nominalQuota")
+                    fields[f"borrowing.{key}"] = dig(res, "borrowingLimit")
+        name = dig(queue.inputs, "metadata", "name") or queue.name
+        facts[f"ClusterQueue {name}"] = _present(fields)
     for group in plan.of_type("aws:eks/nodeGroup:NodeGroup"):
-        scaling = group.inputs["scalingConfig"]
+        scaling = dig(group.inputs, "scalingConfig") or {}
         facts[f"NodeGroup {group.name}"] = {
-            "instance-types": ",".join(group.inputs["instanceTypes"]),
+            "instance-types": ",".join(map(str, listed(dig(group.inputs, "instanceTypes")))),
             **{f"scaling.{k}": str(v) for k, v in sorted(scaling.items())},
         }
     facts["Network"] = {"nat-gateways": str(len(plan.of_type("aws:ec2/natGateway:NatGateway")))}
     for fsx in plan.of_type("aws:fsx/lustreFileSystem:LustreFileSystem"):
-        facts[f"FSx {fsx.name}"] = {
-            "storage-gib": str(fsx.inputs["storageCapacity"]),
-            "throughput-per-tib": str(fsx.inputs["perUnitStorageThroughput"]),
-        }
+        facts[f"FSx {fsx.name}"] = _present(
+            {
+                "storage-gib": dig(fsx.inputs, "storageCapacity"),
+                "throughput-per-tib": dig(fsx.inputs, "perUnitStorageThroughput"),
+            }
+        )
     for job in config.jobs:
         facts[f"Job {job.name}"] = {
             "kind": job.kind,
@@ -59,16 +70,17 @@ def plan_facts(config: StackConfig, plan: Plan) -> Facts:
             "nodes": f"{job.min_nodes}-{job.max_nodes}",
             "queue": job.queue,
         }
-    cost = stack_cost(config, plan)
+    cost = plan_cost(config.region, plan)
     for line in cost.pools:
-        facts[f"NodePool {line.item}"]["max $/hour"] = _money(line.usd_per_hour)
+        facts.setdefault(f"NodePool {line.item}", {})["max $/hour"] = money(line.usd_per_hour)
     # Three decimals, as the summary's cost table: a NAT gateway hour is $0.045.
     facts["Cost"] = {
         "region": cost.prices.region,
-        **{f"{line.item} $/hour": _money(line.usd_per_hour, 3) for line in cost.baseline},
-        "baseline $/hour": _money(cost.baseline_per_hour, 3),
-        "NodePools max $/hour": _money(cost.pools_per_hour, 3),
-        "total max $/hour": _money(cost.total_per_hour, 3),
+        **{f"{line.item} $/hour": money(line.usd_per_hour, 3) for line in cost.baseline},
+        **{f"unpriced {i + 1}": message for i, message in enumerate(cost.unpriced)},
+        "baseline $/hour": money(cost.baseline_per_hour, 3),
+        "NodePools max $/hour": money(cost.pools_per_hour, 3),
+        "total max $/hour": money(cost.total_per_hour, 3),
     }
     return facts
 

@@ -51,6 +51,12 @@ EFA_DEVICE_PLUGIN_CHART = ChartPin(
 # instance types by the same alias. A stack may pin another with `karpenter.amiAlias`. List them:
 # aws ssm get-parameters-by-path --path /aws/service/eks/optimized-ami/1.34/amazon-linux-2023/
 KARPENTER_AMI_ALIAS = "al2023@v20261020"
+# The first AL2023 release with AMIs for each Kubernetes version (awslabs/amazon-eks-ami
+# CHANGELOG.md, "AMI Release v20250915" is the first to list amazon-eks-node-al2023-*-1.34-*).
+# Karpenter resolves `al2023@<release>` through an SSM parameter named after the cluster's
+# Kubernetes version and the release (karpenter-provider-aws v1.14.1,
+# pkg/providers/amifamily/al2023.go resolvePath): an older release has no AMI for the version.
+AL2023_FIRST_RELEASE = {"1.34": "v20250915"}
 
 KUEUE_CHART = ChartPin("oci://registry.k8s.io/kueue/charts/kueue", "0.19.2")
 DCGM_EXPORTER_CHART = ChartPin(

@@ -12,7 +12,8 @@ turns it into a violation instead: a guard that cannot see the value does not pa
 
 import ipaddress
 import json
-from collections.abc import Callable, Iterable, Mapping, Sequence
+import math
+from collections.abc import Callable, Iterable, Mapping
 from typing import Any
 
 from pulumi_policy import (
@@ -27,8 +28,10 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UnknownValueError, _DictProxy
 from pulumi_policy.proxy import _is_unknown as _unknown
 
-from infra.catalog import RegionPrices, UnpricedError, load_catalog, load_prices
+from infra.catalog import UnpricedError, load_catalog, load_prices
 from infra.config import MANDATORY_PRODUCTION_STACKS
+from infra.cost import PRICERS, stack_cost
+from infra.declared import Declared, dig, listed
 
 MANDATORY = EnforcementLevel.MANDATORY
 LOG_TYPES = {"api", "audit", "authenticator", "controllerManager", "scheduler"}
@@ -90,9 +93,12 @@ BASELINE_CAPABILITIES = {
     "SETUID",
     "SYS_CHROOT",
 }
+# The one exception to "restricted", known by its shape rather than its name: an init container
+# preparing a volume for the non-root trainer (workloads.manifests.checkpoint_dir_init, chown of
+# its folder on FSx) may run as root, all capabilities dropped but these, without escalation.
+VOLUME_PREPARER_CAPABILITIES = {"CHOWN", "DAC_OVERRIDE"}
 PUBLIC_ACLS = {"public-read", "public-read-write", "authenticated-read"}
 PUBLIC_GRANTEES = ("AllUsers", "AuthenticatedUsers")
-HOURS_PER_MONTH = 730
 DEFAULTS = {
     "budgetUsdPerHour": 1000,
     "productionStacks": list(MANDATORY_PRODUCTION_STACKS),
@@ -175,18 +181,6 @@ def stack_rule(
 # --- helpers that work on plain data and on pulumi_policy's proxies alike -------------------
 
 
-def _get(value: Any, *path: str | int) -> Any:
-    """value[path...], None where a step is missing."""
-    for step in path:
-        if isinstance(value, Mapping):
-            value = value.get(step)
-        elif isinstance(value, Sequence) and isinstance(step, int) and step < len(value):
-            value = value[step]
-        else:
-            return None
-    return value
-
-
 def _present(props: Mapping, key: str) -> bool:
     """Whether `key` is set, known or not: an ARN still to be created is set all the same."""
     raw = props["__target"] if isinstance(props, _DictProxy) else props
@@ -198,14 +192,8 @@ def _is_unknown(props: Mapping, key: str) -> bool:
     return _unknown(raw.get(key))
 
 
-def _items(value: Any) -> list:
-    if isinstance(value, Sequence) and not isinstance(value, str):
-        return list(value)
-    return [] if value is None else [value]
-
-
 def _spec(props: Mapping) -> Mapping:
-    return _get(props, "spec") or {}
+    return dig(props, "spec") or {}
 
 
 def _statements(document: Any) -> list[Mapping]:
@@ -216,12 +204,12 @@ def _statements(document: Any) -> list[Mapping]:
             document = json.loads(document)
         except json.JSONDecodeError:
             return [{"Effect": "Allow", "Action": "*", "Resource": "*", "_unparsable": True}]
-    return [s for s in _items(_get(document, "Statement")) if isinstance(s, Mapping)]
+    return [s for s in listed(dig(document, "Statement")) if isinstance(s, Mapping)]
 
 
 def _iam_statements(props: Mapping) -> list[Mapping]:
     documents = [props.get("policy")] + [
-        _get(p, "policy") for p in _items(props.get("inlinePolicies"))
+        dig(p, "policy") for p in listed(props.get("inlinePolicies"))
     ]
     return [s for document in documents for s in _statements(document)]
 
@@ -253,20 +241,20 @@ def _pod_templates(props: Mapping, resource_type: str) -> list[Mapping]:
     if resource_type in JOB_TYPES:
         spec = _spec(props)
         replicas = spec.get("pytorchReplicaSpecs") or spec.get("mpiReplicaSpecs") or {}
-        return [_get(r, "template") or {} for r in replicas.values()]
+        return [dig(r, "template") or {} for r in replicas.values()]
     if resource_type in POD_TEMPLATE_PATHS:
-        return [_get(props, *POD_TEMPLATE_PATHS[resource_type]) or {}]
+        return [dig(props, *POD_TEMPLATE_PATHS[resource_type]) or {}]
     return []
 
 
 def _containers(pod_spec: Mapping) -> list[Mapping]:
-    return _items(pod_spec.get("containers")) + _items(pod_spec.get("initContainers"))
+    return listed(pod_spec.get("containers")) + listed(pod_spec.get("initContainers"))
 
 
 def _node_pool_types(props: Mapping) -> list[str]:
-    for requirement in _items(_get(props, "spec", "template", "spec", "requirements")):
+    for requirement in listed(dig(props, "spec", "template", "spec", "requirements")):
         if requirement.get("key") == "node.kubernetes.io/instance-type":
-            return [str(t) for t in _items(requirement.get("values"))]
+            return [str(t) for t in listed(requirement.get("values"))]
     return []
 
 
@@ -280,8 +268,8 @@ def _encrypted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
             yield "encrypted must be true"
     if kind in SSE_CONFIGS:
         algorithms = [
-            _get(r, "applyServerSideEncryptionByDefault", "sseAlgorithm")
-            for r in _items(props.get("rules"))
+            dig(r, "applyServerSideEncryptionByDefault", "sseAlgorithm")
+            for r in listed(props.get("rules"))
         ]
         if not algorithms or not all(
             a in {"AES256", "aws:kms", "aws:kms:dsse"} for a in algorithms
@@ -299,26 +287,26 @@ def _encrypted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     if kind == "aws:eks/cluster:Cluster" and not _present(props, "encryptionConfig"):
         yield "EKS secrets must be envelope-encrypted: set encryptionConfig"
     if kind == "aws:ec2/launchTemplate:LaunchTemplate":
-        for mapping in _items(props.get("blockDeviceMappings")):
-            if str(_get(mapping, "ebs", "encrypted")).lower() != "true":
+        for mapping in listed(props.get("blockDeviceMappings")):
+            if str(dig(mapping, "ebs", "encrypted")).lower() != "true":
                 yield f"volume {mapping.get('deviceName')} must be encrypted"
     if kind == NODECLASS:
-        for mapping in _items(_spec(props).get("blockDeviceMappings")):
-            if _get(mapping, "ebs", "encrypted") is not True:
+        for mapping in listed(_spec(props).get("blockDeviceMappings")):
+            if dig(mapping, "ebs", "encrypted") is not True:
                 yield f"volume {mapping.get('deviceName')} must be encrypted"
     if (
         kind == "kubernetes:storage.k8s.io/v1:StorageClass"
         and props.get("provisioner") == "ebs.csi.aws.com"
     ):
-        if _get(props, "parameters", "encrypted") != "true":
+        if dig(props, "parameters", "encrypted") != "true":
             yield 'EBS StorageClass must set parameters.encrypted: "true"'
 
 
 def _bucket_kms(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     if not in_production(args):
         return
-    for rule in _items(props.get("rules")):
-        default = _get(rule, "applyServerSideEncryptionByDefault") or {}
+    for rule in listed(props.get("rules")):
+        default = dig(rule, "applyServerSideEncryptionByDefault") or {}
         if not str(default.get("sseAlgorithm", "")).startswith("aws:kms"):
             yield "production buckets must use SSE-KMS (storage.bucket.kms: true)"
         elif not _present(default, "kmsMasterKeyId"):
@@ -335,11 +323,11 @@ def _ingress(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     elif kind == "aws:ec2/securityGroupRule:SecurityGroupRule":
         if props.get("type") != "ingress":
             return
-        rules = [_items(props.get("cidrBlocks")) + _items(props.get("ipv6CidrBlocks"))]
+        rules = [listed(props.get("cidrBlocks")) + listed(props.get("ipv6CidrBlocks"))]
     elif kind == "aws:ec2/securityGroup:SecurityGroup":
         rules = [
-            _items(rule.get("cidrBlocks")) + _items(rule.get("ipv6CidrBlocks"))
-            for rule in _items(props.get("ingress"))
+            listed(rule.get("cidrBlocks")) + listed(rule.get("ipv6CidrBlocks"))
+            for rule in listed(props.get("ingress"))
         ]
     else:
         return
@@ -358,7 +346,7 @@ def _endpoint(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
         props.get("vpcConfig") or {} if args.resource_type == "aws:eks/cluster:Cluster" else props
     )
     public = source.get("endpointPublicAccess", True)
-    cidrs = _items(source.get("publicAccessCidrs")) or ["0.0.0.0/0"]
+    cidrs = listed(source.get("publicAccessCidrs")) or ["0.0.0.0/0"]
     open_to = _world_open(cidrs)
     if public is not False and open_to:
         yield (
@@ -368,7 +356,7 @@ def _endpoint(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
 
 
 def _logging(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    missing = LOG_TYPES - set(_items(props.get("enabledClusterLogTypes")))
+    missing = LOG_TYPES - set(listed(props.get("enabledClusterLogTypes")))
     if missing:
         yield f"control-plane log types missing: {', '.join(sorted(missing))}"
 
@@ -405,14 +393,14 @@ def _nodepool_limits(props: Mapping, args: ResourceValidationArgs) -> Iterable[s
 def _gpu_taint(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     catalog = load_catalog()
     gpu_types = [t for t in _node_pool_types(props) if t in catalog and catalog[t].gpus]
-    taints = _items(_get(props, "spec", "template", "spec", "taints"))
+    taints = listed(dig(props, "spec", "template", "spec", "taints"))
     tainted = any(t.get("key") == GPU and t.get("effect") == "NoSchedule" for t in taints)
     if gpu_types and not tainted:
         yield f"GPU NodePool ({', '.join(gpu_types)}) needs the {GPU}:NoSchedule taint"
 
 
 def _queue_label(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    if not _get(props, "metadata", "labels", QUEUE_LABEL):
+    if not dig(props, "metadata", "labels", QUEUE_LABEL):
         yield f"job must carry the {QUEUE_LABEL} label so Kueue admits it"
 
 
@@ -421,16 +409,16 @@ def _training_pods(props: Mapping, args: ResourceValidationArgs) -> Iterable[str
         pod = template.get("spec") or {}
         memory_volumes = {
             v.get("name")
-            for v in _items(pod.get("volumes"))
-            if _get(v, "emptyDir", "medium") == "Memory"
+            for v in listed(pod.get("volumes"))
+            if dig(v, "emptyDir", "medium") == "Memory"
         }
-        for container in _items(pod.get("containers")):
+        for container in listed(pod.get("containers")):
             mounts = {
-                m.get("mountPath"): m.get("name") for m in _items(container.get("volumeMounts"))
+                m.get("mountPath"): m.get("name") for m in listed(container.get("volumeMounts"))
             }
             if mounts.get("/dev/shm") not in memory_volumes:
                 yield f"container {container.get('name')} must mount a memory emptyDir at /dev/shm"
-        if _get(template, "metadata", "annotations", "karpenter.sh/do-not-disrupt") != "true":
+        if dig(template, "metadata", "annotations", "karpenter.sh/do-not-disrupt") != "true":
             yield 'training pods must be annotated karpenter.sh/do-not-disrupt: "true"'
 
 
@@ -439,12 +427,12 @@ def _pinned(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     if kind == "kubernetes:helm.sh/v3:Release" and not props.get("version"):
         yield f"Helm chart {props.get('chart')} must pin a version"
     if kind == NODECLASS:
-        for term in _items(_spec(props).get("amiSelectorTerms")):
+        for term in listed(_spec(props).get("amiSelectorTerms")):
             if str(term.get("alias", "")).endswith("@latest"):
                 yield "AMI alias must pin a release, not @latest"
     if kind in JOB_TYPES:
         for template in _pod_templates(props, kind):
-            for container in _items(_get(template, "spec", "containers")):
+            for container in listed(dig(template, "spec", "containers")):
                 # Unknown in a preview only when this update builds the image: the program then
                 # makes it `<repository>@<digest>`, and the update phase checks the real value.
                 if _present(container, "image") and _is_unknown(container, "image"):
@@ -455,11 +443,11 @@ def _pinned(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
 
 def _no_star(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     for statement in _iam_statements(props):
-        actions = set(_items(statement.get("Action")))
+        actions = set(listed(statement.get("Action")))
         if (
             _allows(statement)
             and {"*", "*:*"} & actions
-            and "*" in _items(statement.get("Resource"))
+            and "*" in listed(statement.get("Resource"))
         ):
             yield "IAM statement allows action * on resource *"
 
@@ -468,7 +456,7 @@ def _service_wildcards(props: Mapping, args: ResourceValidationArgs) -> Iterable
     for statement in filter(_allows, _iam_statements(props)):
         wild = sorted(
             str(a)
-            for a in _items(statement.get("Action"))
+            for a in listed(statement.get("Action"))
             if str(a) == "*" or str(a).endswith(":*")
         )
         if wild:
@@ -477,11 +465,11 @@ def _service_wildcards(props: Mapping, args: ResourceValidationArgs) -> Iterable
 
 def _write_on_any_resource(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     for statement in filter(_allows, _iam_statements(props)):
-        if "*" not in _items(statement.get("Resource")):
+        if "*" not in listed(statement.get("Resource")):
             continue
         writes = sorted(
             str(a)
-            for a in _items(statement.get("Action"))
+            for a in listed(statement.get("Action"))
             if not str(a).split(":", 1)[-1].startswith(READ_VERBS)
         )
         if writes:
@@ -498,7 +486,7 @@ def _not_action(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
 
 
 def _broad_managed(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    arns = _items(props.get("policyArn")) + _items(props.get("managedPolicyArns"))
+    arns = listed(props.get("policyArn")) + listed(props.get("managedPolicyArns"))
     for arn in map(str, arns):
         name = arn.rsplit("/", 1)[-1]
         if name in BROAD_MANAGED_POLICIES or name.endswith("FullAccess"):
@@ -513,16 +501,16 @@ def _trust_principals(props: Mapping) -> list[tuple[Mapping, Any]]:
 
 def _trust_wildcard(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     for _, principal in _trust_principals(props):
-        aws_principals = [principal] if principal == "*" else _items(_get(principal, "AWS"))
+        aws_principals = [principal] if principal == "*" else listed(dig(principal, "AWS"))
         if "*" in map(str, aws_principals):
             yield 'trust policy lets any AWS principal ("*") assume the role'
 
 
 def _pod_identity_scoped(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     for statement, principal in _trust_principals(props):
-        if "pods.eks.amazonaws.com" not in map(str, _items(_get(principal, "Service"))):
+        if "pods.eks.amazonaws.com" not in map(str, listed(dig(principal, "Service"))):
             continue
-        equals = _get(statement, "Condition", "StringEquals") or {}
+        equals = dig(statement, "Condition", "StringEquals") or {}
         missing = [k for k in POD_IDENTITY_TAGS if not equals.get(k)]
         if missing:
             yield (
@@ -533,7 +521,7 @@ def _pod_identity_scoped(props: Mapping, args: ResourceValidationArgs) -> Iterab
 
 def _queue_policy_scoped(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     for statement in filter(_allows, _statements(props.get("policy"))):
-        if _get(statement, "Principal", "Service") is None:
+        if dig(statement, "Principal", "Service") is None:
             continue
         condition = statement.get("Condition") or {}
         keys = {k for block in condition.values() if isinstance(block, Mapping) for k in block}
@@ -545,15 +533,15 @@ def _public_bucket(props: Mapping, args: ResourceValidationArgs) -> Iterable[str
     kind = args.resource_type
     if str(props.get("acl")) in PUBLIC_ACLS:
         yield f"bucket ACL {props.get('acl')} makes objects public"
-    grants = _items(_get(props, "accessControlPolicy", "grants"))
+    grants = listed(dig(props, "accessControlPolicy", "grants"))
     for grant in grants:
-        uri = str(_get(grant, "grantee", "uri"))
+        uri = str(dig(grant, "grantee", "uri"))
         if uri.endswith(PUBLIC_GRANTEES):
             yield f"bucket ACL grants {grant.get('permission')} to {uri.rsplit('/', 1)[-1]}"
     if kind in {"aws:s3/bucketPolicy:BucketPolicy", *BUCKETS}:
         for statement in filter(_allows, _statements(props.get("policy"))):
             principal = statement.get("Principal")
-            everyone = principal == "*" or "*" in map(str, _items(_get(principal, "AWS")))
+            everyone = principal == "*" or "*" in map(str, listed(dig(principal, "AWS")))
             if everyone and not statement.get("Condition"):
                 yield "bucket policy allows anyone (Principal *)"
     if kind in {
@@ -575,25 +563,29 @@ def _host_access(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
         for key in ("hostNetwork", "hostPID", "hostIPC"):
             if pod.get(key) is True:
                 yield f"pod sets {key}"
-        for volume in _items(pod.get("volumes")):
+        for volume in listed(pod.get("volumes")):
             if volume.get("hostPath") is not None:
                 yield f"pod mounts hostPath volume {volume.get('name')}"
         for container in _containers(pod):
             context = container.get("securityContext") or {}
             if context.get("privileged") is True:
                 yield f"container {container.get('name')} is privileged"
-            added = sorted(set(map(str, _items(_get(context, "capabilities", "add")))))
+            added = sorted(set(map(str, listed(dig(context, "capabilities", "add")))))
             beyond = [c for c in added if c not in BASELINE_CAPABILITIES]
             if beyond:
                 yield f"container {container.get('name')} adds capabilities {beyond}"
 
 
 def _restricted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    # The long-running containers; init containers that prepare a volume (chown a folder on FSx)
-    # may run as root within baseline, which pods-no-host-access holds them to.
+    # Pod Security "restricted" as upstream checks it (kubernetes/pod-security-admission,
+    # policy/check_runAsNonRoot.go, check_runAsUser.go, check_allowPrivilegeEscalation.go,
+    # check_capabilities_restricted.go, check_seccompProfile_restricted.go): on containers and
+    # init containers alike.
     for pod in _pod_specs(props, args.resource_type):
         pod_context = pod.get("securityContext") or {}
-        for container in _items(pod.get("containers")):
+        containers = [(c, False) for c in listed(pod.get("containers"))]
+        containers += [(c, True) for c in listed(pod.get("initContainers"))]
+        for container, init in containers:
             name = container.get("name")
             context = container.get("securityContext") or {}
 
@@ -601,13 +593,23 @@ def _restricted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
                 value = context.get(key)
                 return pod_context.get(key) if value is None else value
 
-            if setting("runAsNonRoot") is not True or setting("runAsUser") == 0:
+            added = sorted(set(map(str, listed(dig(context, "capabilities", "add")))))
+            root = setting("runAsNonRoot") is not True or setting("runAsUser") == 0
+            if root and not init:
                 yield f"container {name} must run as non-root (runAsNonRoot: true)"
+            elif root and not set(added) <= VOLUME_PREPARER_CAPABILITIES:
+                yield (
+                    f"init container {name} runs as root adding {added}; allowed: non-root, or "
+                    f"root adding only {', '.join(sorted(VOLUME_PREPARER_CAPABILITIES))}"
+                )
             if context.get("allowPrivilegeEscalation") is not False:
                 yield f"container {name} must set allowPrivilegeEscalation: false"
-            if "ALL" not in _items(_get(context, "capabilities", "drop")):
+            if "ALL" not in listed(dig(context, "capabilities", "drop")):
                 yield f"container {name} must drop ALL capabilities"
-            seccomp = _get(context, "seccompProfile", "type") or _get(
+            beyond = [c for c in added if c not in ("NET_BIND_SERVICE",)]
+            if beyond and not (init and root):
+                yield f"container {name} adds capabilities {beyond}; allowed: NET_BIND_SERVICE"
+            seccomp = dig(context, "seccompProfile", "type") or dig(
                 pod_context, "seccompProfile", "type"
             )
             if seccomp not in {"RuntimeDefault", "Localhost"}:
@@ -615,7 +617,7 @@ def _restricted(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
 
 
 def _namespace_psa(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    labels = _get(props, "metadata", "labels") or {}
+    labels = dig(props, "metadata", "labels") or {}
     if labels.get(TEAM_LABEL) and labels.get("pod-security.kubernetes.io/enforce") not in {
         "baseline",
         "restricted",
@@ -624,7 +626,7 @@ def _namespace_psa(props: Mapping, args: ResourceValidationArgs) -> Iterable[str
 
 
 def _scan_on_push(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    if not _get(props, "imageScanningConfiguration", "scanOnPush"):
+    if not dig(props, "imageScanningConfiguration", "scanOnPush"):
         yield "ECR repository must scan images on push"
 
 
@@ -634,29 +636,6 @@ def _immutable_tags(props: Mapping, args: ResourceValidationArgs) -> Iterable[st
 
 
 # --- stack rules ------------------------------------------------------------------------------
-
-
-def node_pool_cost_per_hour(props: Mapping, prices: RegionPrices) -> float:
-    """limits.nodes x the dearest instance type the NodePool may launch (on-demand, in-region)."""
-    nodes = int(_get(props, "spec", "limits", "nodes") or 0)
-    return nodes * max((prices.instance(t) for t in _node_pool_types(props)), default=0.0)
-
-
-def resource_cost_per_hour(resource_type: str, props: Mapping, prices: RegionPrices) -> float:
-    """Hourly ceiling of what a resource can cost: NodePools, node groups at maxSize, FSx."""
-    if resource_type == NODEPOOL:
-        return node_pool_cost_per_hour(props, prices)
-    if resource_type == "aws:eks/nodeGroup:NodeGroup":
-        nodes = int(_get(props, "scalingConfig", "maxSize") or 0)
-        types = _items(props.get("instanceTypes"))
-        return nodes * max((prices.instance(t) for t in types), default=0.0)
-    if resource_type == "aws:fsx/lustreFileSystem:LustreFileSystem":
-        per_gib_month = prices.fsx(int(props.get("perUnitStorageThroughput") or 0))
-        return int(props.get("storageCapacity") or 0) * per_gib_month / HOURS_PER_MONTH
-    return 0.0
-
-
-COSTED = {NODEPOOL, "aws:eks/nodeGroup:NodeGroup", "aws:fsx/lustreFileSystem:LustreFileSystem"}
 
 
 def _region(args: StackValidationArgs) -> str | None:
@@ -672,24 +651,41 @@ def _region(args: StackValidationArgs) -> str | None:
 
 
 def _budget(args: StackValidationArgs, report: ReportViolation) -> None:
+    """The plan's cost table, priced by the same function: every priced resource counts."""
     budget = float(config_of(args)["budgetUsdPerHour"])
-    costed = [r for r in args.resources if r.resource_type in COSTED]
-    if not costed:
+    stack = [
+        Declared(
+            r.urn,
+            r.resource_type,
+            r.name,
+            r.props or {},
+            tuple(d.urn for d in r.dependencies or []),
+        )
+        for r in args.resources
+    ]
+    if not any(r.type in PRICERS for r in stack):
         return
     region = _region(args)
     if region is None:
         report('no region to price the stack in: set "region" in the policy pack config')
         return
     try:
-        prices = load_prices(region)
-        total = sum(resource_cost_per_hour(r.resource_type, r.props or {}, prices) for r in costed)
+        cost = stack_cost(load_prices(region), stack)
     except UnpricedError as e:
         report(f"cannot price the stack: {e}")
         return
-    if total > budget:
+    for message in cost.unpriced:
+        report(f"cannot price the stack: {message}")
+    unbounded = [
+        f"{line.item} ({line.detail})" for line in cost.lines if math.isinf(line.usd_per_hour)
+    ]
+    if unbounded:
+        report(f"the cost has no ceiling: {', '.join(unbounded)}")
+    elif cost.total_per_hour > budget:
+        dearest = sorted(cost.lines, key=lambda line: -line.usd_per_hour)[:3]
         report(
-            f"cost ceiling ${total:,.2f}/hour (NodePools, node groups, FSx) exceeds the budget "
-            f"${budget:,.2f}/hour"
+            f"cost ceiling ${cost.total_per_hour:,.2f}/hour exceeds the budget ${budget:,.2f}/hour "
+            f"(dearest: {', '.join(f'{line.item} ${line.usd_per_hour:,.2f}' for line in dearest)})"
         )
 
 
@@ -710,7 +706,7 @@ def _s3_private_and_tls(args: StackValidationArgs, report: ReportViolation) -> N
             if resource.resource_type == "aws:s3/bucketPolicy:BucketPolicy":
                 denies_plain_http = any(
                     s.get("Effect") == "Deny"
-                    and _get(s, "Condition", "Bool", "aws:SecureTransport") in ("false", False)
+                    and dig(s, "Condition", "Bool", "aws:SecureTransport") in ("false", False)
                     for s in _statements(props.get("policy"))
                 )
                 if denies_plain_http:
@@ -726,7 +722,7 @@ def _job_gpus_fit(args: StackValidationArgs, report: ReportViolation) -> None:
     pool_gpus = {}
     for pool in (r for r in args.resources if r.resource_type == NODEPOOL):
         props = pool.props or {}
-        name = _get(props, "metadata", "name") or _get(
+        name = dig(props, "metadata", "name") or dig(
             props, "spec", "template", "metadata", "labels", POOL_LABEL
         )
         types = [t for t in _node_pool_types(props) if t in catalog]
@@ -734,9 +730,9 @@ def _job_gpus_fit(args: StackValidationArgs, report: ReportViolation) -> None:
     for job in (r for r in args.resources if r.resource_type in JOB_TYPES):
         for template in _pod_templates(job.props or {}, job.resource_type):
             pod = template.get("spec") or {}
-            pool = _get(pod, "nodeSelector", POOL_LABEL)
-            for container in _items(pod.get("containers")):
-                wanted = int(_get(container, "resources", "limits", GPU) or 0)
+            pool = dig(pod, "nodeSelector", POOL_LABEL)
+            for container in listed(pod.get("containers")):
+                wanted = int(dig(container, "resources", "limits", GPU) or 0)
                 if wanted and pool in pool_gpus and wanted > pool_gpus[pool]:
                     report(
                         f"container {container.get('name')} asks {wanted} GPUs per pod but pool "
@@ -753,16 +749,16 @@ def _mpi_ssh_isolated(args: StackValidationArgs, report: ReportViolation) -> Non
     ]
     for job in (r for r in args.resources if r.resource_type == MPIJOB):
         props = job.props or {}
-        name = _get(props, "metadata", "name")
-        namespace = _get(props, "metadata", "namespace")
+        name = dig(props, "metadata", "name")
+        namespace = dig(props, "metadata", "namespace")
         isolated = any(
-            _get(p, "metadata", "namespace") == namespace
-            and _get(p, "spec", "podSelector", "matchLabels", JOB_LABEL) == name
-            and "Ingress" in _items(_get(p, "spec", "policyTypes"))
+            dig(p, "metadata", "namespace") == namespace
+            and dig(p, "spec", "podSelector", "matchLabels", JOB_LABEL) == name
+            and "Ingress" in listed(dig(p, "spec", "policyTypes"))
             and all(
-                _get(peer, "podSelector", "matchLabels", JOB_LABEL) == name
-                for rule in _items(_get(p, "spec", "ingress"))
-                for peer in _items(rule.get("from")) or [{}]
+                dig(peer, "podSelector", "matchLabels", JOB_LABEL) == name
+                for rule in listed(dig(p, "spec", "ingress"))
+                for peer in listed(rule.get("from")) or [{}]
             )
             for p in policies
         )
@@ -912,8 +908,10 @@ POLICIES = [
     ),
     resource_rule(
         "pods-restricted",
-        "Pod containers (init containers aside) run as non-root, without privilege escalation, "
-        "with RuntimeDefault seccomp and ALL capabilities dropped",
+        "Pod containers and init containers run as non-root (an init container preparing a "
+        "volume may be root adding only CHOWN and DAC_OVERRIDE), without privilege escalation, "
+        "with RuntimeDefault seccomp, ALL capabilities dropped and none added but "
+        "NET_BIND_SERVICE",
         lambda t: t in JOB_TYPES or t in POD_TEMPLATE_PATHS,
         _restricted,
     ),
@@ -952,7 +950,8 @@ POLICIES = [
     ),
     stack_rule(
         "cost-budget",
-        "The hourly cost ceiling (NodePools, node groups, FSx) stays under the budget",
+        "The hourly cost ceiling of every priced resource (the plan's cost table) stays under the "
+        "budget, and no NodePool is without one",
         _budget,
         {"budgetUsdPerHour": {"type": "number"}, "region": {"type": "string"}},
     ),

@@ -1,5 +1,6 @@
 """Stack config validation: good stacks parse, bad ones fail with one message naming the key."""
 
+import datetime
 import json
 import re
 import tempfile
@@ -11,6 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import ConfigError, load_stack_file, parse_stack_config, read_stack_file
+from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
 from tests.conftest import STACKS, stack_values
 
 
@@ -412,3 +414,162 @@ def test_edited_stack_files_give_only_the_clear_config_error(line, edit, scalar)
         parse_stack_config(values, "Pulumi.prod.yaml")
     except ConfigError as e:
         assert_clear_config_error(e, "Pulumi.prod.yaml")
+
+
+# --- values AWS, Karpenter or Kueue cannot use, though their types are right -----------------
+
+
+def first_line(message: str, key_path: str) -> str:
+    return next(
+        (x for x in message.splitlines() if x.strip().startswith(f"training-platform:{key_path}:")),
+        message,
+    )
+
+
+PINNED_RELEASE = datetime.datetime.strptime(KARPENTER_AMI_ALIAS, "al2023@v%Y%m%d").date()
+
+
+@pytest.fixture
+def today_is_the_pinned_release(monkeypatch):
+    """Today, for the amiAlias check, is the day of the pinned default release: no wall clock."""
+    import infra.config
+
+    monkeypatch.setattr(infra.config, "utc_today", lambda: PINNED_RELEASE)
+
+
+def alias(day: datetime.date) -> str:
+    return f"al2023@v{day:%Y%m%d}"
+
+
+@pytest.mark.parametrize(
+    ("value", "allowed"),
+    [
+        ("al2023@v20231399", "not a calendar date"),
+        ("al2023@v99999999", "not a calendar date"),
+        ("al2023@v20260230", "not a calendar date"),
+        (alias(PINNED_RELEASE + datetime.timedelta(days=2)), "after tomorrow"),
+        ("al2023@v20990101", "after tomorrow"),
+        # Karpenter looks the alias up per Kubernetes version: no 1.34 AMI is older than this.
+        ("al2023@v20250914", "first AL2023 release for Kubernetes 1.34 is v20250915"),
+    ],
+)
+def test_ami_alias_names_a_release_that_can_exist(today_is_the_pinned_release, value, allowed):
+    message = error_for(karpenter={"amiAlias": value})
+    assert allowed in first_line(message, "karpenter.amiAlias"), message
+
+
+@pytest.mark.parametrize(
+    "day", [PINNED_RELEASE, PINNED_RELEASE + datetime.timedelta(days=1), datetime.date(2025, 9, 15)]
+)
+def test_ami_alias_of_a_release_up_to_tomorrow_is_accepted(today_is_the_pinned_release, day):
+    values = stack_values("dev", karpenter={"amiAlias": alias(day)})
+    assert parse_stack_config(values, "Pulumi.dev.yaml").karpenter.ami_alias == alias(day)
+
+
+def test_every_kubernetes_version_knows_its_first_al2023_release():
+    from infra.versions import AL2023_FIRST_RELEASE
+
+    assert set(AL2023_FIRST_RELEASE) == set(EKS_ADDONS)
+
+
+@pytest.mark.parametrize(
+    "cidr",
+    [
+        "10.0.0.0/8",
+        "10.1.2.0/24",
+        "172.16.0.0/12",
+        "192.168.1.0/24",
+        "100.64.0.0/10",  # carrier-grade NAT (RFC 6598)
+        "127.0.0.0/8",
+        "169.254.0.0/16",
+        "0.0.0.0/8",
+        "198.18.0.0/15",
+        "224.0.0.0/4",
+        "240.0.0.0/4",
+    ],
+)
+def test_endpoint_cidrs_must_be_internet_addresses(cidr):
+    message = error_for(cluster={"endpoint": {"publicAccessCidrs": ["81.2.69.0/24", cidr]}})
+    line = first_line(message, "cluster.endpoint.publicAccessCidrs[1]")
+    assert f"{cidr} is not an internet range" in line and "allowed:" in line, message
+
+
+@pytest.mark.parametrize(
+    "cidrs",
+    [
+        ["0.0.0.0/0"],
+        ["0.0.0.0/1", "128.0.0.0/1"],  # the production guard is the policy pack's (test_policies)
+        ["81.2.69.0/24", "8.0.0.0/7"],  # 8.0.0.0/7 holds private 10.0.0.0/8 and public 11/8
+        ["203.0.113.0/24"],  # documentation ranges: placeholders, refused at pulumi up
+    ],
+)
+def test_endpoint_cidrs_holding_internet_addresses_are_accepted(cidrs):
+    values = stack_values("dev", cluster={"endpoint": {"publicAccessCidrs": cidrs}})
+    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    assert [str(c) for c in config.cluster.endpoint.public_access_cidrs] == cidrs
+
+
+def test_not_internet_ranges_are_what_python_calls_not_global():
+    """NOT_INTERNET is Python's `is_global` (IANA's special-purpose registry) plus multicast,
+    less the documentation ranges (placeholders, refused at pulumi up)."""
+    import ipaddress
+
+    from infra.config import DOCUMENTATION_CIDRS, NOT_INTERNET
+
+    def refused(address):
+        return any(address in n for n in NOT_INTERNET)
+
+    for network in NOT_INTERNET:
+        for address in (network.network_address, network.broadcast_address):
+            assert not address.is_global or address.is_multicast, network
+    # Every /16's first and last address, and the small ranges' neighbours: refused exactly
+    # where Python calls the address not global.
+    probes = [ipaddress.IPv4Address(n << 16 | low) for n in range(1 << 16) for low in (0, 0xFFFF)]
+    probes += [ipaddress.IPv4Address(f"192.0.0.{i}") for i in range(256)]
+    for address in probes:
+        if any(address in doc for doc in DOCUMENTATION_CIDRS):
+            continue
+        assert refused(address) == (not address.is_global or address.is_multicast), address
+
+
+@pytest.mark.parametrize(
+    ("hybrid", "names", "allowed"),
+    [
+        (False, ["hybrid-gateway"], "allowed: none"),
+        (True, ["hybrid-gatway"], "did you mean 'hybrid-gateway'? allowed: hybrid-gateway"),
+        (True, ["ssh"], "allowed: hybrid-gateway"),
+    ],
+)
+def test_allowed_public_ingress_names_a_resource_the_stack_opens(hybrid, names, allowed):
+    from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
+
+    sections = {"policy": {"allowedPublicIngress": names}}
+    if hybrid:
+        sections["cluster"] = PRIVATE_ENDPOINT_OFF
+    values = stack_values("dev", **sections)
+    if hybrid:
+        values["training-platform:hybrid"] = HYBRID
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(values, "Pulumi.dev.yaml")
+    line = first_line(str(caught.value), "policy.allowedPublicIngress[0]")
+    assert f"{names[0]!r} is not a resource this stack opens to the internet" in line, line
+    assert allowed in line, line
+
+
+def test_a_stack_with_nothing_to_queue_for_is_refused():
+    """Kueue refuses a ClusterQueue without flavors (resourceGroups[].flavors minItems 1 in the
+    upstream CRD), and the platform ClusterQueue's flavors are the node pools (and hybrid)."""
+    from infra.components.queues import cluster_queue_spec
+    from infra.config import QueuesConfig
+    from tests.conftest import NO_DEV_SERVERS
+    from tests.crd_schema import conformance_errors
+
+    empty = {
+        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "kind": "ClusterQueue",
+        "metadata": {"name": "platform"},
+        "spec": cluster_queue_spec([], QueuesConfig(), {}),
+    }
+    assert any("flavors" in e for e in conformance_errors(empty))
+    message = error_for(nodePools=[], queues={"teams": []}, jobs=[], devServers=NO_DEV_SERVERS)
+    assert "ClusterQueue" in first_line(message, "nodePools"), message

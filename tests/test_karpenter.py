@@ -288,7 +288,8 @@ def test_max_nodes_edit_moves_that_pools_limits_quota_and_cost_together_and_noth
         "NodePools",
         "total",
     ]
-    assert "34.03" in differing[0][1] and "22.69" in differing[0][0]  # 6 vs 4 x $5.672
+    # 6 vs 4 x ($5.672 + a 200 GiB gp3 disk at $0.08/GiB-month)
+    assert "34.16" in differing[0][1] and "22.78" in differing[0][0]
 
 
 @pytest.mark.parametrize(

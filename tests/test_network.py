@@ -7,7 +7,7 @@ import pytest
 
 from infra.catalog import load_prices
 from infra.config import ConfigError, parse_stack_config
-from infra.cost import stack_cost
+from infra.cost import plan_cost
 from tests.conftest import plan_of, stack_values
 
 SUBNET = "aws:ec2/subnet:Subnet"
@@ -147,13 +147,20 @@ def test_interface_endpoints_are_priced_per_az_and_gateways_free(dev_plan, prod_
     per_az_hour = load_prices("us-west-2").vpc_interface_endpoint_per_az_hour
     lines = {}
     for stack, plan in (("dev", dev_plan), ("prod", prod_plan)):
-        cost = stack_cost(parse_stack_config(stack_values(stack), stack), plan)
-        lines[stack] = {line.item: line for line in cost.baseline}["VPC endpoints"]
+        cost = plan_cost("us-west-2", plan)
+        lines[stack] = {
+            line.item: (line.detail, line.usd_per_hour)
+            for line in cost.baseline
+            if line.item.startswith("VPC endpoint ")
+        }
         processing = "VPC endpoint data processing" in cost.usage_priced
         assert processing == (stack == "prod")
-    assert (lines["dev"].detail, lines["dev"].usd_per_hour) == ("s3 gateway (free)", 0)
-    assert lines["prod"].detail == "8 interface in 3 AZs, s3 gateway (free)"
-    assert lines["prod"].usd_per_hour == pytest.approx(8 * 3 * per_az_hour)
+    assert lines["dev"] == {"VPC endpoint network-s3": ("s3 gateway, free", 0)}
+    assert lines["prod"].pop("VPC endpoint network-s3") == ("s3 gateway, free", 0)
+    assert len(lines["prod"]) == 8
+    for item, (detail, usd_per_hour) in lines["prod"].items():
+        assert detail.endswith(" interface in 3 AZs"), item
+        assert usd_per_hour == pytest.approx(3 * per_az_hour)
 
 
 @pytest.mark.parametrize(

@@ -83,3 +83,30 @@ def test_yaml_syntax_error_is_a_config_error(tmp_path, capsys):
     (tmp_path / "Pulumi.bad.yaml").write_text("config: [unclosed\n")
     assert main(["--stack", "bad", "--project-dir", str(tmp_path)]) == 2
     assert "not YAML" in capsys.readouterr().err
+
+
+def test_a_program_edit_dropping_node_pool_limits_is_reported_not_a_traceback(
+    tmp_path, monkeypatch, capsys
+):
+    """The CLI as `make plan` runs it, after a program edit: no traceback, every unbounded pool
+    named by the policy pack, and the plan's cost saying it has no ceiling."""
+    from infra.components import node_pools
+
+    spec_with_limits = node_pools.node_pool_spec
+
+    def without_limits(pool, zone=None):
+        spec = spec_with_limits(pool, zone)
+        del spec["limits"]
+        return spec
+
+    out = tmp_path / "out"
+    assert main(["--stack", "dev", "--out", str(out)]) == 0
+    monkeypatch.setattr(node_pools, "node_pool_spec", without_limits)
+    capsys.readouterr()
+    assert main(["--stack", "dev", "--out", str(out)]) == 1
+    printed = capsys.readouterr().out
+    for pool, gpu in (("gpu-small", True), ("gpu-large", True), ("cpu", False)):
+        needed = "nodes, cpu, memory" + (", nvidia.com/gpu" if gpu else "")
+        assert f"nodepool-limits: nodepools-{pool}: NodePool needs limits {needed}" in printed
+        assert f"NodePool {pool} limits.nodes " in printed  # a change: the limit is gone
+    assert "[mandatory] cost-budget: stack: " in printed

@@ -27,15 +27,15 @@ MAX_NODES_4_TO_12 = [
     "NodePool gpu-small limits.memory 768Gi -> 2304Gi",
     "NodePool gpu-small limits.nodes 4 -> 12",
     "NodePool gpu-small limits.nvidia.com/gpu 16 -> 48",
-    "NodePool gpu-small max $/hour 22.69 -> 68.06",
+    "NodePool gpu-small max $/hour 22.78 -> 68.33",
     "ClusterQueue platform quota.gpu-small.cpu 192 -> 576",
     "ClusterQueue platform quota.gpu-small.memory 768Gi -> 2304Gi",
     "ClusterQueue platform quota.gpu-small.nvidia.com/gpu 16 -> 48",
     "ClusterQueue team-research borrowing.gpu-small.cpu 96 -> 288",
     "ClusterQueue team-research borrowing.gpu-small.memory 384Gi -> 1152Gi",
     "ClusterQueue team-research borrowing.gpu-small.nvidia.com/gpu 8 -> 24",
-    "Cost NodePools max $/hour 381.690 -> 427.060",
-    "Cost total max $/hour 382.038 -> 427.408",
+    "Cost NodePools max $/hour 382.238 -> 427.790",
+    "Cost total max $/hour 382.688 -> 428.239",
 ]
 
 
@@ -150,17 +150,17 @@ def test_moving_the_stack_to_another_region_reprices_it():
     lines = changes(
         plan_facts(load_stack_file("dev"), oregon), plan_facts(frankfurt_config, frankfurt)
     )
+    # Nodes with their gp3 disks: 200 GiB (GPU pools), 100 (cpu), 50 (system) at $0.0952/GiB-month.
     assert lines == [
-        "NodePool cpu max $/hour 7.68 -> 9.20",  # 10 x m6i.4xlarge at $0.92
-        "NodePool gpu-large max $/hour 351.32 -> 438.93",  # 16 x p4d.24xlarge at $27.43298
-        "NodePool gpu-small max $/hour 22.69 -> 28.37",  # 4 x g5.12xlarge at $7.09282
+        "NodePool cpu max $/hour 7.79 -> 9.33",  # 10 x (m6i.4xlarge $0.92 + 100 GiB)
+        "NodePool gpu-large max $/hour 351.67 -> 439.34",  # 16 x (p4d.24xlarge $27.43298 + ...)
+        "NodePool gpu-small max $/hour 22.78 -> 28.48",  # 4 x (g5.12xlarge $7.09282 + ...)
         "Cost region us-west-2 -> eu-central-1",
-        "Cost NAT gateways $/hour 0.045 -> 0.052",
-        "Cost system nodes $/hour 0.192 -> 0.230",
-        "Cost system node disks $/hour 0.011 -> 0.013",
-        "Cost baseline $/hour 0.348 -> 0.395",
-        "Cost NodePools max $/hour 381.690 -> 476.500",
-        "Cost total max $/hour 382.038 -> 476.895",
+        "Cost NAT gateway network-0 $/hour 0.045 -> 0.052",
+        "Cost node group cluster-system $/hour 0.304 -> 0.365",  # 3 x (m6i.large $0.115 + ...)
+        "Cost baseline $/hour 0.449 -> 0.517",
+        "Cost NodePools max $/hour 382.238 -> 477.151",
+        "Cost total max $/hour 382.688 -> 477.668",
     ]
 
 
@@ -184,7 +184,7 @@ def test_the_real_program_entry_refuses_prod_placeholders_until_replaced():
     values = stack_values(
         "prod",
         cluster={
-            "endpoint": {"publicAccessCidrs": ["100.64.10.0/24"]},
+            "endpoint": {"publicAccessCidrs": ["81.2.69.0/24"]},
             "adminPrincipalArns": ["arn:aws:iam::210987654321:role/platform-admins"],
         },
     )

@@ -149,6 +149,7 @@ NAMESPACE = "kubernetes:core/v1:Namespace"
 ROLE = "aws:iam/role:Role"
 ROLE_POLICY = "aws:iam/rolePolicy:RolePolicy"
 DEPLOYMENT = "kubernetes:apps/v1:Deployment"
+PERSISTENT_2 = {"deploymentType": "PERSISTENT_2"}
 
 
 def deployment(**pod) -> dict:
@@ -305,11 +306,11 @@ CASES = {
     "cost-budget": (
         (
             "aws:fsx/lustreFileSystem:LustreFileSystem",
-            {"storageCapacity": 2_400_000, "perUnitStorageThroughput": 1000},
+            {"storageCapacity": 2_400_000, "perUnitStorageThroughput": 1000, **PERSISTENT_2},
         ),
         (
             "aws:fsx/lustreFileSystem:LustreFileSystem",
-            {"storageCapacity": 2400, "perUnitStorageThroughput": 1000},
+            {"storageCapacity": 2400, "perUnitStorageThroughput": 1000, **PERSISTENT_2},
         ),
     ),
 }
@@ -391,9 +392,7 @@ def test_cost_budget():
         "cost-budget",
         budget,
     )
-    assert "$440.32/hour (NodePools, node groups, FSx) exceeds the budget $300.00/hour" in (
-        violation.message
-    )
+    assert "cost ceiling $440.32/hour exceeds the budget $300.00/hour" in violation.message
 
 
 def test_cost_budget_prices_in_the_stack_region_and_names_what_it_cannot_price():
@@ -609,7 +608,7 @@ def test_broad_managed_policies_by_any_attachment():
 def test_cost_budget_counts_fsx_and_node_groups():
     fsx = (
         "aws:fsx/lustreFileSystem:LustreFileSystem",
-        {"storageCapacity": 48000, "perUnitStorageThroughput": 1000},
+        {"storageCapacity": 48000, "perUnitStorageThroughput": 1000, **PERSISTENT_2},
     )  # $0.60/GiB-month
     group = (
         "aws:eks/nodeGroup:NodeGroup",
@@ -650,7 +649,7 @@ def test_a_key_arn_unknown_in_preview_still_counts_as_set():
         "enabledClusterLogTypes": ALL_LOGS,
         "skipDefaultNodeGroup": True,
     }
-    assert check(plan_with(("eks:index:Cluster", cluster))) == []
+    assert check(plan_with(("eks:index:Cluster", cluster)), {"region": "us-east-1"}) == []
     prod_sse = (SSE_V2, sse("aws:kms", UNKNOWN_STRING_VALUE))
     assert violations_of(plan_with(prod_sse, stack="prod"), "bucket-kms-in-production") == []
 
@@ -682,3 +681,224 @@ def test_readme_lists_every_rule():
     table = readme.split("<!-- policy-rules:start -->")[1].split("<!-- policy-rules:end -->")[0]
     rows = re.findall(r"^\| `([a-z0-9-]+)` \| (.+?) \|$", table, re.M)
     assert rows == [(p.name, p.description) for p in POLICIES]
+
+
+# --- the cost ceiling: one pricing path for the plan's table and the budget rule -------------
+
+
+@pytest.fixture(scope="module")
+def hybrid_stack():
+    """The dev stack with hybrid nodes: its config and offline plan."""
+    from infra.config import parse_stack_config
+    from infra.offline import run_offline
+    from infra.program import build_platform
+    from tests.conftest import stack_values
+    from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
+
+    values = stack_values("dev", cluster=PRIVATE_ENDPOINT_OFF)
+    values["training-platform:hybrid"] = HYBRID
+    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    return config, run_offline(lambda: build_platform(config), "dev", values)
+
+
+def budget_total(plan: Plan) -> float:
+    """What the cost-budget rule adds up, read from its message under a budget of a cent."""
+    (violation,) = violations_of(
+        plan, "cost-budget", {"budgetUsdPerHour": 0.01, "region": "us-west-2"}
+    )
+    return float(re.search(r"cost ceiling \$([\d,.]+)/hour", violation.message)[1].replace(",", ""))
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod", "hybrid"])
+def test_the_budget_rule_adds_up_what_the_plans_cost_table_does(stack, request, hybrid_stack):
+    from infra.cost import plan_cost
+
+    plan = hybrid_stack[1] if stack == "hybrid" else request.getfixturevalue(f"{stack}_plan")
+    assert budget_total(plan) == round(plan_cost("us-west-2", plan).total_per_hour, 2)
+
+
+PROD_INTERFACE_ENDPOINTS = (
+    "ec2",
+    "ecr-api",
+    "ecr-dkr",
+    "eks",
+    "eks-auth",
+    "elasticfilesystem",
+    "sqs",
+    "ssm",
+)
+
+
+def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
+    """prod's lines, figured from the price file (us-west-2) by hand: nodes with their gp3 disks,
+    the system node group at maxSize, FSx per GiB-month, NAT gateways and the control plane."""
+    from infra.catalog import HOURS_PER_MONTH, load_prices
+    from infra.cost import plan_cost
+
+    prices = load_prices("us-west-2")
+
+    def nodes(count, instance_type, disk_gib):
+        gp3 = disk_gib * prices.ebs_gp3_per_gib_month / HOURS_PER_MONTH
+        return count * (prices.instance(instance_type) + gp3)
+
+    expected = {
+        "EKS control plane cluster": 0.10,
+        **{f"NAT gateway network-{i}": 0.045 for i in range(3)},
+        # PrivateLink: an interface endpoint bills per AZ-hour, $0.01 here; the S3 gateway is free.
+        **{f"VPC endpoint network-{service}": 3 * 0.01 for service in PROD_INTERFACE_ENDPOINTS},
+        "VPC endpoint network-s3": 0.0,
+        "node group cluster-system": nodes(6, "m6i.xlarge", 50),
+        "FSx for Lustre fsx": 4800 * 0.210 / HOURS_PER_MONTH,
+        "EC2 instance hybrid-gateway": None,  # prod has no hybrid section
+        "gpu-small": nodes(4, "g5.12xlarge", 200),
+        "gpu-large": nodes(16, "p4d.24xlarge", 200),
+        "cpu": nodes(20, "m6i.4xlarge", 100),
+    }
+    cost = plan_cost("us-west-2", prod_plan)
+    assert cost.unpriced == []
+    assert {line.item: pytest.approx(line.usd_per_hour) for line in cost.lines} == {
+        item: usd for item, usd in expected.items() if usd is not None
+    }
+
+
+def test_the_hybrid_gateway_is_costed_and_its_type_priced_in_config(hybrid_stack, tmp_path):
+    from infra.catalog import load_prices
+    from infra.config import ConfigError, load_stack_file
+    from infra.cost import plan_cost
+
+    config, plan = hybrid_stack
+    lines = {line.item: line.usd_per_hour for line in plan_cost("us-west-2", plan).lines}
+    assert lines["EC2 instance hybrid-gateway"] == load_prices("us-west-2").instance("c6i.large")
+    import yaml
+
+    from tests.conftest import stack_values
+    from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
+
+    pools = [  # Ireland prices only the types the two stacks use: no c6i
+        {**p, "availabilityZone": "eu-west-1a"} if p.get("efa") else p
+        for p in stack_values("dev")["training-platform:nodePools"]
+    ]
+    values = {
+        **stack_values("dev", nodePools=pools, cluster=PRIVATE_ENDPOINT_OFF),
+        "aws:region": "eu-west-1",
+    }
+    values["training-platform:hybrid"] = HYBRID
+    (tmp_path / "Pulumi.ireland.yaml").write_text(yaml.safe_dump({"config": values}))
+    with pytest.raises(ConfigError) as refused:
+        load_stack_file("ireland", tmp_path)
+    assert "training-platform:hybrid.gatewayInstanceType: c6i.large has no eu-west-1 price" in str(
+        refused.value
+    )
+
+
+def test_a_node_pool_without_a_node_limit_has_no_cost_ceiling():
+    unlimited = pool(["p5.48xlarge"], {"cpu": "192"}, GPU_TAINT, name="big")
+    (violation,) = violations_of(
+        plan_with((NODEPOOL, unlimited)), "cost-budget", {"region": "us-east-1"}
+    )
+    assert violation.message == "the cost has no ceiling: big (no limits.nodes)"
+
+
+def test_storage_growth_past_the_budget_fails_the_plan_naming_the_storage():
+    from tests.conftest import plan_of
+
+    budget = {"budgetUsdPerHour": 450, "region": "us-west-2"}  # prod costs about $392/hour
+    assert violations_of(plan_of("prod"), "cost-budget", budget) == []
+    grown = plan_of("prod", storage={"fsx": {"storageCapacityGib": 480_000}})  # 100x
+    (violation,) = violations_of(grown, "cost-budget", budget)
+    assert "exceeds the budget $450.00/hour" in violation.message
+    assert "FSx for Lustre fsx $138.08" in violation.message, violation.message
+
+
+def test_allowed_public_ingress_names_are_what_the_program_opens(hybrid_stack):
+    """public_ingress_resources (what stack config lets policy.allowedPublicIngress name) is
+    what no-world-ingress flags in the program's own plan."""
+    from infra.config import public_ingress_resources
+
+    config, plan = hybrid_stack
+    flagged = {v.urn.rsplit("::", 1)[-1] for v in violations_of(plan, "no-world-ingress")}
+    assert flagged == set(public_ingress_resources(config)) == {"hybrid-gateway"}
+    assert (
+        violations_of(plan, "no-world-ingress", {"allowedPublicIngress": ["hybrid-gateway"]}) == []
+    )
+
+
+# --- program edits that make training containers privileged or root -------------------------
+
+
+def job_inputs(plan: Plan, name: str) -> tuple[str, dict]:
+    job = next(r for r in plan.resources if r.type in (PYTORCHJOB, MPIJOB) and r.name == name)
+    return job.type, copy.deepcopy(job.inputs)
+
+
+def pods(inputs: dict) -> list[dict]:
+    spec = inputs["spec"]
+    replicas = spec.get("pytorchReplicaSpecs") or spec["mpiReplicaSpecs"]
+    return [replica["template"]["spec"] for replica in replicas.values()]
+
+
+def init_context(pod: dict) -> dict:
+    return pod["initContainers"][0]["securityContext"]
+
+
+def main_context(pod: dict) -> dict:
+    return pod["containers"][0]["securityContext"]
+
+
+# Upstream's rules: kubernetes/pod-security-admission policy/check_runAsNonRoot.go,
+# check_runAsUser.go, check_allowPrivilegeEscalation.go and check_capabilities_restricted.go
+# (restricted: drop ALL, add only NET_BIND_SERVICE) hold containers AND initContainers to them.
+PROGRAM_EDITS = {
+    "init container escalates": (
+        lambda pod: init_context(pod).update(allowPrivilegeEscalation=True),
+        "checkpoint-dir must set allowPrivilegeEscalation: false",
+    ),
+    "init container keeps the runtime's default capabilities": (
+        lambda pod: init_context(pod).pop("capabilities"),
+        "checkpoint-dir must drop ALL capabilities",
+    ),
+    "root init container adds SETUID": (
+        lambda pod: init_context(pod)["capabilities"]["add"].append("SETUID"),
+        "checkpoint-dir runs as root",
+    ),
+    "a second root init container": (
+        lambda pod: pod["initContainers"].append(
+            {"name": "setup", "image": "x", "securityContext": {"runAsUser": 0}}
+        ),
+        "container setup must drop ALL capabilities",  # root, as the exception's shape allows
+    ),
+    "trainer adds capabilities": (
+        lambda pod: main_context(pod)["capabilities"].update(add=["CHOWN", "SETUID"]),
+        "container pytorch adds capabilities ['CHOWN', 'SETUID']",
+    ),
+    "trainer runs as root": (
+        lambda pod: pod["securityContext"].update(runAsUser=0),
+        "container pytorch must run as non-root",
+    ),
+    "trainer is privileged": (
+        lambda pod: main_context(pod).update(privileged=True),
+        "container pytorch is privileged",
+    ),
+}
+
+
+@pytest.mark.parametrize("edit", sorted(PROGRAM_EDITS))
+def test_a_program_edit_making_training_containers_root_or_privileged_fails(prod_plan, edit):
+    change, expected = PROGRAM_EDITS[edit]
+    kind, inputs = job_inputs(prod_plan, "job-gpt-large")  # checkpoints on FSx: its init container
+    assert check(plan_with((kind, copy.deepcopy(inputs)))) == []
+    for pod in pods(inputs):
+        change(pod)
+    messages = [v.message for v in check(plan_with((kind, inputs)))]
+    assert any(expected in m for m in messages), messages
+
+
+def test_mpi_workers_are_held_to_the_same_rules(prod_plan):
+    kind, inputs = job_inputs(prod_plan, "job-gpt-large-mpi")
+    for pod in pods(inputs):
+        main_context(pod)["capabilities"]["add"] = ["SYS_CHROOT"]
+    messages = {v.message for v in violations_of(plan_with((kind, inputs)), "pods-restricted")}
+    assert messages == {
+        "container launcher adds capabilities ['SYS_CHROOT']; allowed: NET_BIND_SERVICE",
+        "container worker adds capabilities ['SYS_CHROOT']; allowed: NET_BIND_SERVICE",
+    }
