@@ -14,8 +14,10 @@ pods/portforward over websockets. Who may do what (tests.kube_api.rbac): Kuberne
 verbs and RBAC rule matching written down from upstream, over the Roles, ClusterRoles and
 bindings given plus the bootstrap policy every cluster has.
 
-Not modelled: admission webhooks (Kueue's gate comes from the test), Pod Security, quotas,
-strategic merge patch, SPDY, CEL rules of CRDs, deletion of a CRD's objects with the CRD.
+Not modelled: admission webhooks (a test adds its own mutating hooks to `KubeAPI.admission`, as
+Kueue's pod webhook adds its scheduling gate), Pod Security, quotas, OwnerReferencesPermission-
+Enforcement, strategic merge patch, SPDY, CEL rules of CRDs, deletion of a CRD's objects with
+the CRD, graceful pod termination (a deleted pod's processes are killed at once).
 
 Adding a resource is data: a `server.Kind` (group, version, kind, plural, namespaced,
 subresources) in `KubeAPI(kinds=...)`, or a CRD object created through the API.

@@ -272,6 +272,8 @@ class KubeAPI:
         self.refusals: list[str] = []  # every 403, as its message
         self.requests: list[tuple[str, str]] = []  # (user, "verb resource") of every request
         self.controllers = [garbage_collector, namespace_controller, crd_controller]
+        # Mutating admission on create, as webhooks do: functions of (kind, object).
+        self.admission = []
         self.runtime = None  # serves exec and port-forward (tests.kube_api.kubelet.Kubelet)
         self.url = ""
         self._loop = asyncio.new_event_loop()
@@ -467,6 +469,8 @@ class KubeAPI:
         if kind.plural == "namespaces":
             obj["spec"] = {"finalizers": ["kubernetes"]}
             obj["status"] = {"phase": "Active"}
+        for webhook in self.admission:
+            webhook(kind, obj)
         return self._commit(kind, "ADDED", self._admit(kind, obj), None)
 
     def replace(self, kind: Kind, old: dict, new: dict) -> dict:
