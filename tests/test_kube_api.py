@@ -166,7 +166,8 @@ def test_a_refusal_reads_like_the_api_servers():
 
 
 @pytest.fixture
-def api():
+def api(tmp_path, monkeypatch):
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
     pods = [{"apiGroups": [""], "resources": ["pods"], "verbs": ["get", "list"]}]
     exec_verbs = {"get-only": ["get"], "create-only": ["create"], "both": ["get", "create"]}
     policy = []
