@@ -371,13 +371,6 @@ class KubeAPI:
     def serve(self, kind: Kind) -> None:
         self.kinds[(kind.group, kind.version, kind.plural)] = kind
 
-    def kind_of(self, api_version: str, kind: str) -> Kind:
-        group, _, version = api_version.rpartition("/")
-        for k in self.kinds.values():
-            if (k.group, k.version, k.kind) == (group, version, kind):
-                return k
-        raise ApiError(404, "NotFound", f"the server could not find {api_version} {kind}")
-
     def _notify(self) -> None:
         if self._tick is not None and not self._tick.done():
             self._tick.set_result(None)
