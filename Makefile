@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test plan train-local job-local devserver-demo bench devserver-bench lint venv \
+.PHONY: help demo test plan train-local job-local devserver-demo bench lint venv \
 	system-packages clean
 
 ## help: list the targets (also what plain `make` does)
@@ -53,10 +53,6 @@ job-local: $(VENV)/.installed
 ## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 12 minutes)
 bench: $(VENV)/.installed
 	$(PY) -m trainer.bench
-
-## devserver-bench: DevServer render and reconcile time per server, for 100 servers (seconds)
-devserver-bench: $(VENV)/.installed
-	$(PY) -m devservers.bench --servers 100
 
 ## plan: offline plan of STACK (default dev) into build/plan/STACK, with what changed since the
 ## last plan there (AGAINST=DIR: another plan; AGAINST_REF=origin/main: the stack file at a ref)
