@@ -7,7 +7,8 @@ processes.
   owned by the set only with persistentVolumeClaimRetentionPolicy.whenDeleted: Delete; pods at or
   above `replicas` are deleted; a set being deleted is left to the garbage collector).
 - Kubelet runs each pod that has no scheduling gate (Kueue holds pods with one) as `sleep` in a
-  PID and mount namespace of its own (`unshare --pid --mount-proc`): the pod's container. Exec
+  PID and mount namespace of its own (`unshare --pid --mount-proc`) with terminals of its own (a
+  devpts instance): the pod's container. Exec
   runs the command in those namespaces (`nsenter`), so it sees the pod's processes and nothing
   else. A container port reaches whatever the test put on the loopback port it `expose`d for it
   (e.g. an SSH server), as the pod's network would.
@@ -130,9 +131,18 @@ class _Running:
     init: int  # the pod's PID 1, seen from here
 
 
+# The container's terminals: a devpts of its own, mounted as containerd mounts it for every
+# container (pkg/oci/mounts.go, defaultMounts: gid=5, mode=0620, so an sshd that is not root can
+# give a session a terminal without chown), with /dev/ptmx its ptmx, as runc links it.
+POD_INIT = (
+    "mount -t devpts -o nosuid,noexec,newinstance,ptmxmode=0666,mode=0620,gid=5 devpts /dev/pts"
+    " && mount --bind /dev/pts/ptmx /dev/ptmx && exec sleep infinity"
+)
+
+
 def _start_container() -> _Running:
     process = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "infinity"],
+        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sh", "-c", POD_INIT],
         start_new_session=True,
     )
     children = f"/proc/{process.pid}/task/{process.pid}/children"
@@ -164,12 +174,14 @@ class Kubelet:
         """Container port `port` of `pod` is 127.0.0.1:`local_port` (where the test listens)."""
         self.ports[(namespace, pod, port)] = local_port
 
+    def enter(self, pod: dict) -> tuple[str, ...]:
+        """The command prefix that runs a command inside a running pod."""
+        running = self.running[pod["metadata"]["uid"]]
+        return ("nsenter", "--target", str(running.init), "--pid", "--mount", "--")
+
     def run_in(self, pod: dict, command: list[str]) -> subprocess.Popen:
         """Start `command` inside a running pod (a process the pod's user would have started)."""
-        running = self.running[pod["metadata"]["uid"]]
-        return subprocess.Popen(
-            ["nsenter", "--target", str(running.init), "--pid", "--mount", "--", *command]
-        )
+        return subprocess.Popen([*self.enter(pod), *command])
 
     def run_pods(self, api: KubeAPI) -> None:
         pods = _kind(api, "", "pods")
