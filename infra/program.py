@@ -20,7 +20,7 @@ from infra.components.shared_file_system import SharedFileSystem
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi
 from infra.versions import EKS_ADDONS
-from workloads.image import TrainerImage, image_target
+from workloads.image import TrainerImage, image_target, stack_targets
 from workloads.training_job import TrainingJob
 
 
@@ -169,7 +169,7 @@ def build_platform(config: StackConfig) -> None:
         k for k, on in (("fsx", storage.fsx.enabled), ("efs", storage.efs.enabled)) if on
     }
     if config.jobs:
-        targets = sorted({image_target(pools[job.node_pool]) for job in config.jobs})
+        targets = stack_targets(config)
         image = TrainerImage("trainer-image", config.image, targets, config.cluster.name, tags)
         for job in config.jobs:
             TrainingJob(
