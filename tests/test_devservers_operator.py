@@ -412,9 +412,13 @@ def test_process_lists_count_sessions_and_ignore_the_servers_own():
 
 
 def test_cpu_seconds_are_the_kernels_own_and_waited_for_childrens():
-    """The fields read from /proc/self/stat against times(2), the kernel's other account."""
-    subprocess.run([sys.executable, "-c", "sum(range(10**7))"], check=True)
+    """The fields read from /proc/self/stat against times(2), the kernel's other account, after
+    a child that spent user and system time (each of the four fields counts)."""
+    user, system = "sum(range(5 * 10**6))", "[os.read(f, 1 << 16) for _ in range(5000)]"
+    work = f"import os; f = os.open('/dev/zero', os.O_RDONLY); {user}; {system}"
+    subprocess.run([sys.executable, "-c", work], check=True)
     line, times = Path("/proc/self/stat").read_text(), os.times()
+    assert times.children_user > 0.05 and times.children_system > 0.05
     expected = times.user + times.system + times.children_user + times.children_system
     assert pod_activity(line).cpu_seconds == pytest.approx(expected, abs=0.05)
 
