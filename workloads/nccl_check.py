@@ -15,7 +15,6 @@ import argparse
 import re
 import sys
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from typing import TextIO
 
@@ -352,12 +351,7 @@ class KubeCluster:
 
 
 def wait(
-    cluster: KubeCluster,
-    namespace: str,
-    name: str,
-    timeout: float,
-    out: TextIO,
-    sleep: Callable[[float], None] = time.sleep,
+    cluster: KubeCluster, namespace: str, name: str, timeout: float, out: TextIO
 ) -> str | None:
     """'Succeeded' or 'Failed' once the MPIJob ends; None after `timeout` seconds."""
     deadline, last = time.monotonic() + timeout, None
@@ -371,7 +365,7 @@ def wait(
             # Suspended: Kueue has not admitted it yet (quota, or nodes still launching).
             print(f"{name}: {state}", file=out, flush=True)
             last = state
-        sleep(POLL_SECONDS)
+        time.sleep(POLL_SECONDS)
     return None
 
 
