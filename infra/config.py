@@ -519,7 +519,8 @@ class NodePoolConfig(Model):
             raise ValueError(
                 "fabricCheck is set on a CPU pool; allowed: only on GPU pools (it runs NCCL)"
             )
-        if check.nodes > self.max_nodes:
+        # The default (2) only matters when the check runs; the CLI refuses a pool too small.
+        if "nodes" in check.model_fields_set and check.nodes > self.max_nodes:
             raise ValueError(
                 f"fabricCheck.nodes {check.nodes} exceeds maxNodes {self.max_nodes}; allowed: "
                 f"2 to {self.max_nodes}"

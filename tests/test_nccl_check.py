@@ -16,7 +16,7 @@ import yaml
 
 from infra.catalog import load_published_busbw
 from infra.config import ConfigError, StackConfig, load_stack_file, parse_stack_config
-from tests.conftest import ROOT, stack_values
+from tests.conftest import NO_DEV_SERVERS, ROOT, stack_values
 from tests.crd_schema import conformance_errors
 from tests.nccl_stand_in import STAND_IN_LINE
 from tests.openssh import OpenSsh
@@ -193,6 +193,14 @@ def test_the_check_on_a_pool_without_efa_has_no_efa_settings():
 def test_a_check_that_could_not_run_is_refused(pool, queue, nodes, message):
     with pytest.raises(CheckError, match=message.replace("(", r"\(")):
         resolve(load_stack_file("dev"), pool, queue, nodes)
+
+
+def test_a_one_node_gpu_pool_is_valid_config_but_refused_a_check():
+    pool = {"name": "solo", "instanceTypes": ["g5.12xlarge"], "maxNodes": 1}
+    values = stack_values("dev", nodePools=[pool], jobs=[], devServers=NO_DEV_SERVERS)
+    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    with pytest.raises(CheckError, match="pool solo has maxNodes 1; a fabric check needs 2 nodes"):
+        resolve(config, "solo", "team-a", None)
 
 
 def test_dry_run_prints_the_manifests_and_a_missing_image_is_a_usage_error(capsys):

@@ -290,6 +290,11 @@ def resolve(
         raise CheckError(
             f"{queue!r} is not a team queue; allowed: {', '.join(teams) or 'none declared'}"
         )
+    if pool.max_nodes < 2:
+        raise CheckError(
+            f"pool {pool.name} has maxNodes {pool.max_nodes}; a fabric check needs 2 nodes "
+            "(one node's GPUs talk over NVLink, not the fabric)"
+        )
     nodes = nodes or pool.fabric_check.nodes
     if not 2 <= nodes <= pool.max_nodes:
         raise CheckError(f"--nodes {nodes}; allowed: 2 to pool {pool.name}'s {pool.max_nodes}")
