@@ -141,7 +141,10 @@ def cel_violations(manifest: dict, old: dict | None = None) -> list[str]:
             if transition:
                 activation["oldSelf"] = celpy.json_to_cel(old_value)
             program = env.program(env.compile(rule["rule"]), functions=K8S_CEL_FUNCTIONS)
-            result = program.evaluate(activation)
+            try:
+                result = program.evaluate(activation)
+            except celpy.CELEvalError:  # the API server refuses an object a rule errors on
+                result = None
             if not (isinstance(result, celtypes.BoolType) and result):
                 broken.append(f"{path}: {rule.get('message', rule['rule'])}")
         if isinstance(value, dict):

@@ -167,10 +167,6 @@ def node_pool_spec(pool: NodePoolConfig, zone: str | None = None) -> dict:
     if pool.gpu:
         template_spec["taints"] = [GPU_TAINT]
         limits["nvidia.com/gpu"] = str(ceiling.gpus)
-    if pool.static_nodes:
-        # A static NodePool keeps `replicas` nodes and takes no limit but `nodes` (its CRD's CEL
-        # rule); maxNodes stays the one knob: replicas, limit, quota and cost all follow it.
-        limits = {"nodes": str(ceiling.nodes)}
         # A training job holds its nodes end to end: remove a GPU node only once it is empty,
         # one node at a time, and never for underuse while pods still run on it.
         disruption = {
@@ -193,7 +189,10 @@ def node_pool_spec(pool: NodePoolConfig, zone: str | None = None) -> dict:
         "limits": limits,
     }
     if pool.static_nodes:
+        # A static NodePool keeps `replicas` nodes and takes no limit but `nodes` (its CRD's CEL
+        # rule); maxNodes stays the one knob: replicas, limit, quota and cost all follow it.
         spec["replicas"] = ceiling.nodes
+        spec["limits"] = {"nodes": str(ceiling.nodes)}
     return spec
 
 
