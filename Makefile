@@ -6,8 +6,8 @@ PY := $(VENV)/bin/python
 STACK ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test plan train-local job-local devserver-demo bench devserver-bench lint venv \
-	system-packages clean
+.PHONY: help demo test plan train-local job-local devserver-demo bench lint venv \
+	system-packages clean nccl-check
 
 ## help: list the targets (also what plain `make` does)
 help:
@@ -50,13 +50,16 @@ STEPS ?= 20
 job-local: $(VENV)/.installed
 	$(PY) -m workloads.local $(JOB) --stack $(STACK) --steps $(STEPS) $(if $(MODEL),--model $(MODEL))
 
+## nccl-check: NCCL fabric check of a GPU pool on the cluster, through a team's queue:
+## POOL=gpu-large QUEUE=research IMAGE=<trainer image by digest> [NODES=2] [DRY_RUN=1] [KEEP=1]
+nccl-check: $(VENV)/.installed
+	$(PY) -m workloads.nccl_check --stack $(STACK) --pool $(POOL) --queue $(QUEUE) \
+		$(if $(IMAGE),--image $(IMAGE)) $(if $(NODES),--nodes $(NODES)) \
+		$(if $(DRY_RUN),--dry-run) $(if $(KEEP),--keep)
+
 ## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 12 minutes)
 bench: $(VENV)/.installed
 	$(PY) -m trainer.bench
-
-## devserver-bench: DevServer render and reconcile time per server, for 100 servers (seconds)
-devserver-bench: $(VENV)/.installed
-	$(PY) -m devservers.bench --servers 100
 
 ## plan: offline plan of STACK (default dev) into build/plan/STACK, with what changed since the
 ## last plan there (AGAINST=DIR: another plan; AGAINST_REF=origin/main: the stack file at a ref)

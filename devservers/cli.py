@@ -5,15 +5,15 @@
     devctl stop box | start box | delete box [--delete-home]
 
 It talks to the cluster with the kubernetes Python client and your kubeconfig (the namespace is
-dev-<you>: --namespace, else the kubeconfig context's namespace); `ssh` and `run` use kubectl
-for port-forward, copy and exec.
+dev-<you>: --namespace, else the kubeconfig context's namespace); `ssh` forwards through the API
+server and runs your ssh; `run` uses kubectl for copy and exec.
 """
 
 import argparse
+import contextlib
 import json
 import os
 import shlex
-import socket
 import subprocess
 import sys
 import time
@@ -151,7 +151,9 @@ def _kube_namespace() -> str | None:
     try:
         from kubernetes import config
 
-        _, context = config.list_kube_config_contexts()
+        from devservers.kube import kubeconfig_paths
+
+        _, context = config.list_kube_config_contexts(config_file=kubeconfig_paths())
     except Exception:  # noqa: BLE001 (no kubeconfig: the caller says what to pass instead)
         return None
     return (context or {}).get("context", {}).get("namespace")
@@ -165,20 +167,25 @@ def resolve_namespace(args: argparse.Namespace) -> str:
 
 
 class Devctl:
-    """The commands, over a controller.Cluster (the real API, or a fake in tests)."""
+    """The commands, over the cluster boundary (devservers.kube.KubeCluster)."""
 
     def __init__(self, cluster, namespace: str, out=sys.stdout):
         self.cluster, self.namespace, self.out = cluster, namespace, out
 
-    def _call(self, what: str, fn, *args):
+    @contextlib.contextmanager
+    def allowed(self, what: str):
         try:
-            return fn(*args)
+            yield
         except PermissionError as e:
             # The API server's reason (RBAC, or a quota it enforces) follows the usual cause.
             raise CliError(
                 f"not allowed to {what} in namespace {self.namespace} ({e}); you may manage "
                 f"DevServers only in your own namespace ({NAMESPACE_PREFIX}<you>)"
             ) from None
+
+    def _call(self, what: str, fn, *args):
+        with self.allowed(what):
+            return fn(*args)
 
     def server(self, name: str) -> dict:
         found = self._call(
@@ -398,32 +405,20 @@ def run_everywhere(copies: list[list[str]], launches: list[list[str]]) -> int:
 
 
 def ssh(devctl: Devctl, name: str, replica: int, extra: list[str]) -> int:
-    """Port-forward pod `replica`'s sshd to a free local port, then ssh to it as the pod's user."""
+    """ssh to pod `replica`'s sshd, as the pod's user, through a port-forward of the API server."""
     pods = devctl.pods(devctl.server(name))
     if not 0 <= replica < len(pods):
         raise CliError(f"--replica {replica}; allowed: 0 to {len(pods) - 1}")
     pod = pods[replica]
-    user = devctl.cluster.exec(devctl.namespace, pod, CONTAINER, ["id", "-un"]).strip()
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        port = probe.getsockname()[1]
-    forward = subprocess.Popen(
-        ["kubectl", "-n", devctl.namespace, "port-forward", f"pod/{pod}", f"{port}:{SSH_PORT}"],
-        stdout=subprocess.DEVNULL,
-    )
-    try:
-        for _ in range(50):  # port-forward needs a moment to listen
-            with socket.socket() as s:
-                if s.connect_ex(("127.0.0.1", port)) == 0:
-                    break
-            time.sleep(0.1)
+    with contextlib.ExitStack() as stack:
+        with devctl.allowed("exec into and port-forward to pods"):
+            user = devctl.cluster.exec(devctl.namespace, pod, CONTAINER, ["id", "-un"]).strip()
+            port = stack.enter_context(devctl.cluster.forward(devctl.namespace, pod, SSH_PORT))
         options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
         return subprocess.call(["ssh", "-p", str(port), *options, f"{user}@127.0.0.1", *extra])
-    finally:
-        forward.terminate()
 
 
-def main(argv: list[str] | None = None, cluster=None, out=sys.stdout) -> int:
+def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     args = parse_args(argv)
     try:
         namespace = resolve_namespace(args)
@@ -436,11 +431,9 @@ def main(argv: list[str] | None = None, cluster=None, out=sys.stdout) -> int:
             )
             print(text, end="" if text.endswith("\n") else "\n", file=out)
             return 0
-        if cluster is None:
-            from devservers.kube import KubeCluster
+        from devservers.kube import KubeCluster
 
-            cluster = KubeCluster()
-        devctl = Devctl(cluster, namespace, out)
+        devctl = Devctl(KubeCluster(), namespace, out)
         if args.command == "create":
             devctl.create(server_manifest(args, namespace, public_keys(args.ssh_key)))
             return 0

@@ -2,8 +2,9 @@
 
 Each call compares what a server should have (devservers.render) with what the cluster has,
 makes the difference (create, patch, replace), and returns the status to record. Calling it
-again with nothing changed writes nothing. kopf (devservers/operator.py) calls it on every change
-and on a timer; tests call it with a fake Cluster.
+again with nothing changed writes nothing. The operator (devservers/operator.py) calls it on
+every change and on a periodic activity check, through devservers.kube.KubeCluster; tests do the
+same against a local Kubernetes API (tests/kube_api).
 """
 
 from __future__ import annotations
@@ -34,7 +35,7 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 
 
 class Cluster(Protocol):
-    """What the reconciler needs from the Kubernetes API: the boundary tests replace."""
+    """What the reconciler needs from the Kubernetes API (devservers.kube.KubeCluster)."""
 
     def get(self, api_version: str, kind: str, name: str, namespace: str | None) -> dict | None: ...
 

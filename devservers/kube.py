@@ -1,12 +1,25 @@
-"""The Cluster boundary over the real Kubernetes API (the kubernetes Python client)."""
+"""The Cluster boundary over the real Kubernetes API (the kubernetes Python client).
 
+Every failure of a call (an HTTP error, a refused websocket upgrade of exec or port-forward, no
+connection, no credentials) leaves this module as an OSError carrying the API server's one-line
+message: PermissionError for a 403 (RBAC), OSError otherwise. `get` of an absent object is None.
+"""
+
+import contextlib
+import json
 import os
+import select
+import socket
+import threading
 import urllib.request
 
 from kubernetes import client, config, dynamic
+from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
-from kubernetes.dynamic.exceptions import DynamicApiError, ForbiddenError, NotFoundError
-from kubernetes.stream import stream
+from kubernetes.dynamic.exceptions import ResourceNotFoundError
+from kubernetes.stream import portforward, stream
+from urllib3.exceptions import MaxRetryError
+from websocket import WebSocketBadStatusException
 
 from devservers.activity import gpu_utilization
 from devservers.api import GROUP, SERVERS, VERSION
@@ -14,6 +27,7 @@ from devservers.render import Settings
 
 DCGM_PORT = 9400
 DCGM_LABELS = {"app.kubernetes.io/name": "dcgm-exporter"}
+NOT_FOUND, CONFLICT = 404, 409
 
 
 def settings_from_env() -> Settings:
@@ -25,101 +39,206 @@ def settings_from_env() -> Settings:
     )
 
 
-class _Denied:
-    """A dynamic resource whose refusals are OSErrors with the API server's message: a 403 is
-    PermissionError (the boundary's one error for RBAC), a 404 stays NotFoundError for `get`."""
+class ApiError(OSError):
+    """The API server answered `status` (an HTTP code) with `message`."""
 
-    def __init__(self, resource):
-        self._resource = resource
-
-    def __getattr__(self, verb):
-        method = getattr(self._resource, verb)
-
-        def call(**kwargs):
-            try:
-                return method(**kwargs)
-            except NotFoundError:
-                raise
-            except ForbiddenError as e:
-                raise PermissionError(e.summary()) from None
-            except DynamicApiError as e:
-                raise OSError(f"the API server refused: {e.summary()}") from None
-
-        return call
+    def __init__(self, status: int, message: str):
+        super().__init__(f"the API server refused: {message}")
+        self.status = status
 
 
-def _selector(labels: dict) -> str:
-    return ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+class Forbidden(ApiError, PermissionError):
+    """A 403: RBAC (or an admission rule) refused the request."""
+
+    def __init__(self, status: int, message: str):
+        OSError.__init__(self, message)
+        self.status = status
+
+
+def _status_message(body, fallback: str) -> str:
+    """The `message` of a Status body, else `fallback`."""
+    try:
+        return json.loads(body)["message"]
+    except (TypeError, ValueError, KeyError):
+        return fallback
+
+
+def _failure(error: BaseException, host: str) -> OSError | None:
+    """The OSError that says what `error`, or an exception it was raised while handling, means.
+
+    A refused websocket upgrade (exec, port-forward) reaches us from kubernetes 36's stream()
+    as an AttributeError: it decodes the absent body of its own ApiException(status=0), whose
+    context is websocket's WebSocketBadStatusException with the server's Status.
+    """
+    while error is not None:
+        if isinstance(error, WebSocketBadStatusException):
+            status, body = error.status_code, error.resp_body
+        elif isinstance(error, ApiException) and error.status:
+            status, body = error.status, error.body
+        elif isinstance(error, MaxRetryError | ConnectionError):
+            reason = getattr(error, "reason", None) or error
+            return OSError(f"cannot reach the Kubernetes API server at {host}: {reason}")
+        else:
+            error = error.__context__
+            continue
+        message = _status_message(body, f"HTTP {status}")
+        return (Forbidden if status == 403 else ApiError)(status, message)
+    return None
+
+
+def kubeconfig_paths() -> str:
+    """$KUBECONFIG (paths joined by os.pathsep), else ~/.kube/config, as kubectl reads them.
+    Read at each call: the client's own default is fixed when it is imported."""
+    return os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+
+
+def _api_client() -> client.ApiClient:
+    """In a pod, its ServiceAccount's credentials; elsewhere the kubeconfig's current context."""
+    try:
+        if os.environ.get("KUBERNETES_SERVICE_HOST"):
+            config.load_incluster_config()
+            return client.ApiClient()
+        paths = kubeconfig_paths()
+        if not any(os.path.exists(p) for p in paths.split(os.pathsep) if p):
+            raise OSError(
+                f"no kubeconfig at {paths}: set KUBECONFIG, or run `aws eks update-kubeconfig`"
+            )
+        return config.new_client_from_config(config_file=paths)
+    except ConfigException as e:
+        raise OSError(f"no cluster credentials: {e}") from None
 
 
 class KubeCluster:
     """controller.Cluster for a real cluster: in-cluster credentials, or the local kubeconfig."""
 
     def __init__(self, api_client: client.ApiClient | None = None):
-        if api_client is None:
-            try:
-                config.load_config()
-            except ConfigException as e:
-                raise OSError(f"no cluster credentials: {e}") from None
-            api_client = client.ApiClient()
-        self.dynamic = dynamic.DynamicClient(api_client)
+        api_client = api_client or _api_client()
+        self.host = api_client.configuration.host
+        with self._translated():
+            self.dynamic = dynamic.DynamicClient(api_client)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.dcgm_namespace = os.environ.get("DEVSERVERS_DCGM_NAMESPACE", "monitoring")
 
+    @contextlib.contextmanager
+    def _translated(self):
+        try:
+            yield
+        except (ApiException, AttributeError, MaxRetryError, ConnectionError) as e:
+            failure = _failure(e, self.host)
+            if failure is None:
+                raise
+            raise failure from None
+
     def _api(self, api_version: str, kind: str):
-        return _Denied(self.dynamic.resources.get(api_version=api_version, kind=kind))
+        try:
+            return self.dynamic.resources.get(api_version=api_version, kind=kind)
+        except ResourceNotFoundError:
+            raise OSError(f"the API server does not serve {kind} ({api_version})") from None
 
     def get(self, api_version, kind, name, namespace):
         try:
-            return self._api(api_version, kind).get(name=name, namespace=namespace).to_dict()
-        except NotFoundError:
-            return None
+            with self._translated():
+                found = self._api(api_version, kind).get(name=name, namespace=namespace)
+        except ApiError as e:
+            if e.status == NOT_FOUND:
+                return None
+            raise
+        return found.to_dict()
 
     def list(self, api_version, kind, namespace, labels):
-        found = self._api(api_version, kind).get(
-            namespace=namespace, label_selector=_selector(labels)
-        )
+        selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
+        with self._translated():
+            found = self._api(api_version, kind).get(namespace=namespace, label_selector=selector)
         return found.to_dict()["items"]
 
     def create(self, manifest):
-        api = self._api(manifest["apiVersion"], manifest["kind"])
-        return api.create(body=manifest, namespace=manifest["metadata"].get("namespace")).to_dict()
+        meta = manifest["metadata"]
+        try:
+            with self._translated():
+                api = self._api(manifest["apiVersion"], manifest["kind"])
+                return api.create(body=manifest, namespace=meta.get("namespace")).to_dict()
+        except ApiError as e:
+            if e.status != CONFLICT:
+                raise
+        # Another reconcile of the same server created it first: take what is there.
+        return self.get(
+            manifest["apiVersion"], manifest["kind"], meta["name"], meta.get("namespace")
+        )
 
     def patch(self, api_version, kind, name, namespace, patch):
-        api = self._api(api_version, kind)
-        return api.patch(
-            body=patch,
-            name=name,
-            namespace=namespace,
-            content_type="application/merge-patch+json",
-        ).to_dict()
+        with self._translated():
+            api = self._api(api_version, kind)
+            found = api.patch(
+                body=patch,
+                name=name,
+                namespace=namespace,
+                content_type="application/merge-patch+json",
+            )
+        return found.to_dict()
 
     def delete(self, api_version, kind, name, namespace):
         try:
-            self._api(api_version, kind).delete(
-                name=name, namespace=namespace, body={"propagationPolicy": "Foreground"}
-            )
-        except NotFoundError:
-            pass
+            with self._translated():
+                self._api(api_version, kind).delete(
+                    name=name, namespace=namespace, body={"propagationPolicy": "Foreground"}
+                )
+        except ApiError as e:
+            if e.status != NOT_FOUND:
+                raise
 
     def patch_status(self, name, namespace, status):
-        self.custom.patch_namespaced_custom_object_status(
-            GROUP, VERSION, namespace, SERVERS, name, {"status": status}
-        )
+        with self._translated():
+            self.custom.patch_namespaced_custom_object_status(
+                GROUP, VERSION, namespace, SERVERS, name, {"status": status}
+            )
 
     def exec(self, namespace, pod, container, command):
-        return stream(
-            self.core.connect_get_namespaced_pod_exec,
-            pod,
-            namespace,
-            container=container,
-            command=command,
-            stderr=False,
-            stdin=False,
-            stdout=True,
-            tty=False,
-        )
+        """`command`'s output in `pod`. The client's exec is a websocket GET, which the API
+        server authorizes as `get` on pods/exec and, from Kubernetes 1.35, also as `create`."""
+        with self._translated():
+            return stream(
+                self.core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                container=container,
+                command=command,
+                stderr=False,
+                stdin=False,
+                stdout=True,
+                tty=False,
+            )
+
+    def _forward(self, namespace: str, pod: str, port: int):
+        with self._translated():
+            return portforward(
+                self.core.connect_get_namespaced_pod_portforward, pod, namespace, ports=str(port)
+            )
+
+    @contextlib.contextmanager
+    def forward(self, namespace: str, pod: str, port: int):
+        """A local port whose connections reach `port` of `pod` through the API server
+        (pods/portforward over a websocket: `get` and, from 1.35, `create`). The first
+        connection's forward opens at once, so a refusal is raised here, not in the client."""
+        ready = [self._forward(namespace, pod, port)]
+        listener = socket.create_server(("127.0.0.1", 0))
+
+        def serve() -> None:
+            while True:
+                try:
+                    connection, _ = listener.accept()
+                    forward = ready.pop() if ready else self._forward(namespace, pod, port)
+                except OSError:
+                    return  # closed, or the API refused a later forward (the client sees EOF)
+                threading.Thread(
+                    target=_pipe, args=(connection, forward.socket(port)), daemon=True
+                ).start()
+
+        threading.Thread(target=serve, daemon=True).start()
+        try:
+            yield listener.getsockname()[1]
+        finally:
+            listener.close()
 
     def gpu_utilization(self, namespace, pods):
         """Ask the DCGM exporter on each pod's node (it reports per pod); None without one."""
@@ -139,3 +258,19 @@ class KubeCluster:
             if value is not None:
                 found.append(value)
         return max(found) if found else None
+
+
+def _pipe(a, b) -> None:
+    """Copy bytes both ways between two sockets until either side closes (the port-forward's
+    socket is a wrapper without the context manager protocol)."""
+    try:
+        while True:
+            readable, _, _ = select.select([a, b], [], [])
+            for source in readable:
+                data = source.recv(65536)
+                if not data:
+                    return
+                (b if source is a else a).sendall(data)
+    finally:
+        a.close()
+        b.close()

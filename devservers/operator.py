@@ -2,13 +2,24 @@
 
     kopf run --standalone --namespace 'dev-*' -m devservers.operator
 
-Every change to a DevServer's spec, every change to a flavor, every pod event of a server and a
-timer all run the same level-based reconcile; only the timer measures activity (it execs into
-the pods), and it is the one that stops an idle server. Children are deleted by the garbage
-collector through owner references: the operator needs no finalizer.
+Every change to a DevServer's spec, every flavor event and every pod event of a server run the
+same level-based reconcile; a check every IDLE_CHECK_SECONDS also measures activity (it execs
+into the pods) and is the one that stops an idle server.
+
+What the operator leaves on objects is what its RBAC allows (infra/components/dev_servers.py):
+kopf's bookkeeping annotations on DevServers only. Flavors, which it may only read, are seen
+through an event handler, which keeps no state on them; the servers of a flavor come from an
+index of the DevServers kopf watches in the dev-* namespaces (no cluster-wide list). The idle
+check is a task started with the operator that walks that index, not a kopf timer: kopf puts its
+finalizer on every object a timer or daemon serves, and a server (or its namespace, or the CRD)
+could then not be deleted while the operator is down, as during `pulumi destroy`. Children are
+deleted by the garbage collector through owner references: the operator needs no finalizer.
 """
 
+import asyncio
+import contextlib
 import logging
+import os
 from datetime import UTC, datetime
 
 import kopf
@@ -16,15 +27,24 @@ import kopf
 from devservers.api import API_VERSION, FLAVORS, GROUP, SERVER_LABEL, SERVERS, VERSION
 from devservers.controller import Outcome, reconcile
 
-IDLE_CHECK_SECONDS = 60
+IDLE_CHECK_SECONDS = float(os.environ.get("DEVSERVERS_IDLE_CHECK_SECONDS", "60"))
+logger = logging.getLogger(__name__)
 
 
 def now() -> datetime:
     return datetime.now(UTC)
 
 
+@kopf.index(GROUP, VERSION, SERVERS)
+def servers_by_flavor(namespace, name, spec, **_) -> dict:
+    """Every DevServer the operator serves, by flavor: (namespace, name)."""
+    return {spec.get("flavor"): (namespace, name)}
+
+
 @kopf.on.startup()
-def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
+async def configure(
+    settings: kopf.OperatorSettings, memo: kopf.Memo, servers_by_flavor: kopf.Index, **_
+) -> None:
     from devservers.kube import KubeCluster, settings_from_env
 
     # kopf's bookkeeping goes to annotations: the DevServer status schema is closed.
@@ -33,6 +53,31 @@ def configure(settings: kopf.OperatorSettings, memo: kopf.Memo, **_) -> None:
     settings.posting.level = logging.WARNING
     memo.cluster = KubeCluster()
     memo.settings = settings_from_env()
+    memo.idle_checks = asyncio.create_task(check_activity(memo, servers_by_flavor))
+
+
+@kopf.on.cleanup()
+async def stop_idle_checks(memo: kopf.Memo, **_) -> None:
+    memo.idle_checks.cancel()
+    with contextlib.suppress(asyncio.CancelledError):
+        await memo.idle_checks
+
+
+def _servers(index: kopf.Index, flavor: str | None = None) -> list[tuple[str, str]]:
+    """(namespace, name) of the indexed servers, of one flavor or all; read on kopf's loop."""
+    keys = [flavor] if flavor is not None else list(index)
+    return sorted({server for key in keys if key in index for server in index[key]})
+
+
+async def check_activity(memo: kopf.Memo, index: kopf.Index) -> None:
+    """Measure every server's activity, and stop the idle ones, every IDLE_CHECK_SECONDS."""
+    while True:
+        await asyncio.sleep(IDLE_CHECK_SECONDS)
+        for namespace, name in _servers(index):
+            try:
+                await asyncio.to_thread(_refresh, memo, name, namespace, True)
+            except Exception as e:  # noqa: BLE001 (one server's failure must not stop the rest)
+                logger.warning("activity check of %s/%s failed: %s", namespace, name, e)
 
 
 def _changed(server: dict, status: dict) -> dict:
@@ -62,21 +107,17 @@ def on_server(body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
     _apply(patch, server, reconcile(memo.cluster, server, memo.settings, now()))
 
 
-@kopf.timer(GROUP, VERSION, SERVERS, interval=IDLE_CHECK_SECONDS)
-def check_activity(body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
-    server = _server(body)
-    _apply(patch, server, reconcile(memo.cluster, server, memo.settings, now(), measure=True))
-
-
-def _refresh(memo: kopf.Memo, name: str, namespace: str) -> None:
-    """Reconcile a server that kopf did not hand us, and record its status ourselves."""
+def _refresh(memo: kopf.Memo, name: str, namespace: str, measure: bool = False) -> None:
+    """Reconcile a server that kopf did not hand us, and record the outcome ourselves."""
     server = memo.cluster.get(API_VERSION, "DevServer", name, namespace)
     if server is None or server["metadata"].get("deletionTimestamp"):
         return
-    outcome = reconcile(memo.cluster, server, memo.settings, now())
+    outcome = reconcile(memo.cluster, server, memo.settings, now(), measure=measure)
     changed = _changed(server, outcome.status)
     if changed:
         memo.cluster.patch_status(name, namespace, changed)
+    if outcome.spec:
+        memo.cluster.patch(API_VERSION, "DevServer", name, namespace, {"spec": outcome.spec})
 
 
 @kopf.on.event("v1", "pods", labels={SERVER_LABEL: kopf.PRESENT})
@@ -85,9 +126,10 @@ def on_pod(labels, namespace, memo: kopf.Memo, **_) -> None:
     _refresh(memo, labels[SERVER_LABEL], namespace)
 
 
-@kopf.on.update(GROUP, VERSION, FLAVORS, field="spec")
-def on_flavor(name, memo: kopf.Memo, **_) -> None:
-    """A resized flavor reaches every server using it (their pods are replaced)."""
-    for server in memo.cluster.list(API_VERSION, "DevServer", None, {}):
-        if server["spec"]["flavor"] == name:
-            _refresh(memo, server["metadata"]["name"], server["metadata"]["namespace"])
+@kopf.on.event(GROUP, VERSION, FLAVORS)
+async def on_flavor(type, name, memo: kopf.Memo, servers_by_flavor: kopf.Index, **_) -> None:
+    """A changed or deleted flavor reaches every server using it (their pods are replaced)."""
+    if type is None:
+        return  # the listing at start: nothing changed (kopf resumes every server anyway)
+    for namespace, server in _servers(servers_by_flavor, name):
+        await asyncio.to_thread(_refresh, memo, server, namespace)

@@ -12,6 +12,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -27,7 +28,13 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from infra.catalog import InstanceType, UnpricedError, load_catalog, load_prices
+from infra.catalog import (
+    InstanceType,
+    UnpricedError,
+    load_catalog,
+    load_prices,
+    load_published_busbw,
+)
 from infra.paths import PROJECT_DIR
 from infra.regions import AWS_REGIONS
 from infra.versions import AL2023_FIRST_RELEASE, EKS_ADDONS, KARPENTER_AMI_ALIAS
@@ -450,6 +457,75 @@ class CapacityReservation(Model):
         return {"id": self.id} if self.id else {"tags": dict(self.tags or {})}
 
 
+# all_reduce_perf's message sizes: from 8 bytes, doubling (`-b 8 -f 2`), up to the check's maxBytes.
+FABRIC_MIN_BYTES = 8
+# What the check sweeps up to when neither maxBytes nor a floor says more: busbw has left the
+# latency-bound small sizes well behind by 1 GiB on every published run.
+FABRIC_DEFAULT_MAX_BYTES = 1 << 30
+# all_reduce_perf allocates three buffers of maxBytes per GPU (send, receive, expected).
+FABRIC_MAX_BYTES = 1 << 34
+# A default floor is this share of the published figure: nccl-tests' own bandwidth check fails a
+# run whose average busbw is below 0.9 times the figure given in NCCL_TESTS_MIN_BW
+# (NVIDIA/nccl-tests src/util.cu writeResultFooter, src/common.cu run()).
+PUBLISHED_FLOOR_SHARE = 0.9
+
+
+def fabric_sizes(max_bytes: int) -> list[int]:
+    """The message sizes all_reduce_perf -b 8 -e max_bytes -f 2 runs."""
+    sizes, size = [], FABRIC_MIN_BYTES
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+class BusbwFloor(Model):
+    """The least busbw (GB/s, as all_reduce_perf prints it) every size from fromBytes to toBytes
+    (inclusive; no toBytes: the largest size run) must reach, out-of-place and in-place."""
+
+    from_bytes: int = Field(ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
+    to_bytes: int | None = Field(default=None, ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
+    min_busbw: float = Field(gt=0, le=10000, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "BusbwFloor":
+        if self.to_bytes is not None and self.to_bytes < self.from_bytes:
+            raise ValueError(
+                f"toBytes {self.to_bytes} < fromBytes {self.from_bytes}; allowed: "
+                "fromBytes <= toBytes"
+            )
+        return self
+
+    def covers(self, size: int) -> bool:
+        return self.from_bytes <= size and (self.to_bytes is None or size <= self.to_bytes)
+
+
+class FabricCheckConfig(Model):
+    """The pool's NCCL fabric check (python -m workloads.nccl_check): all_reduce_perf on every GPU
+    of `nodes` nodes, each size's busbw held to `floors`."""
+
+    nodes: int = Field(default=2, ge=2, le=1000)
+    # all_reduce_perf -e; default: the largest size a floor names, else 1 GiB.
+    max_bytes: int | None = Field(default=None, ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
+    # None: the published default for the pool's instance family (infra/catalog/nccl_busbw.yaml);
+    # []: no floor (the check reports busbw and judges only the network and #wrong).
+    floors: list[BusbwFloor] | None = None
+
+
+@dataclass(frozen=True)
+class FabricCheckPlan:
+    """A pool's fabric check as it runs: nodes, sizes, floors and where the floors came from."""
+
+    nodes: int
+    max_bytes: int
+    floors: tuple[BusbwFloor, ...]
+    basis: str  # one line for the report: stack config, a published figure, or why there is none
+
+    @property
+    def sizes(self) -> list[int]:
+        return fabric_sizes(self.max_bytes)
+
+
 class NodePoolConfig(Model):
     """A Karpenter NodePool. GPU or CPU follows from its instance types, which may not mix."""
 
@@ -473,6 +549,28 @@ class NodePoolConfig(Model):
     # Default: ROOT_THROUGHPUT_MIBPS by whether image pulls land on it (see root_throughput_mibps).
     disk_throughput_mibps: int | None = Field(default=None, ge=125, le=1000)
     expire_after: Duration = "720h"
+    fabric_check: FabricCheckConfig = FabricCheckConfig()
+
+    @model_validator(mode="after")
+    def _fabric_check_fits(self) -> "NodePoolConfig":
+        check = self.fabric_check
+        if "fabric_check" in self.model_fields_set and not self.gpu:
+            raise ValueError(
+                "fabricCheck is set on a CPU pool; allowed: only on GPU pools (it runs NCCL)"
+            )
+        if check.nodes > self.max_nodes:
+            raise ValueError(
+                f"fabricCheck.nodes {check.nodes} exceeds maxNodes {self.max_nodes}; allowed: "
+                f"2 to {self.max_nodes}"
+            )
+        sizes = fabric_sizes(self.fabric_check_plan().max_bytes)
+        for i, floor in enumerate(check.floors or []):
+            if not any(floor.covers(size) for size in sizes):
+                raise ValueError(
+                    f"fabricCheck.floors[{i}] covers no size the check runs (8 B doubling up to "
+                    f"{sizes[-1]} B); allowed: a range holding one of them, or a larger maxBytes"
+                )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "NodePoolConfig":
@@ -594,6 +692,43 @@ class NodePoolConfig(Model):
             return 2, 8
         rooms = [pod_room(t) for t in self.types]
         return min(vcpu for vcpu, _ in rooms), min(memory for _, memory in rooms)
+
+    def fabric_check_plan(self, nodes: int | None = None) -> FabricCheckPlan:
+        """The fabric check on `nodes` nodes (default: fabricCheck.nodes), with its floors."""
+        check = self.fabric_check
+        nodes = nodes or check.nodes
+        floors: tuple[BusbwFloor, ...] = ()
+        if check.floors is not None:
+            floors = tuple(check.floors)
+            basis = "floors from stack config" if floors else "no floor (stack config: floors [])"
+        else:
+            floors, basis = self._published_floors(nodes)
+        largest = max((f.to_bytes or f.from_bytes for f in floors), default=0)
+        max_bytes = check.max_bytes or max(largest, FABRIC_DEFAULT_MAX_BYTES)
+        return FabricCheckPlan(nodes, max_bytes, floors, basis)
+
+    def _published_floors(self, nodes: int) -> tuple[tuple[BusbwFloor, ...], str]:
+        """The default floor: PUBLISHED_FLOOR_SHARE of the lowest published figure among the
+        pool's families, when every family has one measured on this many nodes."""
+        published = load_published_busbw()
+        families = sorted({t.family for t in self.types})
+        missing = [f for f in families if f not in published]
+        if missing:
+            return (), f"no floor: no published all_reduce_perf figure for {', '.join(missing)}"
+        lowest = min((published[f] for f in families), key=lambda p: p.busbw)
+        if lowest.nodes != nodes:
+            return (), (
+                f"no floor: the published {lowest.family} figure was measured on {lowest.nodes} "
+                f"nodes, this check runs {nodes}"
+            )
+        floor = BusbwFloor.model_validate(
+            {"fromBytes": lowest.bytes, "minBusbw": round(lowest.busbw * PUBLISHED_FLOOR_SHARE, 2)}
+        )
+        return (floor,), (
+            f"default floor: {PUBLISHED_FLOOR_SHARE:.0%} of the published {lowest.family} figure "
+            f"{lowest.busbw} GB/s at {lowest.bytes} B on {lowest.nodes} nodes ({lowest.source}); "
+            "replace it with this cluster's measured figure"
+        )
 
     def ceiling(self) -> PoolCeiling:
         """maxNodes times the largest figure among the pool's types, per resource."""

@@ -174,9 +174,15 @@ def build_platform(config: StackConfig) -> None:
     enabled_storage = {
         k for k, on in (("fsx", storage.fsx.enabled), ("efs", storage.efs.enabled)) if on
     }
-    if config.jobs:
-        targets = sorted({image_target(pools[job.node_pool]) for job in config.jobs})
+    # The image targets jobs run, and those every GPU pool's fabric check runs
+    # (workloads/nccl_check.py: all_reduce_perf from the pool's target).
+    image_pools = [pools[job.node_pool] for job in config.jobs] + [
+        p for p in config.node_pools if p.gpu
+    ]
+    if image_pools:
+        targets = sorted({image_target(pool) for pool in image_pools})
         image = TrainerImage("trainer-image", config.image, targets, config.cluster.name, tags)
+        pulumi.export("trainerImages", image.refs)
         for job in config.jobs:
             TrainingJob(
                 f"job-{job.name}",
@@ -191,7 +197,6 @@ def build_platform(config: StackConfig) -> None:
                 cluster.provider,
                 tags,
             )
-        pulumi.export("trainerImages", image.refs)
     pulumi.export("bucketName", bucket.name)
     pulumi.export("checkpointPrefixPolicy", bucket.prefix_policy(CHECKPOINT_PREFIX))
 

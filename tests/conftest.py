@@ -1,5 +1,6 @@
-"""Shared fixtures: plans of the real stack files, plans of edited copies of them, and network
-namespaces for tests that run real WireGuard."""
+"""Shared fixtures: plans of the real stack files, plans of edited copies of them, network
+namespaces for tests that run real WireGuard, and the dev stack's DevServers on a local
+Kubernetes API."""
 
 import copy
 from pathlib import Path
@@ -65,3 +66,14 @@ def namespaces():
     spaces = Namespaces("hybrid-dns-mesh")
     yield spaces
     spaces.close()
+
+
+@pytest.fixture
+def dev_cluster(dev_plan, tmp_path, monkeypatch):
+    """The dev stack's DevServers on a local Kubernetes API (tests.devservers_cluster)."""
+    from tests.devservers_cluster import Cluster
+
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
+    found = Cluster(dev_plan, tmp_path)
+    yield found
+    found.close()

@@ -1,9 +1,9 @@
-"""devctl: dry-run output is a DevServer the CRD accepts; errors are one clear line; commands
-drive the server through the API (an in-memory one here)."""
+"""devctl: dry-run output is a DevServer the CRD accepts; its commands drive servers through the
+local Kubernetes API (tests.kube_api) with a user's kubeconfig and the dev stack's RBAC; every
+error (RBAC, validation, quota, no kubeconfig, no API server) is one clear line."""
 
 import io
 import json
-import os
 import shutil
 import subprocess
 import sys
@@ -12,11 +12,10 @@ from pathlib import Path
 import pytest
 import yaml
 
-from devservers.api import API_VERSION
+from devservers.api import API_VERSION, GPU_REQUESTS, QUOTA, SERVER_COUNT
 from devservers.cli import main
-from devservers.fake_cluster import FakeCluster
 from tests.crd_schema import cel_violations, conformance_errors
-from tests.test_devservers_crds import gpu_flavor
+from tests.devservers_cluster import Cluster, free_port
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOr4 alice@laptop"
 
@@ -28,9 +27,9 @@ def key_file(tmp_path) -> Path:
     return path
 
 
-def devctl(*argv, cluster=None) -> tuple[int, str]:
+def devctl(*argv) -> tuple[int, str]:
     out = io.StringIO()
-    code = main(list(argv), cluster=cluster, out=out)
+    code = main(list(argv), out=out)
     return code, out.getvalue()
 
 
@@ -62,111 +61,102 @@ def test_the_console_script_is_installed_and_runs(key_file):
     assert yaml.safe_load(result.stdout)["kind"] == "DevServer"
 
 
-def cluster_with_quota(servers_used="0", gpus_used="0") -> FakeCluster:
-    cluster = FakeCluster()
-    cluster.create(gpu_flavor())
-    cluster.create(
-        {
-            "apiVersion": "v1",
-            "kind": "ResourceQuota",
-            "metadata": {"name": "devservers", "namespace": "dev-alice"},
-            "spec": {
-                "hard": {
-                    "count/devservers.dev.training-platform.io": "2",
-                    "requests.nvidia.com/gpu": "4",
-                }
-            },
-            "status": {
-                "used": {
-                    "count/devservers.dev.training-platform.io": servers_used,
-                    "requests.nvidia.com/gpu": gpus_used,
-                }
-            },
-        }
-    )
-    return cluster
+@pytest.fixture
+def cluster(dev_cluster, monkeypatch):
+    """The dev stack's API; devctl runs as alice (her kubeconfig, namespace dev-alice)."""
+    monkeypatch.setenv("KUBECONFIG", str(dev_cluster.kubeconfigs["alice"]))
+    return dev_cluster
 
 
-def test_create_submits_the_server(key_file):
-    cluster = cluster_with_quota()
-    code, text = devctl(*CREATE, "--ssh-key", str(key_file), cluster=cluster)
+def admin_status(cluster: Cluster, kind: str, name: str, status: dict) -> None:
+    """Write a status as its controller (the operator, the quota controller) would."""
+    api_version = API_VERSION if kind == "DevServer" else "v1"
+    resource = cluster.client().resources.get(api_version=api_version, kind=kind)
+    resource.status.patch(
+        name=name, namespace="dev-alice", body={"status": status},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+
+def errors(capsys) -> str:
+    err = capsys.readouterr().err
+    assert "Traceback" not in err and len(err.strip().splitlines()) == 1, err
+    return err
+
+
+def test_create_submits_the_server(cluster, key_file):
+    code, text = devctl(*CREATE, "--ssh-key", str(key_file))
     assert code == 0 and "devserver/box created" in text
-    assert cluster.get(API_VERSION, "DevServer", "box", "dev-alice")["spec"]["flavor"] == "gpu-1"
+    assert cluster.server()["spec"]["flavor"] == "gpu-1"
+    assert cluster.server()["spec"]["lifecycle"]["idleTimeout"] == "2h"
 
 
 @pytest.mark.parametrize(
-    ("argv", "cluster", "message"),
+    ("argv", "used", "message"),
     [
-        (["--flavor", "gpu-9"], cluster_with_quota, "unknown flavor 'gpu-9'; available: gpu-1"),
-        ([], lambda: cluster_with_quota(servers_used="2"), "over quota: 2 of 2 servers in use"),
+        (["--flavor", "gpu-9"], {}, "unknown flavor 'gpu-9'; available: a100-8, cpu-small, gpu-1"),
+        ([], {SERVER_COUNT: "3"}, "over quota: 3 of 3 servers in use"),
         (
             ["--distributed", "--replicas", "4"],
-            lambda: cluster_with_quota(gpus_used="1"),
-            "over quota: 1 of 4 GPUs in use, this server needs 4 more",
+            {GPU_REQUESTS: "5"},
+            "over quota: 5 of 8 GPUs in use, this server needs 4 more",
         ),
+        (["--idle-timeout", "90s"], {}, "spec.lifecycle.idleTimeout: '90s' does not match"),
     ],
 )
-def test_create_explains_what_is_wrong(key_file, capsys, argv, cluster, message):
-    code, _ = devctl(*CREATE, "--ssh-key", str(key_file), *argv, cluster=cluster())
+def test_create_explains_what_is_wrong(cluster, key_file, capsys, argv, used, message):
+    if used:
+        admin_status(cluster, "ResourceQuota", QUOTA, {"used": used})
+    code, _ = devctl(*CREATE, "--ssh-key", str(key_file), *argv)
     assert code == 1
-    err = capsys.readouterr().err
-    assert message in err and "Traceback" not in err
+    assert message in errors(capsys)
+    assert cluster.server() is None
 
 
-def test_someone_elses_namespace_is_refused_clearly(key_file, capsys):
-    cluster = cluster_with_quota()
-    cluster.forbidden.add("dev-bob")
-    code, _ = devctl("list", "-n", "dev-bob", cluster=cluster)
+def test_someone_elses_namespace_is_refused_clearly(cluster, key_file, capsys):
+    code, _ = devctl("list", "-n", "dev-bob")
     assert code == 1
-    assert "not allowed to list DevServers in namespace dev-bob" in capsys.readouterr().err
-    code, _ = devctl(*CREATE[:-4], "-n", "team-a", "--image", "x", "--dry-run")
+    assert (
+        "not allowed to list DevServers in namespace dev-bob (devservers.dev.training-platform.io "
+        'is forbidden: User "arn:aws:iam::123456789012:role/dev-alice" cannot list resource'
+    ) in errors(capsys)
+    code, _ = devctl(*CREATE[:-4], "-n", "team-a", "--ssh-key", str(key_file), "--dry-run")
     assert code == 1
-    assert "not a user namespace; allowed: dev-<user>" in capsys.readouterr().err
+    assert "not a user namespace; allowed: dev-<user>" in errors(capsys)
 
 
-def running_cluster(key_file) -> FakeCluster:
-    cluster = cluster_with_quota()
-    devctl(*CREATE, "--distributed", "--replicas", "2", "--ssh-key", str(key_file), cluster=cluster)
-    cluster.patch_status(
-        "box",
-        "dev-alice",
-        {"phase": "Running", "replicas": 2, "replicasReady": 2, "gpuUtilization": 42.0},
-    )
-    return cluster
+def running(cluster: Cluster, key_file, *extra) -> None:
+    assert devctl(*CREATE, "--ssh-key", str(key_file), *extra)[0] == 0
+    replicas = 2 if "--distributed" in extra else 1
+    status = {"phase": "Running", "replicas": replicas, "replicasReady": replicas}
+    admin_status(cluster, "DevServer", "box", status | {"gpuUtilization": 42.0})
 
 
-def test_list_stop_start_monitor_and_delete(key_file, capsys):
-    cluster = running_cluster(key_file)
-    _, listing = devctl("list", "-n", "dev-alice", cluster=cluster)
+def test_list_stop_start_monitor_and_delete(cluster, key_file, capsys):
+    running(cluster, key_file, "--distributed", "--replicas", "2")
+    _, listing = devctl("list")
     assert "box" in listing and "Running" in listing and "2/2" in listing
-    _, monitor = devctl("monitor", "box", "-n", "dev-alice", cluster=cluster)
+    _, monitor = devctl("monitor", "box")
     assert "GPU utilization: 42%" in monitor and "pods ready:      2/2" in monitor
-    devctl("stop", "box", "-n", "dev-alice", cluster=cluster)
-    assert cluster.get(API_VERSION, "DevServer", "box", "dev-alice")["spec"]["stopped"] is True
-    devctl("start", "box", "-n", "dev-alice", cluster=cluster)
-    assert cluster.get(API_VERSION, "DevServer", "box", "dev-alice")["spec"]["stopped"] is False
-    code, _ = devctl("monitor", "nobox", "-n", "dev-alice", cluster=cluster)
-    assert code == 1 and "no DevServer 'nobox' in dev-alice" in capsys.readouterr().err
-    _, deleted = devctl("delete", "box", "-n", "dev-alice", cluster=cluster)
+    devctl("stop", "box")
+    assert cluster.server()["spec"]["stopped"] is True
+    devctl("start", "box")
+    assert cluster.server()["spec"]["stopped"] is False
+    code, _ = devctl("monitor", "nobox")
+    assert code == 1 and "no DevServer 'nobox' in dev-alice" in errors(capsys)
+    _, deleted = devctl("delete", "box")
     assert "devserver/box deleted" in deleted
+    cluster.api.settle()  # the garbage collector ends the foreground deletion
+    assert cluster.server() is None
+    assert cluster.api.refusals == []
 
 
-def test_run_copies_the_script_to_every_pod_and_torchruns_it_there(key_file, tmp_path):
-    cluster = running_cluster(key_file)
+def test_run_copies_the_script_to_every_pod_and_torchruns_it_there(cluster, key_file, tmp_path):
+    running(cluster, key_file, "--distributed", "--replicas", "2")
     script = tmp_path / "train.py"
     script.write_text("print('hi')\n")
-    code, text = devctl(
-        # devctl's own options come before the server: everything after the script is its own
-        "run",
-        "-n",
-        "dev-alice",
-        "--dry-run",
-        "box",
-        str(script),
-        "--steps",
-        "10",
-        cluster=cluster,
-    )
+    # devctl's own options come before the server: everything after the script is its own
+    code, text = devctl("run", "--dry-run", "box", str(script), "--steps", "10")
     assert code == 0
     lines = text.splitlines()
     assert f"kubectl -n dev-alice cp -c dev {script} box-1:/home/dev/.devctl/train.py" in lines
@@ -178,52 +168,65 @@ def test_run_copies_the_script_to_every_pod_and_torchruns_it_there(key_file, tmp
     ]
 
 
-def test_run_on_a_stopped_server_says_how_to_start_it(key_file, tmp_path, capsys):
-    cluster = running_cluster(key_file)
-    devctl("stop", "box", "-n", "dev-alice", cluster=cluster)
+def test_run_on_a_stopped_server_says_how_to_start_it(cluster, key_file, tmp_path, capsys):
+    running(cluster, key_file)
+    devctl("stop", "box")
     script = tmp_path / "train.py"
     script.write_text("")
-    code, _ = devctl("run", "-n", "dev-alice", "box", str(script), cluster=cluster)
-    assert code == 1 and "`devctl start box`" in capsys.readouterr().err
+    code, _ = devctl("run", "box", str(script))
+    assert code == 1 and "`devctl start box`" in errors(capsys)
 
 
-def test_ssh_port_forwards_to_the_replica_and_logs_in_as_the_pods_user(
-    key_file, tmp_path, monkeypatch
-):
-    """kubectl and ssh replaced by scripts that record their arguments (the fake kubectl also
-    listens on the forwarded port, as port-forward does)."""
-    calls = tmp_path / "calls"
-    bin_dir = tmp_path / "bin"
-    bin_dir.mkdir()
-    (bin_dir / "kubectl").write_text(
-        f'#!/bin/sh\necho "kubectl $*" >> {calls}\n'
-        f'exec {sys.executable} -c "import socket, sys, time\n'
-        "s = socket.socket(); s.bind(('127.0.0.1', int(sys.argv[1].split(':')[0]))); s.listen()\n"
-        'time.sleep(30)" "$5"\n'
-    )
-    (bin_dir / "ssh").write_text(f'#!/bin/sh\necho "ssh $*" >> {calls}\n')
-    for tool in ("kubectl", "ssh"):
-        (bin_dir / tool).chmod(0o755)
-    monkeypatch.setenv("PATH", f"{bin_dir}{os.pathsep}{os.environ['PATH']}")
-    cluster = running_cluster(key_file)
-    cluster.outputs["id -un"] = "trainer\n"
-    code, _ = devctl(
-        "ssh",
-        "-n",
-        "dev-alice",
-        "box",
-        "--replica",
-        "1",
-        "--",
-        "-L",
-        "8888:localhost:8888",
-        cluster=cluster,
-    )
-    assert code == 0
-    kubectl, ssh = calls.read_text().splitlines()
-    port = kubectl.split()[-1].split(":")[0]
-    assert kubectl == f"kubectl -n dev-alice port-forward pod/box-1 {port}:2222"
-    assert ssh.startswith(f"ssh -p {port} ")
-    assert ssh.endswith("trainer@127.0.0.1 -L 8888:localhost:8888")
-    code, _ = devctl("ssh", "-n", "dev-alice", "box", "--replica", "2", cluster=cluster)
+def test_ssh_to_a_replica_that_does_not_exist_is_refused(cluster, key_file, capsys):
+    running(cluster, key_file)
+    code, _ = devctl("ssh", "box", "--replica", "1")
+    assert code == 1 and "--replica 1; allowed: 0 to 0" in errors(capsys)
+
+
+def test_ssh_without_exec_rights_says_so_in_one_line(cluster, key_file, capsys, monkeypatch):
+    """A reader of dev-alice (a role the stack does not have) may see the server, not enter."""
+    running(cluster, key_file)
+    reader = {"apiGroups": [API_VERSION.split("/")[0]], "resources": ["devservers"]}
+    cluster.api.authorizer.manifests += [
+        {
+            "kind": "Role",
+            "metadata": {"name": "reader", "namespace": "dev-alice"},
+            "rules": [reader | {"verbs": ["get"]}],
+        },
+        {
+            "kind": "RoleBinding",
+            "metadata": {"name": "reader", "namespace": "dev-alice"},
+            "roleRef": {"kind": "Role", "name": "reader"},
+            "subjects": [{"kind": "User", "name": "carol"}],
+        },
+    ]
+    from tests.kube_api import user
+
+    path = cluster.dir / "kubeconfig-carol"
+    token = cluster.api.add_token(user("carol"))
+    path.write_text(yaml.safe_dump(cluster.api.kubeconfig(token, "dev-alice")))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+    code, _ = devctl("ssh", "box")
     assert code == 1
+    assert (
+        'not allowed to exec into and port-forward to pods in namespace dev-alice (pods "box-0" '
+        'is forbidden: User "carol" cannot get resource "pods/exec"'
+    ) in errors(capsys)
+
+
+def test_without_a_kubeconfig_or_an_api_server_devctl_says_which(tmp_path, monkeypatch, capsys):
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "missing"))
+    assert devctl("list", "-n", "dev-alice")[0] == 1
+    assert f"no kubeconfig at {tmp_path / 'missing'}" in errors(capsys)
+    unreachable = {
+        "apiVersion": "v1",
+        "kind": "Config",
+        "clusters": [{"name": "c", "cluster": {"server": f"http://127.0.0.1:{free_port()}"}}],
+        "users": [{"name": "u", "user": {"token": "t"}}],
+        "contexts": [{"name": "x", "context": {"cluster": "c", "user": "u"}}],
+        "current-context": "x",
+    }
+    (tmp_path / "kubeconfig").write_text(yaml.safe_dump(unreachable))
+    monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
+    assert devctl("list", "-n", "dev-alice")[0] == 1
+    assert "cannot reach the Kubernetes API server at http://127.0.0.1:" in errors(capsys)

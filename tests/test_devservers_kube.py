@@ -1,36 +1,71 @@
-"""The real Cluster boundary's own logic: RBAC refusals, settings, DCGM parsing (no cluster)."""
+"""The real Cluster boundary (devservers.kube) against the local Kubernetes API: what a refusal,
+an invalid object or a refused exec/port-forward upgrade becomes; exec and port-forward through
+the API; settings and DCGM parsing (no dev_cluster)."""
+
+import socket
+import threading
 
 import pytest
-from kubernetes.client.exceptions import ApiException
-from kubernetes.dynamic.exceptions import ForbiddenError, UnprocessibleEntityError
+from kubernetes import config
 
 from devservers.activity import gpu_utilization, parse_duration
-from devservers.kube import _Denied, settings_from_env
+from devservers.api import API_VERSION
+from devservers.kube import KubeCluster, settings_from_env
+from tests.devservers_cluster import Cluster
+from tests.test_devservers_render import server
 
 
-def test_a_403_becomes_permission_error_with_the_servers_message():
-    class Resource:
-        def get(self, **_):
-            error = ApiException(status=403, reason="Forbidden")
-            error.body, error.headers = '{"message": "User alice cannot list"}', {}
-            raise ForbiddenError(error)
-
-    with pytest.raises(PermissionError, match="User alice cannot list"):
-        _Denied(Resource()).get(namespace="dev-bob")
+def boundary(dev_cluster: Cluster, who: str) -> KubeCluster:
+    return KubeCluster(config.new_client_from_config(str(dev_cluster.kubeconfigs[who])))
 
 
-def test_other_refusals_carry_the_api_servers_message():
-    class Resource:
-        def create(self, **_):
-            error = ApiException(status=422, reason="Unprocessable Entity")
-            error.body = (
-                '{"message": "distributed settings are allowed only with mode: distributed"}'
-            )
-            error.headers = {}
-            raise UnprocessibleEntityError(error)
+def test_a_403_is_a_permission_error_with_the_api_servers_message(dev_cluster):
+    with pytest.raises(PermissionError, match='cannot list resource "devservers" .* "dev-bob"'):
+        boundary(dev_cluster, "alice").list(API_VERSION, "DevServer", "dev-bob", {})
 
-    with pytest.raises(OSError, match="refused: .*only with mode: distributed"):
-        _Denied(Resource()).create(body={})
+
+def test_an_invalid_object_is_refused_with_the_api_servers_message(dev_cluster):
+    manifest = server(lifecycle={"idleTimeout": "2h"})
+    manifest["metadata"] = {"name": "box", "namespace": "dev-alice"}
+    manifest["spec"]["lifecycle"]["idleTimeout"] = "90s"
+    with pytest.raises(OSError, match=r"refused: DevServer\S* \"box\" is invalid: .*idleTimeout"):
+        boundary(dev_cluster, "alice").create(manifest)
+
+
+def test_refused_exec_and_port_forward_upgrades_are_permission_errors(dev_cluster):
+    """The client raises an AttributeError for these (see devservers.kube._failure)."""
+    bob = boundary(dev_cluster, "bob")
+    refusal = 'pods "box-0" is forbidden: User "arn:aws:iam::123456789012:user/bob" cannot get'
+    with pytest.raises(PermissionError, match=refusal + ' resource "pods/exec"'):
+        bob.exec("dev-alice", "box-0", "dev", ["id"])
+    with pytest.raises(PermissionError, match=refusal + ' resource "pods/portforward"'):
+        with bob.forward("dev-alice", "box-0", 2222):
+            pass
+
+
+def test_exec_and_port_forward_reach_the_pod(dev_cluster):
+    pod = {"metadata": {"name": "box-0"}, "spec": {"containers": [{"name": "dev", "image": "i"}]}}
+    dev_cluster.client().resources.get(api_version="v1", kind="Pod").create(
+        body=pod, namespace="dev-alice"
+    )
+    dev_cluster.api.settle()
+    echo = socket.create_server(("127.0.0.1", 0))
+
+    def serve():
+        connection, _ = echo.accept()
+        with connection:
+            connection.sendall(connection.recv(100).upper())
+
+    threading.Thread(target=serve, daemon=True).start()
+    dev_cluster.api.runtime.expose("dev-alice", "box-0", 2222, echo.getsockname()[1])
+    alice = boundary(dev_cluster, "alice")
+    assert alice.exec("dev-alice", "box-0", "dev", ["sh", "-c", "echo $$"]).strip() == "2"
+    with alice.forward("dev-alice", "box-0", 2222) as port:
+        with socket.create_connection(("127.0.0.1", port)) as s:
+            s.sendall(b"hello")
+            assert s.recv(100) == b"HELLO"
+    echo.close()
+    assert dev_cluster.api.refusals == []
 
 
 def test_settings_come_from_the_operators_environment(monkeypatch):

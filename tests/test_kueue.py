@@ -10,26 +10,28 @@ from functools import cache
 from pathlib import Path
 
 import jsonschema
+import kopf
 import pytest
 import yaml
+from kubernetes import config
 from openapi_schema_validator import OAS30Validator
 
+from devservers import operator
 from devservers.api import API_VERSION
 from devservers.cli import main as devctl
-from devservers.controller import JOB_UID_LABEL, kueue_state, reconcile
-from devservers.fake_cluster import FakeCluster
+from devservers.controller import JOB_UID_LABEL, kueue_state
+from devservers.kube import KubeCluster
 from devservers.render import Settings
 from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
 from infra.config import parse_stack_config
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 from tests.crd_schema import _closed
+from tests.devservers_cluster import kueue_workload_crd
 from tests.go_types import closed_schema
-from tests.test_devservers_crds import gpu_flavor
 from tests.test_devservers_render import server as server_manifest
 
 UPSTREAM = Path(__file__).resolve().parent / "upstream"
 RELEASE = "kubernetes:helm.sh/v3:Release"
-SERVER = (API_VERSION, "DevServer", "box", "dev-alice")
 NOW = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
 
 # Types of other packages that Kueue's Configuration uses, as their upstream definitions decode:
@@ -198,10 +200,7 @@ def test_a_slower_instance_type_moves_the_timeouts(dev_plan):
 
 @cache
 def workload_schema() -> dict:
-    crd = yaml.load(
-        (UPSTREAM / "kueue" / "kueue.x-k8s.io_workloads.yaml").read_text(), Loader=yaml.CSafeLoader
-    )
-    (version,) = [v for v in crd["spec"]["versions"] if v["name"] == "v1beta2"]
+    (version,) = [v for v in kueue_workload_crd()["spec"]["versions"] if v["name"] == "v1beta2"]
     return version
 
 
@@ -279,26 +278,34 @@ def test_kubectl_get_workloads_shows_no_eviction_reason():
     assert columns == ["Queue", "Reserved in", "Admitted", "Finished", "Age"]
 
 
-def test_devctl_list_shows_the_servers_kueue_state():
+def test_devctl_list_shows_the_servers_kueue_state(dev_cluster, monkeypatch):
     """The operator finds the Workload of the server's StatefulSet by Kueue's job-uid label and
-    records its state; devctl lists it."""
-    cluster = FakeCluster()
-    cluster.admit = False  # Kueue holds the pods
-    cluster.create(gpu_flavor())
+    records its state; devctl lists it (on the local Kubernetes API, with Kueue's CRD)."""
+    operator_boundary = KubeCluster(
+        config.new_client_from_config(str(dev_cluster.kubeconfigs["operator"]))
+    )
+    admin = dev_cluster.client()
     manifest = server_manifest()
-    del manifest["metadata"]["uid"]
-    cluster.create(manifest)
-    reconcile(cluster, cluster.get(*SERVER), Settings(), NOW)
-    cluster.settle()
-    stateful_set = cluster.get("apps/v1", "StatefulSet", "box", "dev-alice")
+    manifest["metadata"] = {"name": "box", "namespace": "dev-alice"}
+    admin.resources.get(api_version=API_VERSION, kind="DevServer").create(body=manifest)
+    memo = kopf.Memo(cluster=operator_boundary, settings=Settings())
+    monkeypatch.setattr(operator, "now", lambda: NOW)
+    operator._refresh(memo, "box", "dev-alice")
+    dev_cluster.api.settle()
+    stateful_set = dev_cluster.api.read("statefulsets", "dev-alice", "box", group="apps")
     evicted = copy.deepcopy(STATES[2][0])
     evicted["metadata"]["labels"] = {JOB_UID_LABEL: stateful_set["metadata"]["uid"]}
-    cluster.create(evicted)
-    status = reconcile(cluster, cluster.get(*SERVER), Settings(), NOW).status
-    cluster.patch_status("box", "dev-alice", status)
+    workloads = admin.resources.get(api_version="kueue.x-k8s.io/v1beta2", kind="Workload")
+    created = workloads.create(body=evicted, namespace="dev-alice")
+    workloads.status.patch(  # Kueue writes conditions to the status subresource
+        name=created.metadata.name, namespace="dev-alice", body={"status": evicted["status"]},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    operator._refresh(memo, "box", "dev-alice")
+    monkeypatch.setenv("KUBECONFIG", str(dev_cluster.kubeconfigs["alice"]))
     out = io.StringIO()
-    assert devctl(["list", "-n", "dev-alice"], cluster=cluster, out=out) == 0
+    assert devctl(["list"], out=out) == 0
     header, row = out.getvalue().splitlines()
     assert "KUEUE" in header.split()
-    assert "Queued" in row
     assert "Evicted (PodsReadyTimeout), requeued at 2026-11-22T09:12:00Z" in row
+    assert dev_cluster.api.refusals == []

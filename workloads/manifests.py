@@ -133,10 +133,12 @@ class JobTarget:
     image: Any  # a reference by digest, or a Pulumi Output left as a leaf (see TrainingJob)
     checkpoint: str  # where the trainer writes checkpoints (s3://..., /fsx/..., /efs/...)
     storage: frozenset[str]  # shared file systems mounted into the pods: fsx, efs
+    # The pods' ServiceAccount; None: the job's own, named after it (its Pod Identity role).
+    service_account_name: str | None = None
 
     @property
     def service_account(self) -> str:
-        return self.job.name
+        return self.service_account_name or self.job.name
 
 
 def pod_template(
@@ -265,13 +267,21 @@ def pytorch_job(target: JobTarget) -> dict:
     }
 
 
-def mpi_job(target: JobTarget) -> dict:
-    """MPIJob: the launcher runs the same trainer through mpirun, `slots` processes per worker."""
+def mpi_job(
+    target: JobTarget, program: list[str] | None = None, env: dict[str, str] | None = None
+) -> dict:
+    """MPIJob: the launcher runs `program` (default: the job's trainer) through mpirun, `slots`
+    processes per worker, with `env` over the launcher's own variables (all forwarded to ranks)."""
     job, pool, namespace = target.job, target.pool, target.namespace
     slots = pool.procs_per_node
     # The MPI operator names workers <job>-worker-<i> behind the headless service <job>.
     master = f"{job.name}-worker-0.{job.name}.{namespace}.svc"
-    env = {"MASTER_ADDR": master, "MASTER_PORT": str(RDZV_PORT), **(EFA_ENV if pool.efa else {})}
+    env = {
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(RDZV_PORT),
+        **(EFA_ENV if pool.efa else {}),
+        **(env or {}),
+    }
     launcher = pod_template(target, "launcher", [], with_resources=False)
     container = launcher["spec"]["containers"][0]
     container["env"] += [{"name": k, "value": v} for k, v in env.items()]
@@ -285,10 +295,7 @@ def mpi_job(target: JobTarget) -> dict:
         "--bind-to",
         "none",
         *[a for name in exported for a in ("-x", name)],
-        "python",
-        "-m",
-        "trainer",
-        *trainer_args(job, target.checkpoint),
+        *(program or ["python", "-m", "trainer", *trainer_args(job, target.checkpoint)]),
     ]
     # sshd as the image's non-root user, with the config trainer/Dockerfile writes.
     sshd = ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]

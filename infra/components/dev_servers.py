@@ -79,20 +79,26 @@ def group(name: str) -> dict:
 
 READ = ["get", "list", "watch"]
 WRITE = [*READ, "create", "patch", "update", "delete"]
+CHILD = ["get", "create", "patch", "delete"]  # what the reconcile does to a server's children
+# The kubernetes client's exec and port-forward are websocket GETs, authorized as `get`; from
+# Kubernetes 1.35 the API server also checks `create` on the upgrade (KEP-4006,
+# AuthorizePodWebsocketUpgradeCreatePermission), the verb of the SPDY POST kubectl falls back to.
+CONNECT = ["get", "create"]
 
-# What the operator does in a user namespace (bound there by RoleBindings, not cluster-wide).
+# What the operator calls in a user namespace (bound there by RoleBindings, not cluster-wide):
+# kopf watches DevServers and pods and patches its annotations, status and spec.stopped.
 OPERATOR_NAMESPACED_RULES = [
     rule([GROUP], [SERVERS], [*READ, "patch"]),
-    rule([GROUP], [f"{SERVERS}/status"], ["get", "patch"]),
+    rule([GROUP], [f"{SERVERS}/status"], ["patch"]),
     # Owner references with blockOwnerDeletion need this (OwnerReferencesPermissionEnforcement).
     rule([GROUP], [f"{SERVERS}/finalizers"], ["update"]),
-    rule(["apps"], ["statefulsets"], WRITE),
-    rule([""], ["services", "configmaps"], WRITE),
-    rule([""], ["persistentvolumeclaims"], [*READ, "patch"]),
-    rule([""], ["pods"], READ),
-    rule([""], ["pods/exec"], ["create"]),
-    rule(["", "events.k8s.io"], ["events"], ["create", "patch"]),
-    rule(["kueue.x-k8s.io"], ["workloads"], ["get", "list"]),  # status.kueue
+    rule(["apps"], ["statefulsets"], CHILD),
+    rule([""], ["services", "configmaps"], CHILD),
+    rule([""], ["persistentvolumeclaims"], ["list", "patch"]),
+    rule([""], ["pods"], ["list", "watch"]),
+    rule([""], ["pods/exec"], CONNECT),
+    rule([""], ["events"], ["create"]),  # kopf's warnings about a server
+    rule(["kueue.x-k8s.io"], ["workloads"], ["list"]),  # status.kueue
 ]
 # Cluster-wide, read-only: flavors, and what kopf watches to find namespaces and resources.
 OPERATOR_CLUSTER_RULES = [
@@ -106,7 +112,7 @@ USER_RULES = [
     rule([GROUP], [f"{SERVERS}/status"], ["get"]),
     rule([""], ["pods", "services", "configmaps", "events", "resourcequotas"], READ),
     rule([""], ["pods/log"], ["get"]),
-    rule([""], ["pods/exec", "pods/portforward"], ["create"]),
+    rule([""], ["pods/exec", "pods/portforward"], CONNECT),
     rule([""], ["persistentvolumeclaims"], [*READ, "delete"]),
     rule(["apps"], ["statefulsets"], READ),
 ]

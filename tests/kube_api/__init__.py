@@ -1,0 +1,73 @@
+"""A local Kubernetes API for tests: real clients (kopf, the kubernetes client, devctl) talk to it
+over HTTP with bearer tokens, and every request is authenticated and authorized with RBAC the
+way kube-apiserver does it. Any refusal is a 403 with the real Status body, and is recorded in
+`KubeAPI.refusals` so a test can assert there was none.
+
+What it serves (tests.kube_api.server): discovery (/version, /api, /apis, /apis/<g>/<v>); get,
+list and watch (resourceVersion, label and field selectors), create, update, merge and JSON
+patch, status subresources, delete with finalizers and deletionTimestamp; the resources of
+`server.BUILTIN` plus every CustomResourceDefinition stored in it (defaulting, pruning and
+validating by its schema); a namespace controller, an owner-reference garbage collector
+(background, foreground, orphan), and (tests.kube_api.kubelet) a StatefulSet controller and a
+kubelet that runs pods as local processes in their own PID namespace, with pods/exec and
+pods/portforward over websockets. Who may do what (tests.kube_api.rbac): Kubernetes' request
+verbs and RBAC rule matching written down from upstream, over the Roles, ClusterRoles and
+bindings given plus the bootstrap policy every cluster has.
+
+Not modelled: admission webhooks (a test adds its own mutating hooks to `KubeAPI.admission`, as
+Kueue's pod webhook adds its scheduling gate), Pod Security, quotas, OwnerReferencesPermission-
+Enforcement, strategic merge patch, SPDY, CEL rules of CRDs, deletion of a CRD's objects with
+the CRD, graceful pod termination (a deleted pod's processes are killed at once).
+
+Adding a resource is data: a `server.Kind` (group, version, kind, plural, namespaced,
+subresources) in `KubeAPI(kinds=...)`, or a CRD object created through the API.
+
+    api = from_plan(plan)                      # the stack's RBAC, CRDs, namespaces, flavors...
+    token = api.add_token(rbac.user("alice", ["dev:alice"]))
+    kubeconfig = api.kubeconfig(token, namespace="dev-alice")   # for any client
+    ...
+    assert api.refusals == []
+    api.stop()
+"""
+
+from tests.kube_api.kubelet import Kubelet
+from tests.kube_api.rbac import MASTERS, Authorizer, service_account, user
+from tests.kube_api.server import BUILTIN, KubeAPI
+
+RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
+CRD = "CustomResourceDefinition"
+ADMIN = user("admin", [MASTERS])
+
+
+def _manifest(resource) -> tuple[str, dict]:
+    """A Pulumi Kubernetes resource of the plan as (apiVersion, manifest)."""
+    group_version, kind = resource.type.removeprefix("kubernetes:").rsplit(":", 1)
+    api_version = group_version.removeprefix("core/")
+    return api_version, {**resource.inputs, "apiVersion": api_version, "kind": kind}
+
+
+def from_plan(plan, crds: list[dict] = ()) -> KubeAPI:
+    """A started API holding what `plan` deploys to Kubernetes: its RBAC (as the authorizer's
+    policy), and every object of a kind the API serves, CRDs first (with `crds`, which the
+    plan's Helm charts install), then namespaces. Workloads it does not serve (Deployments, Helm
+    releases) are left to the test to run as processes."""
+    manifests = [_manifest(r) for r in plan.resources if r.type.startswith("kubernetes:")]
+    manifests += [(crd["apiVersion"], crd) for crd in crds]
+    policy = [m for _, m in manifests if m["kind"] in RBAC_KINDS]
+    api = KubeAPI(Authorizer(policy)).start()
+    api.runtime = Kubelet()
+    served = {(k.api_version, k.kind): k for k in BUILTIN}
+    crds = [m for v, m in manifests if (v, m["kind"]) == ("apiextensions.k8s.io/v1", CRD)]
+    for manifest in crds:
+        api.call(api.create, served[("apiextensions.k8s.io/v1", CRD)], "", manifest)
+    api.settle()  # the CRDs' kinds are served before their objects come
+    served |= {(k.api_version, k.kind): k for k in api.call(lambda: list(api.kinds.values()))}
+    rest = [(served.get((v, m["kind"])), m) for v, m in manifests if m["kind"] != CRD]
+    for kind, manifest in sorted(rest, key=lambda km: km[1]["kind"] != "Namespace"):
+        if kind is not None:
+            api.call(api.create, kind, manifest["metadata"].get("namespace", ""), manifest)
+    api.settle()
+    return api
+
+
+__all__ = ["ADMIN", "KubeAPI", "Kubelet", "from_plan", "service_account", "user"]

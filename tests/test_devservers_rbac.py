@@ -1,0 +1,131 @@
+"""DevServers under the stack's RBAC: the real operator (kopf, as its image runs it) and devctl
+(as a user runs it) against the local Kubernetes API (tests.kube_api), which authorizes every
+request with the dev plan's Roles, ClusterRoles and bindings and Kubernetes' own verb mapping
+(exec and port-forward upgrades need get and create, as from 1.35). A request the stack's RBAC
+would refuse fails the test; so does anything that keeps a DevServer or its namespace from
+going away while the operator is down (a finalizer)."""
+
+import base64
+import sys
+from datetime import UTC, datetime, timedelta
+
+import paramiko
+
+from devservers.api import API_VERSION
+from devservers.render import SSH_PORT
+from tests.devservers_cluster import Cluster
+from tests.sshd import LoopbackSshd
+
+FLAVOR = "cpu-small"
+
+
+def hours_ago(hours: int) -> str:
+    return (datetime.now(UTC) - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def pod_sshd(dev_cluster: Cluster, server: dict) -> LoopbackSshd:
+    """What the pod's sshd is: a real SSH server that takes the key the DevServer authorizes."""
+    kind, blob = server["spec"]["ssh"]["authorizedKeys"][0].split()[:2]
+    key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
+    sshd = LoopbackSshd("127.0.0.1", key, {"PATH": "/usr/bin:/bin"})
+    dev_cluster.api.runtime.expose("dev-alice", "box-0", SSH_PORT, sshd.port)
+    return sshd
+
+
+def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
+    api, admin = dev_cluster.api, dev_cluster.client()
+    servers = admin.resources.get(api_version=API_VERSION, kind="DevServer")
+    flavors = admin.resources.get(api_version=API_VERSION, kind="DevServerFlavor")
+    dev_cluster.start_operator(DEVSERVERS_IDLE_CHECK_SECONDS="1")
+
+    created = dev_cluster.devctl(
+        "alice", "create", "box", "--flavor", FLAVOR, "--image", "repo/dev:1",
+        "--idle-timeout", "1h",
+    )  # fmt: skip
+    assert created.returncode == 0, created.stderr
+    dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Running", "box Running")
+    assert {"box", "box-ssh"} <= dev_cluster.names("services")
+    assert "home-box-0" in dev_cluster.names("persistentvolumeclaims")
+
+    # Idle detection execs into the pod (a process namespace of its own) and records what it saw.
+    dev_cluster.wait(lambda: dev_cluster.status().get("activeSessions") == 0, "an activity check")
+    pod = api.read("pods", "dev-alice", "box-0")
+    worker = api.runtime.run_in(pod, [sys.executable, "-c", "import time; time.sleep(300)"])
+    servers.status.patch(
+        name="box", namespace="dev-alice", body={"status": {"lastActivity": hours_ago(3)}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    dev_cluster.wait(
+        lambda: dev_cluster.status().get("lastActivity", "") > hours_ago(1),
+        "a process in the pod to count as activity",
+    )
+    assert not dev_cluster.server()["spec"].get("stopped")
+
+    # devctl ssh: the pod's user through exec, then SSH through a port-forward of the API.
+    sshd = pod_sshd(dev_cluster, dev_cluster.server())
+    try:
+        ssh = dev_cluster.devctl(
+            "alice", "ssh", "box", "--", "-i", str(dev_cluster.key), "-o", "BatchMode=yes",
+            "echo", "hello-from-box",
+        )  # fmt: skip
+    finally:
+        sshd.close()
+    assert ssh.returncode == 0, ssh.stderr
+    assert "hello-from-box" in ssh.stdout
+    listing = dev_cluster.devctl("alice", "list")
+    assert listing.returncode == 0 and "Running" in listing.stdout, listing.stderr
+
+    # A resized flavor reaches the server: its pods are replaced, its home kept.
+    home = api.read("persistentvolumeclaims", "dev-alice", "home-box-0")["metadata"]["uid"]
+    old = api.read("statefulsets", "dev-alice", "box", group="apps")["metadata"]["uid"]
+    cpu = int(flavors.get(name=FLAVOR).spec.resources.limits.cpu) + 1
+    amounts = {"cpu": str(cpu)}
+    flavors.patch(
+        name=FLAVOR, body={"spec": {"resources": {"requests": amounts, "limits": amounts}}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+
+    def replaced():
+        sts = api.read("statefulsets", "dev-alice", "box", group="apps")
+        return (
+            sts and sts["metadata"]["uid"] != old and dev_cluster.status().get("phase") == "Running"
+        )
+
+    dev_cluster.wait(replaced, "the StatefulSet replaced with the new flavor, Running")
+    sts = api.read("statefulsets", "dev-alice", "box", group="apps")
+    limits = sts["spec"]["template"]["spec"]["containers"][0]["resources"]["limits"]
+    assert limits["cpu"] == str(cpu)
+    assert api.read("persistentvolumeclaims", "dev-alice", "home-box-0")["metadata"]["uid"] == home
+
+    # Idle for longer than its timeout: stopped to zero, home kept; devctl start brings it back.
+    worker.kill()
+    worker.wait()
+    dev_cluster.wait(
+        lambda: dev_cluster.status().get("activeSessions") == 0, "a check of the new pod"
+    )
+    servers.status.patch(
+        name="box", namespace="dev-alice", body={"status": {"lastActivity": hours_ago(3)}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Stopped", "an idle stop")
+    assert (
+        dev_cluster.status()["reason"] == "Idle" and dev_cluster.server()["spec"]["stopped"] is True
+    )
+    assert "box-0" not in dev_cluster.names("pods")
+    assert "home-box-0" in dev_cluster.names("persistentvolumeclaims")
+    started = dev_cluster.devctl("alice", "start", "box")
+    assert started.returncode == 0, started.stderr
+    dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Running", "box Running again")
+    assert api.refusals == []
+
+    # With the operator down (as during `pulumi destroy`), deletion completes: no finalizer.
+    dev_cluster.stop_operator()
+    deleted = dev_cluster.devctl("alice", "delete", "box")
+    assert deleted.returncode == 0, deleted.stderr
+    dev_cluster.wait(lambda: dev_cluster.server() is None, "box deleted with the operator stopped")
+    dev_cluster.wait(
+        lambda: not dev_cluster.names("statefulsets", group="apps"), "children collected"
+    )
+    admin.resources.get(api_version="v1", kind="Namespace").delete(name="dev-alice")
+    dev_cluster.wait(lambda: api.read("namespaces", "", "dev-alice") is None, "dev-alice deleted")
+    assert api.refusals == []
