@@ -425,6 +425,38 @@ class PoolCeiling(BaseModel):
     memory_gib: int
 
 
+class CapacityReservation(Model):
+    """EC2 capacity bought ahead that a pool launches into first (Karpenter's `reserved` capacity
+    type): an On-Demand Capacity Reservation (`default`) or a Capacity Block for ML
+    (`capacity-block`), selected by id or by tags. Type and count are what the plan prices and
+    infra.preflight checks against AWS."""
+
+    id: str | None = Field(default=None, pattern=r"^cr-[0-9a-z]+$")
+    # Every reservation carrying all these tags; "*" matches any value (Karpenter's semantics).
+    tags: dict[str, str] | None = Field(default=None, min_length=1, max_length=20)
+    reservation_type: Literal["default", "capacity-block"] = "default"
+    instance_type: InstanceTypeName
+    instance_count: int = Field(ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> "CapacityReservation":
+        if (self.id is None) == (self.tags is None):
+            raise ValueError(
+                "needs id or tags, not both and not neither; allowed: id: cr-... (one "
+                "reservation) or tags: {key: value} (every reservation carrying them)"
+            )
+        if self.tags and any(key == "" or value == "" for key, value in self.tags.items()):
+            raise ValueError(
+                "tags has an empty key or value, which Karpenter's EC2NodeClass refuses; "
+                "allowed: non-empty keys and values ('*' for any value)"
+            )
+        return self
+
+    def selector_term(self) -> dict:
+        """The EC2NodeClass capacityReservationSelectorTerms entry that selects it."""
+        return {"id": self.id} if self.id else {"tags": dict(self.tags or {})}
+
+
 # all_reduce_perf's message sizes: from 8 bytes, doubling (`-b 8 -f 2`), up to the check's maxBytes.
 FABRIC_MIN_BYTES = 8
 # What the check sweeps up to when neither maxBytes nor a floor says more: busbw has left the
@@ -500,7 +532,14 @@ class NodePoolConfig(Model):
     name: K8sName
     instance_types: list[InstanceTypeName] = Field(min_length=1)
     max_nodes: int = Field(ge=1, le=1000)
-    capacity_types: list[Literal["on-demand", "spot"]] = Field(default=["on-demand"], min_length=1)
+    capacity_types: list[Literal["on-demand", "spot", "reserved"]] = Field(
+        default=["on-demand"], min_length=1
+    )
+    # Karpenter's EC2NodeClass takes at most 30 selector terms.
+    capacity_reservations: list[CapacityReservation] = Field(default_factory=list, max_length=30)
+    # Karpenter keeps maxNodes nodes running (a static NodePool, `replicas`), whether or not a job
+    # runs; Kueue's topology-aware scheduling needs nodes that exist (see topology).
+    static_nodes: bool = False
     efa: bool = False
     # EFA pools keep their nodes in one AZ and one cluster placement group: required there, as an
     # instance type is not offered in every AZ (infra.preflight checks it is in this one).
@@ -544,8 +583,9 @@ class NodePoolConfig(Model):
             )
         if len(set(self.capacity_types)) != len(self.capacity_types):
             raise ValueError(
-                "capacityTypes repeats a value; allowed: on-demand and/or spot, once each"
+                "capacityTypes repeats a value; allowed: on-demand, spot and/or reserved, once each"
             )
+        self._reservations_fit()
         if len({t.gpus > 0 for t in self.types}) > 1:
             raise ValueError("instanceTypes mixes GPU and CPU types; allowed: all GPU or all CPU")
         without_efa = [t.name for t in self.types if not t.efa]
@@ -557,6 +597,57 @@ class NodePoolConfig(Model):
                 + ", ".join(t for t in load_catalog().names(gpu=True) if load_catalog()[t].efa)
             )
         return self
+
+    def _reservations_fit(self) -> None:
+        reserved = self.reserved_count
+        if ("reserved" in self.capacity_types) != bool(self.capacity_reservations):
+            raise ValueError(
+                (
+                    "capacityTypes lists reserved without capacityReservations (Karpenter would "
+                    "find no reserved capacity)"
+                    if reserved == 0
+                    else "capacityReservations is set but capacityTypes lacks reserved "
+                    "(Karpenter would never launch into them)"
+                )
+                + "; allowed: capacityReservations together with reserved in capacityTypes"
+            )
+        for i, reservation in enumerate(self.capacity_reservations):
+            if reservation.instance_type not in self.instance_types:
+                raise ValueError(
+                    f"capacityReservations[{i}].instanceType {reservation.instance_type} is not "
+                    f"one of the pool's instanceTypes; allowed: {', '.join(self.instance_types)}"
+                )
+        ids = [r.id for r in self.capacity_reservations if r.id]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(
+                f"capacityReservations lists {', '.join(repeated)} more than once; allowed: "
+                "each reservation once"
+            )
+        if reserved > self.max_nodes:
+            raise ValueError(
+                f"capacityReservations hold {reserved} instances but maxNodes is "
+                f"{self.max_nodes}: Karpenter's limits would leave reservations you pay for "
+                f"unused; allowed: maxNodes of at least {reserved}"
+            )
+        if self.capacity_types == ["reserved"] and reserved != self.max_nodes:
+            raise ValueError(
+                f"capacityTypes is only reserved, whose {reserved} instances are all Karpenter "
+                f"can launch, but maxNodes is {self.max_nodes}: Kueue would admit jobs no node "
+                f"can run; allowed: maxNodes {reserved}, or on-demand/spot beside reserved"
+            )
+
+    @property
+    def reserved_count(self) -> int:
+        """Instances the pool's reservations hold: billed whether or not the pool uses them."""
+        return sum(r.instance_count for r in self.capacity_reservations)
+
+    @property
+    def topology(self) -> bool:
+        """Kueue places this pool's jobs by network topology: its nodes exist (static) and carry
+        EC2's topology labels. Kueue computes free capacity from existing nodes only, and
+        Karpenter creates nodes only for pending pods: on a dynamic pool nothing would start."""
+        return self.static_nodes and all(t.network_topology for t in self.types)
 
     @property
     def types(self) -> list[InstanceType]:
@@ -894,6 +985,18 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
                 (
                     (*loc, "nodePool"),
                     _not_a_pool(flavor.node_pool, [*pools]),
+                )
+            )
+            continue
+        if pool.topology:
+            # Kueue admits onto a topology flavor only pods that ask for topology (the platform
+            # queue is not topology-only; kueue pkg/scheduler/flavorassigner/tas_flavorassigner.go,
+            # checkPodSetAndFlavorMatchForTAS), and DevServer pods do not.
+            problems.append(
+                (
+                    (*loc, "nodePool"),
+                    f"pool {pool.name} places pods by topology (staticNodes), where Kueue admits "
+                    "no DevServer; allowed: a pool without staticNodes",
                 )
             )
             continue

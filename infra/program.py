@@ -9,7 +9,7 @@ from infra.components.dev_servers import DevServers
 from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.hybrid_nodes import HybridNodes, VpcPlacement, kueue_flavor
-from infra.components.karpenter import Karpenter
+from infra.components.karpenter import Karpenter, feature_gates
 from infra.components.kueue import Kueue
 from infra.components.lustre import LustreFileSystem
 from infra.components.network import Network
@@ -30,7 +30,13 @@ def build_platform(config: StackConfig) -> None:
 
     network = Network("network", config.network, cluster_name=config.cluster.name, tags=tags)
     cluster = Cluster("cluster", config.cluster, network=network, tags=tags, hybrid=config.hybrid)
-    karpenter = Karpenter("karpenter", cluster, cluster_name=config.cluster.name, tags=tags)
+    karpenter = Karpenter(
+        "karpenter",
+        cluster,
+        cluster_name=config.cluster.name,
+        tags=tags,
+        gates=feature_gates(config.node_pools),
+    )
     addons = EKS_ADDONS[config.cluster.kubernetes_version]
     ebs = BlockStorage(
         "ebs",

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 
 from tests.conftest import STACKS
-from tests.crd_schema import conformance_errors
+from tests.crd_schema import cel_violations, conformance_errors
 
 # Kubernetes' own API groups (validated by the API server, not by CRDs) and Pulumi wrappers.
 BUILT_IN = {
@@ -37,11 +37,12 @@ def custom_resources(plan):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_custom_resource_conforms_to_its_served_crd_version(stack, request):
+    """Schema and CEL rules (x-kubernetes-validations), as the API server checks a create."""
     plan = request.getfixturevalue(f"{stack}_plan")
     resources = custom_resources(plan)
     kinds = {r.inputs["kind"] for r in resources}
     assert {"NodePool", "EC2NodeClass", "ResourceFlavor", "ClusterQueue", "LocalQueue"} <= kinds
-    failures = {r.name: conformance_errors(r.inputs) for r in resources}
+    failures = {r.name: conformance_errors(r.inputs) + cel_violations(r.inputs) for r in resources}
     assert {name: errors for name, errors in failures.items() if errors} == {}
 
 

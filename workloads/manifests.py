@@ -8,6 +8,7 @@ from typing import Any
 
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.node_pools import GPU_TAINT, POOL_LABEL
+from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import JobConfig, NodePoolConfig
 
@@ -54,6 +55,21 @@ EFA_ENV = {
     "FI_EFA_FORK_SAFE": "1",
     "NCCL_DEBUG": "WARN",
 }
+
+
+# On a pool Kueue places by topology, every pod set must ask for topology (Kueue admits no
+# other pods onto its flavor): the ranks prefer one bottom-layer network node, the MPI launcher
+# only needs room somewhere. Annotation names: kueue apis/kueue/v1beta2/topology_types.go.
+PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+UNCONSTRAINED_TOPOLOGY = "kueue.x-k8s.io/podset-unconstrained-topology"
+
+
+def topology_annotations(pool: NodePoolConfig, ranks: bool) -> dict[str, str]:
+    if not pool.topology:
+        return {}
+    if ranks:
+        return {PREFERRED_TOPOLOGY: PREFERRED_TOPOLOGY_LEVEL}
+    return {UNCONSTRAINED_TOPOLOGY: "true"}
 
 
 def checkpoint_dir(job: JobConfig, namespace: str, bucket: str) -> str:
@@ -176,8 +192,11 @@ def pod_template(
     return {
         "metadata": {
             "labels": {JOB_LABEL: job.name},
-            # Karpenter must not consolidate a node away under a running job.
-            "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+            "annotations": {
+                # Karpenter must not consolidate a node away under a running job.
+                "karpenter.sh/do-not-disrupt": "true",
+                **topology_annotations(pool, ranks=with_resources),
+            },
         },
         "spec": spec,
     }

@@ -28,6 +28,7 @@ class InstanceType:
     nvme_disks: int  # NVMe instance store disks; 0: none (EBS only)
     nvme_gb_per_disk: int
     network_gbps: float  # baseline, not burst
+    network_topology: bool = False  # nodes carry topology.k8s.aws/network-node-layer-1..3
 
     @property
     def efa(self) -> bool:
@@ -77,6 +78,7 @@ def load_catalog() -> Catalog:
                 nvme_disks=nvme_disks,
                 nvme_gb_per_disk=nvme_gb,
                 network_gbps=float(spec["networkGbps"][size]),
+                network_topology=spec.get("networkTopology", False),
             )
     return Catalog(types=types)
 
