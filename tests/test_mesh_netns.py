@@ -1,8 +1,9 @@
 """tp-mesh on real networks the tests build in network namespaces: its own WireGuard as a full mesh
 with a node behind NAT (wireguard-go brought up by wg-quick from the configs `tp-mesh wireguard`
 writes, with keys `tp-mesh keygen` made), and a launch over a tailnet. No Tailscale runs here: the
-tailnet is two namespaces joined by a link named tailscale0 on both sides, holding 100.64.0.0/10
-addresses as /32s with a route for the range, as tailscaled sets a Linux machine up."""
+tailnet is two namespaces joined by a link named tailscale0 on both sides, each holding its
+100.64.0.0/10 address as a /32 on it, as tailscaled gives a Linux machine, and a route for the
+range through it."""
 
 import json
 import subprocess
