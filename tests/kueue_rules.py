@@ -1,10 +1,12 @@
 """Kueue v0.19.2's rules that the tests check the platform against, written down from its source
 (kubernetes-sigs/kueue, tag v0.19.2, commit 8eab68778fc1b52affe165fdf5af29d1e9b4f3cb; files named
-at each rule): the Configuration the manager decodes, the checks it runs on it, and the Workload
-API (its CRD's names, printer columns, and the conditions Kueue writes).
+at each rule): the Configuration the manager decodes, the checks it runs on it, the Workload API
+(its CRD's names, printer columns, and the conditions Kueue writes) and the Topology API.
 """
 
 import jsonschema
+
+GROUP = "kueue.x-k8s.io"  # the API group of Kueue's own kinds
 
 # -- Configuration (config.kueue.x-k8s.io/v1beta2) ---------------------------------------------
 # Kueue decodes its configuration file strictly (pkg/config/config.go: serializer.EnableStrict):
@@ -158,7 +160,7 @@ def configuration_errors(config: dict) -> list[str]:
 # -- Workload (kueue.x-k8s.io) ------------------------------------------------------------------
 # apis/kueue/v1beta2/workload_types.go: the kubebuilder markers on Workload (v1beta2 is the
 # storage version; v1beta1 is served too, deprecated) and the constants of its conditions.
-WORKLOAD_GROUP, WORKLOAD_VERSION = "kueue.x-k8s.io", "v1beta2"
+WORKLOAD_VERSION = "v1beta2"
 # The +kubebuilder:printcolumn markers, in order: what `kubectl get workloads` shows.
 WORKLOAD_PRINTER_COLUMNS = [
     {"name": "Queue", "type": "string", "jsonPath": ".spec.queueName"},
@@ -214,9 +216,9 @@ def workload_crd() -> dict:
     return {
         "apiVersion": "apiextensions.k8s.io/v1",
         "kind": "CustomResourceDefinition",
-        "metadata": {"name": f"workloads.{WORKLOAD_GROUP}"},
+        "metadata": {"name": f"workloads.{GROUP}"},
         "spec": {
-            "group": WORKLOAD_GROUP,
+            "group": GROUP,
             "names": {
                 "kind": "Workload",
                 "listKind": "WorkloadList",
@@ -228,6 +230,83 @@ def workload_crd() -> dict:
             "versions": [
                 {**version, "name": "v1beta1", "storage": False},
                 {**version, "name": WORKLOAD_VERSION, "storage": True},
+            ],
+        },
+    }
+
+
+# -- Topology (kueue.x-k8s.io/v1beta2) ----------------------------------------------------------
+# apis/kueue/v1beta2/topology_types.go: Topology is cluster-scoped; TopologySpec.levels holds 1
+# to 16 TopologyLevels, each a node label name (+kubebuilder markers MinItems, MaxItems,
+# MinLength, MaxLength, Pattern), with three rules the API server checks (its XValidation
+# markers): the levels never change, no level repeats, and kubernetes.io/hostname may only be
+# the last. The rules are written here as our own CEL, with upstream's messages.
+_DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
+# A qualified name: an optional DNS subdomain prefix and "/", then a name of alphanumerics, '-',
+# '_' and '.', starting and ending alphanumeric (k8s.io/apimachinery validation IsQualifiedName).
+QUALIFIED_NAME = rf"^({_DNS_LABEL}(\.{_DNS_LABEL})*/)?(([A-Za-z0-9][-A-Za-z0-9_.]*)?[A-Za-z0-9])$"
+HOSTNAME_LABEL = "kubernetes.io/hostname"
+
+
+def topology_crd() -> dict:
+    """The Topology CRD's v1beta2 version as the tests validate rendered Topologies against it
+    (tests/crd_schema.py); its v1beta1 version, served and deprecated, is not written down."""
+    level = {
+        "type": "object",
+        "required": ["nodeLabel"],
+        "properties": {
+            "nodeLabel": {
+                "type": "string",
+                "minLength": 1,
+                "maxLength": 316,
+                "pattern": QUALIFIED_NAME,
+            }
+        },
+    }
+    levels = {
+        "type": "array",
+        "minItems": 1,
+        "maxItems": 16,
+        "items": level,
+        "x-kubernetes-list-type": "atomic",
+        "x-kubernetes-validations": [
+            {"rule": "self == oldSelf", "message": "field is immutable"},
+            {
+                "rule": "self.all(i, self.exists_one(j, j.nodeLabel == i.nodeLabel))",
+                "message": "must be unique",
+            },
+            {
+                "rule": f"!self.exists(l, l.nodeLabel == '{HOSTNAME_LABEL}') || "
+                f"self[size(self) - 1].nodeLabel == '{HOSTNAME_LABEL}'",
+                "message": f"the {HOSTNAME_LABEL} label can only be used at the lowest level "
+                "of topology",
+            },
+        ],
+    }
+    schema = {
+        "type": "object",
+        "properties": {
+            "apiVersion": {"type": "string"},
+            "kind": {"type": "string"},
+            "metadata": {"type": "object"},
+            "spec": {"type": "object", "required": ["levels"], "properties": {"levels": levels}},
+        },
+    }
+    return {
+        "apiVersion": "apiextensions.k8s.io/v1",
+        "kind": "CustomResourceDefinition",
+        "metadata": {"name": f"topologies.{GROUP}"},
+        "spec": {
+            "group": GROUP,
+            "names": {"kind": "Topology", "plural": "topologies", "shortNames": ["topo"]},
+            "scope": "Cluster",
+            "versions": [
+                {
+                    "name": "v1beta2",
+                    "served": True,
+                    "storage": True,
+                    "schema": {"openAPIV3Schema": schema},
+                }
             ],
         },
     }

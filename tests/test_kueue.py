@@ -22,6 +22,7 @@ from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_r
 from infra.config import parse_stack_config
 from tests import kueue_rules as kueue
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
+from tests.crd_schema import conformance_errors
 from tests.test_devservers_render import server as server_manifest
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -135,7 +136,7 @@ def workload(*conditions: dict, active: bool = True, requeue_at: str | None = No
     if requeue_at:
         status["requeueState"] = {"count": 1, "requeueAt": requeue_at}
     return {
-        "apiVersion": f"{kueue.WORKLOAD_GROUP}/{kueue.WORKLOAD_VERSION}",
+        "apiVersion": f"{kueue.GROUP}/{kueue.WORKLOAD_VERSION}",
         "kind": "Workload",
         "metadata": {"name": "statefulset-box-3f2a1", "namespace": "dev-alice"},
         "spec": {
@@ -223,3 +224,27 @@ def test_devctl_list_shows_the_servers_kueue_state(dev_cluster, monkeypatch):
     assert "KUEUE" in header.split()
     assert "Evicted (PodsReadyTimeout), requeued at 2026-11-22T09:12:00Z" in row
     assert dev_cluster.api.refusals == []
+
+
+# --- the Topology API, written down -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("levels", "expected"),
+    [
+        ([], "should be non-empty"),
+        ([{"nodeLabel": f"layer-{i}"} for i in range(17)], "is too long"),
+        ([{"nodeLabel": "rack/"}], "does not match"),
+        ([{"label": "rack"}], "'nodeLabel' is a required property"),
+    ],
+)
+def test_the_written_down_topology_refuses_what_kueues_crd_refuses(levels, expected):
+    topology = {
+        "apiVersion": f"{kueue.GROUP}/v1beta2",
+        "kind": "Topology",
+        "metadata": {"name": "network"},
+        "spec": {"levels": [{"nodeLabel": "topology.k8s.aws/network-node-layer-1"}]},
+    }
+    assert conformance_errors(topology) == []
+    topology["spec"]["levels"] = levels
+    assert any(expected in e for e in conformance_errors(topology))
