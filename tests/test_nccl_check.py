@@ -282,6 +282,13 @@ def test_the_table_of_a_run_parses_row_by_row():
     assert (out.average_busbw, out.out_of_bounds) == (130.35, 0)
 
 
+def test_srun_labels_padded_for_ten_or_more_tasks_are_stripped():
+    # Slurm pads -l labels to the widest task id: " 0: " beside "15: " (src/api/step_io.c, _wid).
+    lines = fixture(SRUN_RUN).splitlines()
+    padded = "\n".join(" " + line if line.startswith("0: ") else line for line in lines)
+    assert parse_output(padded).rows == parse_output(fixture(SRUN_RUN)).rows
+
+
 def test_efa_in_use_passes_the_default_floor_on_an_efa_pool():
     out = parse_output(fixture(EFA_RUN))
     assert (out.networks, out.providers) == ({"Libfabric"}, {"efa"})
