@@ -123,14 +123,13 @@ def run(
     nodes = core.list_node(label_selector=node_selector).items
     claims = custom.list_cluster_custom_object("karpenter.sh", "v1", "nodeclaims")["items"]
     stuck = find_stuck(nodes, claims, pools, timeout, now)
-    deleted = stuck[:max_deletions]
-    for found in stuck:
+    for rank, found in enumerate(stuck):
         age = duration(now - found.created)
         what = (
             f"{GPU} is {found.gpus} in allocatable {age} after the node was created "
             f"({found.created:%Y-%m-%dT%H:%M:%SZ}), past the {duration(timeout)} timeout"
         )
-        if found in deleted:
+        if rank < max_deletions:
             custom.delete_cluster_custom_object("karpenter.sh", "v1", "nodeclaims", found.claim)
             reason = DELETED
             message = (
@@ -147,7 +146,7 @@ def run(
             )
         record(core, found.node, reason, message, now)
         print(f"{reason} {found.node.metadata.name}: {message}", flush=True)
-    return deleted
+    return stuck[:max_deletions]
 
 
 def parse_args(argv: list[str]) -> argparse.Namespace:
