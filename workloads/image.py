@@ -52,9 +52,13 @@ def trainer_repository(cluster_name: str) -> str:
 
 
 def stack_targets(config: StackConfig) -> list[str]:
-    """The targets a stack builds: those its jobs run (none without jobs)."""
+    """The targets a stack builds: those its jobs run, and those every GPU pool's fabric check
+    runs (workloads/nccl_check.py: all_reduce_perf from the pool's target)."""
     pools = {p.name: p for p in config.node_pools}
-    return sorted({image_target(pools[job.node_pool]) for job in config.jobs})
+    image_pools = [pools[job.node_pool] for job in config.jobs] + [
+        p for p in config.node_pools if p.gpu
+    ]
+    return sorted({image_target(pool) for pool in image_pools})
 
 
 def _ignore_patterns(context: Path) -> list[re.Pattern]:
