@@ -77,8 +77,9 @@ class IdleRule:
 def in_use(
     pods: list[PodActivity], gpu: float | None, cpu: float | None, rule: IdleRule
 ) -> str | None:
-    """Why the server is in use, or None when `rule` finds it idle. `gpu` is DCGM's figure
-    (None without one); `cpu` the CPU use since the last check, for servers without `gpu`."""
+    """Why the server is in use (the same words while the reason holds), or None when `rule`
+    finds it idle. `gpu` is DCGM's figure (None without one); `cpu` the CPU use since the last
+    check, for servers without `gpu`."""
     if any(p.ssh_sessions for p in pods):
         return "an SSH session"
     kept = sorted(
@@ -90,9 +91,9 @@ def in_use(
     if kept:
         return f"process {kept[0]} (keepAliveProcesses)"
     if gpu is not None:
-        return f"GPU at {gpu:g}%" if gpu > rule.gpu_percent else None
+        return f"GPU above {rule.gpu_percent:g}%" if gpu > rule.gpu_percent else None
     if cpu is not None and cpu > rule.cpu_percent:
-        return f"CPU at {cpu:.0f}% of a core"
+        return f"CPU above {rule.cpu_percent:g}% of a core"
     return None
 
 

@@ -476,7 +476,8 @@ class Devctl:
             "kueue": status.get("kueue", "-"),
             "GPU utilization": "-" if gpu is None else f"{gpu:.0f}%",
             "SSH sessions": str(status.get("activeSessions", "-")),
-            "last activity": last or "-",
+            "last activity": (last or "-")
+            + (f" ({status['lastActivityReason']})" if status.get("lastActivityReason") else ""),
             "idle": idle
             if lifecycle.get("autoShutdown", True)
             else "never stops (autoShutdown off)",

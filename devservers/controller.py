@@ -372,6 +372,7 @@ def reconcile(
         verdict = _measure(cluster, server, flavor, ready, settings, now, measure, status)
         if verdict is not None and verdict.in_use:
             last = now
+            status["lastActivityReason"] = verdict.in_use
     stop_at = None
     if running and lifecycle["autoShutdown"]:
         stop_at = last + timedelta(seconds=parse_duration(lifecycle["idleTimeout"]))

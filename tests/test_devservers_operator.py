@@ -245,6 +245,13 @@ def test_activity_keeps_a_server_running(world, use, session_program, monkeypatc
     assert not world.server()["spec"].get("stopped")
     assert world.status()["lastActivity"] == "2026-11-22T12:00:00Z"
     assert world.status()["activeSessions"] == (1 if use == "ssh session" else 0)
+    reason = {
+        "ssh session": "an SSH session",
+        "kept process": "process python (keepAliveProcesses)",
+        "gpu": "GPU above 5%",
+    }[use]
+    assert world.status()["lastActivityReason"] == reason
+    assert f"last activity:   2026-11-22T12:00:00Z ({reason})" in world.devctl("monitor", "box")
 
 
 @pytest.mark.parametrize("left", ["shell in tmux", "idle python"])
@@ -320,7 +327,9 @@ def test_a_cpu_server_is_judged_by_its_cpu_use_between_checks(world, tmux, busy)
             process.kill()
             process.wait()
     assert bool(world.server()["spec"].get("stopped")) is not busy
-    if not busy:
+    if busy:
+        assert world.status()["lastActivityReason"] == "CPU above 10% of a core"
+    else:
         assert "CPU at or below 10% of a core" in world.status()["message"]
 
 
