@@ -21,6 +21,7 @@ from kubernetes import config, dynamic
 from devservers.api import API_VERSION, user_namespace
 from tests.conftest import ROOT
 from tests.kube_api import ADMIN, from_plan, service_account, user
+from tests.openssh import account as image_user
 
 DEPLOYMENT = "dev-servers-operator"
 UPSTREAM = Path(__file__).resolve().parent / "upstream"
@@ -54,7 +55,8 @@ def wait_for(check, what: str, timeout: float = 30):
 class Cluster:
     def __init__(self, plan, tmp_path: Path):
         self.plan, self.dir = plan, tmp_path
-        self.api = from_plan(plan, crds=[kueue_workload_crd()])
+        # The pods run as the non-root user the images' sshd runs as in tests.openssh.
+        self.api = from_plan(plan, crds=[kueue_workload_crd()], account=image_user())
         self.operator: subprocess.Popen | None = None
         self.operator_log = tmp_path / "operator.log"
         deployment = plan.one("kubernetes:apps/v1:Deployment", DEPLOYMENT).inputs
