@@ -42,7 +42,7 @@ class CliError(Exception):
 DEFAULT_EXCLUDES = (".git", "__pycache__", ".venv", "build")
 WORKDIR_HELP = (
     "the directory to sync to every pod (~/devctl/<its name> there; the script runs from it); "
-    "default: the current directory when it holds the script, else the script's directory"
+    "default: the script's directory, never more (e.g. --workdir . for scripts/train.py)"
 )
 
 
@@ -438,4 +438,8 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the package's module, not as __main__: devservers.ssh and devservers.run import that
+    # one, and its CliError must be the one main catches.
+    from devservers import cli
+
+    sys.exit(cli.main())

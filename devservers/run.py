@@ -1,9 +1,10 @@
 """`devctl run`: a local working directory synced to every pod of a server, then torchrun on every
 pod at once, all through the API server's exec (no kubectl, no SSH).
 
-- Sync: the directory, less DEFAULT_EXCLUDES and --exclude, as one tar archive (refused over
-  --max-size, naming what is big), extracted into ~/devctl/<its name> on every pod. Files there
-  that the archive lacks stay: they may be what an earlier run wrote.
+- Sync: the directory (--workdir, else the script's own, never a guess that could take in a
+  home directory and its keys), less DEFAULT_EXCLUDES and --exclude, as one tar archive (refused
+  over --max-size, naming what is big), extracted into ~/devctl/<its name> on every pod. Files
+  there that the archive lacks stay: they may be what an earlier run wrote.
 - Run: the pod's torchrun.sh (render.TORCHRUN) from that directory on every pod, in a process
   group of its own (setsid) whose id it leaves in a file, with unbuffered Python output. Every
   line of every pod is printed as it comes, prefixed with the pod: `[box-0] ...`.
@@ -79,11 +80,6 @@ def _size(size: int) -> str:
         if size >= scale:
             return f"{size / scale:.1f} {unit}"
     return f"{size} B"
-
-
-def default_workdir(script: Path) -> Path:
-    here = Path.cwd().resolve()
-    return here if script.resolve().is_relative_to(here) else script.resolve().parent
 
 
 def collect(path: Path, excludes: list[str]) -> Workdir:
@@ -262,7 +258,7 @@ def run(devctl: Devctl, args: argparse.Namespace) -> int:
     script = args.script
     if not script.is_file():
         raise CliError(f"no script {script}")
-    directory = (args.workdir or default_workdir(script)).resolve()
+    directory = (args.workdir or script.parent).resolve()
     if not directory.is_dir():
         raise CliError(f"no directory {args.workdir}")
     if not script.resolve().is_relative_to(directory):

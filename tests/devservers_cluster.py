@@ -163,19 +163,21 @@ class Cluster:
 
     # devctl
 
-    def devctl(self, who: str, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        environment = {
+    def devctl_env(self, who: str) -> dict[str, str]:
+        """The environment devctl runs in as `who`."""
+        return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfigs[who]),
             "HOME": str(self.home),
             "PYTHONPATH": str(ROOT),
             "TMPDIR": str(self.dir),
-            **(env or {}),
         }
+
+    def devctl(self, who: str, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "devservers.cli", *argv],
             cwd=ROOT,
-            env=environment,
+            env=self.devctl_env(who) | (env or {}),
             capture_output=True,
             text=True,
             timeout=120,

@@ -6,18 +6,19 @@ processes.
   reference that blocks owner deletion, claims `<template>-<set>-<i>` from volumeClaimTemplates
   owned by the set only with persistentVolumeClaimRetentionPolicy.whenDeleted: Delete; pods at or
   above `replicas` are deleted; a set being deleted is left to the garbage collector).
-- Kubelet runs each pod that has no scheduling gate (Kueue holds pods with one) as `sleep` in a
-  PID and mount namespace of its own (`unshare --pid --mount-proc`): the pod's container, with a
-  root filesystem of its own (this machine's root under a writable overlay layer, the pod's
-  volumes mounted at their paths, /etc/hosts naming the namespace's pods), its environment and
-  its user. Exec runs the command in those namespaces, root and environment (`nsenter`), so it
-  sees the pod's processes and files and nothing else. A container port reaches whatever the
-  test put on the loopback port it `expose`d for it (e.g. an SSH server), as the pod's network
-  would.
+- Kubelet runs each pod that has no scheduling gate (Kueue holds pods with one) as `sleep` in
+  PID, mount and UTS namespaces of its own (`unshare`): the pod's container, with a root
+  filesystem of its own (this machine's root under a writable overlay layer, the pod's volumes
+  mounted at their paths, /etc/hosts naming the namespace's pods), its hostname, environment
+  and user. Exec runs the command in those namespaces, root and environment (`nsenter`), so it
+  sees the pod's processes and files and nothing else. The pods share this machine's network:
+  a container port reaches whatever the test put on the loopback port it `expose`d for it
+  (e.g. an SSH server), as the pod's network would.
 """
 
 import asyncio
 import base64
+import contextlib
 import copy
 import json
 import os
@@ -154,13 +155,16 @@ class _Running:
     hosts: str = ""  # its /etc/hosts, as last written
 
 
-def _container_script(layers: Path, mounts: list[tuple[Path, str]], command: list[str]) -> str:
-    """A shell script that, in a mount namespace of its own, builds the container's root (the
-    host's root under a tmpfs layer, `mounts` bound at their paths) and runs `command` there as
-    PID 1 of a new PID namespace with its own /proc."""
+def _container_script(
+    hostname: str, layers: Path, mounts: list[tuple[Path, str]], command: list[str]
+) -> str:
+    """A shell script that, in mount and UTS namespaces of its own, names the host `hostname`,
+    builds the container's root (the host's root under a tmpfs layer, `mounts` bound at their
+    paths) and runs `command` there as PID 1 of a new PID namespace with its own /proc."""
     root = layers / "root"
     lines = [
         "set -eu",
+        f"echo {shlex.quote(hostname)} > /proc/sys/kernel/hostname",
         f"mount -t tmpfs tmpfs {layers}",
         f"mkdir {layers}/upper {layers}/work {root}",
         f"mount -t overlay overlay -o lowerdir=/,upperdir={layers}/upper,workdir={layers}/work "
@@ -178,7 +182,7 @@ def _container_script(layers: Path, mounts: list[tuple[Path, str]], command: lis
 
 def _start_container(script: str, env: dict[str, str]) -> _Running:
     process = subprocess.Popen(
-        ["unshare", "--mount", "sh", "-c", script], env=env, start_new_session=True
+        ["unshare", "--mount", "--uts", "sh", "-c", script], env=env, start_new_session=True
     )
     children = f"/proc/{process.pid}/task/{process.pid}/children"
     deadline = time.monotonic() + START_SECONDS
@@ -259,7 +263,8 @@ class Kubelet:
     def _enter(self, running: _Running, command: list[str]) -> list[str]:
         """`command` in a running pod: its namespaces, root and working directory, as its user."""
         return [
-            "nsenter", "--target", str(running.init), "--pid", "--mount", "--root", "--wd", "--",
+            "nsenter", "--target", str(running.init), "--pid", "--mount", "--uts", "--root",
+            "--wd", "--",
             *self._as_user(command),
         ]  # fmt: skip
 
@@ -320,7 +325,8 @@ class Kubelet:
         command = self._as_user(
             ["sh", "-c", 'cd "$0" && exec sleep infinity', container.get("workingDir", "/")]
         )
-        return _start_container(_container_script(layers, mounts, command), env)
+        hostname = pod["spec"].get("hostname") or pod["metadata"]["name"]
+        return _start_container(_container_script(hostname, layers, mounts, command), env)
 
     def run_pods(self, api: KubeAPI) -> None:
         pods = _kind(api, "", "pods")
@@ -414,10 +420,16 @@ class Kubelet:
         ws = web.WebSocketResponse(protocols=("v5.channel.k8s.io", "v4.channel.k8s.io"))
         await ws.prepare(request)
 
+        async def send(data: bytes) -> None:
+            # A client that went away leaves the command running, its output unread (as the
+            # kubelet's streaming server does).
+            with contextlib.suppress(ConnectionResetError):
+                await ws.send_bytes(data)
+
         async def pump(stream, channel: int, wanted: bool) -> None:
             while chunk := await stream.read(65536):
                 if wanted:
-                    await ws.send_bytes(bytes([channel]) + chunk)
+                    await send(bytes([channel]) + chunk)
 
         async def feed() -> None:
             async for message in ws:
@@ -448,7 +460,7 @@ class Kubelet:
                 "reason": "NonZeroExitCode",
                 "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
             }
-        await ws.send_bytes(bytes([ERROR]) + json.dumps(status).encode())
+        await send(bytes([ERROR]) + json.dumps(status).encode())
         feeder.cancel()
         await ws.close()
         return ws
