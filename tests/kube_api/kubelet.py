@@ -273,6 +273,23 @@ class Kubelet:
         running = self.running[pod["metadata"]["uid"]]
         return subprocess.Popen(self._enter(running, command), env=running.env, **popen)
 
+    def processes(self, pod: dict) -> list[str]:
+        """The names of the live processes of a running pod (its PID namespace's; zombies,
+        which a PID 1 that reaps nothing leaves, aside)."""
+        init = self.running[pod["metadata"]["uid"]].init
+        namespace, found = os.readlink(f"/proc/{init}/ns/pid"), []
+        for entry in Path("/proc").iterdir():
+            try:
+                if not entry.name.isdigit() or os.readlink(entry / "ns" / "pid") != namespace:
+                    continue
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+            if state != "Z":
+                found.append(name)
+        return found
+
     def _own(self, path: Path) -> None:
         if self.account is None:
             return
