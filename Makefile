@@ -7,7 +7,7 @@ STACK ?= dev
 
 .DEFAULT_GOAL := help
 .PHONY: help demo test plan train-local job-local devserver-demo bench lint venv \
-	system-packages clean
+	system-packages clean nccl-check
 
 ## help: list the targets (also what plain `make` does)
 help:
@@ -18,7 +18,7 @@ help:
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
-		trainer/requirements.txt devservers/requirements.txt
+		trainer/requirements.txt devservers/requirements.txt gpuwatch/requirements.txt
 	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
 	@echo "tools; about 1.7 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)
@@ -49,6 +49,13 @@ JOB ?= smoke-cpu
 STEPS ?= 20
 job-local: $(VENV)/.installed
 	$(PY) -m workloads.local $(JOB) --stack $(STACK) --steps $(STEPS) $(if $(MODEL),--model $(MODEL))
+
+## nccl-check: NCCL fabric check of a GPU pool on the cluster, through a team's queue:
+## POOL=gpu-large QUEUE=research IMAGE=<trainer image by digest> [NODES=2] [DRY_RUN=1] [KEEP=1]
+nccl-check: $(VENV)/.installed
+	$(PY) -m workloads.nccl_check --stack $(STACK) --pool $(POOL) --queue $(QUEUE) \
+		$(if $(IMAGE),--image $(IMAGE)) $(if $(NODES),--nodes $(NODES)) \
+		$(if $(DRY_RUN),--dry-run) $(if $(KEEP),--keep)
 
 ## bench: trainer overhead and checkpoint figures (a benchmark, not a test; about 12 minutes)
 bench: $(VENV)/.installed

@@ -12,6 +12,7 @@ import math
 import re
 import sys
 from collections.abc import Mapping
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Annotated, Any, Literal, Union, get_args, get_origin
 
@@ -27,7 +28,13 @@ from pydantic import (
 )
 from pydantic.alias_generators import to_camel
 
-from infra.catalog import InstanceType, UnpricedError, load_catalog, load_prices
+from infra.catalog import (
+    InstanceType,
+    UnpricedError,
+    load_catalog,
+    load_prices,
+    load_published_busbw,
+)
 from infra.paths import PROJECT_DIR
 from infra.regions import AWS_REGIONS
 from infra.versions import AL2023_FIRST_RELEASE, EKS_ADDONS, KARPENTER_AMI_ALIAS
@@ -418,13 +425,121 @@ class PoolCeiling(BaseModel):
     memory_gib: int
 
 
+class CapacityReservation(Model):
+    """EC2 capacity bought ahead that a pool launches into first (Karpenter's `reserved` capacity
+    type): an On-Demand Capacity Reservation (`default`) or a Capacity Block for ML
+    (`capacity-block`), selected by id or by tags. Type and count are what the plan prices and
+    infra.preflight checks against AWS."""
+
+    id: str | None = Field(default=None, pattern=r"^cr-[0-9a-z]+$")
+    # Every reservation carrying all these tags; "*" matches any value (Karpenter's semantics).
+    tags: dict[str, str] | None = Field(default=None, min_length=1, max_length=20)
+    reservation_type: Literal["default", "capacity-block"] = "default"
+    instance_type: InstanceTypeName
+    instance_count: int = Field(ge=1, le=1000)
+
+    @model_validator(mode="after")
+    def _one_selector(self) -> "CapacityReservation":
+        if (self.id is None) == (self.tags is None):
+            raise ValueError(
+                "needs id or tags, not both and not neither; allowed: id: cr-... (one "
+                "reservation) or tags: {key: value} (every reservation carrying them)"
+            )
+        if self.tags and any(key == "" or value == "" for key, value in self.tags.items()):
+            raise ValueError(
+                "tags has an empty key or value, which Karpenter's EC2NodeClass refuses; "
+                "allowed: non-empty keys and values ('*' for any value)"
+            )
+        return self
+
+    def selector_term(self) -> dict:
+        """The EC2NodeClass capacityReservationSelectorTerms entry that selects it."""
+        return {"id": self.id} if self.id else {"tags": dict(self.tags or {})}
+
+
+# all_reduce_perf's message sizes: from 8 bytes, doubling (`-b 8 -f 2`), up to the check's maxBytes.
+FABRIC_MIN_BYTES = 8
+# What the check sweeps up to when neither maxBytes nor a floor says more: busbw has left the
+# latency-bound small sizes well behind by 1 GiB on every published run.
+FABRIC_DEFAULT_MAX_BYTES = 1 << 30
+# all_reduce_perf allocates three buffers of maxBytes per GPU (send, receive, expected).
+FABRIC_MAX_BYTES = 1 << 34
+# A default floor is this share of the published figure: nccl-tests' own bandwidth check fails a
+# run whose average busbw is below 0.9 times the figure given in NCCL_TESTS_MIN_BW
+# (NVIDIA/nccl-tests src/util.cu writeResultFooter, src/common.cu run()).
+PUBLISHED_FLOOR_SHARE = 0.9
+
+
+def fabric_sizes(max_bytes: int) -> list[int]:
+    """The message sizes all_reduce_perf -b 8 -e max_bytes -f 2 runs."""
+    sizes, size = [], FABRIC_MIN_BYTES
+    while size <= max_bytes:
+        sizes.append(size)
+        size *= 2
+    return sizes
+
+
+class BusbwFloor(Model):
+    """The least busbw (GB/s, as all_reduce_perf prints it) every size from fromBytes to toBytes
+    (inclusive; no toBytes: the largest size run) must reach, out-of-place and in-place."""
+
+    from_bytes: int = Field(ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
+    to_bytes: int | None = Field(default=None, ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
+    min_busbw: float = Field(gt=0, le=10000, allow_inf_nan=False)
+
+    @model_validator(mode="after")
+    def _ordered(self) -> "BusbwFloor":
+        if self.to_bytes is not None and self.to_bytes < self.from_bytes:
+            raise ValueError(
+                f"toBytes {self.to_bytes} < fromBytes {self.from_bytes}; allowed: "
+                "fromBytes <= toBytes"
+            )
+        return self
+
+    def covers(self, size: int) -> bool:
+        return self.from_bytes <= size and (self.to_bytes is None or size <= self.to_bytes)
+
+
+class FabricCheckConfig(Model):
+    """The pool's NCCL fabric check (python -m workloads.nccl_check): all_reduce_perf on every GPU
+    of `nodes` nodes, each size's busbw held to `floors`."""
+
+    nodes: int = Field(default=2, ge=2, le=1000)
+    # all_reduce_perf -e; default: the largest size a floor names, else 1 GiB.
+    max_bytes: int | None = Field(default=None, ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
+    # None: the published default for the pool's instance family (infra/catalog/nccl_busbw.yaml);
+    # []: no floor (the check reports busbw and judges only the network and #wrong).
+    floors: list[BusbwFloor] | None = None
+
+
+@dataclass(frozen=True)
+class FabricCheckPlan:
+    """A pool's fabric check as it runs: nodes, sizes, floors and where the floors came from."""
+
+    nodes: int
+    max_bytes: int
+    floors: tuple[BusbwFloor, ...]
+    basis: str  # one line for the report: stack config, a published figure, or why there is none
+
+    @property
+    def sizes(self) -> list[int]:
+        return fabric_sizes(self.max_bytes)
+
+
 class NodePoolConfig(Model):
     """A Karpenter NodePool. GPU or CPU follows from its instance types, which may not mix."""
 
     name: K8sName
     instance_types: list[InstanceTypeName] = Field(min_length=1)
     max_nodes: int = Field(ge=1, le=1000)
-    capacity_types: list[Literal["on-demand", "spot"]] = Field(default=["on-demand"], min_length=1)
+    capacity_types: list[Literal["on-demand", "spot", "reserved"]] = Field(
+        default=["on-demand"], min_length=1
+    )
+    # Karpenter's EC2NodeClass takes at most 30 selector terms.
+    capacity_reservations: list[CapacityReservation] = Field(default_factory=list, max_length=30)
+    # Karpenter keeps maxNodes nodes running (a static NodePool, `replicas`), whether or not a job
+    # runs; Kueue's topology-aware scheduling needs nodes that exist (see topology).
+    static_nodes: bool = False
     efa: bool = False
     # EFA pools keep their nodes in one AZ and one cluster placement group: required there, as an
     # instance type is not offered in every AZ (infra.preflight checks it is in this one).
@@ -434,6 +549,29 @@ class NodePoolConfig(Model):
     # Default: ROOT_THROUGHPUT_MIBPS by whether image pulls land on it (see root_throughput_mibps).
     disk_throughput_mibps: int | None = Field(default=None, ge=125, le=1000)
     expire_after: Duration = "720h"
+    fabric_check: FabricCheckConfig = FabricCheckConfig()
+
+    @model_validator(mode="after")
+    def _fabric_check_fits(self) -> "NodePoolConfig":
+        check = self.fabric_check
+        if "fabric_check" in self.model_fields_set and not self.gpu:
+            raise ValueError(
+                "fabricCheck is set on a CPU pool; allowed: only on GPU pools (it runs NCCL)"
+            )
+        # The default (2) only matters when the check runs; the CLI refuses a pool too small.
+        if "nodes" in check.model_fields_set and check.nodes > self.max_nodes:
+            raise ValueError(
+                f"fabricCheck.nodes {check.nodes} exceeds maxNodes {self.max_nodes}; allowed: "
+                f"2 to {self.max_nodes}"
+            )
+        sizes = fabric_sizes(self.fabric_check_plan().max_bytes)
+        for i, floor in enumerate(check.floors or []):
+            if not any(floor.covers(size) for size in sizes):
+                raise ValueError(
+                    f"fabricCheck.floors[{i}] covers no size the check runs (8 B doubling up to "
+                    f"{sizes[-1]} B); allowed: a range holding one of them, or a larger maxBytes"
+                )
+        return self
 
     @model_validator(mode="after")
     def _consistent(self) -> "NodePoolConfig":
@@ -445,8 +583,9 @@ class NodePoolConfig(Model):
             )
         if len(set(self.capacity_types)) != len(self.capacity_types):
             raise ValueError(
-                "capacityTypes repeats a value; allowed: on-demand and/or spot, once each"
+                "capacityTypes repeats a value; allowed: on-demand, spot and/or reserved, once each"
             )
+        self._reservations_fit()
         if len({t.gpus > 0 for t in self.types}) > 1:
             raise ValueError("instanceTypes mixes GPU and CPU types; allowed: all GPU or all CPU")
         without_efa = [t.name for t in self.types if not t.efa]
@@ -458,6 +597,57 @@ class NodePoolConfig(Model):
                 + ", ".join(t for t in load_catalog().names(gpu=True) if load_catalog()[t].efa)
             )
         return self
+
+    def _reservations_fit(self) -> None:
+        reserved = self.reserved_count
+        if ("reserved" in self.capacity_types) != bool(self.capacity_reservations):
+            raise ValueError(
+                (
+                    "capacityTypes lists reserved without capacityReservations (Karpenter would "
+                    "find no reserved capacity)"
+                    if reserved == 0
+                    else "capacityReservations is set but capacityTypes lacks reserved "
+                    "(Karpenter would never launch into them)"
+                )
+                + "; allowed: capacityReservations together with reserved in capacityTypes"
+            )
+        for i, reservation in enumerate(self.capacity_reservations):
+            if reservation.instance_type not in self.instance_types:
+                raise ValueError(
+                    f"capacityReservations[{i}].instanceType {reservation.instance_type} is not "
+                    f"one of the pool's instanceTypes; allowed: {', '.join(self.instance_types)}"
+                )
+        ids = [r.id for r in self.capacity_reservations if r.id]
+        repeated = sorted({i for i in ids if ids.count(i) > 1})
+        if repeated:
+            raise ValueError(
+                f"capacityReservations lists {', '.join(repeated)} more than once; allowed: "
+                "each reservation once"
+            )
+        if reserved > self.max_nodes:
+            raise ValueError(
+                f"capacityReservations hold {reserved} instances but maxNodes is "
+                f"{self.max_nodes}: Karpenter's limits would leave reservations you pay for "
+                f"unused; allowed: maxNodes of at least {reserved}"
+            )
+        if self.capacity_types == ["reserved"] and reserved != self.max_nodes:
+            raise ValueError(
+                f"capacityTypes is only reserved, whose {reserved} instances are all Karpenter "
+                f"can launch, but maxNodes is {self.max_nodes}: Kueue would admit jobs no node "
+                f"can run; allowed: maxNodes {reserved}, or on-demand/spot beside reserved"
+            )
+
+    @property
+    def reserved_count(self) -> int:
+        """Instances the pool's reservations hold: billed whether or not the pool uses them."""
+        return sum(r.instance_count for r in self.capacity_reservations)
+
+    @property
+    def topology(self) -> bool:
+        """Kueue places this pool's jobs by network topology: its nodes exist (static) and carry
+        EC2's topology labels. Kueue computes free capacity from existing nodes only, and
+        Karpenter creates nodes only for pending pods: on a dynamic pool nothing would start."""
+        return self.static_nodes and all(t.network_topology for t in self.types)
 
     @property
     def types(self) -> list[InstanceType]:
@@ -504,6 +694,43 @@ class NodePoolConfig(Model):
         rooms = [pod_room(t) for t in self.types]
         return min(vcpu for vcpu, _ in rooms), min(memory for _, memory in rooms)
 
+    def fabric_check_plan(self, nodes: int | None = None) -> FabricCheckPlan:
+        """The fabric check on `nodes` nodes (default: fabricCheck.nodes), with its floors."""
+        check = self.fabric_check
+        nodes = nodes or check.nodes
+        floors: tuple[BusbwFloor, ...] = ()
+        if check.floors is not None:
+            floors = tuple(check.floors)
+            basis = "floors from stack config" if floors else "no floor (stack config: floors [])"
+        else:
+            floors, basis = self._published_floors(nodes)
+        largest = max((f.to_bytes or f.from_bytes for f in floors), default=0)
+        max_bytes = check.max_bytes or max(largest, FABRIC_DEFAULT_MAX_BYTES)
+        return FabricCheckPlan(nodes, max_bytes, floors, basis)
+
+    def _published_floors(self, nodes: int) -> tuple[tuple[BusbwFloor, ...], str]:
+        """The default floor: PUBLISHED_FLOOR_SHARE of the lowest published figure among the
+        pool's families, when every family has one measured on this many nodes."""
+        published = load_published_busbw()
+        families = sorted({t.family for t in self.types})
+        missing = [f for f in families if f not in published]
+        if missing:
+            return (), f"no floor: no published all_reduce_perf figure for {', '.join(missing)}"
+        lowest = min((published[f] for f in families), key=lambda p: p.busbw)
+        if lowest.nodes != nodes:
+            return (), (
+                f"no floor: the published {lowest.family} figure was measured on {lowest.nodes} "
+                f"nodes, this check runs {nodes}"
+            )
+        floor = BusbwFloor.model_validate(
+            {"fromBytes": lowest.bytes, "minBusbw": round(lowest.busbw * PUBLISHED_FLOOR_SHARE, 2)}
+        )
+        return (floor,), (
+            f"default floor: {PUBLISHED_FLOOR_SHARE:.0%} of the published {lowest.family} figure "
+            f"{lowest.busbw} GB/s at {lowest.bytes} B on {lowest.nodes} nodes ({lowest.source}); "
+            "replace it with this cluster's measured figure"
+        )
+
     def ceiling(self) -> PoolCeiling:
         """maxNodes times the largest figure among the pool's types, per resource."""
         return PoolCeiling(
@@ -538,11 +765,38 @@ def _ami_release_day(alias: str) -> str:
     return alias
 
 
+def _gpu_registration_timeout(value: str) -> str:
+    if not 1 / 60 <= _hours(value) <= 24:
+        raise ValueError(
+            f"{value} is out of range; allowed: 1m to 24h (a GPU node's device plugin needs "
+            "minutes to register)"
+        )
+    return value
+
+
 class KarpenterConfig(Model):
     # Pinned AL2023 release (al2023@vYYYYMMDD): `@latest` would silently roll every node.
     ami_alias: Annotated[str, AfterValidator(_ami_release_day)] = Field(
         default=KARPENTER_AMI_ALIAS, pattern=r"^al2023@v\d{8}$"
     )
+    # Karpenter's NodeRepair feature gate (alpha, off upstream): replace a node whose Ready or
+    # node monitoring agent condition stays bad (README, "Node health and repair").
+    node_repair: bool = True
+    # How long a GPU node may go without allocatable nvidia.com/gpu after it joined before the
+    # watcher deletes its NodeClaim. Default: the slowest GPU pool's modelled launch with margin
+    # (infra/components/gpu_registration_watch.py, registration_timeout).
+    gpu_registration_timeout: (
+        Annotated[Duration, AfterValidator(_gpu_registration_timeout)] | None
+    ) = None
+    # NodeClaims the watcher deletes in one run at most (a broken AMI must not empty a pool at
+    # once); 0: it only records events.
+    gpu_registration_max_deletions: int = Field(default=1, ge=0, le=10)
+
+    @property
+    def gpu_registration_timeout_seconds(self) -> int | None:
+        """gpuRegistrationTimeout in seconds; None when it is left to its default."""
+        timeout = self.gpu_registration_timeout
+        return round(_hours(timeout) * 3600) if timeout else None
 
 
 class TeamConfig(Model):
@@ -758,6 +1012,18 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
                 (
                     (*loc, "nodePool"),
                     _not_a_pool(flavor.node_pool, [*pools]),
+                )
+            )
+            continue
+        if pool.topology:
+            # Kueue admits onto a topology flavor only pods that ask for topology (the platform
+            # queue is not topology-only; kueue pkg/scheduler/flavorassigner/tas_flavorassigner.go,
+            # checkPodSetAndFlavorMatchForTAS), and DevServer pods do not.
+            problems.append(
+                (
+                    (*loc, "nodePool"),
+                    f"pool {pool.name} places pods by topology (staticNodes), where Kueue admits "
+                    "no DevServer; allowed: a pool without staticNodes",
                 )
             )
             continue

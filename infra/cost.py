@@ -8,6 +8,7 @@ provisioned size. Fixed-rate items only; usage-priced ones (S3 and EFS storage, 
 NAT and VPC endpoint data processing, job volumes) are named with their unit price, not guessed.
 """
 
+import json
 import math
 import re
 from collections.abc import Callable, Sequence
@@ -28,6 +29,9 @@ INSTANCE = "aws:ec2/instance:Instance"
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# What an EC2NodeClass's capacity reservations hold (JSON: a list of {instanceType,
+# instanceCount, reservationType, id or tags}), written by infra/components/node_pools.py.
+RESERVATIONS_ANNOTATION = "training-platform/capacity-reservations"
 # Kubernetes quantity suffixes (resource.Quantity): binary and decimal.
 QUANTITY_UNITS = {
     **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi"))},
@@ -182,8 +186,39 @@ def _instance(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> C
     )
 
 
+def _reservations(node_class: Declared) -> list:
+    raw = dig(node_class.props, "metadata", "annotations", RESERVATIONS_ANNOTATION)
+    if raw is None:
+        return []
+    try:
+        return listed(json.loads(str(raw)))
+    except json.JSONDecodeError:
+        raise UnpricedError(f"its {RESERVATIONS_ANNOTATION} annotation is not JSON") from None
+
+
+def _reserved_capacity(
+    r: Declared, stack: Sequence[Declared], prices: RegionPrices
+) -> CostLine | None:
+    """A reservation bills every instance-hour it holds, used or not: a fixed cost, at the type's
+    On-Demand rate for an ODCR. A Capacity Block is paid up front at purchase; its line is its
+    instances at the On-Demand list price, which its fee is not."""
+    entries = _reservations(r)
+    if not entries:
+        return None
+    parts, per_hour = [], 0.0
+    for entry in entries:
+        kind, count = str(_required(entry, "instanceType")), int(_required(entry, "instanceCount"))
+        per_hour += count * prices.instance(kind)
+        block = dig(entry, "reservationType") == "capacity-block"
+        what = "Capacity Block (prepaid; at list price)" if block else "ODCR"
+        parts.append(f"{count} x {kind} {what}")
+    name = dig(r.props, "metadata", "name") or r.name
+    return CostLine(f"reserved {name}", f"{', '.join(parts)}, billed used or not", per_hour)
+
+
 def _node_pool(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
-    """limits.nodes of the dearest type it may launch, each with its node class's disks."""
+    """limits.nodes of the dearest type it may launch, each with its node class's disks; nodes
+    its class's reservations hold are priced on the reservation's line instead."""
     name = str(dig(r.props, "metadata", "name") or r.name)
     spec = dig(r.props, "spec", "template", "spec")
     types = [
@@ -206,11 +241,17 @@ def _node_pool(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> 
     gib = sum(_quantity(_gp3_size(disk, prices)) / 1024**3 for disk in disks)  # "200Gi"
     dearest = max(types, key=prices.instance)
     count = _quantity(nodes)
+    reserved = sum(int(_required(e, "instanceCount")) for c in classes for e in _reservations(c))
+    detail = f"{count:g} x {dearest}, {gib:g} GiB gp3 each"
+    if reserved:
+        detail += f", {reserved} of them reserved (their line)"
+    # A static NodePool keeps its nodes running: always on, not a ceiling.
+    static = dig(r.props, "spec", "replicas") is not None
     return CostLine(
         name,
-        f"{count:g} x {dearest}, {gib:g} GiB gp3 each",
-        count * (prices.instance(dearest) + _gp3_per_hour(gib, prices)),
-        node_pool=True,
+        f"static, always on: {detail}" if static else detail,
+        max(count - reserved, 0) * prices.instance(dearest) + count * _gp3_per_hour(gib, prices),
+        node_pool=not static,
     )
 
 
@@ -224,6 +265,7 @@ PRICERS: dict[str, Pricer] = {
     LUSTRE: _lustre,
     INSTANCE: _instance,
     NODEPOOL: _node_pool,
+    NODECLASS: _reserved_capacity,
 }
 
 

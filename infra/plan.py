@@ -118,7 +118,8 @@ def pool_rows(config: StackConfig, plan: Plan, cost: StackCost) -> list[str]:
     def nominal(pool: str, resource: str) -> str:
         return quota.get((pool, resource), {}).get("nominalQuota", "-")
 
-    priced = {line.item: money(line.usd_per_hour) for line in cost.pools}
+    # A static pool's line is always on (baseline), a dynamic one's a ceiling: both by pool name.
+    priced = {line.item: line.usd_per_hour for line in cost.lines}
     rows = []
     for pool in config.node_pools:
         c = pool.ceiling()
@@ -133,7 +134,7 @@ def pool_rows(config: StackConfig, plan: Plan, cost: StackCost) -> list[str]:
                 nominal(pool.name, "nvidia.com/gpu"),
                 nominal(pool.name, "cpu"),
                 nominal(pool.name, "memory"),
-                priced.get(pool.name, "-"),
+                money(priced[pool.name]) if pool.name in priced else "-",
             ]
         )
     ceilings = [p.ceiling() for p in config.node_pools]
@@ -148,7 +149,7 @@ def pool_rows(config: StackConfig, plan: Plan, cost: StackCost) -> list[str]:
             "",
             "",
             "",
-            money(cost.pools_per_hour),
+            money(sum(priced.get(p.name, 0.0) for p in config.node_pools)),
         ]
     )
     header = ["pool", "instance types", "max nodes", "max GPUs", "max vCPU", "max mem GiB"]
@@ -219,7 +220,7 @@ def cost_rows(cost: StackCost) -> list[str]:
 
     rows = [row(line.item, line.detail, line.usd_per_hour) for line in cost.baseline]
     rows.append(row("baseline", "always on, billed from pulumi up", cost.baseline_per_hour))
-    rows.append(row("NodePools", "all pools at their ceilings", cost.pools_per_hour))
+    rows.append(row("NodePools", "dynamic pools at their ceilings", cost.pools_per_hour))
     rows.append(row("total", "most this stack can cost", cost.total_per_hour))
     prices = cost.prices
     return [

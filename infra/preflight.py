@@ -1,11 +1,13 @@
 """GPU availability preflight: would AWS actually give this stack the capacity its pools declare?
 
 `python -m infra.preflight --stack dev` reads Pulumi.<stack>.yaml and asks AWS (read-only calls,
-the caller's credentials) three things before `pulumi up` schedules pools and jobs:
+the caller's credentials) four things before `pulumi up` schedules pools and jobs:
 - EC2 vCPU service quotas per quota bucket (Standard, G/VT, P, P5; on-demand and spot), against
   the sum of the pools' ceilings (maxNodes x largest type) plus the system node group;
 - instance type offerings in the stack's availability zones;
-- recent spot prices for spot pools (a type with no spot price in any zone has no spot market).
+- recent spot prices for spot pools (a type with no spot price in any zone has no spot market);
+- the pools' capacity reservations: they exist, are active (a Capacity Block may still be
+  scheduled), and hold the instance type, count and zone the stack file says.
 It prints one line per finding and exits 1 when something is not satisfiable.
 """
 
@@ -20,7 +22,7 @@ import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.catalog import load_catalog, load_prices
-from infra.config import ConfigError, StackConfig, load_stack_file
+from infra.config import CapacityReservation, ConfigError, StackConfig, load_stack_file
 
 
 @dataclass(frozen=True)
@@ -52,14 +54,22 @@ FAMILY_BUCKETS = [
     (r"[acdhimrtz]\d+[a-z]*", "standard"),
 ]
 SPOT_PRODUCT = "Linux/UNIX"
+# Karpenter launches Linux instances with default tenancy and lists only `active` reservations
+# (karpenter-provider-aws v1.14.1, pkg/providers/capacityreservation/types.go); a Capacity Block
+# is `scheduled` until its start date (EC2 API, CapacityReservation.State).
+RESERVATION_PLATFORM = "Linux/UNIX"
+RESERVATION_TENANCY = "default"
 SPOT_LOOKBACK = timedelta(days=1)
 
 
 def quota_bucket(instance_type: str, capacity_type: str) -> QuotaBucket:
     family = instance_type.split(".")[0]
+    # Reserved instances count against the On-Demand vCPU quota (EC2 user guide, "Capacity
+    # Reservations": a reservation is limited by the account's On-Demand Instance quota).
+    market = "on-demand" if capacity_type == "reserved" else capacity_type
     for pattern, bucket in FAMILY_BUCKETS:
         if re.fullmatch(pattern, family):
-            return QUOTAS[(bucket, capacity_type)]
+            return QUOTAS[(bucket, market)]
     raise ValueError(f"{instance_type}: no EC2 vCPU quota bucket known for family {family!r}")
 
 
@@ -216,6 +226,96 @@ def check_spot(config: StackConfig, ec2, zones: list[str], report: Report) -> No
             (report.problems if only_spot else report.warnings).append(line)
 
 
+def reservation_query(reservation: CapacityReservation) -> dict:
+    """DescribeCapacityReservations parameters selecting what Karpenter's selector term selects
+    (karpenter-provider-aws v1.14.1, capacityreservation/types.go), in any state."""
+    if reservation.id:
+        return {"CapacityReservationIds": [reservation.id]}
+    return {
+        "Filters": [
+            {"Name": "tag-key", "Values": [key]}
+            if value == "*"
+            else {"Name": f"tag:{key}", "Values": [value]}
+            for key, value in sorted((reservation.tags or {}).items())
+        ]
+    }
+
+
+def describe_reservations(ec2, reservation: CapacityReservation) -> list[dict]:
+    pages = ec2.get_paginator("describe_capacity_reservations").paginate(
+        **reservation_query(reservation)
+    )
+    try:
+        return [r for page in pages for r in page["CapacityReservations"]]
+    except ClientError as e:
+        # What EC2 answers for an id it does not know (Karpenter's pkg/errors/errors.go).
+        if e.response["Error"]["Code"] == "InvalidCapacityReservationId.NotFound":
+            return []
+        raise
+
+
+def check_reservations(config: StackConfig, ec2, zones: list[str], report: Report) -> None:
+    for pool in config.node_pools:
+        pool_zones = [pool.availability_zone] if pool.efa else zones
+        for reservation in pool.capacity_reservations:
+            check_reservation(pool.name, reservation, ec2, pool_zones, report)
+
+
+def check_reservation(
+    pool: str, reservation: CapacityReservation, ec2, zones: list[str], report: Report
+) -> None:
+    """ERROR for what Karpenter could not launch into or the plan priced wrongly; WARN for a
+    Capacity Block not started yet."""
+    selector = reservation.id or "tags " + ", ".join(
+        f"{k}={v}" for k, v in sorted((reservation.tags or {}).items())
+    )
+    found = describe_reservations(ec2, reservation)
+    if not found:
+        report.problems.append(f"{pool}: capacity reservation {selector} not found")
+        return
+    wanted = reservation.reservation_type
+    for r in found:
+        name = r["CapacityReservationId"]
+        state, kind = r["State"], r.get("ReservationType", "default")
+        dates = f"{_day(r.get('StartDate'))} to {_day(r.get('EndDate'))}"
+        expected = {
+            "reservationType": (kind, wanted),
+            "instance type": (r["InstanceType"], reservation.instance_type),
+            "platform": (r["InstancePlatform"], RESERVATION_PLATFORM),
+            "tenancy": (r["Tenancy"], RESERVATION_TENANCY),
+        }
+        wrong = [
+            f"{what} {got} (wanted {want})" for what, (got, want) in expected.items() if got != want
+        ]
+        if r["AvailabilityZone"] not in zones:
+            wrong.append(f"zone {r['AvailabilityZone']} (the pool's: {', '.join(zones)})")
+        scheduled = state == "scheduled" and kind == "capacity-block"
+        if state != "active" and not scheduled:
+            wrong.append(f"state {state} (Karpenter launches only into active reservations)")
+        if wrong:
+            report.problems.append(f"{pool}: {name}: {'; '.join(wrong)}")
+        elif scheduled:
+            report.warnings.append(
+                f"{pool}: {name} scheduled, {dates}: Karpenter launches into it once active"
+            )
+        else:
+            report.notes.append(
+                f"{pool}: {name} active, {r['AvailableInstanceCount']} of "
+                f"{r['TotalInstanceCount']} x {r['InstanceType']} free in {r['AvailabilityZone']}"
+                + (f", {dates}" if kind == "capacity-block" else "")
+            )
+    total = sum(r["TotalInstanceCount"] for r in found)
+    if total != reservation.instance_count:
+        report.problems.append(
+            f"{pool}: {selector} holds {total} instances, the stack file says "
+            f"instanceCount {reservation.instance_count} (what the plan prices)"
+        )
+
+
+def _day(value) -> str:
+    return value.date().isoformat() if isinstance(value, datetime) else "?"
+
+
 def preflight(config: StackConfig, ec2, quotas) -> Report:
     report = Report()
     zones = stack_zones(config, ec2)
@@ -223,6 +323,7 @@ def preflight(config: StackConfig, ec2, quotas) -> Report:
     check_quotas(config, quotas, report)
     check_offerings(config, ec2, zones, report)
     check_spot(config, ec2, zones, report)
+    check_reservations(config, ec2, zones, report)
     return report
 
 

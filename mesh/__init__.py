@@ -1,5 +1,7 @@
-"""Light mode: GPUs outside AWS train together over a WireGuard mesh with torchrun, no cluster.
+"""Light mode: GPUs outside AWS train together with torchrun, no cluster.
 
-`tp-mesh` (mesh/cli.py) reads a mesh file (mesh/example.yaml), writes WireGuard hub-and-spoke
-configs, checks every node over SSH and launches the same torchrun command on all of them.
+`tp-mesh` (mesh/cli.py) reads a mesh file (mesh/example.yaml): over its own WireGuard (a full
+mesh between machines with an endpoint, the coordinator relaying for the others, mesh/layout.py)
+or a tailnet the machines are on already; it checks every node over SSH, copies a workdir and
+runs a setup on each, and launches the same torchrun command on all of them.
 """

@@ -1,13 +1,15 @@
-"""Validate rendered custom resources against the upstream CRDs vendored in tests/crds and the
-project's own CRDs (devservers/crds).
+"""Validate rendered custom resources against the upstream CRDs in tests/crds (copied from the
+steering repository's shared data), the CRDs written down from upstream's types where none was
+copied (WRITTEN_DOWN) and the project's own CRDs (devservers/crds).
 
 CRD schemas accept unknown fields, so a misspelled optional field would pass. Every object schema
 that lists `properties` and does not preserve unknown fields is closed here
 (`additionalProperties: false`), as the API server's structural pruning would drop such fields.
-CEL rules (`x-kubernetes-validations`) are not evaluated.
+CEL rules (`x-kubernetes-validations`) are evaluated separately, by cel_violations.
 """
 
 import copy
+import re
 from functools import cache
 from pathlib import Path
 
@@ -15,9 +17,11 @@ import yaml
 from openapi_schema_validator import OAS30Validator
 
 from devservers.api import CRD_DIR as DEVSERVER_CRD_DIR
+from tests.kueue_rules import topology_crd
 
 CRD_DIR = Path(__file__).resolve().parent / "crds"
 CRD_DIRS = [CRD_DIR, DEVSERVER_CRD_DIR]
+WRITTEN_DOWN = [topology_crd()]
 
 
 def _closed(schema):
@@ -39,8 +43,8 @@ def _closed(schema):
 def _versions() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> the CRD's version entry, for every version of every CRD."""
     versions = {}
-    for path in sorted(p for crd_dir in CRD_DIRS for p in crd_dir.rglob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
+    paths = sorted(p for crd_dir in CRD_DIRS for p in crd_dir.rglob("*.yaml"))
+    for crd in [yaml.safe_load(path.read_text()) for path in paths] + WRITTEN_DOWN:
         if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition":
             continue
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]
@@ -94,13 +98,39 @@ def with_defaults(manifest: dict) -> dict:
     )
 
 
+def _cel_find(string, regex):
+    """Kubernetes' CEL `<string>.find(<regex>)`: the first match, or '' (k8s.io/apiserver
+    pkg/cel/library/regex.go, find: regexp.FindString). cel-python lacks Kubernetes' libraries."""
+    from celpy import celtypes
+
+    match = re.search(str(regex), str(string))
+    return celtypes.StringType(match.group(0) if match else "")
+
+
+def _cel_split(string, separator):
+    """cel-go's strings extension `<string>.split(<string>)`, which Kubernetes enables for CRD
+    rules (google/cel-go ext/strings.go, split: strings.Split; here with a non-empty separator,
+    as every vendored rule uses it)."""
+    from celpy import celtypes
+
+    return celtypes.ListType(celtypes.StringType(p) for p in str(string).split(str(separator)))
+
+
+# Kubernetes' CEL library functions the vendored CRDs' rules call, which cel-python lacks.
+K8S_CEL_FUNCTIONS = {"find": _cel_find, "split": _cel_split}
+
+
 def cel_violations(manifest: dict, old: dict | None = None) -> list[str]:
     """Messages of the CRD's CEL rules (x-kubernetes-validations) that `manifest` breaks.
 
-    Evaluated with cel-python on the defaulted object; rules naming oldSelf (transition rules)
-    only when `old` is given, as the API server runs them only on updates.
+    Evaluated with cel-python on the defaulted object, through objects, list items and map
+    values; rules naming oldSelf (transition rules) only when `old` is given, as the API server
+    runs them only on updates, and not inside lists (the API server correlates old items only in
+    listType=map/set lists, which these CRDs' rules do not sit in). A rule that does not evaluate
+    to true, an evaluation error included, is broken.
     """
     import celpy
+    from celpy import celtypes
 
     env = celpy.Environment()
     broken = []
@@ -113,13 +143,25 @@ def cel_violations(manifest: dict, old: dict | None = None) -> list[str]:
             activation = {"self": celpy.json_to_cel(value)}
             if transition:
                 activation["oldSelf"] = celpy.json_to_cel(old_value)
-            if not env.program(env.compile(rule["rule"])).evaluate(activation):
+            program = env.program(env.compile(rule["rule"]), functions=K8S_CEL_FUNCTIONS)
+            try:
+                result = program.evaluate(activation)
+            except celpy.CELEvalError:  # the API server refuses an object a rule errors on
+                result = None
+            if not (isinstance(result, celtypes.BoolType) and result):
                 broken.append(f"{path}: {rule.get('message', rule['rule'])}")
         if isinstance(value, dict):
             for key, sub in schema.get("properties", {}).items():
                 if key in value:
                     previous = old_value.get(key) if isinstance(old_value, dict) else None
                     walk(sub, value[key], previous, f"{path}.{key}")
+            values_schema = schema.get("additionalProperties")
+            if isinstance(values_schema, dict) and "properties" not in schema:
+                for key, item in value.items():
+                    walk(values_schema, item, None, f"{path}[{key}]")
+        elif isinstance(value, list) and isinstance(schema.get("items"), dict):
+            for i, item in enumerate(value):
+                walk(schema["items"], item, None, f"{path}[{i}]")
 
     key = (manifest["apiVersion"], manifest["kind"])
     schema = _versions()[key]["schema"]["openAPIV3Schema"]

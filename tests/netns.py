@@ -82,12 +82,39 @@ class Namespaces:
     def _root(self, *argv: str, **kwargs) -> subprocess.CompletedProcess:
         return subprocess.run([*self.sudo, *argv], capture_output=True, text=True, **kwargs)
 
+    def add_behind_nat(self, name: str, router_underlay: str) -> str:
+        """A namespace behind a masquerading router (namespace <name>-nat, with a port on the
+        bridge): it reaches the bridge's addresses, which cannot reach it, as a machine behind a
+        home router without port forwarding."""
+        router = self.add(f"{name}-nat", underlay=router_underlay)
+        ns = self.add(name)
+        self.run(
+            router, "ip", "link", "add", "lan0", "type", "veth", "peer", "name", "eth0", "netns", ns
+        )
+        self.run(router, "ip", "addr", "add", "192.168.77.1/24", "dev", "lan0")
+        self.run(router, "ip", "link", "set", "lan0", "up")
+        self.run(router, "sysctl", "-qw", "net.ipv4.ip_forward=1")
+        self.run(
+            router, "iptables", "-t", "nat", "-A", "POSTROUTING", "-o", "eth0", "-j", "MASQUERADE"
+        )
+        self.run(ns, "ip", "addr", "add", "192.168.77.2/24", "dev", "eth0")
+        self.run(ns, "ip", "link", "set", "eth0", "up")
+        self.run(ns, "ip", "route", "add", "default", "via", "192.168.77.1")
+        return ns
+
+    def exec_prefix(self, ns: str, env: dict[str, str] | None = None) -> list[str]:
+        """What runs a command in `ns` (with env added: sudo would drop the caller's)."""
+        return [*self.sudo, "ip", "netns", "exec", ns, "env", *_assignments(env)]
+
     def run(
         self, ns: str, *argv: str, check: bool = True, env: dict[str, str] | None = None, **kwargs
     ) -> subprocess.CompletedProcess:
-        prefix = [*self.sudo, "ip", "netns", "exec", ns, "env", *_assignments(env)]
         done = subprocess.run(
-            [*prefix, *argv], capture_output=True, text=True, timeout=60, **kwargs
+            [*self.exec_prefix(ns, env), *argv],
+            capture_output=True,
+            text=True,
+            timeout=60,
+            **kwargs,
         )
         if check and done.returncode != 0:
             raise AssertionError(

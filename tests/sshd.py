@@ -1,6 +1,8 @@
 """A real SSH server for tests: paramiko's server side on a loopback address, running each exec
-request with /bin/sh on this machine. Two of them on 127.0.0.2 and 127.0.0.3 stand in for two
-hosts of a mesh, without root, network namespaces or an sshd package."""
+request with /bin/sh on this machine (stdin, stdout, stderr and the exit status carried over the
+channel as sshd carries them). Two of them on 127.0.0.2 and 127.0.0.3 stand in for two hosts of
+a mesh, without root or an sshd package; given a command prefix (`ip netns exec NS`), a host's
+commands run in a network namespace of its own."""
 
 import signal
 import socket
@@ -38,8 +40,14 @@ class _ExecServer(paramiko.ServerInterface):
 
 
 class LoopbackSshd:
-    def __init__(self, address: str, client_key: paramiko.PKey, env: dict[str, str]):
-        self.address, self.client_key, self.env = address, client_key, env
+    def __init__(
+        self,
+        address: str,
+        client_key: paramiko.PKey,
+        env: dict[str, str],
+        prefix: tuple[str, ...] = (),
+    ):
+        self.address, self.client_key, self.env, self.prefix = address, client_key, env, prefix
         self.host_key = paramiko.ECDSAKey.generate()
         self._socket = socket.create_server((address, 0))
         self.port = self._socket.getsockname()[1]
@@ -60,13 +68,15 @@ class LoopbackSshd:
 
     def execute(self, channel: paramiko.Channel, command: str) -> None:
         process = subprocess.Popen(
-            ["/bin/sh", "-c", command],
+            [*self.prefix, "/bin/sh", "-c", command],
+            stdin=subprocess.PIPE,
             stdout=subprocess.PIPE,
             stderr=subprocess.PIPE,
             env=self.env,
             start_new_session=True,
         )
         self._processes.append(process)
+        threading.Thread(target=self._feed, args=(channel, process.stdin), daemon=True).start()
         pumps = [
             threading.Thread(target=self._pump, args=(process.stdout, channel.sendall)),
             threading.Thread(target=self._pump, args=(process.stderr, channel.sendall_stderr)),
@@ -83,6 +93,21 @@ class LoopbackSshd:
             channel.close()
         except (EOFError, OSError):
             pass  # the client hung up first (it had read the exit status or gave up)
+
+    @staticmethod
+    def _feed(channel: paramiko.Channel, stdin) -> None:
+        """The channel's data to the command's stdin, closed at the client's EOF as sshd does."""
+        try:
+            for chunk in iter(lambda: channel.recv(65536), b""):
+                stdin.write(chunk)
+                stdin.flush()
+        except OSError:
+            pass  # the command exited without reading all of it
+        finally:
+            try:
+                stdin.close()
+            except OSError:
+                pass
 
     @staticmethod
     def _pump(stream, send) -> None:

@@ -205,7 +205,11 @@ def test_helm_release_pinned_and_configured(dev_plan):
     )
     assert release["version"] == "1.14.1"
     settings = release["values"]["settings"]
-    assert settings == {"clusterName": "tp-dev", "interruptionQueue": "karpenter-tp-dev"}
+    assert settings == {
+        "clusterName": "tp-dev",
+        "interruptionQueue": "karpenter-tp-dev",
+        "featureGates": {"nodeRepair": True},
+    }
     assert release["values"]["nodeSelector"] == {"training-platform/node-role": "system"}
 
 
@@ -309,9 +313,9 @@ def test_max_nodes_edit_moves_that_pools_limits_quota_and_cost_together_and_noth
         ({"instanceTypes": ["g5.xlarge", "m6i.large"]}, "nodePools[gpu]", "mixes GPU and CPU"),
         ({"maxNodes": 0}, "nodePools[gpu].maxNodes", "greater than or equal to 1"),
         (
-            {"capacityTypes": ["reserved"]},
+            {"capacityTypes": ["ondemand"]},
             "nodePools[gpu].capacityTypes[0]",
-            "'on-demand' or 'spot'",
+            "'on-demand', 'spot' or 'reserved'",
         ),
         ({"name": "GPU_small"}, "nodePools[0].name", "does not match"),
     ],

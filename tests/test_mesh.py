@@ -1,10 +1,14 @@
-"""tp-mesh: WireGuard configs, the mesh file's validation, and SSH checks and a torchrun launch of
-the real trainer against two SSH servers on loopback addresses standing in for two machines."""
+"""tp-mesh: keys and WireGuard configs, the mesh file's validation, and SSH checks, the workdir and
+setup, and a torchrun launch of the real trainer against two SSH servers on loopback addresses
+standing in for two machines. Real networks in namespaces: tests/test_mesh_netns.py."""
 
 import base64
+import ipaddress
 import json
+import shlex
 import socket
 import stat
+import subprocess
 import sys
 import threading
 import time
@@ -17,6 +21,7 @@ import yaml
 from mesh import cli, remote
 from mesh.spec import MeshError, load_mesh
 from mesh.wireguard import decode_key, generate_private_key, public_key
+from mesh.workdir import pack
 from tests.sshd import LoopbackSshd, write_known_hosts
 
 ROOT = Path(__file__).resolve().parent.parent
@@ -71,51 +76,121 @@ def test_public_key_is_x25519_as_wg_pubkey_computes_it():
             decode_key(bad)
 
 
-def test_hub_and_spoke_configs(tmp_path):
-    mesh = load_mesh(mesh_file(tmp_path, three_nodes()))
+def test_keygen_keeps_the_private_key_on_its_machine_and_prints_the_public_key(tmp_path, capsys):
+    key_file = tmp_path / "etc" / "wireguard" / "wg0.key"
+    assert cli.main(["keygen", "--key-file", str(key_file)]) == 0
+    out, err = capsys.readouterr()
+    private = key_file.read_text().strip()
+    wg_pubkey = subprocess.run(["wg", "pubkey"], input=private, capture_output=True, text=True)
+    assert out == wg_pubkey.stdout  # the public key alone, as WireGuard's own tool derives it
+    assert private not in out + err
+    assert stat.S_IMODE(key_file.stat().st_mode) == 0o600
+    assert stat.S_IMODE(key_file.parent.stat().st_mode) == 0o700
+    # Run again: the same key, whose public key may be in mesh files already.
+    assert cli.main(["keygen", "--key-file", str(key_file)]) == 0
+    assert capsys.readouterr().out == wg_pubkey.stdout
+    key_file.chmod(0o640)
+    assert cli.main(["keygen", "--key-file", str(key_file)]) == 2
+    assert "others can read (mode 640); allowed: 600" in capsys.readouterr().err
+
+
+def four_nodes() -> dict:
+    """hub and alice with endpoints, bob and carol behind NAT without; keys from keygen."""
+    keys = {name: public_key(generate_private_key()) for name in ("hub", "alice", "bob", "carol")}
+    document = three_nodes()
+    document["nodes"][1]["endpoint"] = "alice.example.org"
+    document["nodes"].append({"name": "carol", "ssh": {"host": "carol.lan"}})
+    for node in document["nodes"]:
+        node["publicKey"] = keys[node["name"]]
+    document["nodes"][3]["privateKeyFile"] = "/home/carol/wg key"
+    return document
+
+
+def test_configs_are_a_full_mesh_between_endpoints_with_the_hub_for_the_rest(tmp_path):
+    document = four_nodes()
+    keys = {n["name"]: n["publicKey"] for n in document["nodes"]}
+    mesh = load_mesh(mesh_file(tmp_path, document))
     assert {k: str(v) for k, v in mesh.addresses().items()} == {
         "hub": "10.77.0.1",
         "alice": "10.77.0.2",
         "bob": "10.77.0.9",
+        "carol": "10.77.0.3",
     }
     paths = cli.write_configs(mesh, tmp_path / "out")
-    keys = {
-        p.stem: (tmp_path / "out" / "keys" / f"{p.stem}.key").read_text().strip() for p in paths
-    }
-    hub, *peers = sections((tmp_path / "out" / "hub.conf").read_text())
+    configs = {p.stem: (tmp_path / "out" / f"{p.stem}.conf").read_text() for p in paths}
+    hub, *hub_peers = sections(configs["hub"])
+    key = "wg set %i private-key /etc/wireguard/wg0.key"
     assert hub == {
         "section": "Interface",
         "Address": "10.77.0.1/24",
         "ListenPort": "51820",
-        "PrivateKey": keys["hub"],
         "PostUp": [
+            f"{key} peer {keys['alice']} persistent-keepalive 25",
             "sysctl -w net.ipv4.ip_forward=1",
             "iptables -A FORWARD -i %i -o %i -j ACCEPT",
         ],
         "PostDown": "iptables -D FORWARD -i %i -o %i -j ACCEPT",
     }
-    assert peers == [
-        {"section": "Peer", "PublicKey": public_key(keys["alice"]), "AllowedIPs": "10.77.0.2/32"},
-        {"section": "Peer", "PublicKey": public_key(keys["bob"]), "AllowedIPs": "10.77.0.9/32"},
+    assert hub_peers == [
+        {
+            "section": "Peer",
+            "PublicKey": keys["alice"],
+            "Endpoint": "alice.example.org:51820",
+            "AllowedIPs": "10.77.0.2/32",
+        },
+        {"section": "Peer", "PublicKey": keys["bob"], "AllowedIPs": "10.77.0.9/32"},
+        {"section": "Peer", "PublicKey": keys["carol"], "AllowedIPs": "10.77.0.3/32"},
     ]
-    interface, peer = sections((tmp_path / "out" / "bob.conf").read_text())
-    assert interface == {
+    alice, *alice_peers = sections(configs["alice"])
+    assert alice == {
         "section": "Interface",
-        "Address": "10.77.0.9/24",
-        "PrivateKey": keys["bob"],
+        "Address": "10.77.0.2/24",
+        "ListenPort": "51820",
+        "PostUp": f"{key} peer {keys['hub']} persistent-keepalive 25",
     }
-    assert peer == {
-        "section": "Peer",
-        "PublicKey": public_key(keys["hub"]),
-        "Endpoint": "hub.example.org:51820",
-        "AllowedIPs": "10.77.0.0/24",
-        "PersistentKeepalive": "25",
-    }
-    for path in [*paths, *(tmp_path / "out" / "keys").iterdir()]:
+    # Bob and carol are reached through the hub: in its AllowedIPs and no other peer's.
+    assert alice_peers == [
+        {
+            "section": "Peer",
+            "PublicKey": keys["hub"],
+            "Endpoint": "hub.example.org:51820",
+            "AllowedIPs": "10.77.0.1/32, 10.77.0.9/32, 10.77.0.3/32",
+        }
+    ]
+    assert sections(configs["carol"]) == [
+        {
+            "section": "Interface",
+            "Address": "10.77.0.3/24",
+            "PostUp": "wg set %i private-key '/home/carol/wg key' peer "
+            f"{keys['hub']} persistent-keepalive 25",
+        },
+        {
+            "section": "Peer",
+            "PublicKey": keys["hub"],
+            "Endpoint": "hub.example.org:51820",
+            "AllowedIPs": "10.77.0.0/24",
+        },
+    ]
+    # WireGuard sends each packet to the one peer whose AllowedIPs hold its destination
+    # (wireguard.com/#cryptokey-routing): in every config, each other node is in exactly one.
+    addresses = mesh.addresses()
+    for name, config in configs.items():
+        allowed = [
+            [ipaddress.IPv4Network(n) for n in peer["AllowedIPs"].split(", ")]
+            for peer in sections(config)[1:]
+        ]
+        for other, address in addresses.items():
+            holders = [nets for nets in allowed if any(address in n for n in nets)]
+            assert other == name or len(holders) == 1, (name, other)
+        assert "PrivateKey" not in config
+    for path in paths:
         assert stat.S_IMODE(path.stat().st_mode) == 0o600, path
-    # A second run keeps the keys: configs already installed on the machines stay valid.
-    cli.write_configs(mesh, tmp_path / "out")
-    assert (tmp_path / "out" / "keys" / "hub.key").read_text().strip() == keys["hub"]
+
+
+def test_a_mesh_file_without_public_keys_says_how_to_make_them(tmp_path, capsys):
+    assert cli.main(["wireguard", str(mesh_file(tmp_path, three_nodes()))]) == 2
+    err = capsys.readouterr().err
+    assert "nodes hub, alice, bob have no publicKey" in err and "tp-mesh keygen" in err
 
 
 @pytest.mark.parametrize(
@@ -150,6 +225,48 @@ def test_hub_and_spoke_configs(tmp_path):
             "addresses 10.77.0.5 repeat",
         ),
         ({"nodes": [{"name": "Hub!", "ssh": {"host": "h"}}]}, "nodes.0.name: String should match"),
+        ({"network": "tailscale"}, "network: 'tailscale': allowed: an IPv4 network"),
+        ({"network": "tailnet"}, "node hub: address (none) is not a tailnet address; allowed"),
+        (
+            {
+                "network": "tailnet",
+                "nodes": [{"name": "hub", "address": "10.1.2.3", "ssh": {"host": "h"}}],
+            },
+            "node hub: address 10.1.2.3 is not a tailnet address; allowed: its address in "
+            "100.64.0.0/10 or fd7a:115c:a1e0::/48",
+        ),
+        (
+            {
+                "network": "tailnet",
+                "nodes": [
+                    {"name": "hub", "address": "100.64.1.1", "endpoint": "x", "ssh": {"host": "h"}}
+                ],
+            },
+            "node hub: endpoint set, but network is tailnet",
+        ),
+        (
+            {
+                "network": "tailnet",
+                "nodes": [
+                    {"name": "hub", "address": "100.64.1.1", "ssh": {"host": "h"}},
+                    {"name": "bob", "address": "fd7a:115c:a1e0::2", "ssh": {"host": "b"}},
+                ],
+            },
+            "addresses mix IPv4 and IPv6",
+        ),
+        (
+            {
+                "nodes": [
+                    {**n, "publicKey": "VNgSge75WmTmTcg71NvFgRrCYtyxp7FCBOPiBFatZXI="}
+                    for n in three_nodes()["nodes"]
+                ]
+            },
+            "nodes hub, alice, bob have the same publicKey",
+        ),
+        (
+            {"nodes": [{**three_nodes()["nodes"][0], "publicKey": "abc"}]},
+            "nodes.0.publicKey: not a WireGuard key",
+        ),
         ({"meshName": "x"}, "meshName: Extra inputs are not permitted"),
     ],
 )
@@ -189,6 +306,29 @@ def test_every_node_gets_the_same_prompt_rendezvous_settings(tmp_path):
     }
 
 
+def test_tailnet_nodes_use_their_tailnet_address_and_tailscale0(tmp_path):
+    document = {
+        "network": "tailnet",
+        "coordinator": "hub",
+        "nodes": [
+            {"name": "hub", "address": "fd7a:115c:a1e0::1", "ssh": {"host": "hub"}},
+            {
+                "name": "mac",
+                "address": "fd7a:115c:a1e0::2",
+                "interface": "utun4",
+                "ssh": {"host": "m"},
+            },
+        ],
+    }
+    mesh = load_mesh(mesh_file(tmp_path, document))
+    for node, interface in zip(mesh.nodes, ["tailscale0", "utun4"], strict=True):
+        command = remote.torchrun_command(mesh, node, "2", 1, "r", 0, ["-m", "trainer"])
+        assert f"GLOO_SOCKET_IFNAME={interface} NCCL_SOCKET_IFNAME={interface}" in command
+        argv = shlex.split(command)
+        assert argv[argv.index("--rdzv-endpoint") + 1] == "[fd7a:115c:a1e0::1]:29400"
+        assert argv[argv.index("--local-addr") + 1] == str(node.address)
+
+
 FAKE_NVIDIA_SMI = """#!/bin/sh
 echo "NVIDIA GeForce RTX 4090, 24564, 23012"
 echo "NVIDIA GeForce RTX 4090, 24564, 1200"
@@ -215,7 +355,7 @@ def hosts(tmp_path):
         server.close()
 
 
-def loopback_mesh(tmp_path, hosts, extra_nodes=()) -> Path:
+def loopback_mesh(tmp_path, hosts, extra_nodes=(), workdirs: dict[str, Path] | None = None) -> Path:
     servers, key_file, known_hosts = hosts
     with socket.create_server((HOSTS[0], 0)) as probe:
         rendezvous_port = probe.getsockname()[1]
@@ -231,7 +371,7 @@ def loopback_mesh(tmp_path, hosts, extra_nodes=()) -> Path:
                 "keyFile": str(key_file),
             },
             "python": sys.executable,
-            "workdir": str(ROOT),
+            "workdir": str((workdirs or {}).get(name, ROOT)),
         }
         for name, server in zip(["hub", "peer"], servers, strict=True)
     ]
@@ -278,46 +418,106 @@ def test_check_reports_gpus_cpu_only_and_unreachable_nodes(tmp_path, hosts):
     assert not unknown.reachable and "not found in known_hosts" in unknown.summary()
 
 
-def test_launch_trains_across_two_hosts_with_c10d_rendezvous(tmp_path, hosts, capsys):
+def workdir_source(tmp_path: Path) -> Path:
+    """A project to copy: what it needs, and what stays behind (.git, a build, an --exclude)."""
+    source = tmp_path / "project"
+    for path, text in {
+        "setup.sh": 'echo "setting up in $PWD"; cp data/notes.txt setup-done\n',
+        "data/notes.txt": "notes\n",
+        ".git/HEAD": "ref: refs/heads/main\n",
+        "build/big.bin": "x" * 4096,
+        "scratch.tmp": "scratch\n",
+    }.items():
+        (source / path).parent.mkdir(parents=True, exist_ok=True)
+        (source / path).write_text(text)
+    return source
+
+
+def test_launch_copies_the_workdir_runs_setup_and_trains_across_two_hosts(tmp_path, hosts, capsys):
+    """The workdir copied to both hosts and the setup run on both before torchrun starts the
+    real trainer on each, meeting through c10d."""
     servers = hosts[0]
-    servers[1].env["PATH"] = "/usr/bin:/bin"  # both CPU-only: the trainer runs on gloo
+    for server in servers:  # both CPU-only: the trainer runs on gloo; from this checkout
+        server.env |= {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
+    workdirs = {name: tmp_path / f"{name}-tp" for name in ("hub", "peer")}
     metrics = tmp_path / "metrics.jsonl"
-    code = cli.main(
-        [
-            "launch",
-            str(loopback_mesh(tmp_path, hosts)),
-            "--nnodes",
-            "1:2",
-            "--max-restarts",
-            "0",
-            "--",
-            "-m",
-            "trainer",
-            "--steps",
-            "6",
-            "--global-batch",
-            "8",
-            "--micro-batch",
-            "4",
-            "--log-every",
-            "2",
-            "--checkpoint-every",
-            "3",
-            "--threads",
-            "1",
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
-            "--metrics",
-            str(metrics),
-        ]
-    )
+    argv = ["launch", str(loopback_mesh(tmp_path, hosts, workdirs=workdirs))]
+    argv += ["--nnodes", "1:2", "--max-restarts", "0"]
+    argv += ["--workdir", str(workdir_source(tmp_path)), "--exclude", "*.tmp"]
+    argv += ["--setup", "sh setup.sh", "--", "-m", "trainer", "--steps", "6"]
+    argv += ["--global-batch", "8", "--micro-batch", "4", "--log-every", "2"]
+    argv += ["--checkpoint-every", "3", "--threads", "1"]
+    argv += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", str(metrics)]
+    code = cli.main(argv)
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
+    for name, workdir in workdirs.items():
+        assert f"{name}: copied 2 files, 0.0 MiB to {workdir}" in out
+        copied = {"setup.sh", "data/notes.txt"}
+        left_behind = {".git/HEAD", "build/big.bin", "scratch.tmp"}
+        assert {f for f in copied | left_behind if (workdir / f).exists()} == copied
+        assert (workdir / "setup-done").read_text() == "notes\n"
+        assert f"[{name}] setting up in {workdir}" in out
+        assert f"[{name}] setup exited with 0" in out
+    assert out.index("setup exited") < out.index("launching run")
     assert "[hub] torchrun exited with 0" in out and "[peer] torchrun exited with 0" in out
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
     start = next(r for r in records if r.get("event") == "start")
     assert start["world_size"] == 2
     assert any(r.get("event") == "done" for r in records)
+
+
+def test_a_failing_setup_stops_the_launch_naming_the_node(tmp_path, hosts, capsys):
+    workdirs = {name: tmp_path / f"{name}-tp" for name in ("hub", "peer")}
+    workdirs["peer"].mkdir()
+    (workdirs["peer"] / "BROKEN").touch()
+    setup = "if [ -e BROKEN ]; then echo 'no CUDA driver here' >&2; exit 3; fi; touch setup-done"
+    argv = ["launch", str(loopback_mesh(tmp_path, hosts, workdirs=workdirs)), "--nnodes", "2"]
+    assert cli.main([*argv, "--setup", setup, "--", "-m", "trainer"]) == 1
+    out, err = capsys.readouterr()
+    assert "[peer] no CUDA driver here" in out and "[peer] setup exited with 3" in out
+    assert "setup failed on peer (exit 3): nothing launched" in err
+    assert (workdirs["hub"] / "setup-done").exists()  # made by --setup alone, then set up
+    assert "launching run" not in out
+
+
+def test_stopping_a_setup_stops_what_it_started(tmp_path, hosts, monkeypatch):
+    """Ctrl-C during the setup: each node's setup shell and its children (a pip install; here a
+    sleep holding the output open) end, not the shell alone."""
+    monkeypatch.setattr(remote, "STOP_GRACE_SECONDS", 5.0)
+    mesh = load_mesh(loopback_mesh(tmp_path, hosts))
+    commands = {n.name: remote.setup_command(n, "echo started; sleep 30") for n in mesh.nodes}
+    log = _Lines()
+    job = remote.Launch(mesh, commands, out=log, what="setup", group=True)
+    job.start()
+    try:
+        deadline = time.monotonic() + 30
+        while log.text().count("started") < 2 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        began = time.monotonic()
+        job.stop()
+    finally:
+        job.close()
+    assert set(job.exit_codes) == {"hub", "peer"}, log.text()
+    assert time.monotonic() - began < 3
+
+
+def test_workdir_over_the_size_limit_or_into_a_home_directory_is_refused(tmp_path, capsys):
+    source = workdir_source(tmp_path)
+    (source / "data" / "shard.bin").write_bytes(b"\0" * (2 * 1024 * 1024))
+    mesh = str(mesh_file(tmp_path, three_nodes()))
+    argv = ["launch", mesh, "--nnodes", "1", "--workdir", str(source), "--max-workdir-mb", "1"]
+    assert cli.main([*argv, "--", "train.py"]) == 2
+    assert (
+        f"--workdir {source}: 2.0 MiB in 4 files, over the 1 MiB limit; largest: data/ 2.0 MiB, "
+        "setup.sh 0.0 MiB, scratch.tmp 0.0 MiB. Leave parts out with --exclude NAME, or raise "
+        "--max-workdir-mb"
+    ) in capsys.readouterr().err
+    # Left out, it fits; the nodes' workdir is their home directory, where it does not go.
+    assert cli.main([*argv, "--exclude", "shard.bin", "--", "train.py"]) == 2
+    assert "nodes hub, alice, bob have the home directory as workdir" in capsys.readouterr().err
+    # The same files make the same archive.
+    assert pack(source, (".git",), 10).data == pack(source, (".git",), 10).data
 
 
 @pytest.mark.parametrize("how", ["power_off", "freeze"])
@@ -419,7 +619,7 @@ class _Lines:
             return "".join(self._parts)
 
 
-def test_example_mesh_file_writes_configs(tmp_path, capsys):
+def test_example_mesh_files(tmp_path, capsys):
     assert cli.main(["wireguard", str(ROOT / "mesh" / "example.yaml"), "--out", str(tmp_path)]) == 0
     assert sorted(p.name for p in tmp_path.glob("*.conf")) == [
         "alice.conf",
@@ -427,45 +627,8 @@ def test_example_mesh_file_writes_configs(tmp_path, capsys):
         "home.conf",
     ]
     assert "Endpoint = home.example.org:51820" in (tmp_path / "bob.conf").read_text()
-
-
-def test_hub_forwards_between_spokes_when_the_forward_policy_is_drop(tmp_path, namespaces):
-    """Three machines in network namespaces, real WireGuard brought up by wg-quick with the configs
-    `tp-mesh wireguard` writes; the hub's FORWARD policy is DROP, as Docker and ufw leave it. A
-    spoke reaches the other spoke through the hub thanks to the hub's PostUp rule, and without the
-    rule it does not."""
-    underlay = {"hub": "192.0.2.1", "s1": "192.0.2.2", "s2": "192.0.2.3"}
-    document = {
-        "network": "10.77.0.0/24",
-        "coordinator": "hub",
-        "nodes": [
-            {"name": name, "ssh": {"host": address}} | ({"endpoint": address} if i == 0 else {})
-            for i, (name, address) in enumerate(underlay.items())
-        ],
-    }
-    assert cli.main(["wireguard", str(mesh_file(tmp_path, document)), "--out", str(tmp_path)]) == 0
-    # What a user copies to /etc/wireguard/wg0.conf, under a name unique on this machine.
-    configs = {}
-    for name, address in underlay.items():
-        namespaces.add(name, underlay=f"{address}/24")
-        configs[name] = tmp_path / f"{namespaces.interface(name)}.conf"
-        configs[name].write_text((tmp_path / f"{name}.conf").read_text())
-        configs[name].chmod(0o600)
-    hub, s1, s2 = (namespaces.ns(name) for name in underlay)
-    namespaces.run(hub, "iptables", "-P", "FORWARD", "DROP")
-    for name in underlay:
-        namespaces.wg_quick(namespaces.ns(name), "up", configs[name])
-    assert namespaces.reaches(s2, "10.77.0.1")  # each spoke's own session with the hub
-    assert namespaces.reaches(s1, "10.77.0.3"), "spoke to spoke through the hub"
-    interface = namespaces.interface("hub")
-    rule = f"-A FORWARD -i {interface} -o {interface} -j ACCEPT"
-    assert rule in namespaces.run(hub, "iptables", "-S", "FORWARD").stdout.splitlines()
-    # The hub as it was before the rule: the spokes reach it, not each other.
-    namespaces.run(hub, "iptables", "-D", *rule.split()[1:])
-    assert namespaces.reaches(s1, "10.77.0.1")
-    assert not namespaces.reaches(s1, "10.77.0.3", attempts=2)
-    namespaces.run(hub, "iptables", *rule.split())
-    assert namespaces.reaches(s1, "10.77.0.3")
-    # wg-quick down runs PostDown: the rule goes with the interface.
-    namespaces.wg_quick(hub, "down", configs["hub"])
-    assert rule not in namespaces.run(hub, "iptables", "-S", "FORWARD").stdout
+    assert "Endpoint = alice.example.org:51820" in (tmp_path / "home.conf").read_text()
+    capsys.readouterr()
+    tailnet = ROOT / "mesh" / "example-tailnet.yaml"
+    assert cli.main(["wireguard", str(tailnet), "--out", str(tmp_path / "t")]) == 0
+    assert "no WireGuard" in capsys.readouterr().out

@@ -52,10 +52,11 @@ class Launcher:
     def __init__(self, site: OpenSsh, manifest: dict):
         self.site = site
         spec, namespace = manifest["spec"], manifest["metadata"]["namespace"]
+        job = manifest["metadata"]["name"]
         pod = container(spec["mpiReplicaSpecs"]["Launcher"]["template"])
         self.command = pod["command"]
         self.slots = spec["slotsPerWorker"]
-        names = [f"{JOB}-worker-{i}.{JOB}.{namespace}.svc" for i in range(len(WORKERS))]
+        names = [f"{job}-worker-{i}.{job}.{namespace}.svc" for i in range(len(WORKERS))]
         for name, address in zip(names, WORKERS, strict=True):
             site.serve(name, address)
         # The MPI operator's hostfile (newConfigMap), one slot per worker here.

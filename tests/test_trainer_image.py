@@ -1,19 +1,15 @@
 """The trainer image definition: lints clean and stays on the pinned torch version."""
 
 import re
-import shutil
-import subprocess
-import sys
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
+from tests.conftest import ROOT, hadolint
+
 DOCKERFILE = ROOT / "trainer" / "Dockerfile"
 
 
 def test_dockerfile_passes_hadolint():
-    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    result = subprocess.run([hadolint, str(DOCKERFILE)], capture_output=True, text=True, timeout=60)
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert hadolint(DOCKERFILE) == ""
 
 
 def test_base_image_torch_matches_the_trainer_pin():
@@ -24,6 +20,16 @@ def test_base_image_torch_matches_the_trainer_pin():
         r"^ARG BASE_IMAGE=pytorch/pytorch:([^-\s]+)-cuda", DOCKERFILE.read_text(), re.M
     ).group(1)
     assert base == pin
+
+
+def test_nccl_tests_are_built_with_the_base_images_cuda_release():
+    """all_reduce_perf is compiled by the CUDA devel image's nvcc and runs on the base image's
+    CUDA: the two releases (major.minor) must be the same."""
+    text = DOCKERFILE.read_text()
+    base = re.search(r"^ARG BASE_IMAGE=pytorch/pytorch:[^-\s]+-cuda(\d+\.\d+)-", text, re.M)
+    devel = re.search(r"^ARG CUDA_DEVEL_IMAGE=\S+/cuda:(\d+\.\d+)\.\d+-devel-ubuntu", text, re.M)
+    assert base and devel and base.group(1) == devel.group(1)
+    assert re.search(r"^ARG NCCL_TESTS_COMMIT=[0-9a-f]{40}$", text, re.M)
 
 
 def test_image_runs_as_a_non_root_user():

@@ -8,6 +8,7 @@ from typing import Any
 
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.node_pools import GPU_TAINT, POOL_LABEL
+from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import JobConfig, NodePoolConfig
 
@@ -54,6 +55,21 @@ EFA_ENV = {
     "FI_EFA_FORK_SAFE": "1",
     "NCCL_DEBUG": "WARN",
 }
+
+
+# On a pool Kueue places by topology, every pod set must ask for topology (Kueue admits no
+# other pods onto its flavor): the ranks prefer one bottom-layer network node, the MPI launcher
+# only needs room somewhere. Annotation names: kueue apis/kueue/v1beta2/topology_types.go.
+PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
+UNCONSTRAINED_TOPOLOGY = "kueue.x-k8s.io/podset-unconstrained-topology"
+
+
+def topology_annotations(pool: NodePoolConfig, ranks: bool) -> dict[str, str]:
+    if not pool.topology:
+        return {}
+    if ranks:
+        return {PREFERRED_TOPOLOGY: PREFERRED_TOPOLOGY_LEVEL}
+    return {UNCONSTRAINED_TOPOLOGY: "true"}
 
 
 def checkpoint_dir(job: JobConfig, namespace: str, bucket: str) -> str:
@@ -117,10 +133,12 @@ class JobTarget:
     image: Any  # a reference by digest, or a Pulumi Output left as a leaf (see TrainingJob)
     checkpoint: str  # where the trainer writes checkpoints (s3://..., /fsx/..., /efs/...)
     storage: frozenset[str]  # shared file systems mounted into the pods: fsx, efs
+    # The pods' ServiceAccount; None: the job's own, named after it (its Pod Identity role).
+    service_account_name: str | None = None
 
     @property
     def service_account(self) -> str:
-        return self.job.name
+        return self.service_account_name or self.job.name
 
 
 def pod_template(
@@ -174,8 +192,11 @@ def pod_template(
     return {
         "metadata": {
             "labels": {JOB_LABEL: job.name},
-            # Karpenter must not consolidate a node away under a running job.
-            "annotations": {"karpenter.sh/do-not-disrupt": "true"},
+            "annotations": {
+                # Karpenter must not consolidate a node away under a running job.
+                "karpenter.sh/do-not-disrupt": "true",
+                **topology_annotations(pool, ranks=with_resources),
+            },
         },
         "spec": spec,
     }
@@ -246,13 +267,21 @@ def pytorch_job(target: JobTarget) -> dict:
     }
 
 
-def mpi_job(target: JobTarget) -> dict:
-    """MPIJob: the launcher runs the same trainer through mpirun, `slots` processes per worker."""
+def mpi_job(
+    target: JobTarget, program: list[str] | None = None, env: dict[str, str] | None = None
+) -> dict:
+    """MPIJob: the launcher runs `program` (default: the job's trainer) through mpirun, `slots`
+    processes per worker, with `env` over the launcher's own variables (all forwarded to ranks)."""
     job, pool, namespace = target.job, target.pool, target.namespace
     slots = pool.procs_per_node
     # The MPI operator names workers <job>-worker-<i> behind the headless service <job>.
     master = f"{job.name}-worker-0.{job.name}.{namespace}.svc"
-    env = {"MASTER_ADDR": master, "MASTER_PORT": str(RDZV_PORT), **(EFA_ENV if pool.efa else {})}
+    env = {
+        "MASTER_ADDR": master,
+        "MASTER_PORT": str(RDZV_PORT),
+        **(EFA_ENV if pool.efa else {}),
+        **(env or {}),
+    }
     launcher = pod_template(target, "launcher", [], with_resources=False)
     container = launcher["spec"]["containers"][0]
     container["env"] += [{"name": k, "value": v} for k, v in env.items()]
@@ -266,10 +295,7 @@ def mpi_job(target: JobTarget) -> dict:
         "--bind-to",
         "none",
         *[a for name in exported for a in ("-x", name)],
-        "python",
-        "-m",
-        "trainer",
-        *trainer_args(job, target.checkpoint),
+        *(program or ["python", "-m", "trainer", *trainer_args(job, target.checkpoint)]),
     ]
     # sshd as the image's non-root user, with the config trainer/Dockerfile writes.
     sshd = ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]

@@ -11,6 +11,7 @@ from pathlib import Path
 import yaml
 
 CATALOG_FILE = Path(__file__).with_name("instance_types.yaml")
+PUBLISHED_BUSBW_FILE = Path(__file__).with_name("nccl_busbw.yaml")
 PRICES_DIR = Path(__file__).with_name("prices")
 HOURS_PER_MONTH = 730  # AWS's own convention for monthly estimates
 
@@ -27,10 +28,15 @@ class InstanceType:
     nvme_disks: int  # NVMe instance store disks; 0: none (EBS only)
     nvme_gb_per_disk: int
     network_gbps: float  # baseline, not burst
+    network_topology: bool = False  # nodes carry topology.k8s.aws/network-node-layer-1..3
 
     @property
     def efa(self) -> bool:
         return self.efa_network_cards > 0
+
+    @property
+    def family(self) -> str:
+        return self.name.split(".")[0]
 
     @property
     def nvme(self) -> bool:
@@ -72,8 +78,38 @@ def load_catalog() -> Catalog:
                 nvme_disks=nvme_disks,
                 nvme_gb_per_disk=nvme_gb,
                 network_gbps=float(spec["networkGbps"][size]),
+                network_topology=spec.get("networkTopology", False),
             )
     return Catalog(types=types)
+
+
+@dataclass(frozen=True)
+class PublishedBusbw:
+    """An all_reduce_perf result someone published for an instance family (nccl_busbw.yaml)."""
+
+    family: str
+    nodes: int
+    bytes: int  # the message size it was measured at
+    busbw: float  # GB/s, out-of-place, as all_reduce_perf prints it
+    nccl: str | None
+    source: str
+
+
+@cache
+def load_published_busbw() -> dict[str, PublishedBusbw]:
+    """Instance family -> its published two-node figure; families without one are absent."""
+    raw = yaml.safe_load(PUBLISHED_BUSBW_FILE.read_text())
+    return {
+        family: PublishedBusbw(
+            family=family,
+            nodes=int(entry["nodes"]),
+            bytes=int(entry["bytes"]),
+            busbw=float(entry["busbw"]),
+            nccl=entry["nccl"],
+            source=entry["source"],
+        )
+        for family, entry in raw["families"].items()
+    }
 
 
 class UnpricedError(LookupError):

@@ -13,7 +13,7 @@ from infra.components.cluster import Cluster
 from infra.components.helm import helm_release
 from infra.components.iam import node_role, partition, pod_identity_role
 from infra.components.system_nodes import SYSTEM_PLACEMENT
-from infra.config import karpenter_role_names
+from infra.config import NodePoolConfig, karpenter_role_names
 from infra.versions import KARPENTER_CHART, KARPENTER_CRD_CHART
 
 NAMESPACE = "kube-system"
@@ -39,6 +39,21 @@ RULE_NAMES = {
     "instance-state-change": "state-change",
     "capacity-reservation-interruption": "reservation",
 }
+
+
+def feature_gates(pools: list[NodePoolConfig], node_repair: bool) -> dict[str, bool]:
+    """Helm settings.featureGates that differ from the chart's defaults (charts/karpenter/
+    values.yaml, v1.14.1). ReservedCapacity (capacity reservations, Capacity Blocks) is beta and
+    on by default; StaticCapacity (NodePool `replicas`) is alpha and off, so static pools turn it
+    on. NodeRepair (karpenter.nodeRepair) is alpha and off: on, the node health controller
+    deletes the NodeClaim of a node whose condition stays unhealthy past its policy's toleration
+    (README, "Node health and repair")."""
+    gates = {}
+    if any(p.static_nodes for p in pools):
+        gates["staticCapacity"] = True
+    if node_repair:
+        gates["nodeRepair"] = True
+    return gates
 
 
 def controller_policy(
@@ -258,6 +273,7 @@ class Karpenter(pulumi.ComponentResource):
         cluster: Cluster,
         cluster_name: str,
         tags: dict[str, str],
+        gates: dict[str, bool] | None = None,  # feature_gates(pools, node_repair)
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:Karpenter", name, None, opts)
@@ -362,7 +378,12 @@ class Karpenter(pulumi.ComponentResource):
             KARPENTER_CHART,
             NAMESPACE,
             {
-                "settings": {"clusterName": cluster_name, "interruptionQueue": queue.name},
+                "settings": {
+                    "clusterName": cluster_name,
+                    "interruptionQueue": queue.name,
+                    # Helm merges this map into the chart's, keeping its other gates' defaults.
+                    **({"featureGates": gates} if gates else {}),
+                },
                 "serviceAccount": {"name": SERVICE_ACCOUNT},
                 "replicas": 2,
                 # Karpenter must not run on the nodes it manages.

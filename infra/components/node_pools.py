@@ -4,6 +4,8 @@ A pool's `maxNodes` is the single knob: its Karpenter `limits` here, its Kueue q
 plan's cost ceiling all come from NodePoolConfig.ceiling().
 """
 
+import json
+
 import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
@@ -11,6 +13,7 @@ import yaml
 
 from infra.components.network import discovery_tag
 from infra.config import ConfigError, NodePoolConfig
+from infra.cost import RESERVATIONS_ANNOTATION
 
 POOL_LABEL = "training-platform/pool"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
@@ -91,7 +94,31 @@ def ec2_node_class_spec(
         spec["networkInterfaces"] = efa_network_interfaces(pool.efa_network_cards)
     if placement_group:
         spec["placementGroupSelector"] = {"name": placement_group}
+    if pool.capacity_reservations:
+        # Karpenter launches into these first where the NodePool allows `reserved`; Capacity
+        # Blocks are selected the same way (Karpenter docs, tasks/odcrs.md, v1.14).
+        spec["capacityReservationSelectorTerms"] = [
+            r.selector_term() for r in pool.capacity_reservations
+        ]
     return spec
+
+
+def node_class_metadata(pool: NodePoolConfig) -> dict:
+    """Beside the selector terms (all Karpenter reads), what each term is expected to select: the
+    plan prices it as fixed cost (infra/cost.py); infra.preflight checks the same against AWS."""
+    metadata: dict = {"name": pool.name}
+    if pool.capacity_reservations:
+        expected = [
+            {
+                **r.selector_term(),
+                "reservationType": r.reservation_type,
+                "instanceType": r.instance_type,
+                "instanceCount": r.instance_count,
+            }
+            for r in pool.capacity_reservations
+        ]
+        metadata["annotations"] = {RESERVATIONS_ANNOTATION: json.dumps(expected, sort_keys=True)}
+    return metadata
 
 
 def efa_network_interfaces(network_cards: int) -> list[dict]:
@@ -156,11 +183,17 @@ def node_pool_spec(pool: NodePoolConfig, zone: str | None = None) -> dict:
             "consolidateAfter": "1m",
             "budgets": [{"nodes": "10%"}],
         }
-    return {
+    spec = {
         "template": {"metadata": {"labels": labels}, "spec": template_spec},
         "disruption": disruption,
         "limits": limits,
     }
+    if pool.static_nodes:
+        # A static NodePool keeps `replicas` nodes and takes no limit but `nodes` (its CRD's CEL
+        # rule); maxNodes stays the one knob: replicas, limit, quota and cost all follow it.
+        spec["replicas"] = ceiling.nodes
+        spec["limits"] = {"nodes": str(ceiling.nodes)}
+    return spec
 
 
 class NodePools(pulumi.ComponentResource):
@@ -209,7 +242,7 @@ class NodePools(pulumi.ComponentResource):
                 f"{name}-{pool.name}-nodeclass",
                 api_version="karpenter.k8s.aws/v1",
                 kind="EC2NodeClass",
-                metadata={"name": pool.name},
+                metadata=node_class_metadata(pool),
                 spec=pulumi.Output.all(instance_profile, placement_group).apply(
                     lambda values, pool=pool: ec2_node_class_spec(
                         pool, cluster_name, values[0], ami_alias, tags, values[1]

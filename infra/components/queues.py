@@ -19,6 +19,21 @@ QUEUE_ACCESS_LABEL = "training-platform/queue-access"
 # Every namespace of a team carries it: the team namespace and its members' DevServer namespaces.
 TEAM_LABEL = "training-platform/team"
 COVERED_RESOURCES = ["cpu", "memory", "nvidia.com/gpu"]
+# The Kueue Topology of pools whose nodes exist (NodePoolConfig.topology): EC2's network layers,
+# top down, as EKS's cloud controller labels nodes with them (kubernetes/cloud-provider-aws,
+# pkg/providers/v1/instances_v2.go getAdditionalLabels: layer 1 is the top of the hierarchy),
+# and the node itself lowest, as Kueue requires of kubernetes.io/hostname (its Topology CRD's
+# rule) and needs to respect node taints.
+NETWORK_TOPOLOGY = "aws-network"
+TOPOLOGY_LEVELS = [
+    "topology.k8s.aws/network-node-layer-1",
+    "topology.k8s.aws/network-node-layer-2",
+    "topology.k8s.aws/network-node-layer-3",
+    "kubernetes.io/hostname",
+]
+# What job pods on those pools ask for: all under one bottom-layer network node if they fit,
+# else the next layer up, else spread (kueue.x-k8s.io/podset-preferred-topology).
+PREFERRED_TOPOLOGY_LEVEL = TOPOLOGY_LEVELS[2]
 # Pod Security Admission: enforce baseline (no host access, no privileged pods) and warn/audit
 # against restricted, which the platform's own job pods meet; pods injected by operators
 # (init containers without a securityContext) stay admissible under baseline.
@@ -35,7 +50,13 @@ def resource_flavor_spec(pool: NodePoolConfig) -> dict:
         # Admitted pods get the toleration injected, so job specs need not carry it.
         spec["nodeTaints"] = [GPU_TAINT]
         spec["tolerations"] = [{**GPU_TAINT, "operator": "Equal"}]
+    if pool.topology:
+        spec["topologyName"] = NETWORK_TOPOLOGY
     return spec
+
+
+def topology_spec() -> dict:
+    return {"levels": [{"nodeLabel": label} for label in TOPOLOGY_LEVELS]}
 
 
 @dataclass(frozen=True)
@@ -133,12 +154,19 @@ class Queues(pulumi.ComponentResource):
                 ),
             )
 
+        # A flavor naming the Topology is created after it and deleted before it.
+        topology = (
+            [custom(f"{name}-topology", "Topology", {"name": NETWORK_TOPOLOGY}, topology_spec())]
+            if any(p.topology for p in pools)
+            else []
+        )
         flavors = [
             custom(
                 f"{name}-flavor-{p.name}",
                 "ResourceFlavor",
                 {"name": p.name},
                 resource_flavor_spec(p),
+                topology if p.topology else [],
             )
             for p in pools
         ] + [

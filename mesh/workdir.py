@@ -1,0 +1,87 @@
+"""The local working directory as one tar, unpacked into every node's workdir before a launch (as
+SkyPilot's workdir): the same bytes for the same files, whatever order the disk lists them in.
+
+Names matching an exclude (a glob against each file or folder name, or its path from the top)
+stay behind, with everything under them; a directory over the size limit is refused, naming its
+largest parts, rather than copied to every machine over home links.
+"""
+
+import fnmatch
+import io
+import os
+import stat
+import tarfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from mesh.spec import MeshError
+
+DEFAULT_EXCLUDES = (".git", "build", "__pycache__", ".venv")
+DEFAULT_MAX_MB = 100
+MIB = 1024 * 1024
+
+
+@dataclass(frozen=True)
+class Archive:
+    data: bytes
+    files: int
+    size: int  # bytes of file content
+
+    def summary(self) -> str:
+        return f"{self.files} files, {self.size / MIB:.1f} MiB"
+
+
+def _excluded(relative: str, excludes: tuple[str, ...]) -> bool:
+    name = relative.rsplit("/", 1)[-1]
+    return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(relative, p) for p in excludes)
+
+
+def _entries(root: Path, excludes: tuple[str, ...]) -> list[str]:
+    """Every file, folder and link under root to copy, as sorted paths relative to it. Links are
+    copied as links, never followed."""
+    found = []
+    for top, folders, files in os.walk(root):
+        base = Path(top).relative_to(root).as_posix()
+
+        def relative(name: str, base: str = base) -> str:
+            return name if base == "." else f"{base}/{name}"
+
+        folders[:] = [f for f in folders if not _excluded(relative(f), excludes)]
+        found += [relative(f) for f in folders]
+        found += [relative(f) for f in files if not _excluded(relative(f), excludes)]
+    return sorted(found)
+
+
+def pack(root: Path, excludes: tuple[str, ...], max_mb: int) -> Archive:
+    if not root.is_dir():
+        raise MeshError(f"--workdir {root}: not a directory")
+    entries = _entries(root, excludes)
+    stats = {e: (root / e).lstat() for e in entries}
+    sizes = {e: st.st_size for e, st in stats.items() if stat.S_ISREG(st.st_mode)}
+    size = sum(sizes.values())
+    if size > max_mb * MIB:
+        tops: dict[str, int] = {}
+        for entry, bytes_ in sizes.items():
+            top = entry.split("/", 1)[0] + ("/" if "/" in entry else "")
+            tops[top] = tops.get(top, 0) + bytes_
+        largest = sorted(tops.items(), key=lambda item: -item[1])[:3]
+        raise MeshError(
+            f"--workdir {root}: {size / MIB:.1f} MiB in {len(sizes)} files, over the "
+            f"{max_mb} MiB limit; largest: "
+            + ", ".join(f"{name} {bytes_ / MIB:.1f} MiB" for name, bytes_ in largest)
+            + ". Leave parts out with --exclude NAME, or raise --max-workdir-mb"
+        )
+    buffer = io.BytesIO()
+    with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
+        for entry in entries:
+            info = tar.gettarinfo(root / entry, arcname=entry)
+            # Nothing of this machine's accounts, and whole seconds: same files, same bytes.
+            info.uid = info.gid = 0
+            info.uname = info.gname = ""
+            info.mtime = int(info.mtime)
+            if info.isfile():
+                with (root / entry).open("rb") as content:
+                    tar.addfile(info, content)
+            else:
+                tar.addfile(info)
+    return Archive(buffer.getvalue(), len(sizes), size)
