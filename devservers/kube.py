@@ -288,20 +288,32 @@ class RemoteProcess:
         return out, err
 
     def exit_code(self) -> int:
-        """The command's exit code, from the Status the kubelet sends on the error channel when
-        it ends, read as client-go does (tools/remotecommand/v4.go, errorDecoderV4: Success is
-        0, reason NonZeroExitCode carries it in an ExitCode cause, anything else is an error)."""
+        """The command's exit code, from the Status the kubelet sends when it ends."""
         text = self._client.read_channel(ERROR_CHANNEL)
         if not text:
             raise OSError("the connection to the pod ended before the command did")
-        status = json.loads(text)
-        if status.get("status") == "Success":
-            return 0
-        causes = (status.get("details") or {}).get("causes") or []
-        codes = [c["message"] for c in causes if c.get("reason") == "ExitCode"]
-        if status.get("reason") == "NonZeroExitCode" and codes:
-            return int(codes[0])
-        raise OSError(status.get("message") or "the command failed")
+        return exit_code(text)
 
-    def close(self) -> None:
-        self._client.close()
+
+def exit_code(status: bytes | str) -> int:
+    """An exec's exit code from its error channel's Status, read as client-go reads it
+    (staging/src/k8s.io/client-go/tools/remotecommand/v4.go, errorDecoderV4.decode: Success is
+    0; a Failure with reason NonZeroExitCode carries the code in a cause of reason ExitCode;
+    anything else is an error with the Status's message)."""
+    try:
+        found = json.loads(status)
+    except ValueError:
+        raise OSError(f"error stream protocol error: {status!r}") from None
+    if found.get("status") == "Success":
+        return 0
+    if found.get("status") != "Failure":
+        raise OSError("error stream protocol error: unknown error")
+    causes = (found.get("details") or {}).get("causes") or []
+    if found.get("reason") == "NonZeroExitCode":
+        codes = [c.get("message", "") for c in causes if c.get("reason") == "ExitCode"]
+        if not codes:
+            raise OSError("error stream protocol error: no ExitCode cause given")
+        if not codes[0].isdigit() or int(codes[0]) > 255:
+            raise OSError(f"error stream protocol error: invalid exit code value {codes[0]!r}")
+        return int(codes[0])
+    raise OSError(found.get("message") or "the command failed")

@@ -18,7 +18,7 @@ import tempfile
 from pathlib import Path
 
 from devservers.cli import CliError, Devctl
-from devservers.render import CONTAINER, SSH_PORT, ssh_enabled
+from devservers.render import CONTAINER, SSH_PORT, ssh_enabled, world_size
 
 CHUNK = 65536
 HEADER = (
@@ -50,12 +50,13 @@ def identity_file(server: dict) -> Path | None:
 
 
 def ssh_options(
-    namespace: str, name: str, replica: int, user: str | None, known_hosts: Path
+    namespace: str, server: dict, replica: int, user: str | None, known_hosts: Path
 ) -> dict[str, str]:
-    """ssh's options for pod `replica` of server `name`. The proxy is this interpreter running
-    devctl with this kubeconfig, whatever the environment ssh is started from (an editor's)."""
+    """ssh's options for pod `replica` of `server`. The proxy is this interpreter running devctl
+    with this kubeconfig, whatever the environment ssh is started from (an editor's)."""
     from devservers.kube import kubeconfig_paths
 
+    name = server["metadata"]["name"]
     proxy = [sys.executable, "-m", "devservers.cli", "proxy", name, "--replica", str(replica)]
     command = shlex.join(["env", f"KUBECONFIG={kubeconfig_paths()}", *proxy, "-n", namespace])
     options = {"User": user} if user else {}
@@ -65,6 +66,9 @@ def ssh_options(
         "UserKnownHostsFile": str(known_hosts),
         "StrictHostKeyChecking": "yes",
     }
+    identity = identity_file(server)
+    if identity:
+        options |= {"IdentityFile": str(identity), "IdentitiesOnly": "yes"}
     return options
 
 
@@ -88,10 +92,7 @@ def ssh(devctl: Devctl, name: str, replica: int, extra: list[str]) -> int:
     with tempfile.TemporaryDirectory(prefix="devctl-ssh-") as directory:
         known_hosts = Path(directory) / "known_hosts"
         known_hosts.write_text(line)
-        options = ssh_options(devctl.namespace, name, replica, user, known_hosts)
-        identity = identity_file(server)
-        if identity:
-            options["IdentityFile"] = str(identity)
+        options = ssh_options(devctl.namespace, server, replica, user, known_hosts)
         flags = [f"-o{key}={value}" for key, value in options.items()]
         return subprocess.call(["ssh", *flags, name, *extra])
 
@@ -165,17 +166,13 @@ def write_ssh_config(devctl: Devctl) -> None:
             )
         else:
             keys.append(line)
-        identity = identity_file(server)
-        if identity is None:
+        if identity_file(server) is None:
             notes.append(
                 f"{name}: no key in ~/.ssh matches its authorizedKeys; ssh offers its defaults"
             )
-        count = server["spec"].get("distributed", {}).get("worldSize", 1)
-        for replica in range(count):
+        for replica in range(world_size(server)):
             names = [name, f"{name}.0"] if replica == 0 else [f"{name}.{replica}"]
-            options = ssh_options(devctl.namespace, name, replica, user, known_hosts)
-            if identity:
-                options |= {"IdentityFile": str(identity), "IdentitiesOnly": "yes"}
+            options = ssh_options(devctl.namespace, server, replica, user, known_hosts)
             entries.append(
                 f"Host {' '.join(names)}\n"
                 + "".join(

@@ -176,6 +176,16 @@ class Cluster:
             timeout=120,
         )
 
+    def create_server(self, *flags: str, name: str = "box") -> dict:
+        """`devctl create` of a cpu-small server as alice, with `flags`; its status once it runs
+        (the operator must be up)."""
+        created = self.devctl(
+            "alice", "create", name, "--flavor", "cpu-small", "--image", "repo/dev:1", *flags
+        )
+        assert created.returncode == 0, created.stderr
+        self.wait(lambda: self.status(name).get("phase") == "Running", f"{name} Running", 60)
+        return self.status(name)
+
     # reading the cluster
 
     def server(self, name: str = "box", namespace: str = "dev-alice") -> dict | None:

@@ -58,12 +58,7 @@ def processes(cluster: Cluster, pod: str) -> list[str]:
 
 def test_run_syncs_the_workdir_streams_every_node_and_stops_them_all(dev_cluster, tmp_path):
     dev_cluster.start_operator()
-    created = dev_cluster.devctl(
-        "alice", "create", "box", "--flavor", "cpu-small", "--image", "repo/dev:1",
-        "--distributed", "--replicas", "2", "--backend", "gloo",
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Running", "box Running", 60)
+    dev_cluster.create_server("--distributed", "--replicas", "2", "--backend", "gloo")
     project = tmp_path / "project"
     (project / "data").mkdir(parents=True)
     (project / ".git").mkdir()

@@ -29,19 +29,8 @@ def ssh(dev_cluster: Cluster, host: str, command: str) -> subprocess.CompletedPr
 
 def test_ssh_config_entries_reach_every_pod_with_the_servers_host_key(dev_cluster):
     dev_cluster.start_operator()
-    created = dev_cluster.devctl(
-        "alice", "create", "box", "--flavor", "cpu-small", "--image", "repo/dev:1",
-        "--distributed", "--replicas", "2", "--backend", "gloo",
-    )  # fmt: skip
-    assert created.returncode == 0, created.stderr
-    dev_cluster.wait(
-        lambda: (
-            dev_cluster.status().get("phase") == "Running"
-            and dev_cluster.status().get("sshHostKey")
-        ),
-        "box Running with its host key published",
-    )
-    host_key = dev_cluster.status()["sshHostKey"]
+    status = dev_cluster.create_server("--distributed", "--replicas", "2", "--backend", "gloo")
+    host_key = status["sshHostKey"]
     with OpenSsh() as site:
         for index in range(2):
             serve_pod(site, dev_cluster, "box", index)

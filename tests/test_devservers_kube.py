@@ -10,7 +10,7 @@ from kubernetes import config
 
 from devservers.activity import gpu_utilization, parse_duration
 from devservers.api import API_VERSION
-from devservers.kube import KubeCluster, settings_from_env
+from devservers.kube import KubeCluster, exit_code, settings_from_env
 from tests.devservers_cluster import Cluster
 from tests.test_devservers_render import server
 
@@ -90,6 +90,38 @@ def test_a_started_command_streams_and_exits_with_its_code(dev_cluster):
     while done.read(0.5) is not None:
         pass
     assert done.exit_code() == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "found"),
+    [  # the cases of client-go's tools/remotecommand/v4_test.go, TestV4ErrorDecoder
+        ("{}", "unknown error"),
+        ("{", "protocol error"),
+        ('{"status": "Success" }', 0),
+        ('{"status": "Failure", "message": "foobar" }', "foobar"),
+        (
+            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
+            '"details": {"causes": [{"reason": "foo"}] } }',
+            "no ExitCode cause given",
+        ),
+        (
+            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
+            '"details": {"causes": [{"reason": "ExitCode"}] } }',
+            "invalid exit code value ''",
+        ),
+        (
+            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
+            '"details": {"causes": [{"reason": "ExitCode", "message": "42"}] } }',
+            42,
+        ),
+    ],
+)
+def test_an_exec_status_is_read_as_client_go_reads_it(status, found):
+    if isinstance(found, int):
+        assert exit_code(status) == found
+    else:
+        with pytest.raises(OSError, match=found):
+            exit_code(status)
 
 
 def test_settings_come_from_the_operators_environment(monkeypatch):
