@@ -22,7 +22,7 @@ from devservers.activity import pod_activity
 from devservers.api import API_VERSION, GPU, QUEUE_LABEL
 from devservers.controller import KUEUE_GATE, WARN, CpuSamples, parse_timestamp
 from devservers.kube import KubeCluster
-from devservers.render import CONTAINER, SHAPE_ANNOTATION, Settings
+from devservers.render import CONTAINER, SHAPE_ANNOTATION, Settings, host_public_key
 from tests.devservers_cluster import Cluster, wait_for
 from tests.openssh import OpenSsh
 from tests.test_devservers_render import KEY
@@ -107,6 +107,23 @@ def test_create_renders_the_children_and_reports_running(world):
     assert status["phase"] == "Running" and status["replicasReady"] == 1
     assert status["sshEndpoint"] == "box-ssh.dev-alice.svc:22"
     assert status["lastActivity"] == "2026-11-22T09:00:00Z"
+    # The host key: made once, in a Secret of the server's that its pod mounts; its public half
+    # in the status, which devctl reads (users may not read Secrets).
+    secret = world.api.read("secrets", "dev-alice", "box-ssh-host-key")
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "box"
+    assert status["sshHostKey"] == host_public_key(secret)
+    assert world.api.refusals == []
+
+
+def test_deleting_the_host_key_secret_rotates_the_key(world):
+    first = world.create()["status"]["sshHostKey"]
+    world.refresh()
+    assert world.status()["sshHostKey"] == first  # kept while its Secret is there
+    secrets = world.dev_cluster.client().resources.get(api_version="v1", kind="Secret")
+    secrets.delete(name="box-ssh-host-key", namespace="dev-alice")  # an administrator rotates it
+    world.refresh()
+    secret = world.api.read("secrets", "dev-alice", "box-ssh-host-key")
+    assert world.status()["sshHostKey"] == host_public_key(secret) != first
     assert world.api.refusals == []
 
 
@@ -203,12 +220,17 @@ def gpu_at(world: World, monkeypatch, percent: float) -> None:
 
 @pytest.fixture
 def tmux(tmp_path):
-    """A tmux server started in the pod with a shell in its one pane, as a user leaves it."""
-    socket = str(tmp_path / "tmux.sock")
+    """A tmux server started in the pod, as the pod's user, with a shell in its one pane, as a
+    user leaves it; its socket in a directory of that user's."""
+    directory = tmp_path / "tmux"
+    directory.mkdir()
+    socket = str(directory / "socket")
 
     def start(world: World) -> str:
+        world.api.runtime.account.own(directory)
         (started,) = run_in_pod(world, ["tmux", "-S", socket, "new-session", "-d", "bash"])
         assert started.wait(30) == 0
+        assert subprocess.run(["tmux", "-S", socket, "has-session"], check=False).returncode == 0
         return socket
 
     yield start
