@@ -27,6 +27,7 @@ from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION, POOL_LA
 from infra.components.queues import Flavor
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import HybridConfig, HybridMachine
+from infra.cost import HYBRID_MACHINES_ANNOTATION
 from infra.versions import (
     CILIUM_CHART,
     CILIUM_IMAGES,
@@ -44,6 +45,9 @@ HYBRID_TOLERATION = {"key": HYBRID_TAINT["key"], "operator": "Exists", "effect":
 # Agents every GPU node runs (device plugin, DCGM exporter), pool nodes and hybrid ones alike.
 GPU_AGENT_TOLERATIONS = [GPU_TOLERATION, HYBRID_TOLERATION]
 WIREGUARD_PORT = 51820
+# The gateway's root volume: the size of the AL2023 AMI's own snapshot, stated so that the plan
+# prices it (EC2 refuses a size below the snapshot's; the provider resizes in place).
+GATEWAY_ROOT_GIB = 8
 # The pinned release's binaries; a machine adds its architecture (amd64, arm64) and file name.
 NODEADM_RELEASE = f"https://hybrid-assets.eks.amazonaws.com/releases/{NODEADM_VERSION}/bin/linux"
 # Installed at one version together: each requires the others at exactly its own.
@@ -154,7 +158,9 @@ def remote_network_transform(config: HybridConfig) -> pulumi.ResourceTransform:
 
 
 def kueue_flavor(config: HybridConfig) -> Flavor:
-    """No injected toleration: a job lands here only if its pods tolerate HYBRID_TAINT."""
+    """No injected toleration: a job lands here only if its pods tolerate HYBRID_TAINT. The
+    annotation lists the machines' vCPUs, which EKS bills per hour (infra/cost.py)."""
+    vcpus = [{"name": m.name, "vcpu": m.vcpu} for m in config.machines]
     return Flavor(
         name=HYBRID_FLAVOR,
         spec={"nodeLabels": {POOL_LABEL: HYBRID_FLAVOR}, "nodeTaints": [HYBRID_TAINT]},
@@ -163,6 +169,7 @@ def kueue_flavor(config: HybridConfig) -> Flavor:
             "memory": sum(m.memory_gib for m in config.machines),
             "nvidia.com/gpu": sum(m.gpus for m in config.machines),
         },
+        annotations={HYBRID_MACHINES_ANNOTATION: json.dumps(vcpus)},
     )
 
 
@@ -685,7 +692,11 @@ class HybridNodes(pulumi.ComponentResource):
             ),
             user_data_replace_on_change=True,
             metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1},
-            root_block_device={"encrypted": True, "volume_type": "gp3"},
+            root_block_device={
+                "encrypted": True,
+                "volume_type": "gp3",
+                "volume_size": GATEWAY_ROOT_GIB,
+            },
             tags={**tags, "Name": f"{name}-gateway"},
             # A newer AMI must not replace a working gateway (and its address) on every update.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["ami"]),
