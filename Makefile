@@ -18,7 +18,7 @@ help:
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
-		trainer/requirements.txt devservers/requirements.txt
+		trainer/requirements.txt devservers/requirements.txt gpuwatch/requirements.txt
 	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
 	@echo "tools; about 1.7 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)

@@ -783,11 +783,38 @@ def _ami_release_day(alias: str) -> str:
     return alias
 
 
+def _gpu_registration_timeout(value: str) -> str:
+    if not 1 / 60 <= _hours(value) <= 24:
+        raise ValueError(
+            f"{value} is out of range; allowed: 1m to 24h (a GPU node's device plugin needs "
+            "minutes to register)"
+        )
+    return value
+
+
 class KarpenterConfig(Model):
     # Pinned AL2023 release (al2023@vYYYYMMDD): `@latest` would silently roll every node.
     ami_alias: Annotated[str, AfterValidator(_ami_release_day)] = Field(
         default=KARPENTER_AMI_ALIAS, pattern=r"^al2023@v\d{8}$"
     )
+    # Karpenter's NodeRepair feature gate (alpha, off upstream): replace a node whose Ready or
+    # node monitoring agent condition stays bad (README, "Node health and repair").
+    node_repair: bool = True
+    # How long a GPU node may go without allocatable nvidia.com/gpu after it joined before the
+    # watcher deletes its NodeClaim. Default: the slowest GPU pool's modelled launch with margin
+    # (infra/components/gpu_registration_watch.py, registration_timeout).
+    gpu_registration_timeout: (
+        Annotated[Duration, AfterValidator(_gpu_registration_timeout)] | None
+    ) = None
+    # NodeClaims the watcher deletes in one run at most (a broken AMI must not empty a pool at
+    # once); 0: it only records events.
+    gpu_registration_max_deletions: int = Field(default=1, ge=0, le=10)
+
+    @property
+    def gpu_registration_timeout_seconds(self) -> int | None:
+        """gpuRegistrationTimeout in seconds; None when it is left to its default."""
+        timeout = self.gpu_registration_timeout
+        return round(_hours(timeout) * 3600) if timeout else None
 
 
 class TeamConfig(Model):

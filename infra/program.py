@@ -8,11 +8,13 @@ from infra.components.cluster import Cluster
 from infra.components.dev_servers import DevServers
 from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
+from infra.components.gpu_registration_watch import GpuRegistrationWatch
 from infra.components.hybrid_nodes import HybridNodes, VpcPlacement, kueue_flavor
 from infra.components.karpenter import Karpenter, feature_gates
 from infra.components.kueue import Kueue
 from infra.components.lustre import LustreFileSystem
 from infra.components.network import Network
+from infra.components.node_monitoring_agent import NodeMonitoringAgent
 from infra.components.node_pools import NodePools
 from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.components.queues import Queues
@@ -35,9 +37,17 @@ def build_platform(config: StackConfig) -> None:
         cluster,
         cluster_name=config.cluster.name,
         tags=tags,
-        gates=feature_gates(config.node_pools),
+        gates=feature_gates(config.node_pools, config.karpenter.node_repair),
     )
     addons = EKS_ADDONS[config.cluster.kubernetes_version]
+    # Node conditions for Karpenter's NodeRepair, and the GPU nodes' DCGM host engine.
+    node_monitoring = NodeMonitoringAgent(
+        "node-monitoring-agent",
+        cluster.name,
+        addons["eks-node-monitoring-agent"],
+        cluster.controller_prerequisites,
+        tags,
+    )
     ebs = BlockStorage(
         "ebs",
         cluster.name,
@@ -46,7 +56,7 @@ def build_platform(config: StackConfig) -> None:
         cluster.provider,
         tags,
     )
-    NodePools(
+    node_pools = NodePools(
         "nodepools",
         config.node_pools,
         cluster_name=config.cluster.name,
@@ -60,10 +70,25 @@ def build_platform(config: StackConfig) -> None:
     )
     gpu_metrics = None
     hybrid_gpus = config.hybrid is not None and any(m.gpus for m in config.hybrid.machines)
-    if hybrid_gpus or any(pool.gpu for pool in config.node_pools):
+    gpu_pools = [pool for pool in config.node_pools if pool.gpu]
+    if hybrid_gpus or gpu_pools:
         NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
         gpu_metrics = GpuMetrics(
-            "gpu-metrics", cluster.provider, config.monitoring.prometheus_stack
+            "gpu-metrics",
+            cluster.provider,
+            config.monitoring.prometheus_stack,
+            node_monitoring.addon if gpu_pools else None,
+            hybrid_gpus,
+        )
+    if gpu_pools:
+        GpuRegistrationWatch(
+            "gpu-registration-watch",
+            config.karpenter,
+            gpu_pools,
+            cluster.name,
+            [node_pools.node_pools[pool.name] for pool in gpu_pools],
+            cluster.provider,
+            tags,
         )
     if any(pool.efa for pool in config.node_pools):
         EfaDevicePlugin("efa-device-plugin", provider=cluster.provider)

@@ -18,6 +18,12 @@ EKS_ADDONS = {
         "aws-ebs-csi-driver": "v1.51.1-eksbuild.1",
         "aws-efs-csi-driver": "v2.1.13-eksbuild.1",
         "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+        # Not confirmed against AWS (no AWS access where this was written): the agent's own chart
+        # at tag v1.7.0 (aws/eks-node-monitoring-agent, charts/eks-node-monitoring-agent/
+        # values.yaml) runs image v1.7.0-eksbuild.1, and add-on builds carry the image's name.
+        # Check: aws eks describe-addon-versions --addon-name eks-node-monitoring-agent
+        #   --kubernetes-version 1.34 --query 'addons[0].addonVersions[].addonVersion'
+        "eks-node-monitoring-agent": "v1.7.0-eksbuild.1",
     },
 }
 

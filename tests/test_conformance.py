@@ -90,11 +90,10 @@ def test_conformance_catches_misspellings_bad_enums_and_wrong_versions(
     assert any(expected in e for e in errors), errors
 
 
-@pytest.mark.parametrize("folder", ["crds", "upstream"])
-def test_vendored_files_match_the_checksums_in_sources_md(folder):
-    """tests/crds and tests/upstream hold upstream files byte for byte: SOURCES.md names each and
-    its sha256."""
-    vendored = Path(__file__).parent / folder
+def test_the_crd_files_match_the_checksums_in_sources_md():
+    """tests/crds holds the CRDs copied from the steering repository's shared data, byte for
+    byte: its SOURCES.md names each and its sha256, and nothing else is there."""
+    vendored = Path(__file__).parent / "crds"
     sources = (vendored / "SOURCES.md").read_text()
     listed = dict(
         reversed(line.split()) for line in re.findall(r"^[0-9a-f]{64}  \S+$", sources, re.M)
@@ -125,3 +124,26 @@ def test_nothing_in_the_repository_reads_outside_it():
         if outside.search(line) and "outside = re.compile" not in line
     ]
     assert offenders == []
+
+
+def test_no_upstream_source_or_crd_is_copied_in():
+    """Upstream rules the tests need are written down in our own data structures, citing the
+    upstream file, never copied: no Go source, and no CustomResourceDefinition but the project's
+    own and those tests/crds holds from the steering repository's shared data."""
+    root = Path(__file__).resolve().parents[1]
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=root, capture_output=True, text=True, check=True
+    ).stdout.split()
+    allowed = ("tests/crds/", "devservers/crds/")
+    copies = [
+        name
+        for name in tracked
+        if name.endswith(".go")
+        or (
+            name.endswith((".yaml", ".yml"))
+            and not name.startswith(allowed)
+            and (root / name).is_file()
+            and re.search(r"^kind: CustomResourceDefinition$", (root / name).read_text(), re.M)
+        )
+    ]
+    assert copies == []

@@ -149,7 +149,12 @@ def test_controllers_wait_for_their_nodes_and_jobs_for_their_operators(stack, re
 #   the VPC's egress: NAT gateways and their routes, or VPC endpoints.
 # The DevServer operator is not among them: issue 20.3 takes its finalizer away (its rights in a
 # user namespace are a RoleBinding inside that namespace, gone with it, so no order could help).
+# The GPU registration watcher (gpuwatch/watcher.py) is the other way round: it deletes the
+# NodeClaims of the GPU pools its CronJob names (--pools), which Karpenter then drains, so it
+# must be gone before those NodePools and Karpenter start going; and it calls the API with its
+# ServiceAccount's RBAC, which must outlive it (or every run until then is refused).
 
+CRONJOB = "kubernetes:batch/v1:CronJob"
 CSI_ADDONS = {
     "ebs.csi.aws.com": "aws-ebs-csi-driver",
     "efs.csi.aws.com": "aws-efs-csi-driver",
@@ -289,6 +294,41 @@ class ControllerNeeds:
             needs.update(self.role_grants(node_role, "the draining nodes' kubelets"))
         return needs
 
+    def gpu_registration_watch(self, cronjob) -> dict[str, str]:
+        pod = cronjob.inputs["spec"]["jobTemplate"]["spec"]["template"]["spec"]
+        subject = {
+            "kind": "ServiceAccount",
+            "name": pod["serviceAccountName"],
+            "namespace": cronjob.inputs["metadata"]["namespace"],
+        }
+        needs = {}
+        for account in self._where("kubernetes:core/v1:ServiceAccount"):
+            if account.inputs["metadata"] == {k: subject[k] for k in ("name", "namespace")}:
+                needs[account.urn] = "the watcher's ServiceAccount"
+        for kind in ("ClusterRoleBinding", "RoleBinding"):
+            for binding in self._where(f"kubernetes:rbac.authorization.k8s.io/v1:{kind}"):
+                if subject in binding.inputs["subjects"]:
+                    role = binding.inputs["roleRef"]
+                    (granted,) = [
+                        r
+                        for r in self._where(
+                            f"kubernetes:rbac.authorization.k8s.io/v1:{role['kind']}"
+                        )
+                        if r.inputs["metadata"]["name"] == role["name"]
+                        and r.inputs["metadata"].get("namespace")
+                        == binding.inputs["metadata"].get("namespace")
+                    ]
+                    needs[binding.urn] = f"the watcher's rights: {binding.name}"
+                    needs[granted.urn] = f"the watcher's rights: {granted.name}"
+        (args,) = [c["args"] for c in pod["containers"]]
+        pools = next(a for a in args if a.startswith("--pools=")).split("=", 1)[1].split(",")
+        for pool in self.plan.of_type(NODEPOOL):
+            if pool.inputs["metadata"]["name"] in pools:
+                needs[pool.urn] = f"the NodePool {pool.name} whose NodeClaims the watcher deletes"
+        release = self.plan.one(RELEASE, "karpenter")
+        needs[release.urn] = "Karpenter, which drains the NodeClaims the watcher deletes"
+        return needs
+
     def kueue(self) -> dict[str, str]:
         return {
             self.plan.one(RELEASE, "kueue").urn: "Kueue, which removes its finalizers",
@@ -379,6 +419,9 @@ def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
                 home = needs.storage_class_provisioner(env["DEVSERVERS_HOME_STORAGE_CLASS"])
                 namespace_needs.update(needs.csi(home))
         drained.append((namespace, namespace_needs))
+    for cronjob in plan.of_type(CRONJOB):
+        if cronjob.name == "gpu-registration-watch":
+            drained.append((cronjob, needs.gpu_registration_watch(cronjob)))
     # The system node group: AWS deletes its instances and ENIs with its role's permissions.
     (group,) = plan.of_type("aws:eks/nodeGroup:NodeGroup")
     drained.append((group, needs.role_grants(role_name(group.inputs["nodeRoleArn"]), "EKS")))
@@ -452,7 +495,7 @@ def test_destroy_deletes_what_is_drained_before_what_the_drain_needs(stack, requ
     plan = request.getfixturevalue(f"{stack}_plan")
     drained = must_outlive(plan)
     kinds = {resource.type for resource, _ in drained}
-    assert {NODEPOOL, NODECLASS, NAMESPACE, CLAIM, "aws:eks/nodeGroup:NodeGroup"} <= kinds
+    assert {NODEPOOL, NODECLASS, NAMESPACE, CLAIM, CRONJOB, "aws:eks/nodeGroup:NodeGroup"} <= kinds
     problems = destroy_cuts_while_draining(plan)
     assert not problems, "may be deleted before what needs it:\n" + "\n".join(problems)
 

@@ -1,16 +1,11 @@
 """The DevServers component in the offline plan: CRDs, operator, least-privilege RBAC, flavors,
 user namespaces with queue, quota, shared claim and an EKS access entry."""
 
-import shutil
-import subprocess
-import sys
-from pathlib import Path
-
 import kubernetes_validate
 import yaml
 
 from devservers.api import crds
-from tests.conftest import ROOT, plan_of
+from tests.conftest import ROOT, hadolint, plan_of
 from tests.crd_schema import conformance_errors
 from tests.test_services import kueue_config
 
@@ -144,14 +139,7 @@ def test_disabled_dev_servers_add_nothing():
 
 
 def test_the_operator_dockerfile_passes_hadolint():
-    hadolint = shutil.which("hadolint") or str(Path(sys.executable).parent / "hadolint")
-    result = subprocess.run(
-        [hadolint, str(ROOT / "devservers" / "Dockerfile")],
-        capture_output=True,
-        text=True,
-        timeout=60,
-    )
-    assert result.returncode == 0, result.stdout + result.stderr
+    assert hadolint(ROOT / "devservers" / "Dockerfile") == ""
 
 
 def test_make_demo_renders_a_devserver_for_dev(tmp_path, capsys):

@@ -225,7 +225,9 @@ def test_kueue_flavor_is_opt_in_and_the_device_plugin_reaches_hybrid_gpus(plan):
             {"name": "nvidia.com/gpu", "nominalQuota": "1"},
         ],
     }
-    for agent in ("nvidia-device-plugin", "dcgm-exporter"):  # GPUs advertised and watched
+    # GPUs advertised and watched (the exporter of hybrid nodes is a release of its own: no node
+    # monitoring agent, so no host engine, runs there)
+    for agent in ("nvidia-device-plugin", "dcgm-exporter-hybrid"):
         release = plan.one("kubernetes:helm.sh/v3:Release", agent)
         assert {
             "key": HYBRID_TAINT["key"],

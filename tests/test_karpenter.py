@@ -205,7 +205,11 @@ def test_helm_release_pinned_and_configured(dev_plan):
     )
     assert release["version"] == "1.14.1"
     settings = release["values"]["settings"]
-    assert settings == {"clusterName": "tp-dev", "interruptionQueue": "karpenter-tp-dev"}
+    assert settings == {
+        "clusterName": "tp-dev",
+        "interruptionQueue": "karpenter-tp-dev",
+        "featureGates": {"nodeRepair": True},
+    }
     assert release["values"]["nodeSelector"] == {"training-platform/node-role": "system"}
 
 

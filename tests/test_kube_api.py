@@ -1,8 +1,11 @@
 """The local Kubernetes API's own rules against upstream's: request verbs as in
 staging/src/k8s.io/apiserver/pkg/endpoints/request/requestinfo_test.go, RBAC decisions on the
 examples of the Kubernetes RBAC documentation (kubernetes.io/docs/reference/access-authn-authz/
-rbac/), the exec upgrade's get-and-create check of pkg/registry/core/pod/rest/authorize.go, and
-deletion with finalizers, as kube-apiserver does them."""
+rbac/), the exec upgrade's get-and-create check of pkg/registry/core/pod/rest/authorize.go,
+deletion with finalizers, the system namespaces and where an Event may live, as kube-apiserver
+does them."""
+
+import json
 
 import pytest
 import yaml
@@ -244,3 +247,43 @@ def test_finalizers_hold_an_object_and_its_namespace_until_removed(api, tmp_path
     api.settle()
     assert api.read("configmaps", "team", "held") is None
     assert api.read("namespaces", "", "team") is None
+
+
+def test_a_cluster_starts_with_its_system_namespaces_and_keeps_events_where_upstream_does(
+    api, tmp_path
+):
+    """pkg/controlplane/controller/systemnamespaces; legacyValidateEvent in
+    pkg/apis/core/validation/events.go: an Event about a Node (no namespace) lives in `default`
+    (or, with an eventTime, `kube-system`), one about a pod in the pod's namespace, and one with
+    an eventTime names who reports it."""
+    assert {"default", "kube-system", "kube-public", "kube-node-lease"} <= {
+        n["metadata"]["name"] for n in api.objects("namespaces")
+    }
+    core = client.CoreV1Api(kube_client(api, ADMIN, tmp_path))
+    node = {"apiVersion": "v1", "kind": "Node", "name": "n", "uid": "u"}
+    event = {"involvedObject": node, "reason": "R", "message": "m", "type": "Warning"}
+
+    def create(namespace: str, name: str, **fields) -> str:
+        body = {**event, "metadata": {"name": name}, **fields}
+        try:
+            core.create_namespaced_event(namespace, body)
+        except client.ApiException as e:
+            assert e.status == 422
+            return json.loads(e.body)["message"]
+        return "created"
+
+    assert create("default", "n.1") == "created"
+    assert create("kube-system", "n.2") == (
+        'Event "n.2" is invalid: involvedObject.namespace: Invalid value: "": does not match '
+        "event.namespace"
+    )
+    stamped = {"eventTime": "2026-11-24T10:00:00.000000Z"}
+    assert create("kube-system", "n.3", **stamped) == (
+        'Event "n.3" is invalid: reportingController: Required value; reportingInstance: '
+        "Required value; action: Required value"
+    )
+    reported = {"reportingComponent": "c", "reportingInstance": "i", "action": "A"}
+    assert create("kube-system", "n.4", **stamped, **reported) == "created"
+    pod = {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "kube-public"}
+    assert create("default", "p.1", involvedObject=pod).endswith("does not match event.namespace")
+    assert create("kube-public", "p.2", involvedObject=pod) == "created"

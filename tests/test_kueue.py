@@ -1,20 +1,16 @@
-"""Kueue as configured and as seen: the rendered Configuration against Kueue v0.19.2's own Go types,
-waitForPodsReady derived from the cold-start model, and a DevServer's Workload as Kueue writes it,
-shown by `devctl list`."""
+"""Kueue as configured and as seen: the rendered Configuration against Kueue v0.19.2's rules
+written down from its source (tests/kueue_rules.py), waitForPodsReady derived from the cold-start
+model, and a DevServer's Workload in the states Kueue writes, shown by `devctl list`."""
 
 import copy
 import io
 import re
 from datetime import UTC, datetime
-from functools import cache
-from pathlib import Path
 
-import jsonschema
 import kopf
 import pytest
 import yaml
 from kubernetes import config
-from openapi_schema_validator import OAS30Validator
 
 from devservers import operator
 from devservers.api import API_VERSION
@@ -24,98 +20,13 @@ from devservers.kube import KubeCluster
 from devservers.render import Settings
 from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
 from infra.config import parse_stack_config
+from tests import kueue_rules as kueue
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
-from tests.crd_schema import _closed
-from tests.devservers_cluster import kueue_workload_crd
-from tests.go_types import closed_schema
+from tests.crd_schema import conformance_errors
 from tests.test_devservers_render import server as server_manifest
 
-UPSTREAM = Path(__file__).resolve().parent / "upstream"
 RELEASE = "kubernetes:helm.sh/v3:Release"
 NOW = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
-
-# Types of other packages that Kueue's Configuration uses, as their upstream definitions decode:
-# time.ParseDuration strings (k8s.io/apimachinery/pkg/apis/meta/v1/duration.go: metav1.Duration);
-# meta/v1 types.go (TypeMeta, LabelSelector, LabelSelectorRequirement with its operators);
-# k8s.io/component-base/config/v1alpha1/types.go (LeaderElectionConfiguration).
-DURATION = {"type": "string", "pattern": r"^([0-9]+(\.[0-9]+)?(ns|us|µs|ms|s|m|h))+$"}
-EXTERNAL = {
-    "metav1.TypeMeta": {
-        "type": "object",
-        "properties": {"apiVersion": {"type": "string"}, "kind": {"type": "string"}},
-    },
-    "metav1.Duration": DURATION,
-    "metav1.LabelSelector": {
-        "type": "object",
-        "properties": {
-            "matchLabels": {"type": "object", "additionalProperties": {"type": "string"}},
-            "matchExpressions": {
-                "type": "array",
-                "items": {
-                    "type": "object",
-                    "properties": {
-                        "key": {"type": "string"},
-                        "operator": {"enum": ["In", "NotIn", "Exists", "DoesNotExist"]},
-                        "values": {"type": "array", "items": {"type": "string"}},
-                    },
-                    "required": ["key", "operator"],
-                    "additionalProperties": False,
-                },
-            },
-        },
-        "additionalProperties": False,
-    },
-    "configv1alpha1.LeaderElectionConfiguration": {
-        "type": "object",
-        "properties": {
-            "leaderElect": {"type": "boolean"},
-            "leaseDuration": DURATION,
-            "renewDeadline": DURATION,
-            "retryPeriod": DURATION,
-            "resourceLock": {"type": "string"},
-            "resourceName": {"type": "string"},
-            "resourceNamespace": {"type": "string"},
-        },
-        "additionalProperties": False,
-    },
-    "time.Duration": {"type": "integer"},
-    "corev1.ResourceName": {"type": "string"},
-    "corev1.ResourceList": {"type": "object"},
-    "resourcev1.QualifiedName": {"type": "string"},
-    "resourcev1.DeviceSelector": {"type": "object"},
-    "clientcmdapi.ExecConfig": {"type": "object"},
-    # Defined in another file of the same package (MultiKueue); the platform does not use it.
-    "ClusterProfileCredentialsProvider": {"type": "object"},
-}
-
-
-def kueue_types() -> str:
-    return (UPSTREAM / "kueue" / "configuration_types.go").read_text()
-
-
-def frameworks_kueue_knows() -> set[str]:
-    """The framework names Integrations.Frameworks' doc comment lists at v0.19.2."""
-    source = kueue_types()
-    block = source[source.index("type Integrations struct") :]
-    block = block[: block.index("Frameworks []string")]
-    return set(re.findall(r'^\s*//\s+- "([^"]+)"', block, re.M))
-
-
-def configuration_errors(config: dict) -> list[str]:
-    """What Kueue v0.19.2 would refuse: its strict decoder (unknown fields, wrong types; closed
-    schema of apis/config/v1beta2/configuration_types.go) and pkg/config/validation.go's checks of
-    waitForPodsReady and integrations."""
-    schema = closed_schema(kueue_types(), "Configuration", EXTERNAL)
-    errors = [
-        f"{'.'.join(map(str, e.absolute_path)) or '<root>'}: {e.message}"
-        for e in jsonschema.Draft7Validator(schema).iter_errors(config)
-    ]
-    ready = config.get("waitForPodsReady")
-    if ready is not None and not ready.get("timeout"):
-        errors.append("waitForPodsReady.timeout: must be specified")
-    unknown = set(config.get("integrations", {}).get("frameworks", [])) - frameworks_kueue_knows()
-    errors += [f"integrations.frameworks: {name} is not a framework" for name in sorted(unknown)]
-    return errors
 
 
 def kueue_config(plan) -> dict:
@@ -125,7 +36,7 @@ def kueue_config(plan) -> dict:
 
 def test_rendered_configuration_decodes_into_kueue_types(stack_plan):
     config = kueue_config(stack_plan)
-    assert configuration_errors(config) == []
+    assert kueue.configuration_errors(config) == []
     assert {"waitForPodsReady", "integrations", "managedJobsNamespaceSelector"} <= set(config)
 
 
@@ -142,12 +53,21 @@ def test_rendered_configuration_decodes_into_kueue_types(stack_plan):
         ),
         (lambda c: c["integrations"]["frameworks"].append("kubeflow.org/pytorchjobs"), "not a"),
         (lambda c: c["metrics"].update(enableClusterQueueResources="yes"), "not of type"),
+        (lambda c: c["resources"].update(excludeResourcePrefix=[]), "excludeResourcePrefix'"),
+        (lambda c: c["leaderElection"].update(leaseDuration=15), "15 is not of type 'string'"),
+        (
+            lambda c: c["managedJobsNamespaceSelector"]["matchExpressions"][0].update(
+                operator="Exist"
+            ),
+            "'Exist' is not one of",
+        ),
     ],
 )
-def test_the_schema_from_kueue_types_catches_what_kueue_refuses(dev_plan, mutate, expected):
+def test_the_written_down_rules_catch_what_kueue_refuses(dev_plan, mutate, expected):
     config = copy.deepcopy(kueue_config(dev_plan))
+    assert kueue.configuration_errors(config) == []
     mutate(config)
-    assert any(expected in error for error in configuration_errors(config))
+    assert any(expected in error for error in kueue.configuration_errors(config))
 
 
 def test_one_starting_pod_never_stalls_admission_and_no_workload_is_deactivated(stack_plan):
@@ -198,13 +118,8 @@ def test_a_slower_instance_type_moves_the_timeouts(dev_plan):
 # --- a Workload as Kueue writes it, and what devctl shows -------------------------------------
 
 
-@cache
-def workload_schema() -> dict:
-    (version,) = [v for v in kueue_workload_crd()["spec"]["versions"] if v["name"] == "v1beta2"]
-    return version
-
-
 def condition(kind: str, status: str, reason: str, message: str = "") -> dict:
+    """A metav1.Condition as Kueue sets it (type, status, reason, message, transition time)."""
     return {
         "type": kind,
         "status": status,
@@ -215,11 +130,13 @@ def condition(kind: str, status: str, reason: str, message: str = "") -> dict:
 
 
 def workload(*conditions: dict, active: bool = True, requeue_at: str | None = None) -> dict:
+    """A Workload of a DevServer's StatefulSet (workload_types.go: spec.active, spec.queueName,
+    spec.podSets; status.conditions, status.requeueState.count and requeueAt)."""
     status: dict = {"conditions": list(conditions)}
     if requeue_at:
         status["requeueState"] = {"count": 1, "requeueAt": requeue_at}
     return {
-        "apiVersion": "kueue.x-k8s.io/v1beta2",
+        "apiVersion": f"{kueue.GROUP}/{kueue.WORKLOAD_VERSION}",
         "kind": "Workload",
         "metadata": {"name": "statefulset-box-3f2a1", "namespace": "dev-alice"},
         "spec": {
@@ -235,31 +152,29 @@ def workload(*conditions: dict, active: bool = True, requeue_at: str | None = No
 # (workload_controller.go reconcileNotReadyTimeout -> evict.Evict: Evicted=True reason
 # PodsReadyTimeout; UpdateRequeueState: requeueState.requeueAt; jobframework/reconciler.go:
 # Requeued=False with the eviction's reason, QuotaReserved=False), deactivation after a
-# backoffLimitCount (Evicted=True reason "Deactivated" + cause), admission with pods starting.
+# backoffLimitCount (workload_controller.go: a DeactivationTarget with reason
+# RequeuingLimitExceeded, then Evicted=True reason Deactivated with that cause), admission with
+# pods starting.
+EVICTED_FOR_TIMEOUT = workload(
+    condition(kueue.QUOTA_RESERVED, "False", kueue.PENDING),
+    condition(kueue.EVICTED, "True", kueue.PODS_READY_TIMEOUT, "Exceeded the PodsReady timeout"),
+    condition(kueue.REQUEUED, "False", kueue.PODS_READY_TIMEOUT),
+    requeue_at="2026-11-22T09:12:00Z",
+)
+DEACTIVATED_REASON = kueue.reason_with_cause(kueue.DEACTIVATED, kueue.REQUEUING_LIMIT_EXCEEDED)
 STATES = [
-    (workload(condition("QuotaReserved", "False", "Pending")), "Queued"),
+    (workload(condition(kueue.QUOTA_RESERVED, "False", kueue.PENDING)), "Queued"),
     (
         workload(
-            condition("QuotaReserved", "True", "QuotaReserved"),
-            condition("Admitted", "True", "Admitted"),
-            condition("PodsReady", "False", "WaitForStart"),
+            condition(kueue.QUOTA_RESERVED, "True", kueue.QUOTA_RESERVED),
+            condition(kueue.ADMITTED, "True", kueue.ADMITTED),
+            condition(kueue.PODS_READY, "False", kueue.WAIT_FOR_START),
         ),
         "Admitted, pods not ready (WaitForStart)",
     ),
+    (EVICTED_FOR_TIMEOUT, "Evicted (PodsReadyTimeout), requeued at 2026-11-22T09:12:00Z"),
     (
-        workload(
-            condition("QuotaReserved", "False", "Pending"),
-            condition("Evicted", "True", "PodsReadyTimeout", "Exceeded the PodsReady timeout"),
-            condition("Requeued", "False", "PodsReadyTimeout"),
-            requeue_at="2026-11-22T09:12:00Z",
-        ),
-        "Evicted (PodsReadyTimeout), requeued at 2026-11-22T09:12:00Z",
-    ),
-    (
-        workload(
-            condition("Evicted", "True", "DeactivatedDueToRequeuingLimitExceeded"),
-            active=False,
-        ),
+        workload(condition(kueue.EVICTED, "True", DEACTIVATED_REASON), active=False),
         "Deactivated (DeactivatedDueToRequeuingLimitExceeded)",
     ),
 ]
@@ -267,20 +182,20 @@ STATES = [
 
 @pytest.mark.parametrize(("manifest", "shown"), STATES)
 def test_kueue_state_reads_workloads_as_kueue_writes_them(manifest, shown):
-    schema = _closed(copy.deepcopy(workload_schema()["schema"]["openAPIV3Schema"]))
-    assert list(OAS30Validator(schema).iter_errors(manifest)) == []
     assert kueue_state(manifest) == shown
 
 
 def test_kubectl_get_workloads_shows_no_eviction_reason():
-    """Why devctl shows it: the Workload CRD's printer columns at v0.19.2 have none."""
-    columns = [c["name"] for c in workload_schema()["additionalPrinterColumns"]]
-    assert columns == ["Queue", "Reserved in", "Admitted", "Finished", "Age"]
+    """Why devctl shows it: the Workload's printer columns at v0.19.2 have none."""
+    columns = kueue.WORKLOAD_PRINTER_COLUMNS
+    assert [c["name"] for c in columns] == ["Queue", "Reserved in", "Admitted", "Finished", "Age"]
+    assert not any("Evicted" in c["jsonPath"] or "requeueState" in c["jsonPath"] for c in columns)
 
 
 def test_devctl_list_shows_the_servers_kueue_state(dev_cluster, monkeypatch):
     """The operator finds the Workload of the server's StatefulSet by Kueue's job-uid label and
-    records its state; devctl lists it (on the local Kubernetes API, with Kueue's CRD)."""
+    records its state; devctl lists it (on the local Kubernetes API, serving Workloads with the
+    CRD written down in tests/kueue_rules.py)."""
     operator_boundary = KubeCluster(
         config.new_client_from_config(str(dev_cluster.kubeconfigs["operator"]))
     )
@@ -293,9 +208,9 @@ def test_devctl_list_shows_the_servers_kueue_state(dev_cluster, monkeypatch):
     operator._refresh(memo, "box", "dev-alice")
     dev_cluster.api.settle()
     stateful_set = dev_cluster.api.read("statefulsets", "dev-alice", "box", group="apps")
-    evicted = copy.deepcopy(STATES[2][0])
+    evicted = copy.deepcopy(EVICTED_FOR_TIMEOUT)
     evicted["metadata"]["labels"] = {JOB_UID_LABEL: stateful_set["metadata"]["uid"]}
-    workloads = admin.resources.get(api_version="kueue.x-k8s.io/v1beta2", kind="Workload")
+    workloads = admin.resources.get(api_version=evicted["apiVersion"], kind="Workload")
     created = workloads.create(body=evicted, namespace="dev-alice")
     workloads.status.patch(  # Kueue writes conditions to the status subresource
         name=created.metadata.name, namespace="dev-alice", body={"status": evicted["status"]},
@@ -309,3 +224,27 @@ def test_devctl_list_shows_the_servers_kueue_state(dev_cluster, monkeypatch):
     assert "KUEUE" in header.split()
     assert "Evicted (PodsReadyTimeout), requeued at 2026-11-22T09:12:00Z" in row
     assert dev_cluster.api.refusals == []
+
+
+# --- the Topology API, written down -------------------------------------------------------------
+
+
+@pytest.mark.parametrize(
+    ("levels", "expected"),
+    [
+        ([], "should be non-empty"),
+        ([{"nodeLabel": f"layer-{i}"} for i in range(17)], "is too long"),
+        ([{"nodeLabel": "rack/"}], "does not match"),
+        ([{"label": "rack"}], "'nodeLabel' is a required property"),
+    ],
+)
+def test_the_written_down_topology_refuses_what_kueues_crd_refuses(levels, expected):
+    topology = {
+        "apiVersion": f"{kueue.GROUP}/v1beta2",
+        "kind": "Topology",
+        "metadata": {"name": "network"},
+        "spec": {"levels": [{"nodeLabel": "topology.k8s.aws/network-node-layer-1"}]},
+    }
+    assert conformance_errors(topology) == []
+    topology["spec"]["levels"] = levels
+    assert any(expected in e for e in conformance_errors(topology))

@@ -1,28 +1,39 @@
 """The NCCL fabric check: its stack config, the MPIJob it renders, and its verdict.
 
-The parser and verdict read published all_reduce_perf launcher logs (tests/fixtures/nccl, with
-their sources in SOURCES.md) and NCCL_DEBUG lines written from the format strings in NCCL's and
-aws-ofi-nccl's source. The rendered MPIJob is checked against the MPI operator's CRD and run
-through OpenMPI's real mpirun over two real sshd (the tests/test_mpi_launch.py launcher), with a
-CPU stand-in for all_reduce_perf (tests/nccl_stand_in.py) whose output the check then judges.
+The parser and verdict read sample launcher logs we wrote in the output format of nccl-tests
+v2.19.6, NCCL and aws-ofi-nccl (tests/fixtures/nccl, how in its SOURCES.md), checked line by line
+against nccl-tests' printf formats (tests/nccl_tests_output.py). The rendered MPIJob is checked
+against the MPI operator's CRD and run through OpenMPI's real mpirun over two real sshd (the
+tests/test_mpi_launch.py launcher), with a CPU stand-in for all_reduce_perf
+(tests/nccl_stand_in.py) whose output the check then judges.
 """
 
 import copy
+import re
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
 
-from infra.catalog import load_published_busbw
-from infra.config import ConfigError, StackConfig, load_stack_file, parse_stack_config
+from infra.catalog import load_catalog, load_published_busbw
+from infra.config import (
+    FABRIC_MAX_BYTES,
+    ConfigError,
+    StackConfig,
+    fabric_sizes,
+    load_stack_file,
+    parse_stack_config,
+)
 from tests.conftest import NO_DEV_SERVERS, ROOT, stack_values
 from tests.crd_schema import conformance_errors
 from tests.nccl_stand_in import STAND_IN_LINE
+from tests.nccl_tests_output import Half, footer_lines, header_lines, row_line
 from tests.openssh import OpenSsh
 from tests.test_mpi_launch import Launcher
 from workloads import nccl_check
 from workloads.nccl_check import (
+    PREFIX,
     CheckError,
     check_manifests,
     judge,
@@ -32,15 +43,27 @@ from workloads.nccl_check import (
 )
 
 FIXTURES = Path(__file__).parent / "fixtures" / "nccl"
+# The sample launcher logs (tests/fixtures/nccl/SOURCES.md): the check's own log on two
+# p4d.24xlarge with EFA in use; the same over sockets under mpirun --tag-output; two p5.48xlarge
+# under srun -l without NCCL lines; a p4d run with wrong results.
+EFA_RUN = "efa-p4d-2node.log"
+SOCKET_RUN = "socket-p4d-2node-tag-output.log"
+SRUN_RUN = "p5-2node-srun.log"
+WRONG_RUN = "wrong-p4d-2node.log"
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/tp-dev/trainer@sha256:" + "a" * 64
-# Lines as NCCL and aws-ofi-nccl print them today: NVIDIA/nccl src/init.cc ("Using network %s"),
-# aws/aws-ofi-nccl src/nccl_ofi_net.cpp ("NET/OFI Selected provider is %s, fabric is %s (found
-# %d nics)", v1.15.0 and later) and src/nccl_ofi_interface_nvidia.cpp (the plugin's name,
-# "Libfabric"), behind NCCL's INFO prefix "<host>:<pid>:<tid> [<dev>] NCCL INFO ".
-CURRENT_EFA_LINES = (
-    "node-0:172:172 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa-direct "
-    "(found 32 nics)\n"
-    "node-0:172:172 [0] NCCL INFO Using network Libfabric\n"
+# What NCCL logs for aws-ofi-nccl, behind its INFO prefix "<host>:<pid>:<tid> [<dev>] NCCL INFO "
+# (NVIDIA/nccl v2.30.7-1 src/debug.cc) and "Using network %s" (src/init.cc): before plugin
+# v1.13 "Selected Provider is %s (found %d nics)" and the name "AWS Libfabric" (aws/aws-ofi-nccl
+# v1.11.0-aws src/nccl_ofi_net.c, src/nccl_ofi_interface_nvidia.c); since v1.14.0 "Selected
+# provider is %s, fabric is %s (found %d nics)" (v1.21.1 src/nccl_ofi_net.cpp) and "Libfabric"
+# (src/nccl_ofi_interface_nvidia.cpp).
+OLD_PLUGIN_LINES = (
+    "node-0:61:61 [0] NCCL INFO NET/OFI Selected Provider is efa (found 4 nics)\n"
+    "node-0:61:61 [0] NCCL INFO Using network AWS Libfabric\n"
+)
+CURRENT_PLUGIN_LINES = (
+    "node-0:61:61 [0] NCCL INFO NET/OFI Selected provider is efa, fabric is efa (found 4 nics)\n"
+    "node-0:61:61 [0] NCCL INFO Using network Libfabric\n"
 )
 
 
@@ -89,13 +112,22 @@ def test_default_floors_come_from_the_published_figure_of_the_pools_family():
     assert pools["gpu-large"].fabric_check_plan(4).floors == ()
 
 
-@pytest.mark.parametrize("family", ["p4de", "p5"])
-def test_published_figures_are_the_rows_of_the_published_runs(family):
-    """The catalog's figures are what the cited launcher logs print at that size."""
+@pytest.mark.parametrize("family", sorted(load_published_busbw()))
+def test_each_published_figure_is_the_default_floor_of_its_familys_pools(family):
+    """The catalog holds together: a two-node figure at a size the check sweeps, its source
+    pinned to a commit, and a pool of that family gets 90 % of it from that size up (the share
+    at which nccl-tests' own NCCL_TESTS_MIN_BW check fails: src/util.cu writeResultFooter)."""
     published = load_published_busbw()[family]
-    out = parse_output(fixture(f"awsome-{family}-2node.log"))
-    (row,) = [r for r in out.rows if r.size == published.bytes]
-    assert row.out_of_place.busbw == published.busbw
+    assert published.nodes == 2 and published.bytes in fabric_sizes(FABRIC_MAX_BYTES)
+    assert re.search(r"^https://github.com/[^/]+/[^/]+/blob/[0-9a-f]{40}/", published.source)
+    catalog = load_catalog()
+    instance_type = next(n for n in catalog.names(gpu=True) if catalog[n].family == family)
+    config = config_with_pool("gpu-large", instanceTypes=[instance_type], efa=True)
+    plan = pool_of(config, "gpu-large").fabric_check_plan()
+    (floor,) = plan.floors
+    assert (floor.from_bytes, floor.to_bytes) == (published.bytes, None)
+    assert floor.min_busbw == round(0.9 * published.busbw, 2)
+    assert published.source in plan.basis and published.bytes in plan.sizes
 
 
 def test_floors_from_stack_config_replace_the_default():
@@ -212,41 +244,75 @@ def test_dry_run_prints_the_manifests_and_a_missing_image_is_a_usage_error(capsy
     assert (policy["kind"], mpijob["kind"]) == ("NetworkPolicy", "MPIJob")
 
 
-# -- parsing and verdicts on published logs -----------------------------------------------------
+# -- parsing and verdicts on sample launcher logs ------------------------------------------------
 
 
-def test_the_table_of_a_published_run_parses_row_by_row():
-    out = parse_output(fixture("awsome-p5-2node.log"))  # srun -l's "0: " prefix on every line
+@pytest.mark.parametrize("name", [EFA_RUN, SOCKET_RUN, SRUN_RUN, WRONG_RUN])
+def test_the_sample_logs_are_in_nccl_tests_own_format(name):
+    """Every table line of a sample log, launcher prefix removed, is what nccl-tests v2.19.6's
+    printf formats print for the figures on it: the samples are nccl-tests' layout, not ours."""
+    lines = [PREFIX.sub("", line) for line in fixture(name).splitlines()]
+    start = lines.index(header_lines()[1])
+    assert lines[start - 1 : start + 3] == header_lines()
+    out = parse_output(fixture(name))
+    rows = lines[start + 3 : start + 3 + len(out.rows)]
+    assert rows == [
+        row_line(
+            r.size,
+            r.count,
+            r.type,
+            r.redop,
+            -1,
+            *(Half(h.time_us, h.algbw, h.busbw, h.wrong) for h in (r.out_of_place, r.in_place)),
+        )
+        for r in out.rows
+    ]
+    end = start + 3 + len(out.rows)
+    footer = footer_lines(out.out_of_bounds, out.average_busbw)
+    assert lines[end : end + len(footer)] == footer
+
+
+def test_the_table_of_a_run_parses_row_by_row():
+    out = parse_output(fixture(SRUN_RUN))  # srun -l's "0: " prefix on every line
     assert [r.size for r in out.rows] == [8 << i for i in range(32)]
     last = out.rows[-1]
     assert (last.count, last.type, last.redop) == (4294967296, "float", "sum")
-    assert (last.out_of_place.time_us, last.out_of_place.algbw) == (66132, 259.78)
-    assert (last.out_of_place.busbw, last.in_place.busbw, last.wrong) == (487.09, 487.26, 0)
+    assert (last.out_of_place.time_us, last.out_of_place.algbw) == (67843.1, 253.23)
+    assert (last.out_of_place.busbw, last.in_place.busbw, last.wrong) == (474.80, 459.00, 0)
+    assert (out.average_busbw, out.out_of_bounds) == (130.35, 0)
 
 
-def test_efa_in_use_passes_on_an_efa_pool():
-    """aws-do-eks' EFA run (mpirun --tag-output prefixes, aws-ofi-nccl before 1.12's names)."""
-    out = parse_output(fixture("aws-do-eks-efa.log"))
-    assert (out.networks, out.providers) == ({"AWS Libfabric"}, {"efa"})
-    assert out.average_busbw == 0.960456 and out.out_of_bounds == 0
-    verdict = judge(out, plan_for(1 << 30), efa=True)
-    assert verdict == nccl_check.Verdict(True, "efa", [])
+def test_srun_labels_padded_for_ten_or_more_tasks_are_stripped():
+    # Slurm pads -l labels to the widest task id: " 0: " beside "15: " (src/api/step_io.c, _wid).
+    lines = fixture(SRUN_RUN).splitlines()
+    padded = "\n".join(" " + line if line.startswith("0: ") else line for line in lines)
+    assert parse_output(padded).rows == parse_output(fixture(SRUN_RUN)).rows
+
+
+def test_efa_in_use_passes_the_default_floor_on_an_efa_pool():
+    out = parse_output(fixture(EFA_RUN))
+    assert (out.networks, out.providers) == ({"Libfabric"}, {"efa"})
+    assert out.average_busbw == 16.7568 and out.out_of_bounds == 0
+    default = pool_of(load_stack_file("dev"), "gpu-large").fabric_check_plan()
+    assert [(f.from_bytes, f.min_busbw) for f in default.floors] == [(1 << 30, 29.44)]
+    assert judge(out, default, efa=True) == nccl_check.Verdict(True, "efa", [])
 
 
 def test_efa_in_use_still_fails_below_the_floor():
     verdict = judge(
-        parse_output(fixture("aws-do-eks-efa.log")),
-        plan_for(1 << 30, [{"fromBytes": 1 << 28, "minBusbw": 2.83}]),
+        parse_output(fixture(EFA_RUN)),
+        plan_for(1 << 30, [{"fromBytes": 1 << 29, "minBusbw": 67}]),
         efa=True,
     )
     assert not verdict.passed and verdict.network == "efa"
-    assert verdict.findings == ["busbw below the 2.83 GB/s floor at 1073741824 B (2.82)"]
+    assert verdict.findings == ["busbw below the 67 GB/s floor at 536870912 B (66.07)"]
 
 
 def test_socket_fallback_fails_an_efa_pool_even_when_busbw_passes():
-    out = parse_output(fixture("aws-do-eks-socket.log"))
+    out = parse_output(fixture(SOCKET_RUN))  # mpirun --tag-output's "[1,<rank>]<stdout>:"
     assert out.networks == {"Socket"} and out.providers == set()
-    plan = plan_for(1 << 30, [{"fromBytes": 1 << 30, "minBusbw": 1.0}])
+    assert out.rows[-1].size == 1 << 30 and out.average_busbw == 2.60704
+    plan = plan_for(1 << 30, [{"fromBytes": 1 << 30, "minBusbw": 10.0}])
     verdict = judge(out, plan, efa=True)
     assert not verdict.passed and verdict.network == "socket"
     (finding,) = verdict.findings
@@ -258,33 +324,35 @@ def test_socket_fallback_fails_an_efa_pool_even_when_busbw_passes():
 
 
 def test_wrong_results_fail_whatever_the_bandwidth():
-    """nccl-tests issue 369: #wrong 96 and 32 at 1 MiB, 'Out of bounds values : 4 FAILED'."""
-    out = parse_output(fixture("nccl-tests-369-wrong.log") + CURRENT_EFA_LINES)
+    """#wrong 64 and 32 at 2 MiB, 'Out of bounds values : 3 FAILED'."""
+    out = parse_output(fixture(WRONG_RUN))
     verdict = judge(out, plan_for(1 << 27), efa=True)
     assert verdict.network == "efa" and not verdict.passed
     assert verdict.findings == [
-        "wrong results (#wrong > 0) at 1048576 B (128 elements)",
-        "all_reduce_perf counts 4 out of bounds value(s)",
+        "wrong results (#wrong > 0) at 2097152 B (96 elements)",
+        "all_reduce_perf counts 3 out of bounds value(s)",
     ]
 
 
-def test_current_plugin_lines_tell_efa_from_another_libfabric_provider():
-    out = parse_output(CURRENT_EFA_LINES)
-    assert (out.networks, out.providers) == ({"Libfabric"}, {"efa"})
-    tcp = CURRENT_EFA_LINES.replace(
-        "provider is efa, fabric is efa-direct", "provider is tcp, fabric is 10.0.0.0/16"
+@pytest.mark.parametrize("lines", [OLD_PLUGIN_LINES, CURRENT_PLUGIN_LINES])
+def test_both_generations_of_plugin_lines_name_efa(lines):
+    assert parse_output(lines).providers == {"efa"}
+    assert judge(parse_output(lines + fixture(EFA_RUN)), plan_for(1 << 30), True).passed
+
+
+def test_another_libfabric_provider_is_not_efa():
+    tcp = fixture(EFA_RUN).replace(
+        "provider is efa, fabric is efa", "provider is tcp, fabric is 10.0.0.0/16"
     )
-    verdict = judge(
-        parse_output(tcp + fixture("nccl-tests-369-wrong.log")), plan_for(1 << 27), True
-    )
+    verdict = judge(parse_output(tcp), plan_for(1 << 30), True)
     assert verdict.network == "libfabric (tcp)"
     assert "aws-ofi-nccl's libfabric provider is tcp, not efa" in verdict.findings[0]
 
 
 def test_a_log_without_nccl_info_lines_cannot_pass():
-    """The published p5 table has no NCCL_DEBUG lines: busbw clears its default floor, and the
-    check still fails because it cannot tell EFA from sockets."""
-    out = parse_output(fixture("awsome-p5-2node.log"))
+    """The p5 run has no NCCL_DEBUG lines: busbw clears its default floor, and the check still
+    fails because it cannot tell EFA from sockets."""
+    out = parse_output(fixture(SRUN_RUN))
     config = config_with_pool("gpu-large", instanceTypes=["p5.48xlarge"], efa=True)
     plan = pool_of(config, "gpu-large").fabric_check_plan()
     assert [(f.from_bytes, f.min_busbw) for f in plan.floors] == [(1 << 31, 399.35)]
@@ -295,10 +363,10 @@ def test_a_log_without_nccl_info_lines_cannot_pass():
 
 
 def test_a_run_that_stopped_early_fails():
-    out = parse_output(fixture("aws-do-eks-efa.log"))
+    out = parse_output(fixture(EFA_RUN))
     verdict = judge(out, plan_for(1 << 31), efa=True)
     assert verdict.findings == ["no result for 1 size(s), from 2147483648 B"]
-    assert not judge(parse_output(CURRENT_EFA_LINES), plan_for(1 << 20), True).passed
+    assert not judge(parse_output(CURRENT_PLUGIN_LINES), plan_for(1 << 20), True).passed
 
 
 def test_a_table_of_another_layout_is_refused():
@@ -320,12 +388,10 @@ def stand_in_launcher():
     _, mpijob = check_manifests(config, pool, "research", 2, IMAGE)
     with OpenSsh() as site:
         launcher = Launcher(site, mpijob)
-        program = ROOT / "tests" / "nccl_stand_in.py"
         # The stand-in where the image has all_reduce_perf: on the image's PATH only.
         conda = Path(launcher.image_env["PATH"].split(":")[0])
-        site.write(conda / "all_reduce_perf", f'#!/bin/sh\nexec python {program} "$@"\n').chmod(
-            0o755
-        )
+        stand_in = f'#!/bin/sh\nPYTHONPATH={ROOT} exec python -m tests.nccl_stand_in "$@"\n'
+        site.write(conda / "all_reduce_perf", stand_in).chmod(0o755)
         yield launcher, pool.fabric_check_plan()
 
 

@@ -48,10 +48,12 @@ POLL_SECONDS = 10
 MPIJOB_GROUP, MPIJOB_VERSION = API_VERSIONS["MPIJob"].split("/")
 
 # A log line may carry a launcher's prefix: mpirun --tag-output's "[1,0]<stdout>:" or srun -l's
-# "0: ". NCCL prints "Using network %s" (NVIDIA/nccl src/init.cc); aws-ofi-nccl prints "NET/OFI
-# Selected provider is %s, fabric is %s (found %d nics)" since v1.15.0 and "Selected Provider is
-# %s" before (aws/aws-ofi-nccl src/nccl_ofi_net.cpp, nccl_net_ofi_query_provider_capabilities).
-PREFIX = re.compile(r"^(\[\d+,\d+\]<std(out|err)>:|\d+: )")
+# "0: ", which Slurm pads to the width of the largest task id (" 0: " with 10 or more tasks:
+# SchedMD/slurm src/api/step_io.c, _wid). NCCL prints "Using network %s" (NVIDIA/nccl
+# src/init.cc); aws-ofi-nccl prints "NET/OFI Selected provider is %s, fabric is %s (found %d
+# nics)" since v1.14.0 and "Selected Provider is %s" before (aws/aws-ofi-nccl
+# src/nccl_ofi_net.cpp, nccl_net_ofi_query_provider_capabilities).
+PREFIX = re.compile(r"^(\[\d+,\d+\]<std(out|err)>:| *\d+: )")
 NETWORK = re.compile(r"NCCL INFO Using network (\S.*?)\s*$")
 PROVIDER = re.compile(r"NET/OFI Selected [Pp]rovider is ([^,\s]+)")
 # all_reduce_perf's result table (NVIDIA/nccl-tests src/util.cu writeResultHeader,

@@ -1,11 +1,17 @@
-"""GPU metrics: the DCGM exporter on GPU nodes, optionally Prometheus and Grafana to watch them."""
+"""GPU metrics: the DCGM exporter on GPU nodes, optionally Prometheus and Grafana to watch them.
+
+On the pools' GPU nodes the exporter reads DCGM through the host engine the node monitoring
+agent runs there (node_monitoring_agent.py: one host engine per node); hybrid nodes have no
+agent, so their exporter (a release of its own) embeds its host engine as the chart does.
+"""
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components.helm import helm_release
-from infra.components.hybrid_nodes import GPU_AGENT_TOLERATIONS
-from infra.components.node_pools import GPU_NODE_LABELS
+from infra.components.hybrid_nodes import GPU_AGENT_TOLERATIONS, HYBRID_NODE_AFFINITY
+from infra.components.node_monitoring_agent import DCGM_HOST_ENGINE_PORT
+from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
 from infra.versions import DCGM_EXPORTER_CHART, KUBE_PROMETHEUS_STACK_CHART
 
 NAMESPACE = "monitoring"
@@ -20,6 +26,10 @@ class GpuMetrics(pulumi.ComponentResource):
         name: str,
         provider: k8s.Provider,
         prometheus_stack: bool,
+        # The node monitoring agent's add-on, whose host engine the pools' GPU nodes run; None
+        # when the stack has no GPU pool.
+        pool_host_engine: pulumi.Resource | None,
+        hybrid_gpus: bool,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:GpuMetrics", name, None, opts)
@@ -64,16 +74,47 @@ class GpuMetrics(pulumi.ComponentResource):
                     child,
                 )
             )
-        helm_release(
-            "dcgm-exporter",
-            DCGM_EXPORTER_CHART,
-            NAMESPACE,
-            {
-                "nodeSelector": GPU_NODE_LABELS,
-                "tolerations": GPU_AGENT_TOLERATIONS,
-                # The ServiceMonitor CRD comes with kube-prometheus-stack.
-                "serviceMonitor": {"enabled": prometheus_stack},
-            },
-            pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=depends)),
-        )
+        # The ServiceMonitor CRD comes with kube-prometheus-stack.
+        service_monitor = {"serviceMonitor": {"enabled": prometheus_stack}}
+        if pool_host_engine is not None:
+            helm_release(
+                "dcgm-exporter",
+                DCGM_EXPORTER_CHART,
+                NAMESPACE,
+                {
+                    "nodeSelector": GPU_NODE_LABELS,
+                    # Not the hybrid taint: hybrid nodes have no host engine to read.
+                    "tolerations": [GPU_TOLERATION],
+                    # dcgm-exporter connects to a running host engine when this is set (its
+                    # --remote-hostengine-info flag, pkg/cmd/app.go); dcgm-server publishes
+                    # the engine on the node's address (hostPort).
+                    "extraEnv": [
+                        {
+                            "name": "NODE_IP",
+                            "valueFrom": {"fieldRef": {"fieldPath": "status.hostIP"}},
+                        },
+                        {
+                            "name": "DCGM_REMOTE_HOSTENGINE_INFO",
+                            "value": f"$(NODE_IP):{DCGM_HOST_ENGINE_PORT}",
+                        },
+                    ],
+                    **service_monitor,
+                },
+                pulumi.ResourceOptions.merge(
+                    child, pulumi.ResourceOptions(depends_on=[*depends, pool_host_engine])
+                ),
+            )
+        if hybrid_gpus:
+            helm_release(
+                "dcgm-exporter-hybrid",
+                DCGM_EXPORTER_CHART,
+                NAMESPACE,
+                {
+                    "nodeSelector": GPU_NODE_LABELS,
+                    "affinity": HYBRID_NODE_AFFINITY,
+                    "tolerations": GPU_AGENT_TOLERATIONS,
+                    **service_monitor,
+                },
+                pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=depends)),
+            )
         self.register_outputs({})

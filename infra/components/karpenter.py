@@ -41,12 +41,19 @@ RULE_NAMES = {
 }
 
 
-def feature_gates(pools: list[NodePoolConfig]) -> dict[str, bool]:
+def feature_gates(pools: list[NodePoolConfig], node_repair: bool) -> dict[str, bool]:
     """Helm settings.featureGates that differ from the chart's defaults (charts/karpenter/
     values.yaml, v1.14.1). ReservedCapacity (capacity reservations, Capacity Blocks) is beta and
     on by default; StaticCapacity (NodePool `replicas`) is alpha and off, so static pools turn it
-    on."""
-    return {"staticCapacity": True} if any(p.static_nodes for p in pools) else {}
+    on. NodeRepair (karpenter.nodeRepair) is alpha and off: on, the node health controller
+    deletes the NodeClaim of a node whose condition stays unhealthy past its policy's toleration
+    (README, "Node health and repair")."""
+    gates = {}
+    if any(p.static_nodes for p in pools):
+        gates["staticCapacity"] = True
+    if node_repair:
+        gates["nodeRepair"] = True
+    return gates
 
 
 def controller_policy(
@@ -266,7 +273,7 @@ class Karpenter(pulumi.ComponentResource):
         cluster: Cluster,
         cluster_name: str,
         tags: dict[str, str],
-        gates: dict[str, bool] | None = None,  # feature_gates(pools)
+        gates: dict[str, bool] | None = None,  # feature_gates(pools, node_repair)
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:Karpenter", name, None, opts)

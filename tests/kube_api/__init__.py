@@ -6,13 +6,14 @@ way kube-apiserver does it. Any refusal is a 403 with the real Status body, and 
 What it serves (tests.kube_api.server): discovery (/version, /api, /apis, /apis/<g>/<v>); get,
 list and watch (resourceVersion, label and field selectors), create, update, merge and JSON
 patch, status subresources, delete with finalizers and deletionTimestamp; the resources of
-`server.BUILTIN` plus every CustomResourceDefinition stored in it (defaulting, pruning and
-validating by its schema); a namespace controller, an owner-reference garbage collector
-(background, foreground, orphan), and (tests.kube_api.kubelet) a StatefulSet controller and a
-kubelet that runs pods as local processes in their own PID namespace, with pods/exec and
-pods/portforward over websockets. Who may do what (tests.kube_api.rbac): Kubernetes' request
-verbs and RBAC rule matching written down from upstream, over the Roles, ClusterRoles and
-bindings given plus the bootstrap policy every cluster has.
+`server.BUILTIN` (Nodes among them) plus every CustomResourceDefinition stored in it (defaulting,
+pruning and validating by its schema; cluster-scoped ones too); the system namespaces a cluster
+starts with; where a core/v1 Event may live; a namespace controller, an owner-reference garbage
+collector (background, foreground, orphan), and (tests.kube_api.kubelet) a StatefulSet
+controller and a kubelet that runs pods as local processes in their own PID namespace, with
+pods/exec and pods/portforward over websockets. Who may do what (tests.kube_api.rbac):
+Kubernetes' request verbs and RBAC rule matching written down from upstream, over the Roles,
+ClusterRoles and bindings given plus the bootstrap policy every cluster has.
 
 Not modelled: admission webhooks (a test adds its own mutating hooks to `KubeAPI.admission`, as
 Kueue's pod webhook adds its scheduling gate), Pod Security, quotas, OwnerReferencesPermission-

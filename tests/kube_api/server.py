@@ -21,6 +21,12 @@ Upstream behaviour followed here (kubernetes/kubernetes v1.35 unless said otherw
 - garbage collection: pkg/controller/garbagecollector/garbagecollector.go (dependents of absent
   owners are deleted; `foregroundDeletion` waits for dependents with blockOwnerDeletion;
   `orphan` strips owner references)
+- the namespaces every cluster has from its start (pkg/controlplane/controller/systemnamespaces:
+  default, kube-system, kube-public, kube-node-lease)
+- core/v1 Events: where one may live (pkg/apis/core/validation/events.go, legacyValidateEvent:
+  an Event about a cluster-scoped object, such as a Node, only in `default`, or in `kube-system`
+  too when it has an eventTime; about a namespaced object, only in that object's namespace) and
+  what one with an eventTime must name
 - pods/exec and pods/portforward: the websocket protocols of
   staging/src/k8s.io/apimachinery/pkg/util/httpstream/wsstream (v5/v4.channel.k8s.io: a channel
   byte per message, stdout 1, stderr 2, the exit Status on 3; port-forward: channels 2i data and
@@ -47,6 +53,7 @@ from tests.kube_api.rbac import Authorizer, RequestInfo, User, forbidden, reques
 
 VERSION = {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "platform": "linux/amd64"}
 READ_WRITE = ["create", "delete", "deletecollection", "get", "list", "patch", "update", "watch"]
+SYSTEM_NAMESPACES = ("default", "kube-system", "kube-public", "kube-node-lease")
 CONNECT = {"exec": "PodExecOptions", "portforward": "PodPortForwardOptions"}
 
 
@@ -73,6 +80,7 @@ class Kind:
 
 BUILTIN = [
     Kind("", "v1", "Namespace", "namespaces", False, ("status", "finalize")),
+    Kind("", "v1", "Node", "nodes", False, ("status",)),
     Kind("", "v1", "Pod", "pods", True, ("status", "exec", "portforward")),
     Kind("", "v1", "Service", "services", True, ("status",)),
     Kind("", "v1", "ConfigMap", "configmaps", True),
@@ -230,6 +238,40 @@ def fields_match(selector: str, obj: dict) -> bool:
     return True
 
 
+def event_errors(event: dict) -> list[str]:
+    """legacyValidateEvent (pkg/apis/core/validation/events.go), which every core/v1 Event passes
+    on create and update. Not modelled: the format checks of reportingController (a qualified
+    name) and of the namespace (a DNS subdomain)."""
+    namespace = event["metadata"].get("namespace", "")
+    involved = (event.get("involvedObject") or {}).get("namespace", "")
+    mismatch = (
+        f'involvedObject.namespace: Invalid value: "{involved}": does not match event.namespace'
+    )
+    if not event.get("eventTime"):
+        # "event.Namespace must also be empty (or "default", for compatibility with old clients)"
+        allowed = (namespace in ("", "default")) if not involved else namespace == involved
+        return [] if allowed else [mismatch]
+    errors = []
+    if not involved and namespace not in ("default", "kube-system"):
+        errors.append(mismatch)
+    # (the path upstream names, the v1 field, its length limit): the v1 API's reportingComponent
+    # is the internal reportingController.
+    for path, field_name, limit in (
+        ("reportingController", "reportingComponent", None),
+        ("reportingInstance", "reportingInstance", 128),
+        ("action", "action", 128),
+        ("reason", "reason", 128),
+    ):
+        value = event.get(field_name) or ""
+        if not value:
+            errors.append(f"{path}: Required value")
+        elif limit and len(value) > limit:
+            errors.append(f'{path}: Invalid value: "": can have at most {limit} characters')
+    if len(event.get("message") or "") > 1024:
+        errors.append('message: Invalid value: "": can have at most 1024 characters')
+    return errors
+
+
 def _structural(schema: dict, value, root: bool = False):
     """Defaults filled in and unknown fields pruned, as a CRD's structural schema does."""
     if isinstance(value, dict) and schema.get("type") == "object":
@@ -301,6 +343,9 @@ class KubeAPI:
         self.url = f"http://127.0.0.1:{port}"
         self._tick = self._loop.create_future()
         self._controllers_task = self._loop.create_task(self._control())
+        namespaces = self.kinds[("", "v1", "namespaces")]
+        for name in SYSTEM_NAMESPACES:
+            self.create(namespaces, "", {"metadata": {"name": name}})
         ready.set()
         self._loop.run_forever()
 
@@ -407,6 +452,10 @@ class KubeAPI:
         ]
 
     def _admit(self, kind: Kind, obj: dict) -> dict:
+        if (kind.group, kind.plural) == ("", "events") and (errors := event_errors(obj)):
+            name = obj["metadata"].get("name", "")
+            message = f'Event "{name}" is invalid: {"; ".join(errors)}'
+            raise ApiError(422, "Invalid", message, {"name": name, "kind": kind.kind})
         if kind.schema is None:
             return obj
         obj = _structural(kind.schema, obj, root=True)
