@@ -809,6 +809,8 @@ class KarpenterConfig(Model):
     # NodeClaims the watcher deletes in one run at most (a broken AMI must not empty a pool at
     # once); 0: it only records events.
     gpu_registration_max_deletions: int = Field(default=1, ge=0, le=10)
+    # A prebuilt watcher image by digest; empty: build gpuwatch/Dockerfile and push it to ECR.
+    gpu_registration_watch_image: "ImageConfig" = Field(default_factory=lambda: ImageConfig())
 
     @property
     def gpu_registration_timeout_seconds(self) -> int | None:

@@ -232,7 +232,12 @@ def test_image_tag_changes_exactly_when_the_build_would(tmp_path):
 
 
 def test_prebuilt_image_by_digest_skips_the_build():
-    plan = plan_of("dev", image={"uri": DIGEST}, devServers={"operatorImage": {"uri": DIGEST}})
+    plan = plan_of(
+        "dev",
+        image={"uri": DIGEST},
+        devServers={"operatorImage": {"uri": DIGEST}},
+        karpenter={"gpuRegistrationWatchImage": {"uri": DIGEST}},
+    )
     assert not plan.of_type("docker-build:index:Image") and not plan.of_type(
         "aws:ecr/repository:Repository"
     )
@@ -242,6 +247,8 @@ def test_prebuilt_image_by_digest_skips_the_build():
     # aws-ofi-nccl (as `docker build --target efa trainer/` does).
     worker = job_of(plan, "gpt-large-mpi").inputs["spec"]["mpiReplicaSpecs"]["Worker"]
     assert container(worker["template"])["image"] == DIGEST
+    watcher = plan.one("kubernetes:batch/v1:CronJob", "gpu-registration-watch").inputs
+    assert container(watcher["spec"]["jobTemplate"]["spec"]["template"])["image"] == DIGEST
 
 
 def bad_job(**changes):

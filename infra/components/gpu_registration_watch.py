@@ -76,14 +76,18 @@ class GpuRegistrationWatch(pulumi.ComponentResource):
                 k8s_opts, pulumi.ResourceOptions(depends_on=list(resources))
             )
 
-        image = ecr_images(
-            f"{name}-image",
-            pulumi.Output.concat(cluster_name, "/", NAME),
-            CONTEXT,
-            [IMAGE_TARGET],
-            tags,
-            pulumi.ResourceOptions(parent=self),
-        )[IMAGE_TARGET]
+        image = (
+            pulumi.Output.from_input(config.gpu_registration_watch_image.uri)
+            if config.gpu_registration_watch_image.uri
+            else ecr_images(
+                f"{name}-image",
+                pulumi.Output.concat(cluster_name, "/", NAME),
+                CONTEXT,
+                [IMAGE_TARGET],
+                tags,
+                pulumi.ResourceOptions(parent=self),
+            )[IMAGE_TARGET]
+        )
         account = k8s.core.v1.ServiceAccount(
             name, metadata={"name": NAME, "namespace": NAMESPACE}, opts=k8s_opts
         )
