@@ -1378,20 +1378,38 @@ def job_pod_fits(pool: NodePoolConfig, instance: InstanceType) -> bool:
     )
 
 
-def job_demand(job: "JobConfig", pool: Pool) -> tuple[str, float]:
-    """(resource, amount) the whole job asks of its queue: GPUs on GPU pools, else vCPU."""
-    if pool.gpu:
-        return "nvidia.com/gpu", job.max_nodes * pool.gpus_per_node
-    return "cpu", job.max_nodes * pool.job_pod_requests()[0]
+# The resources Kueue's quotas cover, as the messages name them (memory in GiB).
+QUOTA_RESOURCES = {"nvidia.com/gpu": "nvidia.com/gpu", "cpu": "cpu", "memory": "GiB memory"}
 
 
-def queue_quota(pool: Pool, team: TeamConfig, resource: str) -> float:
-    """The most of `resource` in `pool` that the team's queue can ever admit."""
+def job_demand(job: "JobConfig", pool: Pool) -> dict[str, float]:
+    """What the whole job's pods ask of its queue, per resource of QUOTA_RESOURCES."""
+    cpu, memory_gib = pool.job_pod_requests()
+    per_pod = {"nvidia.com/gpu": pool.gpus_per_node if pool.gpu else 0, "cpu": cpu}
+    return {r: job.max_nodes * amount for r, amount in {**per_pod, "memory": memory_gib}.items()}
+
+
+def queue_quota(pool: Pool, team: TeamConfig) -> dict[str, float]:
+    """The most of each resource in `pool` that the team's queue can ever admit."""
     ceiling = pool.ceiling()
-    amount = ceiling.gpus if resource == "nvidia.com/gpu" else ceiling.vcpu
+    amounts = {"nvidia.com/gpu": ceiling.gpus, "cpu": ceiling.vcpu, "memory": ceiling.memory_gib}
     if team.own_cluster_queue:
-        return math.ceil(amount * team.borrowing_limit_percent / 100)
-    return amount
+        return {r: math.ceil(a * team.borrowing_limit_percent / 100) for r, a in amounts.items()}
+    return amounts
+
+
+def queue_shortfall(job: "JobConfig", pool: Pool, team: TeamConfig) -> str | None:
+    """`needs N <resource> ... at most M` for the first resource the job asks more of than the
+    team's queue can ever admit (Kueue admits a job only when every resource fits), else None.
+    On a NodePool, GPUs (or vCPU) bind first; the hybrid machines differ from one another."""
+    wanted, quota = job_demand(job, pool), queue_quota(pool, team)
+    for resource, name in QUOTA_RESOURCES.items():
+        if wanted[resource] > quota[resource]:
+            return (
+                f"needs {wanted[resource]:g} {name} in pool {pool.name} but team {team.name}'s "
+                f"queue can admit at most {quota[resource]:g}"
+            )
+    return None
 
 
 def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
@@ -1477,15 +1495,13 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                 )
             )
         elif team is not None:
-            resource, wanted = job_demand(job, pool)
-            quota = queue_quota(pool, team, resource)
-            if wanted > quota:
+            shortfall = queue_shortfall(job, pool, team)
+            if shortfall:
                 problems.append(
                     (
                         (*loc, "maxNodes"),
-                        f"needs {wanted:g} {resource} in pool {pool.name} but team {team.name}'s "
-                        f"queue can admit at most {quota:g}; allowed: fewer nodes, or a larger "
-                        "borrowingLimitPercent or pool",
+                        f"{shortfall}; allowed: fewer nodes, or a larger borrowingLimitPercent or "
+                        "pool",
                     )
                 )
         if team is None:

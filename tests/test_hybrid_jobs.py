@@ -260,10 +260,10 @@ def one_job(**changes) -> list[dict]:
             "jobs[j].checkpoint: efs is not mounted on the hybrid machines, whose nodes run no "
             "EFS or FSx CSI agent; allowed: s3",
         ),
-        # research borrows at most 50 % of the hybrid quota: 12 of 24 vCPU; two bob-cpu pods
-        # ask 7 each.
+        # research borrows at most 50 % of the hybrid quota: its one GPU, but 12 of 24 vCPU,
+        # and a pod on alice-4090 asks 14. Kueue admits a job only if every resource fits.
         (
-            hybrid_values(jobs=one_job(queue="research", minNodes=2, maxNodes=2)),
+            hybrid_values(jobs=one_job(queue="research")),
             "jobs[j].maxNodes: needs 14 cpu in pool hybrid but team research's queue can admit "
             "at most 12",
         ),
