@@ -1,20 +1,20 @@
 """devctl: create, reach and drive your DevServers (installed as a console script by the project).
 
     devctl create box --flavor gpu-1 [--distributed --replicas 2] [--dry-run -o yaml]
-    devctl list | ssh box [--replica 1] | run box train.py --steps 100 | monitor box
+    devctl list | ssh box [--replica 1] | ssh-config | monitor box
+    devctl run box train.py --steps 100      (syncs the working directory, torchruns on every pod)
     devctl stop box | start box | delete box [--delete-home]
 
 It talks to the cluster with the kubernetes Python client and your kubeconfig (the namespace is
-dev-<you>: --namespace, else the kubeconfig context's namespace); `ssh` forwards through the API
-server and runs your ssh; `run` uses kubectl for copy and exec.
+dev-<you>: --namespace, else the kubeconfig context's namespace), never kubectl: `ssh` and the
+entries `ssh-config` writes run your ssh through `devctl proxy`, a tunnel through the API
+server's port-forward (devservers.ssh); `run` execs through the API server (devservers.run).
 """
 
 import argparse
 import contextlib
 import json
 import os
-import shlex
-import subprocess
 import sys
 import time
 from datetime import UTC, datetime
@@ -31,11 +31,19 @@ from devservers.api import (
     SERVER_COUNT,
     SERVER_LABEL,
 )
-from devservers.render import CONTAINER, HOME, SCRIPTS, SSH_PORT, owner_of_namespace
+from devservers.render import owner_of_namespace
 
 
 class CliError(Exception):
     """A message for the user; devctl exits 1 with it, never with a traceback."""
+
+
+# `devctl run`: what is never synced, and which directory is by default.
+DEFAULT_EXCLUDES = (".git", "__pycache__", ".venv", "build")
+WORKDIR_HELP = (
+    "the directory to sync to every pod (~/devctl/<its name> there; the script runs from it); "
+    "default: the script's directory, never more (e.g. --workdir . for scripts/train.py)"
+)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -76,15 +84,44 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
     command("list", help="your DevServers")
     ssh = command(
-        "ssh", help="SSH into a server (through kubectl port-forward); ssh's own arguments after --"
+        "ssh", help="SSH into a server (through the API server); ssh's own arguments after --"
     )
     ssh.add_argument("name")
     ssh.add_argument("--replica", type=int, default=0, help="which pod of a distributed server")
-    run = command("run", help="torchrun a script across every pod of a server")
+    command(
+        "ssh-config",
+        help="write ~/.ssh entries for your servers: `ssh box`, VS Code Remote-SSH",
+    )
+    proxy = command("proxy", help="ssh's ProxyCommand: stdin/stdout to a pod's sshd")
+    proxy.add_argument("name")
+    proxy.add_argument("--replica", type=int, default=0, help="which pod of a distributed server")
+    run = command(
+        "run",
+        help="sync a working directory to every pod of a server, then torchrun a script on each; "
+        "devctl's options come before the server",
+    )
+    run.add_argument("--workdir", type=Path, help=WORKDIR_HELP)
+    run.add_argument(
+        "--exclude",
+        action="append",
+        default=[],
+        metavar="GLOB",
+        help="leave out paths matching GLOB (repeatable); always left out: "
+        + " ".join(DEFAULT_EXCLUDES),
+    )
+    run.add_argument(
+        "--max-size",
+        type=int,
+        default=100,
+        metavar="MIB",
+        help="refuse a working directory bigger than this (default: 100)",
+    )
+    run.add_argument(
+        "--dry-run", action="store_true", help="print what would be synced and run, do nothing"
+    )
     run.add_argument("name")
-    run.add_argument("script", type=Path)
+    run.add_argument("script", type=Path, help="the script to torchrun, inside the workdir")
     run.add_argument("script_args", nargs=argparse.REMAINDER)
-    run.add_argument("--dry-run", action="store_true", help="print the kubectl commands only")
     monitor = command("monitor", help="status, GPU use and idle time")
     monitor.add_argument("name")
     monitor.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS")
@@ -334,33 +371,16 @@ class Devctl:
             )
         return [f"{name}-{i}" for i in range(count)]
 
-    def run_commands(
-        self, name: str, script: Path, script_args: list[str]
-    ) -> tuple[list[list[str]], list[list[str]]]:
-        """kubectl commands: (copy `script` into every pod, torchrun it on every pod)."""
-        pods = self.pods(self.server(name))
-        target = f"{HOME}/.devctl/{script.name}"
-        kubectl = ["kubectl", "-n", self.namespace]
-        copies, launches = [], []
-        for pod in pods:
-            copies.append(
-                [*kubectl, "exec", pod, "-c", CONTAINER, "--", "mkdir", "-p", f"{HOME}/.devctl"]
-            )
-            copies.append([*kubectl, "cp", "-c", CONTAINER, str(script), f"{pod}:{target}"])
-            launches.append(
-                [
-                    *kubectl,
-                    "exec",
-                    pod,
-                    "-c",
-                    CONTAINER,
-                    "--",
-                    f"{SCRIPTS}/torchrun.sh",
-                    target,
-                    *script_args,
-                ]
-            )
-        return copies, launches
+    def pod(self, server: dict, replica: int) -> str:
+        pods = self.pods(server)
+        if not 0 <= replica < len(pods):
+            raise CliError(f"--replica {replica}; allowed: 0 to {len(pods) - 1}")
+        return pods[replica]
+
+    def servers(self) -> list[dict]:
+        return self._call(
+            "list DevServers", self.cluster.list, API_VERSION, "DevServer", self.namespace, {}
+        )
 
 
 def _run(args: argparse.Namespace, devctl: Devctl) -> int:
@@ -378,44 +398,18 @@ def _run(args: argparse.Namespace, devctl: Devctl) -> int:
             time.sleep(args.watch)
             print(file=devctl.out)
     elif args.command == "run":
-        if not args.script.is_file():
-            raise CliError(f"no script {args.script}")
-        script_args = args.script_args + args.passthrough
-        copies, launches = devctl.run_commands(args.name, args.script, script_args)
-        if args.dry_run:
-            for command in copies + launches:
-                print(shlex.join(command), file=devctl.out)
-            return 0
-        return run_everywhere(copies, launches)
-    elif args.command == "ssh":
-        return ssh(devctl, args.name, args.replica, args.passthrough)
+        from devservers.run import run
+
+        return run(devctl, args)
+    elif args.command in ("ssh", "ssh-config", "proxy"):
+        from devservers import ssh
+
+        if args.command == "ssh":
+            return ssh.ssh(devctl, args.name, args.replica, args.passthrough)
+        if args.command == "proxy":
+            return ssh.proxy(devctl, args.name, args.replica)
+        ssh.write_ssh_config(devctl)
     return 0
-
-
-def run_everywhere(copies: list[list[str]], launches: list[list[str]]) -> int:
-    """Copies one by one, then every launch at once: torchrun waits for all its nodes."""
-    for command in copies:
-        subprocess.run(command, check=True)
-    # Node 0 prints (it hosts global rank 0); the exit code is the worst of all nodes'.
-    processes = [
-        subprocess.Popen(c, stdout=None if i == 0 else subprocess.DEVNULL)
-        for i, c in enumerate(launches)
-    ]
-    return max(p.wait() for p in processes)
-
-
-def ssh(devctl: Devctl, name: str, replica: int, extra: list[str]) -> int:
-    """ssh to pod `replica`'s sshd, as the pod's user, through a port-forward of the API server."""
-    pods = devctl.pods(devctl.server(name))
-    if not 0 <= replica < len(pods):
-        raise CliError(f"--replica {replica}; allowed: 0 to {len(pods) - 1}")
-    pod = pods[replica]
-    with contextlib.ExitStack() as stack:
-        with devctl.allowed("exec into and port-forward to pods"):
-            user = devctl.cluster.exec(devctl.namespace, pod, CONTAINER, ["id", "-un"]).strip()
-            port = stack.enter_context(devctl.cluster.forward(devctl.namespace, pod, SSH_PORT))
-        options = ["-o", "StrictHostKeyChecking=no", "-o", "UserKnownHostsFile=/dev/null"]
-        return subprocess.call(["ssh", "-p", str(port), *options, f"{user}@127.0.0.1", *extra])
 
 
 def main(argv: list[str] | None = None, out=sys.stdout) -> int:
@@ -438,10 +432,14 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             devctl.create(server_manifest(args, namespace, public_keys(args.ssh_key)))
             return 0
         return _run(args, devctl)
-    except (CliError, OSError, subprocess.CalledProcessError) as e:
+    except (CliError, OSError) as e:
         print(f"devctl: {e}", file=sys.stderr)
         return 1
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    # As the package's module, not as __main__: devservers.ssh and devservers.run import that
+    # one, and its CliError must be the one main catches.
+    from devservers import cli
+
+    sys.exit(cli.main())

@@ -13,6 +13,14 @@ from dataclasses import dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Protocol
 
+from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
+from cryptography.hazmat.primitives.serialization import (
+    Encoding,
+    NoEncryption,
+    PrivateFormat,
+    PublicFormat,
+)
+
 from devservers.activity import GPU_IDLE_PERCENT, PROBE, parse_duration, pod_activity
 from devservers.api import API_VERSION, SERVER_LABEL
 from devservers.render import (
@@ -22,7 +30,11 @@ from devservers.render import (
     Settings,
     children,
     desired_replicas,
+    host_key_secret,
+    host_key_secret_name,
+    host_public_key,
     owner_of_namespace,
+    ssh_enabled,
     ssh_service_name,
 )
 
@@ -222,9 +234,27 @@ def _labels(server: dict) -> dict:
     return {SERVER_LABEL: server["metadata"]["name"]}
 
 
+def new_host_key() -> tuple[str, str]:
+    """A new ed25519 SSH key: (private key in OpenSSH's format, which sshd reads; public line)."""
+    key = Ed25519PrivateKey.generate()
+    private = key.private_bytes(Encoding.PEM, PrivateFormat.OpenSSH, NoEncryption()).decode()
+    public = key.public_key().public_bytes(Encoding.OpenSSH, PublicFormat.OpenSSH).decode()
+    return private, public
+
+
+def _host_key(cluster: Cluster, server: dict) -> str:
+    """The public half of the server's SSH host key, from its Secret, made when missing (a new
+    server, or one whose key an administrator rotated by deleting the Secret)."""
+    meta = server["metadata"]
+    secret = cluster.get("v1", "Secret", host_key_secret_name(server), meta["namespace"])
+    if secret is None:
+        secret = cluster.create(host_key_secret(server, *new_host_key()))
+    return host_public_key(secret)
+
+
 def _ssh_endpoint(cluster: Cluster, server: dict) -> str | None:
     meta = server["metadata"]
-    if not server["spec"].get("ssh", {}).get("enabled", True):
+    if not ssh_enabled(server):
         return None
     service = cluster.get("v1", "Service", ssh_service_name(server), meta["namespace"])
     if service is None:
@@ -260,6 +290,8 @@ def reconcile(
         desired = children(server, flavor, settings)
     except RenderError as e:
         return _failed(server, "InvalidSpec", str(e))
+    # Before the pods, which mount it; its public half goes to the status for devctl to check.
+    host_key = _host_key(cluster, server) if ssh_enabled(server) else None
     replacing, scaled_up = _sync_children(cluster, desired)
     _adopt_home_claims(cluster, server)
 
@@ -299,6 +331,7 @@ def reconcile(
         status |= {"phase": "Pending", "reason": "Starting"}
     # None removes a field from the status (merge patch): no stale endpoint or activity figures.
     status["sshEndpoint"] = _ssh_endpoint(cluster, server)
+    status["sshHostKey"] = host_key
     status["kueue"] = kueue_state(_workload(cluster, server)) if replicas else None
     if replicas == 0:
         status |= {"activeSessions": None, "gpuUtilization": None}

@@ -8,9 +8,6 @@ message: PermissionError for a 403 (RBAC), OSError otherwise. `get` of an absent
 import contextlib
 import json
 import os
-import select
-import socket
-import threading
 import urllib.request
 
 from kubernetes import client, config, dynamic
@@ -18,8 +15,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from kubernetes.stream import portforward, stream
+from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
 from urllib3.exceptions import MaxRetryError
-from websocket import WebSocketBadStatusException
+from websocket import WebSocketBadStatusException, WebSocketException
 
 from devservers.activity import gpu_utilization
 from devservers.api import GROUP, SERVERS, VERSION
@@ -209,36 +207,39 @@ class KubeCluster:
                 tty=False,
             )
 
-    def _forward(self, namespace: str, pod: str, port: int):
+    def start(self, namespace, pod, container, command, stdin=False):
+        """`command` running in `pod`, its output streamed (a RemoteProcess)."""
         with self._translated():
-            return portforward(
-                self.core.connect_get_namespaced_pod_portforward, pod, namespace, ports=str(port)
+            client = stream(
+                self.core.connect_get_namespaced_pod_exec,
+                pod,
+                namespace,
+                container=container,
+                command=command,
+                stderr=True,
+                stdin=stdin,
+                stdout=True,
+                tty=False,
+                binary=True,
+                _preload_content=False,
             )
+        return RemoteProcess(client)
 
     @contextlib.contextmanager
-    def forward(self, namespace: str, pod: str, port: int):
-        """A local port whose connections reach `port` of `pod` through the API server
-        (pods/portforward over a websocket: `get` and, from 1.35, `create`). The first
-        connection's forward opens at once, so a refusal is raised here, not in the client."""
-        ready = [self._forward(namespace, pod, port)]
-        listener = socket.create_server(("127.0.0.1", 0))
-
-        def serve() -> None:
-            while True:
-                try:
-                    connection, _ = listener.accept()
-                    forward = ready.pop() if ready else self._forward(namespace, pod, port)
-                except OSError:
-                    return  # closed, or the API refused a later forward (the client sees EOF)
-                threading.Thread(
-                    target=_pipe, args=(connection, forward.socket(port)), daemon=True
-                ).start()
-
-        threading.Thread(target=serve, daemon=True).start()
+    def connection(self, namespace: str, pod: str, port: int):
+        """A socket to `port` of `pod` through the API server (pods/portforward over a
+        websocket: `get` and, from 1.35, `create`). What the pod's side reported (nothing
+        listening, say) is raised when the connection ends."""
+        with self._translated():
+            forward = portforward(
+                self.core.connect_get_namespaced_pod_portforward, pod, namespace, ports=str(port)
+            )
         try:
-            yield listener.getsockname()[1]
+            yield forward.socket(port)
         finally:
-            listener.close()
+            forward.close()
+        if forward.error(port):
+            raise OSError(f"port-forward to {pod}:{port}: {forward.error(port)}")
 
     def gpu_utilization(self, namespace, pods):
         """Ask the DCGM exporter on each pod's node (it reports per pod); None without one."""
@@ -260,17 +261,59 @@ class KubeCluster:
         return max(found) if found else None
 
 
-def _pipe(a, b) -> None:
-    """Copy bytes both ways between two sockets until either side closes (the port-forward's
-    socket is a wrapper without the context manager protocol)."""
+class RemoteProcess:
+    """A command running in a pod over an exec websocket (kubernetes.stream's WSClient)."""
+
+    CHUNK = 1 << 20  # stdin goes in websocket frames of at most this many bytes
+
+    def __init__(self, client):
+        self._client = client
+
+    def write(self, data: bytes) -> None:
+        for start in range(0, len(data), self.CHUNK):
+            self._client.write_stdin(data[start : start + self.CHUNK])
+
+    def read(self, timeout: float) -> tuple[bytes, bytes] | None:
+        """What came on stdout and stderr within `timeout` seconds; None once it has ended and
+        all was read."""
+        client = self._client
+        if client.is_open():
+            try:
+                client.update(timeout=timeout)
+            except WebSocketException:
+                client.close()
+        out, err = client.read_channel(STDOUT_CHANNEL), client.read_channel(STDERR_CHANNEL)
+        if not client.is_open() and not out and not err:
+            return None
+        return out, err
+
+    def exit_code(self) -> int:
+        """The command's exit code, from the Status the kubelet sends when it ends."""
+        text = self._client.read_channel(ERROR_CHANNEL)
+        if not text:
+            raise OSError("the connection to the pod ended before the command did")
+        return exit_code(text)
+
+
+def exit_code(status: bytes | str) -> int:
+    """An exec's exit code from its error channel's Status, read as client-go reads it
+    (staging/src/k8s.io/client-go/tools/remotecommand/v4.go, errorDecoderV4.decode: Success is
+    0; a Failure with reason NonZeroExitCode carries the code in a cause of reason ExitCode;
+    anything else is an error with the Status's message)."""
     try:
-        while True:
-            readable, _, _ = select.select([a, b], [], [])
-            for source in readable:
-                data = source.recv(65536)
-                if not data:
-                    return
-                (b if source is a else a).sendall(data)
-    finally:
-        a.close()
-        b.close()
+        found = json.loads(status)
+    except ValueError:
+        raise OSError(f"error stream protocol error: {status!r}") from None
+    if found.get("status") == "Success":
+        return 0
+    if found.get("status") != "Failure":
+        raise OSError("error stream protocol error: unknown error")
+    causes = (found.get("details") or {}).get("causes") or []
+    if found.get("reason") == "NonZeroExitCode":
+        codes = [c.get("message", "") for c in causes if c.get("reason") == "ExitCode"]
+        if not codes:
+            raise OSError("error stream protocol error: no ExitCode cause given")
+        if not codes[0].isdigit() or int(codes[0]) > 255:
+            raise OSError(f"error stream protocol error: invalid exit code value {codes[0]!r}")
+        return int(codes[0])
+    raise OSError(found.get("message") or "the command failed")

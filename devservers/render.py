@@ -7,6 +7,7 @@ memory-backed /dev/shm, and a ConfigMap with the entrypoint and the torchrun hel
 the StatefulSet as one pod group (its `statefulset` integration): all pods or none.
 """
 
+import base64
 import hashlib
 import json
 import re
@@ -27,6 +28,10 @@ SHARED = "/shared"
 SCRIPTS = "/etc/devserver"
 SSH_PORT = 2222  # sshd runs as the image's non-root user, so above 1024
 RDZV_PORTS = range(29500, 29511)  # c10d rendezvous (29500) and spares for extra process groups
+# The server's SSH host key, from its Secret: a volume of its own, since a mount point inside
+# the scripts' read-only ConfigMap volume could not be made.
+HOST_KEY_DIR = "/etc/devserver-host-key"
+HOST_KEY_FILE = "ssh_host_ed25519_key"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
 SHAPE_ANNOTATION = "dev.training-platform.io/pod-shape"
 CONTAINER = "dev"
@@ -69,10 +74,12 @@ cp "$(dirname "$0")/authorized_keys" "$HOME/.ssh/authorized_keys"
 chmod 600 "$HOME/.ssh/authorized_keys"
 SSHD=$(command -v sshd || echo /usr/sbin/sshd)
 if [ "${{DEVSERVER_SSH:-false}}" = true ] && [ -x "$SSHD" ]; then
-  [ -f "$HOME/.ssh/host_ed25519" ] || ssh-keygen -q -t ed25519 -N '' -f "$HOME/.ssh/host_ed25519"
-  # Only this user may read the config: it holds the environment.
+  # Only this user may read the config (it holds the environment) and the host key, which is
+  # the server's (its Secret, the same on every pod and after every restart: clients check it).
   (
   umask 077
+  rm -f "$HOME/.ssh/host_ed25519"
+  cat "$DEVSERVER_HOST_KEY" > "$HOME/.ssh/host_ed25519"
   cat > "$HOME/.ssh/sshd_config" <<EOF
 Port {SSH_PORT}
 HostKey $HOME/.ssh/host_ed25519
@@ -153,7 +160,7 @@ def home_claims(server: dict) -> list[str]:
 def children(server: dict, flavor: dict, settings: Settings) -> list[dict]:
     """Every object the operator keeps in step with `server`, in creation order."""
     rendered = [config_map(server), headless_service(server)]
-    if _ssh(server)["enabled"]:
+    if ssh_enabled(server):
         rendered.append(ssh_service(server, settings))
     rendered.append(stateful_set(server, flavor, settings))
     return rendered
@@ -161,6 +168,10 @@ def children(server: dict, flavor: dict, settings: Settings) -> list[dict]:
 
 def _ssh(server: dict) -> dict:
     return {"enabled": True, "serviceType": "ClusterIP", **server["spec"].get("ssh", {})}
+
+
+def ssh_enabled(server: dict) -> bool:
+    return _ssh(server)["enabled"]
 
 
 def _metadata(server: dict, name: str, **extra) -> dict:
@@ -207,6 +218,30 @@ def config_map(server: dict) -> dict:
             "authorized_keys": "".join(f"{k}\n" for k in keys),
         },
     }
+
+
+def host_key_secret_name(server: dict) -> str:
+    return f"{server['metadata']['name']}-ssh-host-key"
+
+
+def host_key_secret(server: dict, private_key: str, public_key: str) -> dict:
+    """The Secret with the server's SSH host key, made once by the operator: every pod of the
+    server presents it, after every restart, so clients keep checking it. Deleting it rotates the
+    key (the operator makes a new one; pods load it when they restart)."""
+    files = {HOST_KEY_FILE: private_key, f"{HOST_KEY_FILE}.pub": public_key}
+    return {
+        "apiVersion": "v1",
+        "kind": "Secret",
+        "metadata": _metadata(server, host_key_secret_name(server)),
+        "type": "Opaque",
+        "immutable": True,
+        "data": {k: base64.b64encode(v.encode()).decode() for k, v in files.items()},
+    }
+
+
+def host_public_key(secret: dict) -> str:
+    """The public key line (`ssh-ed25519 AAAA...`) of a host_key_secret."""
+    return base64.b64decode(secret["data"][f"{HOST_KEY_FILE}.pub"]).decode().strip()
 
 
 def headless_service(server: dict) -> dict:
@@ -257,7 +292,7 @@ def _env(server: dict, flavor: dict) -> list[dict]:
     env = [
         {"name": "HOME", "value": HOME},
         {"name": "DEVSERVER_NAME", "value": server["metadata"]["name"]},
-        {"name": "DEVSERVER_SSH", "value": str(_ssh(server)["enabled"]).lower()},
+        {"name": "DEVSERVER_SSH", "value": str(ssh_enabled(server)).lower()},
         # Node rank = the pod's index in the StatefulSet; torchrun gives each worker its own.
         {
             "name": "RANK",
@@ -269,6 +304,8 @@ def _env(server: dict, flavor: dict) -> list[dict]:
         {"name": "MASTER_PORT", "value": str(RDZV_PORTS[0])},
         {"name": "TORCH_DISTRIBUTED_BACKEND", "value": distributed.get("backend", "nccl")},
     ]
+    if ssh_enabled(server):
+        env.append({"name": "DEVSERVER_HOST_KEY", "value": f"{HOST_KEY_DIR}/{HOST_KEY_FILE}"})
     env += [{"name": k, "value": v} for k, v in sorted(distributed.get("ncclEnv", {}).items())]
     return env
 
@@ -288,6 +325,12 @@ def pod_template(server: dict, flavor: dict) -> dict:
         {"name": "scripts", "mountPath": SCRIPTS},
         {"name": "dshm", "mountPath": "/dev/shm"},
     ]
+    if ssh_enabled(server):
+        # Readable by the image's user through fsGroup: the kubelet gives a read-only volume's
+        # files that group and mode | 0440 (pkg/volume/volume_linux.go, SetVolumeOwnership).
+        secret = {"secretName": host_key_secret_name(server), "defaultMode": 0o440}
+        volumes.append({"name": "host-key", "secret": secret})
+        mounts.append({"name": "host-key", "mountPath": HOST_KEY_DIR, "readOnly": True})
     if shared["enabled"]:
         volumes.append(
             {"name": "shared", "persistentVolumeClaim": {"claimName": shared["claimName"]}}

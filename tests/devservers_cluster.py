@@ -21,6 +21,7 @@ from devservers.api import API_VERSION, user_namespace
 from tests.conftest import ROOT
 from tests.kube_api import ADMIN, from_plan, service_account, user
 from tests.kueue_rules import workload_crd
+from tests.openssh import account as image_user
 
 DEPLOYMENT = "dev-servers-operator"
 
@@ -46,8 +47,9 @@ def wait_for(check, what: str, timeout: float = 30):
 class Cluster:
     def __init__(self, plan, tmp_path: Path):
         self.plan, self.dir = plan, tmp_path
-        # The Workloads the stack's Kueue chart serves (its CRD is not in the plan).
-        self.api = from_plan(plan, crds=[workload_crd()])
+        # The Workloads the stack's Kueue chart serves (its CRD is not in the plan); the pods run
+        # as the non-root user the images' sshd runs as in tests.openssh.
+        self.api = from_plan(plan, crds=[workload_crd()], account=image_user())
         self.operator: subprocess.Popen | None = None
         self.operator_log = tmp_path / "operator.log"
         deployment = plan.one("kubernetes:apps/v1:Deployment", DEPLOYMENT).inputs
@@ -154,23 +156,35 @@ class Cluster:
 
     # devctl
 
-    def devctl(self, who: str, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        environment = {
+    def devctl_env(self, who: str) -> dict[str, str]:
+        """The environment devctl runs in as `who`."""
+        return {
             **os.environ,
             "KUBECONFIG": str(self.kubeconfigs[who]),
             "HOME": str(self.home),
             "PYTHONPATH": str(ROOT),
             "TMPDIR": str(self.dir),
-            **(env or {}),
         }
+
+    def devctl(self, who: str, *argv: str, env: dict | None = None) -> subprocess.CompletedProcess:
         return subprocess.run(
             [sys.executable, "-m", "devservers.cli", *argv],
             cwd=ROOT,
-            env=environment,
+            env=self.devctl_env(who) | (env or {}),
             capture_output=True,
             text=True,
             timeout=120,
         )
+
+    def create_server(self, *flags: str, name: str = "box") -> dict:
+        """`devctl create` of a cpu-small server as alice, with `flags`; its status once it runs
+        (the operator must be up)."""
+        created = self.devctl(
+            "alice", "create", name, "--flavor", "cpu-small", "--image", "repo/dev:1", *flags
+        )
+        assert created.returncode == 0, created.stderr
+        self.wait(lambda: self.status(name).get("phase") == "Running", f"{name} Running", 60)
+        return self.status(name)
 
     # reading the cluster
 

@@ -86,6 +86,11 @@ def test_rbac_is_least_privilege(dev_plan):
     ]
     user_rules = roles["dev-servers-user"]["rules"]
     assert {"pods/exec", "pods/portforward"} <= {res for r in user_rules for res in r["resources"]}
+    # Secrets: the operator makes and reads the servers' host keys; users see only public halves.
+    operator_rules = roles["dev-servers-operator-namespaced"]["rules"]
+    secrets = [r for r in operator_rules + cluster_wide if "secrets" in r["resources"]]
+    assert [(r["resources"], r["verbs"]) for r in secrets] == [(["secrets"], ["get", "create"])]
+    assert not any("secrets" in r["resources"] for r in user_rules)
     # Users' only cluster-wide right: reading the flavor catalog.
     cluster_bindings = named(dev_plan, f"{RBAC}:ClusterRoleBinding")
     for_users = [

@@ -151,21 +151,51 @@ def test_list_stop_start_monitor_and_delete(cluster, key_file, capsys):
     assert cluster.api.refusals == []
 
 
-def test_run_copies_the_script_to_every_pod_and_torchruns_it_there(cluster, key_file, tmp_path):
+def project(root: Path, files: dict[str, int]) -> Path:
+    """A working directory with `files` (relative path: size in bytes)."""
+    for relative, size in files.items():
+        (root / relative).parent.mkdir(parents=True, exist_ok=True)
+        (root / relative).write_bytes(b"x" * size)
+    return root
+
+
+def test_run_dry_run_shows_what_is_synced_and_what_each_pod_runs(cluster, key_file, tmp_path):
     running(cluster, key_file, "--distributed", "--replicas", "2")
-    script = tmp_path / "train.py"
-    script.write_text("print('hi')\n")
+    files = {"train.py": 10, "lib/model.py": 20, "data/big.bin": 30}
+    left_out = {".git/HEAD": 1, "lib/__pycache__/model.pyc": 1, ".venv/bin/python": 1}
+    root = project(tmp_path / "project", files | left_out)
     # devctl's own options come before the server: everything after the script is its own
-    code, text = devctl("run", "--dry-run", "box", str(script), "--steps", "10")
+    code, text = devctl(
+        "run", "--dry-run", "--exclude", "data", "box", str(root / "train.py"), "--steps", "10"
+    )
     assert code == 0
     lines = text.splitlines()
-    assert f"kubectl -n dev-alice cp -c dev {script} box-1:/home/dev/.devctl/train.py" in lines
-    launches = [line for line in lines if "torchrun.sh" in line]
-    assert launches == [
-        f"kubectl -n dev-alice exec box-{i} -c dev -- "
-        "/etc/devserver/torchrun.sh /home/dev/.devctl/train.py --steps 10"
+    assert lines[:3] == ["lib", "train.py", "lib/model.py"]  # a directory before what it holds
+    assert lines[3] == (
+        f"would sync 2 files (30 B) from {root} to ~/devctl/project on box-0, box-1"
+    )
+    assert lines[4:] == [
+        f"box-{i}: cd ~/devctl/project && /etc/devserver/torchrun.sh train.py --steps 10"
         for i in range(2)
     ]
+
+
+def test_run_refuses_a_working_directory_over_its_size_guard(cluster, key_file, tmp_path, capsys):
+    running(cluster, key_file)
+    root = project(tmp_path / "project", {"train.py": 10, "ckpt/a.pt": 2 << 20, "src/x.py": 20})
+    code, _ = devctl("run", "--max-size", "1", "box", str(root / "train.py"))
+    assert code == 1
+    assert (
+        f"the working directory {root} holds 2.0 MiB in 3 files, over --max-size 1 MiB "
+        "(biggest: ckpt 2.0 MiB, src 20 B, train.py 10 B); leave out what the run does not "
+        "need with --exclude GLOB, or raise --max-size"
+    ) in errors(capsys)
+    code, _ = devctl(
+        "run", "--max-size", "1", "--exclude", "ckpt", "--dry-run", "box", str(root / "train.py")
+    )
+    assert code == 0
+    code, _ = devctl("run", "--workdir", str(root / "src"), "box", str(root / "train.py"))
+    assert code == 1 and "is not inside the working directory" in errors(capsys)
 
 
 def test_run_on_a_stopped_server_says_how_to_start_it(cluster, key_file, tmp_path, capsys):

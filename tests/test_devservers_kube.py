@@ -10,7 +10,7 @@ from kubernetes import config
 
 from devservers.activity import gpu_utilization, parse_duration
 from devservers.api import API_VERSION
-from devservers.kube import KubeCluster, settings_from_env
+from devservers.kube import KubeCluster, exit_code, settings_from_env
 from tests.devservers_cluster import Cluster
 from tests.test_devservers_render import server
 
@@ -38,8 +38,10 @@ def test_refused_exec_and_port_forward_upgrades_are_permission_errors(dev_cluste
     refusal = 'pods "box-0" is forbidden: User "arn:aws:iam::123456789012:user/bob" cannot get'
     with pytest.raises(PermissionError, match=refusal + ' resource "pods/exec"'):
         bob.exec("dev-alice", "box-0", "dev", ["id"])
+    with pytest.raises(PermissionError, match=refusal + ' resource "pods/exec"'):
+        bob.start("dev-alice", "box-0", "dev", ["id"])
     with pytest.raises(PermissionError, match=refusal + ' resource "pods/portforward"'):
-        with bob.forward("dev-alice", "box-0", 2222):
+        with bob.connection("dev-alice", "box-0", 2222):
             pass
 
 
@@ -60,12 +62,66 @@ def test_exec_and_port_forward_reach_the_pod(dev_cluster):
     dev_cluster.api.runtime.expose("dev-alice", "box-0", 2222, echo.getsockname()[1])
     alice = boundary(dev_cluster, "alice")
     assert alice.exec("dev-alice", "box-0", "dev", ["sh", "-c", "echo $$"]).strip() == "2"
-    with alice.forward("dev-alice", "box-0", 2222) as port:
-        with socket.create_connection(("127.0.0.1", port)) as s:
-            s.sendall(b"hello")
-            assert s.recv(100) == b"HELLO"
+    with alice.connection("dev-alice", "box-0", 2222) as s:
+        s.sendall(b"hello")
+        assert s.recv(100) == b"HELLO"
     echo.close()
+    with pytest.raises(OSError, match="port-forward to box-0:2223: .*failed to connect"):
+        with alice.connection("dev-alice", "box-0", 2223) as s:
+            assert s.recv(100) == b""  # the pod's side refused: the connection ends at once
     assert dev_cluster.api.refusals == []
+
+
+def test_a_started_command_streams_and_exits_with_its_code(dev_cluster):
+    pod = {"metadata": {"name": "box-0"}, "spec": {"containers": [{"name": "dev", "image": "i"}]}}
+    dev_cluster.client().resources.get(api_version="v1", kind="Pod").create(
+        body=pod, namespace="dev-alice"
+    )
+    dev_cluster.api.settle()
+    alice = boundary(dev_cluster, "alice")
+    script = "head -c 6 | tr a-z A-Z; echo oops >&2; exit 3"
+    process = alice.start("dev-alice", "box-0", "dev", ["sh", "-c", script], stdin=True)
+    process.write(b"stdin!")
+    out = err = b""
+    while (chunk := process.read(0.5)) is not None:
+        out, err = out + chunk[0], err + chunk[1]
+    assert (out, err, process.exit_code()) == (b"STDIN!", b"oops\n", 3)
+    done = alice.start("dev-alice", "box-0", "dev", ["true"])
+    while done.read(0.5) is not None:
+        pass
+    assert done.exit_code() == 0
+
+
+@pytest.mark.parametrize(
+    ("status", "found"),
+    [  # the cases of client-go's tools/remotecommand/v4_test.go, TestV4ErrorDecoder
+        ("{}", "unknown error"),
+        ("{", "protocol error"),
+        ('{"status": "Success" }', 0),
+        ('{"status": "Failure", "message": "foobar" }', "foobar"),
+        (
+            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
+            '"details": {"causes": [{"reason": "foo"}] } }',
+            "no ExitCode cause given",
+        ),
+        (
+            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
+            '"details": {"causes": [{"reason": "ExitCode"}] } }',
+            "invalid exit code value ''",
+        ),
+        (
+            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
+            '"details": {"causes": [{"reason": "ExitCode", "message": "42"}] } }',
+            42,
+        ),
+    ],
+)
+def test_an_exec_status_is_read_as_client_go_reads_it(status, found):
+    if isinstance(found, int):
+        assert exit_code(status) == found
+    else:
+        with pytest.raises(OSError, match=found):
+            exit_code(status)
 
 
 def test_settings_come_from_the_operators_environment(monkeypatch):

@@ -18,7 +18,7 @@ from devservers.activity import pod_activity
 from devservers.api import API_VERSION, GPU, QUEUE_LABEL
 from devservers.controller import KUEUE_GATE
 from devservers.kube import KubeCluster
-from devservers.render import SHAPE_ANNOTATION, Settings
+from devservers.render import SHAPE_ANNOTATION, Settings, host_public_key
 from tests.devservers_cluster import Cluster
 from tests.test_devservers_render import KEY
 from tests.test_devservers_render import server as server_manifest
@@ -91,6 +91,23 @@ def test_create_renders_the_children_and_reports_running(world):
     assert status["phase"] == "Running" and status["replicasReady"] == 1
     assert status["sshEndpoint"] == "box-ssh.dev-alice.svc:22"
     assert status["lastActivity"] == "2026-11-22T09:00:00Z"
+    # The host key: made once, in a Secret of the server's that its pod mounts; its public half
+    # in the status, which devctl reads (users may not read Secrets).
+    secret = world.api.read("secrets", "dev-alice", "box-ssh-host-key")
+    assert secret["metadata"]["ownerReferences"][0]["name"] == "box"
+    assert status["sshHostKey"] == host_public_key(secret)
+    assert world.api.refusals == []
+
+
+def test_deleting_the_host_key_secret_rotates_the_key(world):
+    first = world.create()["status"]["sshHostKey"]
+    world.refresh()
+    assert world.status()["sshHostKey"] == first  # kept while its Secret is there
+    secrets = world.dev_cluster.client().resources.get(api_version="v1", kind="Secret")
+    secrets.delete(name="box-ssh-host-key", namespace="dev-alice")  # an administrator rotates it
+    world.refresh()
+    secret = world.api.read("secrets", "dev-alice", "box-ssh-host-key")
+    assert world.status()["sshHostKey"] == host_public_key(secret) != first
     assert world.api.refusals == []
 
 

@@ -5,31 +5,18 @@ request with the dev plan's Roles, ClusterRoles and bindings and Kubernetes' own
 would refuse fails the test; so does anything that keeps a DevServer or its namespace from
 going away while the operator is down (a finalizer)."""
 
-import base64
 import sys
 from datetime import UTC, datetime, timedelta
 
-import paramiko
-
 from devservers.api import API_VERSION
-from devservers.render import SSH_PORT
-from tests.devservers_cluster import Cluster
-from tests.sshd import LoopbackSshd
+from tests.devserver_pods import serve_pod
+from tests.openssh import OpenSsh
 
 FLAVOR = "cpu-small"
 
 
 def hours_ago(hours: int) -> str:
     return (datetime.now(UTC) - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def pod_sshd(dev_cluster: Cluster, server: dict) -> LoopbackSshd:
-    """What the pod's sshd is: a real SSH server that takes the key the DevServer authorizes."""
-    kind, blob = server["spec"]["ssh"]["authorizedKeys"][0].split()[:2]
-    key = paramiko.PKey.from_type_string(kind, base64.b64decode(blob))
-    sshd = LoopbackSshd("127.0.0.1", key, {"PATH": "/usr/bin:/bin"})
-    dev_cluster.api.runtime.expose("dev-alice", "box-0", SSH_PORT, sshd.port)
-    return sshd
 
 
 def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
@@ -61,15 +48,13 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
     )
     assert not dev_cluster.server()["spec"].get("stopped")
 
-    # devctl ssh: the pod's user through exec, then SSH through a port-forward of the API.
-    sshd = pod_sshd(dev_cluster, dev_cluster.server())
-    try:
+    # devctl ssh: the pod's user through exec, then SSH through a port-forward of the API to
+    # the pod's sshd (its entrypoint's, with the host key of the Secret the operator made).
+    with OpenSsh() as site:
+        serve_pod(site, dev_cluster, "box", 0)
         ssh = dev_cluster.devctl(
-            "alice", "ssh", "box", "--", "-i", str(dev_cluster.key), "-o", "BatchMode=yes",
-            "echo", "hello-from-box",
-        )  # fmt: skip
-    finally:
-        sshd.close()
+            "alice", "ssh", "box", "--", "-o", "BatchMode=yes", "echo", "hello-from-box"
+        )
     assert ssh.returncode == 0, ssh.stderr
     assert "hello-from-box" in ssh.stdout
     listing = dev_cluster.devctl("alice", "list")

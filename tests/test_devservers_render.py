@@ -1,16 +1,22 @@
 """DevServer rendering: both modes validate against Kubernetes 1.34's schemas and carry what
 matters (home, shared, /dev/shm, placement, queue label, SSH, torchrun env, owner references)."""
 
+import subprocess
+
 import kubernetes_validate
 import pytest
 
 from devservers.api import API_VERSION, QUEUE_LABEL, SERVER_LABEL
+from devservers.controller import new_host_key
 from devservers.render import (
+    HOST_KEY_DIR,
     RDZV_PORTS,
     SHAPE_ANNOTATION,
     RenderError,
     Settings,
     children,
+    host_key_secret,
+    host_public_key,
     owner_of_namespace,
     stateful_set,
 )
@@ -153,7 +159,32 @@ def test_ssh_off_and_shared_off_leave_them_out():
     )
     assert "Service/box-ssh" not in objects
     pod = objects["StatefulSet/box"]["spec"]["template"]["spec"]
-    assert "shared" not in {v["name"] for v in pod["volumes"]}
+    assert {"shared", "host-key"}.isdisjoint(v["name"] for v in pod["volumes"])
+    assert "DEVSERVER_HOST_KEY" not in {e["name"] for e in pod["containers"][0]["env"]}
+
+
+def test_every_pod_serves_the_host_key_of_the_servers_secret(tmp_path):
+    private, public = new_host_key()
+    secret = host_key_secret(server(), private, public)
+    kubernetes_validate.validate(secret, "1.34", strict=True)
+    assert secret["metadata"]["name"] == "box-ssh-host-key" and secret["immutable"] is True
+    assert secret["metadata"]["ownerReferences"][0]["uid"] == "u-1"
+    assert host_public_key(secret) == public
+    # OpenSSH reads the private key and finds the same public key in it.
+    (tmp_path / "key").write_text(private)
+    (tmp_path / "key").chmod(0o600)
+    derived = subprocess.run(
+        ["ssh-keygen", "-y", "-f", str(tmp_path / "key")], capture_output=True, text=True
+    )
+    assert derived.stdout.split()[:2] == public.split()[:2], derived.stderr
+    pod = stateful_set(server(**DISTRIBUTED), gpu_flavor(), Settings())["spec"]["template"]["spec"]
+    volumes = {v["name"]: v for v in pod["volumes"]}
+    assert volumes["host-key"]["secret"] == {"secretName": "box-ssh-host-key", "defaultMode": 0o440}
+    (container,) = pod["containers"]
+    mounts = {m["name"]: m for m in container["volumeMounts"]}
+    assert mounts["host-key"] == {"name": "host-key", "mountPath": HOST_KEY_DIR, "readOnly": True}
+    env = {e["name"]: e.get("value") for e in container["env"]}
+    assert env["DEVSERVER_HOST_KEY"] == f"{HOST_KEY_DIR}/ssh_host_ed25519_key"
 
 
 def test_more_processes_than_gpus_is_an_error():

@@ -7,7 +7,8 @@ pods' torchrun.sh runs one gloo group of 2 pods x 2 processes.
 
 What the test adapts, and only that: what the cluster supplies (the pod index behind RANK,
 pod 0's DNS name behind MASTER_ADDR: its address here; MASTER_PORT: a free port; HOME: a temp
-dir), and sshd's port 2222, which two "pods" on one machine cannot share."""
+dir; the host key Secret's volume: a temp dir with a key the operator's code made), and sshd's
+port 2222, which two "pods" on one machine cannot share."""
 
 import subprocess
 from dataclasses import dataclass
@@ -16,15 +17,15 @@ from pathlib import Path
 import pytest
 
 from devservers.api import flavor_object
+from devservers.controller import new_host_key
 from devservers.render import (
     ENTRYPOINT,
-    POD_INDEX_LABEL,
-    SSH_PORT,
     TORCHRUN,
     Settings,
     config_map,
     stateful_set,
 )
+from tests.devserver_pods import pod_env, run_entrypoint
 from tests.openssh import SYSTEM_PATH, OpenSsh, free_port
 from tests.test_devservers_render import server
 
@@ -73,43 +74,15 @@ def pods():
             "BANNER": "one line\nand another",  # no sshd_config line can hold it
         }
         master_port = str(free_port(PODS[0]))
+        host_key = new_host_key()  # the server's Secret, as the operator makes it
         found = []
         for index, address in enumerate(PODS):
             name = f"{dev['metadata']['name']}-{index}"
-            home = site.mkdir(f"{name}/home")
-            scripts = site.mkdir(f"{name}/etc-devserver")
-            for file, text in files.items():
-                site.write(scripts / file, text).chmod(0o755)
-            env = image_env | pod_env(container, index) | {"HOME": str(home)}
+            env = image_env | pod_env(container, index)
             env |= {"MASTER_ADDR": PODS[0], "MASTER_PORT": master_port}
-
-            def start(port: int, scripts=scripts, address=address) -> list[str]:
-                entrypoint = files["start.sh"]
-                assert entrypoint.count(f"\nPort {SSH_PORT}\n") == 1
-                site.write(
-                    scripts / "start.sh",
-                    entrypoint.replace(
-                        f"\nPort {SSH_PORT}\n", f"\nPort {port}\nListenAddress {address}\n"
-                    ),
-                ).chmod(0o755)
-                return [str(scripts / "start.sh")]  # the container's command
-
-            site.launch(name, address, start, env, home / ".ssh" / "host_ed25519.pub")
+            scripts, env = run_entrypoint(site, name, address, files, env, host_key)
             found.append(Pod(name, scripts, env))
         yield site, found
-
-
-def pod_env(container: dict, index: int) -> dict[str, str]:
-    """The container's env as the kubelet gives it to pod `index` of the StatefulSet."""
-    env = {}
-    for item in container["env"]:
-        if "value" in item:
-            env[item["name"]] = item["value"]
-        else:
-            path = item["valueFrom"]["fieldRef"]["fieldPath"]
-            assert path == f"metadata.labels['{POD_INDEX_LABEL}']"
-            env[item["name"]] = str(index)
-    return env
 
 
 def test_the_scripts_are_valid_shell():

@@ -6,6 +6,8 @@ deletion with finalizers, the system namespaces and where an Event may live, as 
 does them."""
 
 import json
+import subprocess
+from pathlib import Path
 
 import pytest
 import yaml
@@ -247,6 +249,58 @@ def test_finalizers_hold_an_object_and_its_namespace_until_removed(api, tmp_path
     api.settle()
     assert api.read("configmaps", "team", "held") is None
     assert api.read("namespaces", "", "team") is None
+
+
+def test_a_pod_runs_with_its_volumes_environment_hostname_and_peers_names(api, tmp_path):
+    """What the kubelet gives a container: volumes at their paths (a Secret's data decoded, with
+    its defaultMode), the env with fieldRefs, the pod's hostname, and /etc/hosts naming the pods
+    of its headless Service; a pod whose Secret is missing waits (ContainerCreating)."""
+    admin = dynamic.DynamicClient(kube_client(api, ADMIN, tmp_path))
+    kinds = {k: admin.resources.get(api_version="v1", kind=k) for k in ("Namespace", "Pod")}
+    kinds["Namespace"].create(body={"metadata": {"name": "team"}})
+    container = {
+        "name": "c",
+        "image": "i",
+        "workingDir": "/home/dev",
+        "env": [
+            {"name": "GREETING", "value": "hi"},
+            {"name": "INDEX", "valueFrom": {"fieldRef": {"fieldPath": "metadata.labels['i']"}}},
+        ],
+        "volumeMounts": [
+            {"name": "home", "mountPath": "/home/dev"},
+            {"name": "key", "mountPath": "/etc/box-key"},
+        ],
+    }
+    volumes = [
+        {"name": "home", "persistentVolumeClaim": {"claimName": "home-box-0"}},
+        {"name": "key", "secret": {"secretName": "key", "defaultMode": 0o440}},
+    ]
+    for index in range(2):
+        pod = {
+            "metadata": {"name": f"box-{index}", "labels": {"i": str(index)}},
+            "spec": {
+                "hostname": f"box-{index}", "subdomain": "box",
+                "containers": [container], "volumes": volumes,
+            },
+        }  # fmt: skip
+        kinds["Pod"].create(body=pod, namespace="team")
+    api.settle()
+    assert (api.read("pods", "team", "box-0").get("status") or {}).get("phase") is None
+    secret = {"metadata": {"name": "key"}, "data": {"id": "c2VjcmV0"}}  # "secret"
+    admin.resources.get(api_version="v1", kind="Secret").create(body=secret, namespace="team")
+    api.settle()
+    box = api.read("pods", "team", "box-1")
+    assert box["status"]["phase"] == "Running"
+    key = "/etc/box-key/id"
+    look = f"pwd; hostname; echo $GREETING $INDEX; cat {key}; echo; stat -c %a {key}"
+    seen = api.runtime.run_in(box, ["sh", "-c", look], stdout=subprocess.PIPE, text=True)
+    assert seen.communicate(timeout=30)[0].split("\n")[:5] == [
+        "/home/dev", "box-1", "hi 1", "secret", "440",
+    ]  # fmt: skip
+    hosts = api.runtime.run_in(box, ["cat", "/etc/hosts"], stdout=subprocess.PIPE, text=True)
+    lines = hosts.communicate(timeout=30)[0].splitlines()
+    assert "127.0.0.1\tbox-0.box.team.svc.cluster.local\tbox-0" in lines
+    assert not Path("/etc/box-key").exists()  # the pod's files are its own
 
 
 def test_a_cluster_starts_with_its_system_namespaces_and_keeps_events_where_upstream_does(

@@ -5,9 +5,10 @@
 # the tests create, and jq and curl, which the hybrid gateway's peer sync runs. Installs what is
 # missing with apt-get (Debian/Ubuntu), as root or through sudo; prints nothing when all are
 # there. Versions follow the distribution release, as in the images. The SSH tests also use
-# setpriv (util-linux), useradd (passwd) and awk, and the DevServer tests unshare and nsenter
-# (util-linux: their pods are processes in PID namespaces of their own), which every Debian and
-# Ubuntu system has.
+# setpriv (util-linux), useradd (passwd) and awk, and the DevServer tests unshare, nsenter,
+# mount, setsid (util-linux), chroot and tar (their pods are processes in namespaces of their
+# own on an overlay of this root; devctl run syncs with tar and runs torchrun under setsid),
+# which every Debian and Ubuntu system has.
 set -euo pipefail
 packages=(openssh-server openssh-client wireguard-tools wireguard-go iptables iproute2 iputils-ping jq curl)
 missing=()

@@ -94,6 +94,11 @@ OPERATOR_NAMESPACED_RULES = [
     rule([GROUP], [f"{SERVERS}/finalizers"], ["update"]),
     rule(["apps"], ["statefulsets"], CHILD),
     rule([""], ["services", "configmaps"], CHILD),
+    # Each server's SSH host key: made once, then read for its public half (devservers.controller
+    # _host_key). No list, update or delete: the garbage collector deletes it with its server,
+    # and rotating it is an administrator's delete. `get` adds nothing the operator lacks: it
+    # could mount any Secret here in a pod it renders and exec into it.
+    rule([""], ["secrets"], ["get", "create"]),
     rule([""], ["persistentvolumeclaims"], ["list", "patch"]),
     rule([""], ["pods"], ["list", "watch"]),
     rule([""], ["pods/exec"], CONNECT),
@@ -106,7 +111,9 @@ OPERATOR_CLUSTER_RULES = [
     rule([""], ["namespaces"], ["list", "watch"]),
     rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"]),
 ]
-# A user in their own namespace: their servers, and reaching into them.
+# A user in their own namespace: their servers, and reaching into them. No Secrets: devctl
+# checks a server's SSH host key against its public half in the server's status, which only
+# the operator writes (the status subresource).
 USER_RULES = [
     rule([GROUP], [SERVERS], WRITE),
     rule([GROUP], [f"{SERVERS}/status"], ["get"]),

@@ -47,16 +47,16 @@ def _manifest(resource) -> tuple[str, dict]:
     return api_version, {**resource.inputs, "apiVersion": api_version, "kind": kind}
 
 
-def from_plan(plan, crds: list[dict] = ()) -> KubeAPI:
+def from_plan(plan, crds: list[dict] = (), account=None) -> KubeAPI:
     """A started API holding what `plan` deploys to Kubernetes: its RBAC (as the authorizer's
     policy), and every object of a kind the API serves, CRDs first (with `crds`, which the
     plan's Helm charts install), then namespaces. Workloads it does not serve (Deployments, Helm
-    releases) are left to the test to run as processes."""
+    releases) are left to the test to run as processes. Pods run as `account` (see Kubelet)."""
     manifests = [_manifest(r) for r in plan.resources if r.type.startswith("kubernetes:")]
     manifests += [(crd["apiVersion"], crd) for crd in crds]
     policy = [m for _, m in manifests if m["kind"] in RBAC_KINDS]
     api = KubeAPI(Authorizer(policy)).start()
-    api.runtime = Kubelet()
+    api.runtime = Kubelet(account)
     served = {(k.api_version, k.kind): k for k in BUILTIN}
     crds = [m for v, m in manifests if (v, m["kind"]) == ("apiextensions.k8s.io/v1", CRD)]
     for manifest in crds:

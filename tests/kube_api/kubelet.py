@@ -6,26 +6,38 @@ processes.
   reference that blocks owner deletion, claims `<template>-<set>-<i>` from volumeClaimTemplates
   owned by the set only with persistentVolumeClaimRetentionPolicy.whenDeleted: Delete; pods at or
   above `replicas` are deleted; a set being deleted is left to the garbage collector).
-- Kubelet runs each pod that has no scheduling gate (Kueue holds pods with one) as `sleep` in a
-  PID and mount namespace of its own (`unshare --pid --mount-proc`): the pod's container. Exec
-  runs the command in those namespaces (`nsenter`), so it sees the pod's processes and nothing
-  else. A container port reaches whatever the test put on the loopback port it `expose`d for it
+- Kubelet runs each pod that has no scheduling gate (Kueue holds pods with one) as `sleep` in
+  PID, mount and UTS namespaces of its own (`unshare`): the pod's container, with a root
+  filesystem of its own (this machine's root under a writable overlay layer, the pod's volumes
+  mounted at their paths, /etc/hosts naming the namespace's pods), its hostname, environment
+  and user. Exec runs the command in those namespaces, root and environment (`nsenter`), so it
+  sees the pod's processes and files and nothing else. The pods share this machine's network:
+  a container port reaches whatever the test put on the loopback port it `expose`d for it
   (e.g. an SSH server), as the pod's network would.
 """
 
 import asyncio
+import base64
+import contextlib
 import copy
 import json
 import os
+import re
+import shlex
+import shutil
 import signal
 import subprocess
+import sys
+import tempfile
 import time
 from dataclasses import dataclass
+from pathlib import Path
 from urllib.parse import parse_qs
 
 from aiohttp import WSMsgType, web
 
 from tests.kube_api.server import ApiError, Kind, KubeAPI, now
+from tests.openssh import SYSTEM_PATH
 
 POD_NAME_LABEL = "statefulset.kubernetes.io/pod-name"
 POD_INDEX_LABEL = "apps.kubernetes.io/pod-index"
@@ -124,35 +136,116 @@ def _ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+# What an image holds, here: the host's root filesystem (with this interpreter and its torchrun
+# first on PATH, as /opt/conda/bin in the PyTorch images). Each container sees it through a
+# writable layer of its own (overlayfs), with its volumes mounted at their mountPaths; devices,
+# sysfs and /tmp (where tests leave what their pods run) are the host's.
+IMAGE_ENV = {"PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}"}
+HOST_PATHS = ("/dev", "/sys", "/tmp")
+POD_IP = "127.0.0.1"  # every pod's address: they share this machine's network
+CLUSTER_DOMAIN = "cluster.local"
+START_SECONDS = 20  # a loaded 2-core machine can take a while to set up a container
+
+
 @dataclass
 class _Running:
     process: subprocess.Popen
     init: int  # the pod's PID 1, seen from here
+    env: dict[str, str]  # the container's environment, which exec'd commands get as well
+    hosts: str = ""  # its /etc/hosts, as last written
 
 
-def _start_container() -> _Running:
+def _container_script(
+    hostname: str, layers: Path, mounts: list[tuple[Path, str]], command: list[str]
+) -> str:
+    """A shell script that, in mount and UTS namespaces of its own, names the host `hostname`,
+    builds the container's root (the host's root under a tmpfs layer, `mounts` bound at their
+    paths) and runs `command` there as PID 1 of a new PID namespace with its own /proc."""
+    root = layers / "root"
+    lines = [
+        "set -eu",
+        f"echo {shlex.quote(hostname)} > /proc/sys/kernel/hostname",
+        f"mount -t tmpfs tmpfs {layers}",
+        f"mkdir {layers}/upper {layers}/work {root}",
+        f"mount -t overlay overlay -o lowerdir=/,upperdir={layers}/upper,workdir={layers}/work "
+        f"{root}",
+        *(f"mount --rbind {path} {root}{path}" for path in HOST_PATHS),
+    ]
+    for source, target in sorted(mounts, key=lambda mount: mount[1].count("/")):  # parents first
+        lines += [f"mkdir -p {root}{target}", f"mount --bind {source} {root}{target}"]
+    program = ["chroot", str(root), *command]
+    lines.append(
+        f"exec unshare --pid --fork --kill-child --mount-proc={root}/proc {shlex.join(program)}"
+    )
+    return "\n".join(lines)
+
+
+def _start_container(script: str, env: dict[str, str]) -> _Running:
     process = subprocess.Popen(
-        ["unshare", "--pid", "--fork", "--mount-proc", "--kill-child", "sleep", "infinity"],
-        start_new_session=True,
+        ["unshare", "--mount", "--uts", "sh", "-c", script], env=env, start_new_session=True
     )
     children = f"/proc/{process.pid}/task/{process.pid}/children"
-    for _ in range(200):
+    deadline = time.monotonic() + START_SECONDS
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise RuntimeError(f"the container exited {process.returncode} while starting")
         try:
             with open(children) as f:
                 found = f.read().split()
-        except FileNotFoundError:
-            found = []
-        if found:
-            return _Running(process, int(found[0]))
+            with open(f"/proc/{found[0]}/comm") as f:
+                started = f.read().strip() == "sleep"
+        except (FileNotFoundError, IndexError):
+            started = False
+        if started:  # past its setup: the container's own process
+            return _Running(process, int(found[0]), env)
         time.sleep(0.01)
-    process.kill()
-    raise RuntimeError("unshare started no container process")
+    os.killpg(process.pid, signal.SIGKILL)
+    process.wait()
+    raise RuntimeError(f"no container process after {START_SECONDS} s")
+
+
+def _field(pod: dict, path: str) -> str:
+    """A downward API fieldRef (pkg/fieldpath/fieldpath.go, ExtractFieldPathAsString)."""
+    meta = pod["metadata"]
+    keyed = re.fullmatch(r"metadata\.(labels|annotations)\['(.+)'\]", path)
+    if keyed:
+        return (meta.get(keyed[1]) or {}).get(keyed[2], "")
+    return {
+        "metadata.name": meta["name"],
+        "metadata.namespace": meta["namespace"],
+        "metadata.uid": meta["uid"],
+        "status.podIP": POD_IP,
+    }[path]
+
+
+def _hosts(api: KubeAPI, namespace: str) -> str:
+    """/etc/hosts as the kubelet writes it (pkg/kubelet/kubelet_pods.go, managedHostsFileContent:
+    localhost, then a pod's `<hostname>.<subdomain>.<namespace>.svc.<domain>`), here with every
+    pod of the namespace: the names cluster DNS gives a headless Service's pods."""
+    lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost"]
+    for pod in api.select(_kind(api, "", "pods"), namespace):
+        spec = pod["spec"]
+        if spec.get("hostname") and spec.get("subdomain"):
+            name = f"{spec['hostname']}.{spec['subdomain']}.{namespace}.svc.{CLUSTER_DOMAIN}"
+            lines.append(f"{POD_IP}\t{name}\t{spec['hostname']}")
+    return "\n".join(lines) + "\n"
 
 
 class Kubelet:
-    """Runs the pods of a KubeAPI (set it as the API's runtime)."""
+    """Runs the pods of a KubeAPI (set it as the API's runtime).
 
-    def __init__(self):
+    A pod's first container is its one process (`sleep`, whatever its command), run as `account`
+    (the image's user: tests.openssh.Account; None: this process's user) with the container's
+    environment (IMAGE_ENV, then its `env` with fieldRefs resolved) in its workingDir. Volumes:
+    a persistentVolumeClaim is a directory per claim that outlives pods, an emptyDir one per pod,
+    a configMap or secret its data written out with its defaultMode (the pod waits while it does
+    not exist, as in ContainerCreating); all owned by the account, as fsGroup makes them usable.
+    Not modelled: more containers, items and subPath, readOnly mounts, $(VAR) in env values.
+    """
+
+    def __init__(self, account=None):
+        self.account = account
+        self.dir = Path(tempfile.mkdtemp(prefix="kubelet-"))
         self.running: dict[str, _Running] = {}  # pod uid -> its container
         self.ports: dict[tuple[str, str, int], int] = {}  # (namespace, pod, port) -> local port
 
@@ -164,12 +257,93 @@ class Kubelet:
         """Container port `port` of `pod` is 127.0.0.1:`local_port` (where the test listens)."""
         self.ports[(namespace, pod, port)] = local_port
 
-    def run_in(self, pod: dict, command: list[str]) -> subprocess.Popen:
+    def _as_user(self, command: list[str]) -> list[str]:
+        return self.account.command(command) if self.account else command
+
+    def _enter(self, running: _Running, command: list[str]) -> list[str]:
+        """`command` in a running pod: its namespaces, root and working directory, as its user."""
+        return [
+            "nsenter", "--target", str(running.init), "--pid", "--mount", "--uts", "--root",
+            "--wd", "--",
+            *self._as_user(command),
+        ]  # fmt: skip
+
+    def run_in(self, pod: dict, command: list[str], **popen) -> subprocess.Popen:
         """Start `command` inside a running pod (a process the pod's user would have started)."""
         running = self.running[pod["metadata"]["uid"]]
-        return subprocess.Popen(
-            ["nsenter", "--target", str(running.init), "--pid", "--mount", "--", *command]
+        return subprocess.Popen(self._enter(running, command), env=running.env, **popen)
+
+    def processes(self, pod: dict) -> list[str]:
+        """The names of the live processes of a running pod (its PID namespace's; zombies,
+        which a PID 1 that reaps nothing leaves, aside)."""
+        init = self.running[pod["metadata"]["uid"]].init
+        namespace, found = os.readlink(f"/proc/{init}/ns/pid"), []
+        for entry in Path("/proc").iterdir():
+            try:
+                if not entry.name.isdigit() or os.readlink(entry / "ns" / "pid") != namespace:
+                    continue
+                stat = (entry / "stat").read_text()
+            except OSError:
+                continue  # gone meanwhile
+            name, state = stat[stat.index("(") + 1 : stat.rindex(")")], stat[stat.rindex(")") + 2]
+            if state != "Z":
+                found.append(name)
+        return found
+
+    def _own(self, path: Path) -> None:
+        if self.account is None:
+            return
+        for found in [path, *path.rglob("*")]:
+            self.account.own(found)
+
+    def _volumes(self, api: KubeAPI, pod: dict) -> dict[str, Path] | None:
+        """Each volume of `pod` as a directory here; None while a ConfigMap or Secret it mounts
+        does not exist."""
+        meta = pod["metadata"]
+        namespace, found = meta["namespace"], {}
+        for volume in pod["spec"].get("volumes") or []:
+            name, path = volume["name"], self.dir / "pods" / meta["uid"] / volume["name"]
+            if "persistentVolumeClaim" in volume:
+                claim = volume["persistentVolumeClaim"]["claimName"]
+                path = self.dir / "claims" / namespace / claim
+                path.mkdir(parents=True, exist_ok=True)
+            elif "emptyDir" in volume:
+                path.mkdir(parents=True, exist_ok=True)
+            elif "configMap" in volume or "secret" in volume:
+                source = volume.get("configMap") or volume["secret"]
+                plural = "configmaps" if "configMap" in volume else "secrets"
+                obj = api.store.get(
+                    ("", plural, namespace, source.get("name", source.get("secretName")))
+                )
+                if obj is None and not source.get("optional"):
+                    return None
+                path.mkdir(parents=True, exist_ok=True)
+                for key, value in ((obj or {}).get("data") or {}).items():
+                    data = value.encode() if plural == "configmaps" else base64.b64decode(value)
+                    (path / key).write_bytes(data)
+                    (path / key).chmod(source.get("defaultMode", 0o644))
+            else:
+                raise RuntimeError(f"volume {name} of {meta['name']}: a kind not modelled here")
+            self._own(path)
+            found[name] = path
+        return found
+
+    def _start(self, pod: dict, volumes: dict[str, Path]) -> _Running:
+        container = pod["spec"]["containers"][0]
+        env = {**IMAGE_ENV, "HOSTNAME": pod["metadata"]["name"]}
+        for item in container.get("env") or []:
+            if "value" in item:
+                env[item["name"]] = item["value"]
+            else:
+                env[item["name"]] = _field(pod, item["valueFrom"]["fieldRef"]["fieldPath"])
+        mounts = [(volumes[m["name"]], m["mountPath"]) for m in container.get("volumeMounts") or []]
+        layers = self.dir / "pods" / pod["metadata"]["uid"] / "layers"
+        layers.mkdir(parents=True)
+        command = self._as_user(
+            ["sh", "-c", 'cd "$0" && exec sleep infinity', container.get("workingDir", "/")]
         )
+        hostname = pod["spec"].get("hostname") or pod["metadata"]["name"]
+        return _start_container(_container_script(hostname, layers, mounts, command), env)
 
     def run_pods(self, api: KubeAPI) -> None:
         pods = _kind(api, "", "pods")
@@ -181,7 +355,10 @@ class Kubelet:
             wanted.add(meta["uid"])
             if meta["uid"] in self.running:
                 continue
-            self.running[meta["uid"]] = _start_container()
+            volumes = self._volumes(api, pod)
+            if volumes is None:
+                continue  # ContainerCreating until its ConfigMaps and Secrets exist
+            self.running[meta["uid"]] = self._start(pod, volumes)
             stamp = now()
             conditions = [
                 {"type": t, "status": "True", "lastTransitionTime": stamp}
@@ -200,8 +377,8 @@ class Kubelet:
             ]
             status = {
                 "phase": "Running",
-                "podIP": "127.0.0.1",
-                "hostIP": "127.0.0.1",
+                "podIP": POD_IP,
+                "hostIP": POD_IP,
                 "startTime": stamp,
                 "conditions": conditions,
                 "containerStatuses": containers,
@@ -209,6 +386,12 @@ class Kubelet:
             api.replace(pods, pod, {**pod, "status": status})
         for uid in set(self.running) - wanted:
             self._kill(self.running.pop(uid))
+        for pod in api.select(pods):
+            running = self.running.get(pod["metadata"]["uid"])
+            hosts = _hosts(api, pod["metadata"]["namespace"])
+            if running is not None and running.hosts != hosts:
+                Path(f"/proc/{running.init}/root/etc/hosts").write_text(hosts)
+                running.hosts = hosts
 
     @staticmethod
     def _kill(running: _Running) -> None:
@@ -222,6 +405,7 @@ class Kubelet:
         for running in self.running.values():
             self._kill(running)
         self.running.clear()
+        shutil.rmtree(self.dir, ignore_errors=True)
 
     # pods/exec and pods/portforward (websockets)
 
@@ -244,19 +428,25 @@ class Kubelet:
                 400, "BadRequest", "you must specify at least 1 of stdin, stdout, stderr"
             )
         process = await asyncio.create_subprocess_exec(
-            "nsenter", "--target", str(running.init), "--pid", "--mount", "--",
-            *query.get("command", []),
+            *self._enter(running, query.get("command", [])),
+            env=running.env,
             stdin=asyncio.subprocess.PIPE if flags["stdin"] else asyncio.subprocess.DEVNULL,
             stdout=asyncio.subprocess.PIPE,
             stderr=asyncio.subprocess.PIPE,
-        )  # fmt: skip
+        )
         ws = web.WebSocketResponse(protocols=("v5.channel.k8s.io", "v4.channel.k8s.io"))
         await ws.prepare(request)
+
+        async def send(data: bytes) -> None:
+            # A client that went away leaves the command running, its output unread (as the
+            # kubelet's streaming server does).
+            with contextlib.suppress(ConnectionResetError):
+                await ws.send_bytes(data)
 
         async def pump(stream, channel: int, wanted: bool) -> None:
             while chunk := await stream.read(65536):
                 if wanted:
-                    await ws.send_bytes(bytes([channel]) + chunk)
+                    await send(bytes([channel]) + chunk)
 
         async def feed() -> None:
             async for message in ws:
@@ -287,7 +477,7 @@ class Kubelet:
                 "reason": "NonZeroExitCode",
                 "details": {"causes": [{"reason": "ExitCode", "message": str(code)}]},
             }
-        await ws.send_bytes(bytes([ERROR]) + json.dumps(status).encode())
+        await send(bytes([ERROR]) + json.dumps(status).encode())
         feeder.cancel()
         await ws.close()
         return ws

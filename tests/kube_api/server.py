@@ -84,6 +84,7 @@ BUILTIN = [
     Kind("", "v1", "Pod", "pods", True, ("status", "exec", "portforward")),
     Kind("", "v1", "Service", "services", True, ("status",)),
     Kind("", "v1", "ConfigMap", "configmaps", True),
+    Kind("", "v1", "Secret", "secrets", True),
     Kind("", "v1", "PersistentVolumeClaim", "persistentvolumeclaims", True, ("status",)),
     Kind("", "v1", "ResourceQuota", "resourcequotas", True, ("status",)),
     Kind("", "v1", "Event", "events", True),
