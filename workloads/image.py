@@ -9,7 +9,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
-from infra.config import ImageConfig, NodePoolConfig
+from infra.config import ImageConfig, Pool
 from infra.paths import PROJECT_DIR, provider_path
 
 # The build context is the trainer's folder alone: the image needs nothing else, and
@@ -41,7 +41,7 @@ LIFECYCLE = {
 }
 
 
-def image_target(pool: NodePoolConfig) -> str:
+def image_target(pool: Pool) -> str:
     """The Dockerfile target a job on `pool` runs: NCCL over EFA needs libfabric + aws-ofi-nccl."""
     return "efa" if pool.efa else "runtime"
 
