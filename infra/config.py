@@ -14,7 +14,7 @@ import sys
 from collections.abc import Mapping
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Annotated, Any, Literal, Union, get_args, get_origin
+from typing import Annotated, Any, ClassVar, Literal, Union, get_args, get_origin
 
 import pulumi
 import yaml
@@ -43,6 +43,9 @@ from trainer.options import OptionsError, parse_options
 NAMESPACE = "training-platform"
 # S3 prefix of job checkpoints in the training bucket (each job writes under its own subprefix).
 CHECKPOINT_PREFIX = "checkpoints/"
+# What a job or DevServer flavor names as its nodePool to run on the hybrid machines: their
+# nodes' pool label and their Kueue flavor. No NodePool may take the name.
+HYBRID_POOL = "hybrid"
 # Stacks whose mandatory guards no stack file can switch off: `policy.productionStacks` may add
 # stacks to this list, never drop one.
 MANDATORY_PRODUCTION_STACKS = ("prod",)
@@ -104,8 +107,16 @@ def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def _not_a_pool(name: str, pools: list[str]) -> str:
-    """The message for a reference (a job's, a flavor's) to a node pool that does not exist."""
+def _not_a_pool(name: str, config: "StackConfig") -> str:
+    """The message for a reference (a job's, a flavor's) to a pool that does not exist."""
+    pools = [p.name for p in config.node_pools]
+    if name == HYBRID_POOL:
+        return (
+            f"{HYBRID_POOL} names the hybrid machines but the stack has no hybrid section; "
+            + _allowed(pools, "allowed: none yet")
+            + ", or add a training-platform:hybrid section"
+        )
+    pools += [HYBRID_POOL] if config.hybrid else []
     return (
         f"{name!r} is not a node pool; "
         + _did_you_mean(name, pools)
@@ -397,15 +408,21 @@ class ClusterConfig(Model):
         return self
 
 
-def pod_room(instance_type: InstanceType) -> tuple[int, int]:
-    """(vCPU, GiB of memory) a pod may request and still fit alone on a node of this type.
+def pod_room(node: "InstanceType | HybridMachine") -> tuple[int, int]:
+    """(vCPU, GiB of memory) a pod may request and still fit alone on this node.
 
     What the node keeps: EC2's memory overhead (Karpenter assumes 7.5 %), the kubelet's
     reservations and eviction threshold, and the DaemonSets (CNI, kube-proxy, CSI and device
     plugins, GPU metrics): 10 % of the vCPUs (at least one) and 15 % of the memory.
     """
-    vcpu, memory_gib = instance_type.vcpu, instance_type.memory_gib
+    vcpu, memory_gib = node.vcpu, node.memory_gib
     return min(vcpu - 1, math.floor(vcpu * 0.9)), math.floor(memory_gib * 0.85)
+
+
+def smallest_room(nodes: "list[InstanceType] | list[HybridMachine]") -> tuple[int, int]:
+    """(vCPU, GiB) a pod may request and fit alone on any of `nodes` (pod_room of each)."""
+    rooms = [pod_room(n) for n in nodes]
+    return min(vcpu for vcpu, _ in rooms), min(memory for _, memory in rooms)
 
 
 # gp3 root volume throughput (MiB/s) by whether the pool's nodes have NVMe instance store. Without
@@ -528,6 +545,8 @@ class FabricCheckPlan:
 
 class NodePoolConfig(Model):
     """A Karpenter NodePool. GPU or CPU follows from its instance types, which may not mix."""
+
+    hybrid: ClassVar[bool] = False  # what the jobs and flavors on it read (HybridPool: True)
 
     name: K8sName
     instance_types: list[InstanceTypeName] = Field(min_length=1)
@@ -691,8 +710,7 @@ class NodePoolConfig(Model):
         """
         if not self.gpu:
             return 2, 8
-        rooms = [pod_room(t) for t in self.types]
-        return min(vcpu for vcpu, _ in rooms), min(memory for _, memory in rooms)
+        return smallest_room(self.types)
 
     def fabric_check_plan(self, nodes: int | None = None) -> FabricCheckPlan:
         """The fabric check on `nodes` nodes (default: fabricCheck.nodes), with its floors."""
@@ -1026,7 +1044,6 @@ def _named(items: list, name: str, unknown: str):
 def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
     """A DevServers section's flavors fit their pools, users name teams, names are unique."""
     section = config.dev_servers
-    pools = {p.name: p for p in config.node_pools}
     teams = [t.name for t in config.queues.teams]
     problems: list[tuple[tuple, str]] = []
     for what, items in (("flavors", section.flavors), ("users", section.users)):
@@ -1038,12 +1055,19 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
                 )
     for i, flavor in enumerate(section.flavors):
         loc = ("devServers", "flavors", i)
-        pool = pools.get(flavor.node_pool)
+        pool = config.pool_named(flavor.node_pool)
         if pool is None:
+            problems.append(((*loc, "nodePool"), _not_a_pool(flavor.node_pool, config)))
+            continue
+        if pool.hybrid:
+            # Every DevServer pod mounts an EBS home volume (devservers/render.py), which attaches
+            # to EC2 instances only; the EBS and EFS CSI node agents avoid hybrid nodes.
             problems.append(
                 (
                     (*loc, "nodePool"),
-                    _not_a_pool(flavor.node_pool, [*pools]),
+                    f"{HYBRID_POOL}: a DevServer's home is an EBS volume, which no machine outside "
+                    "AWS can attach, so its pods would stay Pending; allowed: a pool from "
+                    "nodePools (jobs with checkpoint s3 may run on hybrid)",
                 )
             )
             continue
@@ -1113,7 +1137,9 @@ class HybridMachine(Model):
     name: K8sName
     gpus: int = Field(ge=0, le=16)
     gpu_model: str = Field(default="", pattern=r"^[A-Za-z0-9 ._-]{0,40}$")
-    vcpu: int = Field(ge=1, le=512)  # what Kueue may admit onto it, with memoryGib and gpus
+    # What Kueue may admit onto it, with memoryGib and gpus, and what EKS bills per vCPU-hour
+    # (it bills every hardware thread the node reports: declare them all).
+    vcpu: int = Field(ge=1, le=512)
     memory_gib: int = Field(ge=1, le=8192)
 
     @model_validator(mode="before")
@@ -1223,6 +1249,64 @@ class HybridConfig(Model):
         gateway = next(hosts)
         return gateway, {m.name: next(hosts) for m in self.machines}
 
+    def pool(self, nodes: int = 1) -> "HybridPool":
+        return HybridPool(tuple(self.machines), nodes)
+
+
+@dataclass(frozen=True)
+class HybridPool:
+    """The hybrid machines as the pool a job names with `nodePool: hybrid`.
+
+    A job pod has a machine to itself, as on a GPU pool a node: a job of `nodes` pods is sized
+    for the `nodes` largest machines (by GPUs, then vCPU, then memory), each pod asking for the
+    GPUs and the pod room of the smallest of those, so that each of them holds one. The Kueue
+    flavor's quota and the most pods a job may have count every machine.
+    """
+
+    machines: tuple[HybridMachine, ...]
+    nodes: int = 1
+
+    hybrid: ClassVar[bool] = True
+    name: ClassVar[str] = HYBRID_POOL
+    # What an EC2 pool may have and machines outside AWS have not.
+    efa: ClassVar[bool] = False
+    efa_network_cards: ClassVar[int] = 0
+    topology: ClassVar[bool] = False
+    # The same rule as a NodePool's: one trainer process per GPU, one on CPU machines (gloo).
+    procs_per_node = NodePoolConfig.procs_per_node
+
+    @property
+    def max_nodes(self) -> int:
+        return len(self.machines)
+
+    @property
+    def sized_for(self) -> list[HybridMachine]:
+        by_size = sorted(self.machines, key=lambda m: (m.gpus, m.vcpu, m.memory_gib), reverse=True)
+        return by_size[: self.nodes]
+
+    @property
+    def gpus_per_node(self) -> int:
+        return min(m.gpus for m in self.sized_for)
+
+    @property
+    def gpu(self) -> bool:
+        return self.gpus_per_node > 0
+
+    def job_pod_requests(self) -> tuple[int, int]:
+        return smallest_room(self.sized_for)
+
+    def ceiling(self) -> PoolCeiling:
+        """Every machine's figures added up: the Kueue flavor's quota."""
+        return PoolCeiling(
+            nodes=len(self.machines),
+            gpus=sum(m.gpus for m in self.machines),
+            vcpu=sum(m.vcpu for m in self.machines),
+            memory_gib=sum(m.memory_gib for m in self.machines),
+        )
+
+
+Pool = NodePoolConfig | HybridPool
+
 
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
@@ -1241,6 +1325,16 @@ class StackConfig(Model):
     jobs: list[JobConfig] = Field(default_factory=list)
     dev_servers: DevServersConfig = DevServersConfig()
     hybrid: HybridConfig | None = None  # GPUs outside AWS as EKS hybrid nodes
+
+    def pool_named(self, name: str, nodes: int = 1) -> Pool | None:
+        """The pool a job or DevServer flavor names: a NodePool, or the hybrid machines sized
+        for `nodes` pods (HybridPool); None when there is no such pool."""
+        if name == HYBRID_POOL and self.hybrid is not None:
+            return self.hybrid.pool(nodes)
+        return next((p for p in self.node_pools if p.name == name), None)
+
+    def job_pool(self, job: "JobConfig") -> Pool | None:
+        return self.pool_named(job.node_pool, job.max_nodes)
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> "StackConfig":
@@ -1314,20 +1408,38 @@ def job_pod_fits(pool: NodePoolConfig, instance: InstanceType) -> bool:
     )
 
 
-def job_demand(job: "JobConfig", pool: NodePoolConfig) -> tuple[str, float]:
-    """(resource, amount) the whole job asks of its queue: GPUs on GPU pools, else vCPU."""
-    if pool.gpu:
-        return "nvidia.com/gpu", job.max_nodes * pool.gpus_per_node
-    return "cpu", job.max_nodes * pool.job_pod_requests()[0]
+# The resources Kueue's quotas cover, as the messages name them (memory in GiB).
+QUOTA_RESOURCES = {"nvidia.com/gpu": "nvidia.com/gpu", "cpu": "cpu", "memory": "GiB memory"}
 
 
-def queue_quota(pool: NodePoolConfig, team: TeamConfig, resource: str) -> float:
-    """The most of `resource` in `pool` that the team's queue can ever admit."""
+def job_demand(job: "JobConfig", pool: Pool) -> dict[str, float]:
+    """What the whole job's pods ask of its queue, per resource of QUOTA_RESOURCES."""
+    cpu, memory_gib = pool.job_pod_requests()
+    per_pod = {"nvidia.com/gpu": pool.gpus_per_node if pool.gpu else 0, "cpu": cpu}
+    return {r: job.max_nodes * amount for r, amount in {**per_pod, "memory": memory_gib}.items()}
+
+
+def queue_quota(pool: Pool, team: TeamConfig) -> dict[str, float]:
+    """The most of each resource in `pool` that the team's queue can ever admit."""
     ceiling = pool.ceiling()
-    amount = ceiling.gpus if resource == "nvidia.com/gpu" else ceiling.vcpu
+    amounts = {"nvidia.com/gpu": ceiling.gpus, "cpu": ceiling.vcpu, "memory": ceiling.memory_gib}
     if team.own_cluster_queue:
-        return math.ceil(amount * team.borrowing_limit_percent / 100)
-    return amount
+        return {r: math.ceil(a * team.borrowing_limit_percent / 100) for r, a in amounts.items()}
+    return amounts
+
+
+def queue_shortfall(job: "JobConfig", pool: Pool, team: TeamConfig) -> str | None:
+    """`needs N <resource> ... at most M` for the first resource the job asks more of than the
+    team's queue can ever admit (Kueue admits a job only when every resource fits), else None.
+    On a NodePool, GPUs (or vCPU) bind first; the hybrid machines differ from one another."""
+    wanted, quota = job_demand(job, pool), queue_quota(pool, team)
+    for resource, name in QUOTA_RESOURCES.items():
+        if wanted[resource] > quota[resource]:
+            return (
+                f"needs {wanted[resource]:g} {name} in pool {pool.name} but team {team.name}'s "
+                f"queue can admit at most {quota[resource]:g}"
+            )
+    return None
 
 
 def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
@@ -1383,38 +1495,43 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     "GiB node reserve); allowed: larger types",
                 )
             )
+        if pool.name == HYBRID_POOL:
+            problems.append(
+                (
+                    ("nodePools", i, "name"),
+                    f"{HYBRID_POOL} is the name of the hybrid machines' pool (their node label "
+                    "and Kueue flavor); allowed: any other name",
+                )
+            )
     names = [j.name for j in config.jobs]
     for i, job in enumerate(config.jobs):
         loc = ("jobs", i)
         if names.count(job.name) > 1:
             problems.append(((*loc, "name"), f"{job.name!r} repeats; allowed: unique job names"))
-        pool = pools.get(job.node_pool)
+        pool = config.job_pool(job)
         team = teams.get(job.queue)
         if pool is None:
-            problems.append(
-                (
-                    (*loc, "nodePool"),
-                    _not_a_pool(job.node_pool, [*pools]),
-                )
-            )
+            problems.append(((*loc, "nodePool"), _not_a_pool(job.node_pool, config)))
         elif job.max_nodes > pool.max_nodes:
+            most = (
+                f"the {pool.max_nodes} hybrid machines (one pod each)"
+                if pool.hybrid
+                else f"pool {pool.name}'s maxNodes {pool.max_nodes}"
+            )
             problems.append(
                 (
                     (*loc, "maxNodes"),
-                    f"{job.max_nodes} exceeds pool {pool.name}'s maxNodes "
-                    f"{pool.max_nodes}; allowed: at most {pool.max_nodes}",
+                    f"{job.max_nodes} exceeds {most}; allowed: at most {pool.max_nodes}",
                 )
             )
         elif team is not None:
-            resource, wanted = job_demand(job, pool)
-            quota = queue_quota(pool, team, resource)
-            if wanted > quota:
+            shortfall = queue_shortfall(job, pool, team)
+            if shortfall:
                 problems.append(
                     (
                         (*loc, "maxNodes"),
-                        f"needs {wanted:g} {resource} in pool {pool.name} but team {team.name}'s "
-                        f"queue can admit at most {quota:g}; allowed: fewer nodes, or a larger "
-                        "borrowingLimitPercent or pool",
+                        f"{shortfall}; allowed: fewer nodes, or a larger borrowingLimitPercent or "
+                        "pool",
                     )
                 )
         if team is None:
@@ -1426,7 +1543,16 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                 )
             )
         problems += [((*loc, "args"), message) for message in _job_args_errors(job)]
-        if not storage[job.checkpoint]:
+        if pool is not None and pool.hybrid and job.checkpoint != "s3":
+            # The EFS and FSx CSI node agents do not run on hybrid nodes (README, Cluster mode).
+            problems.append(
+                (
+                    (*loc, "checkpoint"),
+                    f"{job.checkpoint} is not mounted on the hybrid machines, whose nodes run no "
+                    "EFS or FSx CSI agent; allowed: s3",
+                )
+            )
+        elif not storage[job.checkpoint]:
             problems.append(
                 (
                     (*loc, "checkpoint"),

@@ -4,10 +4,11 @@ One pricing path: the plan's cost table and the policy pack's budget rule both c
 on the declared resources (the plan's records offline, the engine's inputs in a real preview), so
 an edit to the program or to stack config moves both alike. Each line is that resource's ceiling
 per hour: a NodePool at limits.nodes of its dearest type, a node group at maxSize, storage at its
-provisioned size, the claims of a storage class at their ResourceQuota (DevServer homes, kept
-ones included: a plan cannot know which claims a cluster will hold). Fixed-rate items only;
-usage-priced ones (S3 and EFS storage, data transfer, NAT and VPC endpoint data processing, job
-volumes) are named with their unit price, not guessed.
+provisioned size, hybrid machines at their vCPUs, the claims of a storage class at their
+ResourceQuota (DevServer homes, kept ones included: a plan cannot know which claims a cluster
+will hold). Fixed-rate items only; usage-priced ones (S3 and EFS storage, data transfer, NAT and
+VPC endpoint data processing, job volumes, internet egress between hybrid machines) are named
+with their unit price, not guessed.
 """
 
 import json
@@ -29,6 +30,8 @@ NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 LAUNCH_TEMPLATE = "aws:ec2/launchTemplate:LaunchTemplate"
 LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
 INSTANCE = "aws:ec2/instance:Instance"
+ELASTIC_IP = "aws:ec2/eip:Eip"
+RESOURCE_FLAVOR = "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor"
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 RESOURCE_QUOTA = "kubernetes:core/v1:ResourceQuota"
@@ -38,6 +41,10 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # What an EC2NodeClass's capacity reservations hold (JSON: a list of {instanceType,
 # instanceCount, reservationType, id or tags}), written by infra/components/node_pools.py.
 RESERVATIONS_ANNOTATION = "training-platform/capacity-reservations"
+# The machines a hybrid nodes' ResourceFlavor stands for (JSON: a list of {name, vcpu}), written
+# by infra/components/hybrid_nodes.py: EKS bills hybrid nodes per vCPU-hour while they are joined.
+HYBRID_MACHINES_ANNOTATION = "training-platform/hybrid-machines"
+HYBRID_NODES_ITEM = "EKS hybrid nodes"
 # Kubernetes quantity suffixes (resource.Quantity): binary and decimal.
 QUANTITY_UNITS = {
     **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi"))},
@@ -206,14 +213,41 @@ def _instance(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> C
     )
 
 
-def _reservations(node_class: Declared) -> list:
-    raw = dig(node_class.props, "metadata", "annotations", RESERVATIONS_ANNOTATION)
+def _elastic_ip(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine:
+    """A public IPv4 address bills per hour, attached or idle (since 2024-02-01). EC2 releases
+    the hybrid gateway's launch-time public address when its Elastic IP attaches (EC2 User Guide,
+    "Public IPv4 addresses"), so this line is the gateway's only address."""
+    return CostLine(f"Elastic IP {r.name}", "public IPv4 address", prices.public_ipv4_per_hour)
+
+
+def _listed_annotation(r: Declared, annotation: str) -> list:
+    """A JSON list this program writes into a resource's annotation; [] where there is none."""
+    raw = dig(r.props, "metadata", "annotations", annotation)
     if raw is None:
         return []
     try:
         return listed(json.loads(str(raw)))
     except json.JSONDecodeError:
-        raise UnpricedError(f"its {RESERVATIONS_ANNOTATION} annotation is not JSON") from None
+        raise UnpricedError(f"its {annotation} annotation is not JSON") from None
+
+
+def _reservations(node_class: Declared) -> list:
+    return _listed_annotation(node_class, RESERVATIONS_ANNOTATION)
+
+
+def _hybrid_nodes(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine | None:
+    """EKS bills a joined hybrid node per vCPU-hour, in tiers by the account's monthly vCPU-hours;
+    the first (dearest) tier's rate bounds it. The machines themselves are their owners' cost."""
+    machines = _listed_annotation(r, HYBRID_MACHINES_ANNOTATION)
+    if not machines:
+        return None
+    vcpu = sum(int(_required(m, "vcpu")) for m in machines)
+    rate = prices.eks_hybrid_nodes_per_vcpu_hour
+    return CostLine(
+        HYBRID_NODES_ITEM,
+        f"{len(machines)} machines, {vcpu} vCPU at ${rate}/vCPU-hour (first tier)",
+        vcpu * rate,
+    )
 
 
 def _reserved_capacity(
@@ -316,6 +350,8 @@ PRICERS: dict[str, Pricer] = {
     NODE_GROUP: _node_group,
     LUSTRE: _lustre,
     INSTANCE: _instance,
+    ELASTIC_IP: _elastic_ip,
+    RESOURCE_FLAVOR: _hybrid_nodes,
     NODEPOOL: _node_pool,
     NODECLASS: _reserved_capacity,
     RESOURCE_QUOTA: _storage_quota,
@@ -341,6 +377,12 @@ def stack_cost(prices: RegionPrices, stack: Sequence[Declared]) -> StackCost:
     endpoint_types = [dig(r.props, "vpcEndpointType") for r in stack if r.type == VPC_ENDPOINT]
     if "Interface" in endpoint_types:
         usage.append("VPC endpoint data processing")
+    if any(line.item == HYBRID_NODES_ITEM for line in lines):
+        # In from the internet is free; out bills per GB (README: Hybrid nodes' costs).
+        usage.append(
+            f"hybrid machine-to-machine traffic out of the WireGuard gateway "
+            f"${prices.internet_egress_per_gb}/GB"
+        )
     usage.append("data transfer")
     return StackCost(prices, lines, unpriced, usage)
 

@@ -299,11 +299,8 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
         lines += [f"  {line}" for line in placeholders]
     lines += ["", "Storage:"] + storage_rows(config)
     if config.jobs:
-        pools = {p.name: p for p in config.node_pools}
-
-        def gpus(job):  # per node: the pod asks for all of the node's GPUs
-            return pools[job.node_pool].gpus_per_node
-
+        # Per node: the pod asks for all of the node's GPUs.
+        gpus = {job.name: config.job_pool(job).gpus_per_node for job in config.jobs}
         images = plan.outputs.get("trainerImages") or {"all": config.image.uri}
         lines += ["", "Jobs (start, and bill, on pulumi up):"]
         lines += table(
@@ -314,7 +311,7 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
                     j.kind,
                     j.node_pool,
                     f"{j.min_nodes}-{j.max_nodes}",
-                    f"{gpus(j) * j.min_nodes}-{gpus(j) * j.max_nodes}",
+                    f"{gpus[j.name] * j.min_nodes}-{gpus[j.name] * j.max_nodes}",
                     j.queue,
                     j.checkpoint,
                 ]

@@ -195,24 +195,26 @@ def build_platform(config: StackConfig) -> None:
         efs.claim_in({**queues.namespaces, **dev_namespaces})
     if fsx:
         fsx.claim_in(queues.namespaces)
-    pools = {p.name: p for p in config.node_pools}
     enabled_storage = {
         k for k, on in (("fsx", storage.fsx.enabled), ("efs", storage.efs.enabled)) if on
     }
+    job_pools = {job.name: config.job_pool(job) for job in config.jobs}
     targets = stack_targets(config)
     if targets:
         image = TrainerImage("trainer-image", config.image, targets, config.cluster.name, tags)
         pulumi.export("trainerImages", image.refs)
         for job in config.jobs:
+            pool = job_pools[job.name]
             TrainingJob(
                 f"job-{job.name}",
                 job,
-                pools[job.node_pool],
+                pool,
                 queues.namespaces[job.queue],
-                image.refs[image_target(pools[job.node_pool])],
+                image.refs[image_target(pool)],
                 bucket,
                 cluster.name,
-                enabled_storage,
+                # The EFS and FSx CSI node agents do not run on hybrid machines.
+                set() if pool.hybrid else enabled_storage,
                 [*operators.installs, kueue.release, queues.local_queues[job.queue]],
                 cluster.provider,
                 tags,

@@ -35,7 +35,7 @@ MAX_NODES_4_TO_12 = [
     "ClusterQueue team-research borrowing.gpu-small.memory 384Gi -> 1152Gi",
     "ClusterQueue team-research borrowing.gpu-small.nvidia.com/gpu 8 -> 24",
     "Cost NodePools max $/hour 382.238 -> 427.790",
-    "Cost total max $/hour 382.852 -> 428.403",
+    "Cost total max $/hour 382.857 -> 428.408",
 ]
 
 
@@ -160,9 +160,9 @@ def test_moving_the_stack_to_another_region_reprices_it():
         "Cost node group cluster-system $/hour 0.304 -> 0.365",  # 3 x (m6i.large $0.115 + ...)
         "Cost storage quota dev-alice/devservers $/hour 0.110 -> 0.130",  # 1000 GiB of homes
         "Cost storage quota dev-bob/devservers $/hour 0.055 -> 0.065",  # 500 GiB
-        "Cost baseline $/hour 0.449 -> 0.517",
+        "Cost baseline $/hour 0.454 -> 0.522",
         "Cost NodePools max $/hour 382.238 -> 477.151",
-        "Cost total max $/hour 382.852 -> 477.863",
+        "Cost total max $/hour 382.857 -> 477.868",
     ]
 
 

@@ -717,6 +717,22 @@ def test_the_budget_rule_adds_up_what_the_plans_cost_table_does(stack, request, 
     assert budget_total(plan) == round(plan_cost("us-west-2", plan).total_per_hour, 2)
 
 
+def test_the_budget_rule_counts_the_hybrid_lines(hybrid_stack, dev_plan):
+    """The hybrid section adds the gateway, its address and the machines' vCPUs to the table;
+    the budget rule's total moves by exactly those lines."""
+    from infra.cost import plan_cost
+
+    dev = {line.item for line in plan_cost("us-west-2", dev_plan).lines}
+    added = [line for line in plan_cost("us-west-2", hybrid_stack[1]).lines if line.item not in dev]
+    assert {line.item for line in added} == {
+        "EC2 instance hybrid-gateway",
+        "Elastic IP hybrid-gateway",
+        "EKS hybrid nodes",
+    }
+    moved = budget_total(hybrid_stack[1]) - budget_total(dev_plan)
+    assert moved == pytest.approx(sum(line.usd_per_hour for line in added), abs=0.01)
+
+
 PROD_INTERFACE_ENDPOINTS = (
     "ec2",
     "ecr-api",
@@ -731,8 +747,8 @@ PROD_INTERFACE_ENDPOINTS = (
 
 def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
     """prod's lines, figured from the price file (us-west-2) by hand: nodes with their gp3 disks,
-    the system node group at maxSize, FSx per GiB-month, NAT gateways, the control plane and the
-    gp3 quota of DevServer homes."""
+    the system node group at maxSize, FSx per GiB-month, NAT gateways and their addresses, the
+    control plane and the gp3 quota of DevServer homes."""
     from infra.catalog import HOURS_PER_MONTH, load_prices
     from infra.cost import plan_cost
 
@@ -745,6 +761,8 @@ def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
     expected = {
         "EKS control plane cluster": 0.10,
         **{f"NAT gateway network-{i}": 0.045 for i in range(3)},
+        # Every public IPv4 address bills per hour since 2024-02-01: each NAT's Elastic IP.
+        **{f"Elastic IP network-nat-{i}": 0.005 for i in range(3)},
         # PrivateLink: an interface endpoint bills per AZ-hour, $0.01 here; the S3 gateway is free.
         **{f"VPC endpoint network-{service}": 3 * 0.01 for service in PROD_INTERFACE_ENDPOINTS},
         "VPC endpoint network-s3": 0.0,
@@ -765,13 +783,30 @@ def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
 
 
 def test_the_hybrid_gateway_is_costed_and_its_type_priced_in_config(hybrid_stack, tmp_path):
-    from infra.catalog import load_prices
+    """Figured by hand from us-west-2's price file: the gateway (c6i.large, 8 GiB gp3 root
+    volume), its Elastic IP, and EKS's per-vCPU-hour charge for HYBRID's 16 + 8 vCPUs."""
+    from infra.catalog import HOURS_PER_MONTH, load_prices
     from infra.config import ConfigError, load_stack_file
     from infra.cost import plan_cost
 
     config, plan = hybrid_stack
-    lines = {line.item: line.usd_per_hour for line in plan_cost("us-west-2", plan).lines}
-    assert lines["EC2 instance hybrid-gateway"] == load_prices("us-west-2").instance("c6i.large")
+    prices = load_prices("us-west-2")
+    cost = plan_cost("us-west-2", plan)
+    lines = {line.item: (line.detail, line.usd_per_hour) for line in cost.lines}
+    hybrid = ("EC2 instance hybrid-gateway", "Elastic IP hybrid-gateway", "EKS hybrid nodes")
+    assert {item: lines[item] for item in hybrid} == {
+        "EC2 instance hybrid-gateway": (
+            "c6i.large, 8 GiB gp3",
+            pytest.approx(0.085 + 8 * 0.08 / HOURS_PER_MONTH),
+        ),
+        "Elastic IP hybrid-gateway": ("public IPv4 address", 0.005),
+        "EKS hybrid nodes": ("2 machines, 24 vCPU at $0.02/vCPU-hour (first tier)", 24 * 0.020),
+    }
+    assert prices.instance("c6i.large") == 0.085 and prices.ebs_gp3_per_gib_month == 0.08
+    assert (
+        "hybrid machine-to-machine traffic out of the WireGuard gateway $0.09/GB"
+        in cost.usage_priced
+    )
     import yaml
 
     from tests.conftest import stack_values

@@ -7,10 +7,10 @@ from dataclasses import dataclass
 from typing import Any
 
 from infra.components.lustre import CLAIM as FSX_CLAIM
-from infra.components.node_pools import GPU_TAINT, POOL_LABEL
+from infra.components.placement import node_selector, tolerations
 from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
-from infra.config import JobConfig, NodePoolConfig
+from infra.config import JobConfig, Pool
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 API_VERSIONS = {"PyTorchJob": "kubeflow.org/v1", "MPIJob": "kubeflow.org/v2beta1"}
@@ -64,7 +64,7 @@ PREFERRED_TOPOLOGY = "kueue.x-k8s.io/podset-preferred-topology"
 UNCONSTRAINED_TOPOLOGY = "kueue.x-k8s.io/podset-unconstrained-topology"
 
 
-def topology_annotations(pool: NodePoolConfig, ranks: bool) -> dict[str, str]:
+def topology_annotations(pool: Pool, ranks: bool) -> dict[str, str]:
     if not pool.topology:
         return {}
     if ranks:
@@ -86,7 +86,7 @@ def trainer_args(job: JobConfig, checkpoint: str) -> list[str]:
     return [*job.args, "--checkpoint-dir", checkpoint]
 
 
-def _resources(pool: NodePoolConfig) -> dict:
+def _resources(pool: Pool) -> dict:
     """Requests Kueue charges against quota and the scheduler places by; never BestEffort."""
     cpu, memory_gib = pool.job_pod_requests()
     limits = {"memory": f"{memory_gib}Gi"}
@@ -128,7 +128,7 @@ class JobTarget:
     """A job from stack config and where it runs: everything its manifests are rendered from."""
 
     job: JobConfig
-    pool: NodePoolConfig
+    pool: Pool
     namespace: str
     image: Any  # a reference by digest, or a Pulumi Output left as a leaf (see TrainingJob)
     checkpoint: str  # where the trainer writes checkpoints (s3://..., /fsx/..., /efs/...)
@@ -165,7 +165,7 @@ def pod_template(
         # call the Kubernetes API, so they get no API token.
         "automountServiceAccountToken": False,
         "securityContext": POD_SECURITY,
-        "nodeSelector": {POOL_LABEL: pool.name},
+        "nodeSelector": node_selector(pool),
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "containers": [
             {
@@ -185,8 +185,8 @@ def pod_template(
         ],
         "volumes": volumes,
     }
-    if pool.gpu:
-        spec["tolerations"] = [{**GPU_TAINT, "operator": "Equal"}]
+    if tolerations(pool):
+        spec["tolerations"] = tolerations(pool)
     if job.checkpoint == "fsx":
         spec["initContainers"] = [checkpoint_dir_init(image, mounted_checkpoint_dir(job))]
     return {

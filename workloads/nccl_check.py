@@ -25,9 +25,8 @@ from infra.config import (
     JobConfig,
     NodePoolConfig,
     StackConfig,
-    job_demand,
     load_stack_for_command,
-    queue_quota,
+    queue_shortfall,
 )
 from workloads.image import image_target
 from workloads.manifests import API_VERSIONS, JobTarget, mpi_job, network_policy
@@ -300,13 +299,9 @@ def resolve(
     nodes = nodes or pool.fabric_check.nodes
     if not 2 <= nodes <= pool.max_nodes:
         raise CheckError(f"--nodes {nodes}; allowed: 2 to pool {pool.name}'s {pool.max_nodes}")
-    resource, wanted = job_demand(check_job(pool, queue, nodes), pool)
-    quota = queue_quota(pool, teams[queue], resource)
-    if wanted > quota:
-        raise CheckError(
-            f"the check needs {wanted:g} {resource} in pool {pool.name} but team {queue}'s queue "
-            f"can admit at most {quota:g}; allowed: fewer --nodes or another queue"
-        )
+    shortfall = queue_shortfall(check_job(pool, queue, nodes), pool, teams[queue])
+    if shortfall:
+        raise CheckError(f"the check {shortfall}; allowed: fewer --nodes or another queue")
     return pool, nodes
 
 

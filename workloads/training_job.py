@@ -6,7 +6,7 @@ import pulumi_kubernetes as k8s
 
 from infra.components.bucket import TrainingBucket
 from infra.components.iam import pod_identity_role
-from infra.config import JobConfig, NodePoolConfig, job_role_resource_name
+from infra.config import JobConfig, Pool, job_role_resource_name
 from workloads.manifests import (
     API_VERSIONS,
     JobTarget,
@@ -24,7 +24,7 @@ class TrainingJob(pulumi.ComponentResource):
         self,
         name: str,
         job: JobConfig,
-        pool: NodePoolConfig,
+        pool: Pool,
         namespace: k8s.core.v1.Namespace,
         image: pulumi.Input[str],
         bucket: TrainingBucket,

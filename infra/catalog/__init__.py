@@ -131,6 +131,9 @@ class RegionPrices:
     efs_standard_per_gib_month: float
     s3_standard_per_gib_month: float
     fsx_per_gib_month: dict[int, float]  # PERSISTENT_2 SSD, by throughput per TiB
+    public_ipv4_per_hour: float  # each public IPv4 address, Elastic IPs included
+    eks_hybrid_nodes_per_vcpu_hour: float  # the first tier
+    internet_egress_per_gb: float  # data transfer out to the internet, the first tier
     service_source: str
     service_as_of: str
 
@@ -182,6 +185,9 @@ def load_prices(region: str) -> RegionPrices:
         efs_standard_per_gib_month=float(usd["efsStandardPerGibMonth"]),
         s3_standard_per_gib_month=float(usd["s3StandardPerGibMonth"]),
         fsx_per_gib_month={int(k): float(v) for k, v in usd["fsxPersistent2PerGibMonth"].items()},
+        public_ipv4_per_hour=float(usd["publicIpv4PerHour"]),
+        eks_hybrid_nodes_per_vcpu_hour=float(usd["eksHybridNodesPerVcpuHour"]),
+        internet_egress_per_gb=float(usd["internetEgressPerGb"]),
         service_source=services["source"],
         service_as_of=str(services["asOf"]),
     )

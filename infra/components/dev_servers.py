@@ -29,7 +29,7 @@ from devservers.api import (
 )
 from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
 from infra.components.gpu_metrics import NAMESPACE as DCGM_NAMESPACE
-from infra.components.node_pools import GPU_TAINT, POOL_LABEL
+from infra.components.placement import node_selector, tolerations
 from infra.components.queues import (
     API_VERSION as KUEUE_API_VERSION,
 )
@@ -128,13 +128,12 @@ USER_RULES = [
 
 
 def flavor_manifest(flavor, pool: NodePoolConfig) -> dict:
-    """The DevServerFlavor for a config flavor: its pool's node label, and the GPU taint."""
-    tolerations = [{**GPU_TAINT, "operator": "Equal"}] if pool.gpu else []
+    """The DevServerFlavor for a config flavor: its pool's placement (placement.py)."""
     return flavor_object(
         flavor.name,
         pool.name,
-        {POOL_LABEL: pool.name},
-        tolerations,
+        node_selector(pool),
+        tolerations(pool),
         flavor.gpus,
         flavor.cpu,
         flavor.memory_gib,

@@ -7,7 +7,8 @@ the remote pod CIDRs as it joins; the gateway routes each slice to its node, so 
 control plane and Prometheus reach pods on the machines (hybrid_gateway_boot.py). Credentials
 come from an SSM hybrid activation or IAM Roles Anywhere, mapped into the cluster by a
 HYBRID_LINUX access entry. Hybrid nodes carry a label and a taint and have their own Kueue
-flavor, so only jobs that opt in (by tolerating the taint) run there.
+flavor, so only pods that opt in (jobs naming `nodePool: hybrid`, which tolerate the taint) run
+there.
 """
 
 import ipaddress
@@ -26,7 +27,8 @@ from infra.components.iam import assume_role_policy, managed_policy_arn, partiti
 from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION, POOL_LABEL
 from infra.components.queues import Flavor
 from infra.components.system_nodes import SYSTEM_PLACEMENT
-from infra.config import HybridConfig, HybridMachine
+from infra.config import HYBRID_POOL, HybridConfig, HybridMachine
+from infra.cost import HYBRID_MACHINES_ANNOTATION
 from infra.versions import (
     CILIUM_CHART,
     CILIUM_IMAGES,
@@ -36,7 +38,7 @@ from infra.versions import (
 )
 from mesh.wireguard import Hub, Spoke, hub_interface, peer_section, spoke_config
 
-HYBRID_FLAVOR = "hybrid"
+HYBRID_FLAVOR = HYBRID_POOL
 HYBRID_LABELS = {POOL_LABEL: HYBRID_FLAVOR, "training-platform/node-role": "hybrid"}
 HYBRID_TAINT = {"key": "training-platform/hybrid", "value": "true", "effect": "NoSchedule"}
 # For node agents (device plugins): a workload opts in through Kueue's flavor instead.
@@ -44,6 +46,9 @@ HYBRID_TOLERATION = {"key": HYBRID_TAINT["key"], "operator": "Exists", "effect":
 # Agents every GPU node runs (device plugin, DCGM exporter), pool nodes and hybrid ones alike.
 GPU_AGENT_TOLERATIONS = [GPU_TOLERATION, HYBRID_TOLERATION]
 WIREGUARD_PORT = 51820
+# The gateway's root volume: the size of the AL2023 AMI's own snapshot, stated so that the plan
+# prices it (EC2 refuses a size below the snapshot's; the provider resizes in place).
+GATEWAY_ROOT_GIB = 8
 # The pinned release's binaries; a machine adds its architecture (amd64, arm64) and file name.
 NODEADM_RELEASE = f"https://hybrid-assets.eks.amazonaws.com/releases/{NODEADM_VERSION}/bin/linux"
 # Installed at one version together: each requires the others at exactly its own.
@@ -154,15 +159,28 @@ def remote_network_transform(config: HybridConfig) -> pulumi.ResourceTransform:
 
 
 def kueue_flavor(config: HybridConfig) -> Flavor:
-    """No injected toleration: a job lands here only if its pods tolerate HYBRID_TAINT."""
+    """The machines' flavor: quota for all of them, and no injected toleration.
+
+    Kueue assigns a flavor with nodeTaints only to pod sets that tolerate them, counting the
+    pod's own tolerations and the flavor's spec.tolerations alike, and matches the pod's node
+    selector only on the keys of the flavor's nodeLabels (kubernetes-sigs/kueue v0.19.2,
+    pkg/scheduler/flavorassigner/flavorassigner.go, checkFlavorForPodSets and flavorSelector).
+    Were the toleration injected, a pod set without a pool selector (a user's own GPU job) could
+    spill onto the machines when the EC2 flavors are full; without it, only pods that carry the
+    toleration (placement.py, for `nodePool: hybrid`) get this flavor. The annotation lists the
+    machines' vCPUs, which EKS bills per hour (infra/cost.py).
+    """
+    ceiling = config.pool().ceiling()
+    vcpus = [{"name": m.name, "vcpu": m.vcpu} for m in config.machines]
     return Flavor(
         name=HYBRID_FLAVOR,
         spec={"nodeLabels": {POOL_LABEL: HYBRID_FLAVOR}, "nodeTaints": [HYBRID_TAINT]},
         amounts={
-            "cpu": sum(m.vcpu for m in config.machines),
-            "memory": sum(m.memory_gib for m in config.machines),
-            "nvidia.com/gpu": sum(m.gpus for m in config.machines),
+            "cpu": ceiling.vcpu,
+            "memory": ceiling.memory_gib,
+            "nvidia.com/gpu": ceiling.gpus,
         },
+        annotations={HYBRID_MACHINES_ANNOTATION: json.dumps(vcpus)},
     )
 
 
@@ -685,7 +703,11 @@ class HybridNodes(pulumi.ComponentResource):
             ),
             user_data_replace_on_change=True,
             metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1},
-            root_block_device={"encrypted": True, "volume_type": "gp3"},
+            root_block_device={
+                "encrypted": True,
+                "volume_type": "gp3",
+                "volume_size": GATEWAY_ROOT_GIB,
+            },
             tags={**tags, "Name": f"{name}-gateway"},
             # A newer AMI must not replace a working gateway (and its address) on every update.
             opts=pulumi.ResourceOptions(parent=self, ignore_changes=["ami"]),

@@ -66,6 +66,7 @@ class Flavor:
     name: str
     spec: dict
     amounts: dict[str, int]  # per COVERED_RESOURCES name; memory in GiB
+    annotations: dict[str, str]
 
 
 def quotas(pool: NodePoolConfig, share: float | None = None) -> list[dict]:
@@ -170,7 +171,12 @@ class Queues(pulumi.ComponentResource):
             )
             for p in pools
         ] + [
-            custom(f"{name}-flavor-{f.name}", "ResourceFlavor", {"name": f.name}, f.spec)
+            custom(
+                f"{name}-flavor-{f.name}",
+                "ResourceFlavor",
+                {"name": f.name, "annotations": f.annotations},
+                f.spec,
+            )
             for f in extra_flavors
         ]
         cluster_queues = {
