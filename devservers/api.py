@@ -14,16 +14,27 @@ CRD_DIR = Path(__file__).resolve().parent / "crds"
 
 # Every child object carries this label with its server's name.
 SERVER_LABEL = f"{GROUP}/server"
+# The status condition of a server whose users are warned of an idle stop.
+STOP_WARNING = "IdleStopSoon"
 OWNER_LABEL = f"{GROUP}/owner"
 NAMESPACE_PREFIX = "dev-"
 # The LocalQueue every user namespace has; it feeds the user's team ClusterQueue.
 LOCAL_QUEUE = "dev"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GPU = "nvidia.com/gpu"
-# The ResourceQuota in every user namespace, and the two amounts it caps.
+# The ResourceQuota in every user namespace, and what it caps.
 QUOTA = "devservers"
 SERVER_COUNT = f"count/{SERVERS}.{GROUP}"
 GPU_REQUESTS = f"requests.{GPU}"
+
+
+# The quota of the storage that claims of one storage class request: `<class>` + this suffix
+# (kubernetes pkg/quota/v1/evaluator/core/persistent_volume_claims.go, V1ResourceByStorageClass).
+STORAGE_QUOTA_SUFFIX = ".storageclass.storage.k8s.io/requests.storage"
+
+
+def storage_quota(storage_class: str) -> str:
+    return f"{storage_class}{STORAGE_QUOTA_SUFFIX}"
 
 
 def user_namespace(user: str) -> str:

@@ -1,27 +1,31 @@
 """devctl: create, reach and drive your DevServers (installed as a console script by the project).
 
     devctl create box --flavor gpu-1 [--distributed --replicas 2] [--dry-run -o yaml]
-    devctl list | ssh box [--replica 1] | ssh-config | monitor box
+    devctl list [--homes] | ssh box [--replica 1] | ssh-config | monitor box
     devctl run box train.py --steps 100      (syncs the working directory, torchruns on every pod)
-    devctl stop box | start box | delete box [--delete-home]
+    devctl keep box 2h | stop box | start box | delete box [--delete-home]
 
 It talks to the cluster with the kubernetes Python client and your kubeconfig (the namespace is
 dev-<you>: --namespace, else the kubeconfig context's namespace), never kubectl: `ssh` and the
 entries `ssh-config` writes run your ssh through `devctl proxy`, a tunnel through the API
 server's port-forward (devservers.ssh); `run` execs through the API server (devservers.run).
+`create --dry-run` needs no cluster: what the cluster would tell it comes from the stack file
+(devservers.stack_defaults).
 """
 
 import argparse
 import contextlib
 import json
 import os
+import re
 import sys
 import time
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 import yaml
 
+from devservers.activity import parse_duration
 from devservers.api import (
     API_VERSION,
     GPU,
@@ -30,8 +34,13 @@ from devservers.api import (
     QUOTA,
     SERVER_COUNT,
     SERVER_LABEL,
+    STOP_WARNING,
+    STORAGE_QUOTA_SUFFIX,
 )
-from devservers.render import owner_of_namespace
+from devservers.controller import parse_timestamp, timestamp
+from devservers.render import home_claims, owner_of_namespace, world_size
+
+DURATION = r"^([0-9]+[hm])+$"  # as the CRD's idleTimeout: 2h, 45m, 1h30m
 
 
 class CliError(Exception):
@@ -78,11 +87,28 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     create.add_argument("--idle-timeout", default="2h", help="stop after this long idle (2h, 45m)")
     create.add_argument("--no-auto-shutdown", action="store_true", help="never stop when idle")
     create.add_argument(
+        "--keep-alive-process",
+        action="append",
+        dest="keep_alive",
+        metavar="NAME",
+        help="a process (ps -o comm) whose presence keeps the server running, e.g. python; "
+        "'*': any (default none: only SSH sessions and GPU or CPU use count)",
+    )
+    create.add_argument(
+        "--user", help="dry run: whose server (default: your kubeconfig's namespace, else $USER)"
+    )
+    create.add_argument("--stack", help="dry run: the stack file to take defaults from")
+    create.add_argument(
         "--dry-run", action="store_true", help="print the DevServer, create nothing"
     )
     create.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
 
-    command("list", help="your DevServers")
+    command("list", help="your DevServers").add_argument(
+        "--homes", action="store_true", help="your home volumes instead, kept ones included"
+    )
+    keep = command("keep", help="postpone an idle stop: not before DURATION from now")
+    keep.add_argument("name")
+    keep.add_argument("duration", type=duration, help="2h, 90m, 1h30m")
     ssh = command(
         "ssh", help="SSH into a server (through the API server); ssh's own arguments after --"
     )
@@ -139,6 +165,40 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     return args
 
 
+def now() -> datetime:
+    return datetime.now(UTC)
+
+
+def duration(text: str) -> str:
+    if not re.fullmatch(DURATION, text):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: hours and minutes, e.g. 2h, 1h30m")
+    return text
+
+
+def _span(delta: timedelta) -> str:
+    """A duration as `3d4h`, `1h52m` or `8m` (none below zero)."""
+    minutes = max(int(delta.total_seconds() // 60), 0)
+    days, hours, minutes = minutes // 1440, minutes // 60 % 24, minutes % 60
+    if days:
+        return f"{days}d{hours}h" if hours else f"{days}d"
+    if hours:
+        return f"{hours}h{minutes}m" if minutes else f"{hours}h"
+    return f"{minutes}m"
+
+
+def idle_stop(server: dict, moment: datetime) -> str:
+    """When an idle server stops: `in 1h52m`, `in 8m (warned)`, `never` (autoShutdown off) or
+    `-` (not running)."""
+    status = server.get("status") or {}
+    if not server["spec"].get("lifecycle", {}).get("autoShutdown", True):
+        return "never"
+    if not status.get("idleStopAt"):
+        return "-"
+    warned = any(c["type"] == STOP_WARNING for c in status.get("conditions") or [])
+    left = _span(parse_timestamp(status["idleStopAt"]) - moment)
+    return f"in {left}" + (" (warned)" if warned else "")
+
+
 def public_keys(files: list[Path] | None) -> list[str]:
     """The keys in `files`, else in the first of ~/.ssh/id_{ed25519,ecdsa,rsa}.pub found."""
     if not files:
@@ -172,6 +232,8 @@ def server_manifest(args: argparse.Namespace, namespace: str, keys: list[str]) -
         },
         "lifecycle": {"idleTimeout": args.idle_timeout, "autoShutdown": not args.no_auto_shutdown},
     }
+    if args.keep_alive:
+        spec["lifecycle"]["keepAliveProcesses"] = args.keep_alive
     if args.distributed:
         spec["distributed"] = {"worldSize": args.replicas, "backend": args.backend}
         if args.nproc_per_node:
@@ -201,6 +263,32 @@ def resolve_namespace(args: argparse.Namespace) -> str:
     if not namespace:
         raise CliError("which namespace? pass --namespace dev-<you> or set it in your kubeconfig")
     return namespace
+
+
+def dry_run_manifest(args: argparse.Namespace) -> dict:
+    """The DevServer `create` would submit, with no cluster: the namespace from --namespace,
+    --user, the kubeconfig or $USER (a user of the stack file), the image from --image,
+    $DEVCTL_IMAGE or the stack's trainer image, the flavor checked against the stack's."""
+    from devservers.stack_defaults import StackDefaults, StackDefaultsError
+
+    try:
+        stack = StackDefaults.load(args.stack)
+        stack.check_flavor(args.flavor)
+        if args.namespace:
+            namespace = args.namespace
+        elif args.user:
+            namespace = stack.namespace(args.user, "--user")
+        else:
+            namespace = _kube_namespace() or stack.namespace(os.environ.get("USER"), "$USER")
+        notes = [f"namespace {namespace}"]
+        if not args.image:
+            args.image, source = stack.image()
+            notes.append(f"image from {source}")
+    except StackDefaultsError as e:
+        raise CliError(str(e)) from None
+    manifest = server_manifest(args, namespace, public_keys(args.ssh_key))
+    print(f"devctl: dry run with {stack.file}: {'; '.join(notes)}", file=sys.stderr)
+    return manifest
 
 
 class Devctl:
@@ -265,12 +353,20 @@ class Devctl:
                     f"this server needs {adding} more; stop or delete one (`devctl list`)"
                 )
 
+    def _table(self, rows: list[list[str]]) -> None:
+        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
+        for row in rows:
+            print(
+                "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(),
+                file=self.out,
+            )
+
     def list_servers(self) -> None:
-        servers = self._call(
-            "list DevServers", self.cluster.list, API_VERSION, "DevServer", self.namespace, {}
-        )
-        rows = [["NAME", "FLAVOR", "MODE", "READY", "PHASE", "KUEUE", "SSH", "LAST ACTIVITY"]]
-        for s in servers:
+        rows = [
+            ["NAME", "FLAVOR", "MODE", "READY", "PHASE", "KUEUE", "SSH", "LAST ACTIVITY", "STOPS"]
+        ]
+        moment = now()
+        for s in self.servers():
             status = s.get("status") or {}
             rows.append(
                 [
@@ -282,17 +378,60 @@ class Devctl:
                     status.get("kueue", "-"),
                     status.get("sshEndpoint", "-"),
                     status.get("lastActivity", "-"),
+                    idle_stop(s, moment),
                 ]
             )
-        widths = [max(len(r[i]) for r in rows) for i in range(len(rows[0]))]
-        for row in rows:
+        self._table(rows)
+
+    def list_homes(self) -> None:
+        """Every home volume, and whether a server still uses it: a home kept after its server
+        was deleted, or beyond a distributed server's pods after a shrink, is used by none and
+        costs its size until deleted."""
+        servers = {s["metadata"]["name"]: s for s in self.servers()}
+        claims = self._call(
+            "list volumes", self.cluster.list, "v1", "PersistentVolumeClaim", self.namespace, {}
+        )
+        rows = [["NAME", "SERVER", "STATE", "SIZE", "STORAGECLASS", "AGE"]]
+        moment, kept = now(), []
+        for claim in sorted(claims, key=lambda c: c["metadata"]["name"]):
+            meta, spec = claim["metadata"], claim["spec"]
+            owner = (meta.get("labels") or {}).get(SERVER_LABEL)
+            if owner is None:
+                continue  # not a home (the shared EFS claim)
+            server = servers.get(owner)
+            if server is None:
+                state = "kept: server deleted"
+            elif meta["name"] not in home_claims(server):
+                state = f"kept: beyond its {world_size(server)} pods"
+            else:
+                state = "stopped" if server["spec"].get("stopped") else "in use"
+            if state.startswith("kept"):
+                kept.append(meta["name"])
+            size = ((claim.get("status") or {}).get("capacity") or {}).get(
+                "storage", spec["resources"]["requests"]["storage"]
+            )
+            age = _span(moment - parse_timestamp(meta["creationTimestamp"]))
+            rows.append([meta["name"], owner, state, size, spec.get("storageClassName", "-"), age])
+        self._table(rows)
+        quota = self._call(
+            "read quotas", self.cluster.get, "v1", "ResourceQuota", QUOTA, self.namespace
+        )
+        hard = (quota or {}).get("spec", {}).get("hard", {})
+        used = ((quota or {}).get("status") or {}).get("used") or {}
+        for key in (k for k in hard if k.endswith(STORAGE_QUOTA_SUFFIX)):
+            # status.used is the quota controller's count, absent until it has counted.
+            counted = f"{used[key]} in use of " if key in used else ""
+            print(f"home storage quota: {counted}{hard[key]}", file=self.out)
+        if kept:
             print(
-                "  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip(),
+                f"kept homes cost their size until deleted: kubectl -n {self.namespace} delete "
+                f"pvc {' '.join(kept)}",
                 file=self.out,
             )
 
-    def set_stopped(self, name: str, stopped: bool) -> None:
-        self.server(name)
+    def _change(self, name: str, spec: dict) -> dict:
+        """Merge `spec` into server `name`'s spec; returns the server as it was."""
+        server = self.server(name)
         self._call(
             "change DevServers",
             self.cluster.patch,
@@ -300,8 +439,23 @@ class Devctl:
             "DevServer",
             name,
             self.namespace,
-            {"spec": {"stopped": stopped}},
+            {"spec": spec},
         )
+        return server
+
+    def keep(self, name: str, span: str) -> None:
+        """Postpone an idle stop: lifecycle.keepUntil, which the operator honours."""
+        until = timestamp(now() + timedelta(seconds=parse_duration(span)))
+        server = self._change(name, {"lifecycle": {"keepUntil": until}})
+        never = not server["spec"].get("lifecycle", {}).get("autoShutdown", True)
+        print(
+            f"devserver/{name} kept: not stopped for idleness before {until}"
+            + (" (autoShutdown is off: it never is)" if never else ""),
+            file=self.out,
+        )
+
+    def set_stopped(self, name: str, stopped: bool) -> None:
+        self._change(name, {"stopped": stopped})
         print(
             f"devserver/{name} {'stopping (home kept)' if stopped else 'starting'}", file=self.out
         )
@@ -337,9 +491,7 @@ class Devctl:
         last = status.get("lastActivity")
         idle = "-"
         if last and status.get("phase") == "Running":
-            since = datetime.now(UTC) - datetime.strptime(last, "%Y-%m-%dT%H:%M:%SZ").replace(
-                tzinfo=UTC
-            )
+            since = now() - parse_timestamp(last)
             idle = f"{int(since.total_seconds() // 60)}m of {lifecycle.get('idleTimeout', '2h')}"
         gpu = status.get("gpuUtilization")
         lines = {
@@ -349,12 +501,21 @@ class Devctl:
             "kueue": status.get("kueue", "-"),
             "GPU utilization": "-" if gpu is None else f"{gpu:.0f}%",
             "SSH sessions": str(status.get("activeSessions", "-")),
-            "last activity": last or "-",
+            "last activity": (last or "-")
+            + (f" ({status['lastActivityReason']})" if status.get("lastActivityReason") else ""),
             "idle": idle
             if lifecycle.get("autoShutdown", True)
             else "never stops (autoShutdown off)",
             "ssh": status.get("sshEndpoint", "-"),
         }
+        lines["idle stop"] = idle_stop(server, now())
+        if lifecycle.get("keepUntil"):
+            lines["kept until"] = lifecycle["keepUntil"]
+        warning = next(
+            (c for c in status.get("conditions") or [] if c["type"] == STOP_WARNING), None
+        )
+        if warning:
+            lines["warning"] = warning["message"]
         if status.get("message"):
             lines["message"] = status["message"]
         for key, value in lines.items():
@@ -385,7 +546,9 @@ class Devctl:
 
 def _run(args: argparse.Namespace, devctl: Devctl) -> int:
     if args.command == "list":
-        devctl.list_servers()
+        devctl.list_homes() if args.homes else devctl.list_servers()
+    elif args.command == "keep":
+        devctl.keep(args.name, args.duration)
     elif args.command in ("stop", "start"):
         devctl.set_stopped(args.name, args.command == "stop")
     elif args.command == "delete":
@@ -415,9 +578,8 @@ def _run(args: argparse.Namespace, devctl: Devctl) -> int:
 def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     args = parse_args(argv)
     try:
-        namespace = resolve_namespace(args)
         if args.command == "create" and args.dry_run:
-            manifest = server_manifest(args, namespace, public_keys(args.ssh_key))
+            manifest = dry_run_manifest(args)
             text = (
                 yaml.safe_dump(manifest, sort_keys=False)
                 if args.output == "yaml"
@@ -425,6 +587,7 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             )
             print(text, end="" if text.endswith("\n") else "\n", file=out)
             return 0
+        namespace = resolve_namespace(args)
         from devservers.kube import KubeCluster
 
         devctl = Devctl(KubeCluster(), namespace, out)

@@ -21,8 +21,8 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from devservers.activity import GPU_IDLE_PERCENT, PROBE, parse_duration, pod_activity
-from devservers.api import API_VERSION, SERVER_LABEL
+from devservers.activity import PROBE, IdleRule, in_use, parse_duration, pod_activity
+from devservers.api import API_VERSION, SERVER_LABEL, STOP_WARNING
 from devservers.render import (
     CONTAINER,
     SHAPE_ANNOTATION,
@@ -30,6 +30,7 @@ from devservers.render import (
     Settings,
     children,
     desired_replicas,
+    gpus_per_pod,
     host_key_secret,
     host_key_secret_name,
     host_public_key,
@@ -44,6 +45,22 @@ KUEUE_GATE = "kueue.x-k8s.io/admission"
 # JobUIDLabel in pkg/controller/constants/constants.go).
 WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+# How long before an idle stop its users are warned (status condition STOP_WARNING).
+WARN_BEFORE = timedelta(minutes=10)
+# Writes its first argument to every terminal a process of the pod has open: SSH sessions, shells
+# in tmux or screen, `kubectl exec -t` shells. wall(1) reaches only the logins utmp records, and
+# sshd running as the image's user records none. A terminal nobody reads must not hang the check.
+WARN = [
+    "sh",
+    "-c",
+    """for fd in /proc/[0-9]*/fd/*; do
+  t=$(readlink "$fd" 2>/dev/null) || continue
+  case "$t" in /dev/pts/[0-9]*) echo "$t" ;; esac
+done | sort -u | while read -r t; do
+  timeout 5 sh -c 'printf "%s" "$1" > "$2"' sh "$1" "$t" 2>/dev/null || true
+done""",
+    "sh",
+]
 
 
 class Cluster(Protocol):
@@ -82,12 +99,43 @@ class Outcome:
     spec: dict = field(default_factory=dict)  # spec changes the operator asks for (idle stop)
 
 
-def _timestamp(moment: datetime) -> str:
+@dataclass
+class CpuSamples:
+    """Each server's pods' CPU seconds at the last check, kept by the operator between checks:
+    CPU use is what the pods consumed since then. A pod's first check (and the first after the
+    operator restarts) has nothing to compare with, and the server is then not stopped."""
+
+    by_server: dict[tuple[str, str], dict[str, tuple[datetime, float]]] = field(
+        default_factory=dict
+    )
+
+    def percent(
+        self, server: tuple[str, str], now: datetime, pods: dict[str, float]
+    ) -> float | None:
+        """The busiest pod's CPU use since the last check, in % of one core (pods: uid ->
+        CPU seconds now); None when no pod has an earlier sample."""
+        before = self.by_server.get(server, {})
+        self.by_server[server] = {uid: (now, seconds) for uid, seconds in pods.items()}
+        rates = [
+            max(seconds - before[uid][1], 0.0) / (now - before[uid][0]).total_seconds() * 100
+            for uid, seconds in pods.items()
+            if uid in before and now > before[uid][0]
+        ]
+        return max(rates) if rates else None
+
+    def retain(self, servers: set[tuple[str, str]]) -> None:
+        """Forget servers that are gone."""
+        self.by_server = {k: v for k, v in self.by_server.items() if k in servers}
+
+
+def timestamp(moment: datetime) -> str:
+    """A status time, as the API server writes its own (RFC 3339, UTC, seconds)."""
     return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
-def _parse_timestamp(text: str | None) -> datetime | None:
-    return datetime.strptime(text, "%Y-%m-%dT%H:%M:%SZ").replace(tzinfo=UTC) if text else None
+def parse_timestamp(text: str) -> datetime:
+    """Any RFC 3339 time the CRD's date-time format accepts (a user may write keepUntil)."""
+    return datetime.fromisoformat(text)
 
 
 def _contains(existing, desired) -> bool:
@@ -266,10 +314,15 @@ def _ssh_endpoint(cluster: Cluster, server: dict) -> str | None:
 
 
 def reconcile(
-    cluster: Cluster, server: dict, settings: Settings, now: datetime, measure: bool = False
+    cluster: Cluster,
+    server: dict,
+    settings: Settings,
+    now: datetime,
+    measure: CpuSamples | None = None,
 ) -> Outcome:
-    """Bring `server`'s children in line with its spec; with `measure`, also check its activity
-    and ask to stop it (spec.stopped) when it has been idle longer than its idleTimeout."""
+    """Bring `server`'s children in line with its spec; with `measure` (the CPU samples of earlier
+    checks), also check its activity (devservers.activity), warn its users WARN_BEFORE an idle
+    stop, and ask to stop it (spec.stopped) once idle past its idleTimeout and keepUntil."""
     meta, spec = server["metadata"], server["spec"]
     previous = server.get("status") or {}
     if owner_of_namespace(meta["namespace"]) != spec["owner"]:
@@ -337,7 +390,7 @@ def reconcile(
         status |= {"activeSessions": None, "gpuUtilization": None}
 
     # The idle clock starts when a server starts running, so a restarted one is not stopped at once.
-    last = _parse_timestamp(previous.get("lastActivity"))
+    last = parse_timestamp(previous["lastActivity"]) if previous.get("lastActivity") else None
     if (
         scaled_up
         or last is None
@@ -345,28 +398,118 @@ def reconcile(
     ):
         last = now
     outcome = Outcome(status)
-    if measure and status["phase"] == "Running":
-        sessions, busy = 0, False
-        for pod in ready:
-            activity = pod_activity(
-                cluster.exec(meta["namespace"], pod["metadata"]["name"], CONTAINER, PROBE)
-            )
-            sessions += activity.ssh_sessions
-            busy |= activity.active
-        gpu = cluster.gpu_utilization(meta["namespace"], ready)
-        status["activeSessions"] = sessions
-        if gpu is not None:
-            status["gpuUtilization"] = gpu
-        if busy or (gpu is not None and gpu > GPU_IDLE_PERCENT):
+    lifecycle = {"idleTimeout": "2h", "autoShutdown": True, **spec.get("lifecycle", {})}
+    running = status["phase"] == "Running"
+    verdict = None
+    if measure is not None and running:
+        verdict = _measure(cluster, server, flavor, ready, settings, now, measure, status)
+        if verdict is not None and verdict.in_use:
             last = now
-        lifecycle = {"idleTimeout": "2h", "autoShutdown": True, **spec.get("lifecycle", {})}
-        timeout = timedelta(seconds=parse_duration(lifecycle["idleTimeout"]))
-        if lifecycle["autoShutdown"] and now - last > timeout:
-            outcome.spec = {"stopped": True}
-            status |= {
-                "reason": "Idle",
-                "message": f"no SSH session, process or GPU use for {lifecycle['idleTimeout']}: "
-                f"stopped, home kept; devctl start {meta['name']}",
-            }
-    status["lastActivity"] = _timestamp(last)
+            status["lastActivityReason"] = verdict.in_use
+    stop_at = None
+    if running and lifecycle["autoShutdown"]:
+        stop_at = last + timedelta(seconds=parse_duration(lifecycle["idleTimeout"]))
+        if lifecycle.get("keepUntil"):
+            stop_at = max(stop_at, parse_timestamp(lifecycle["keepUntil"]))
+    status["idleStopAt"] = timestamp(stop_at) if stop_at else None
+    warning = None
+    if stop_at is not None and now >= stop_at - WARN_BEFORE:
+        if verdict is None:  # not measured now: a warning given stands until the next check
+            warning = _condition(server, STOP_WARNING)
+        elif verdict.in_use is None:
+            idle = f"idle ({verdict.rule.describe(verdict.gpu_measured)}) since {timestamp(last)}"
+            if now > stop_at:
+                outcome.spec = {"stopped": True}
+                status |= {
+                    "reason": "Idle",
+                    "message": f"{idle}: stopped at {timestamp(now)}, home kept; "
+                    f"devctl start {meta['name']}",
+                }
+            else:
+                warning = _warn(cluster, server, ready, idle, stop_at, now)
+    status["conditions"] = [warning] if warning else None
+    status["lastActivity"] = timestamp(last)
     return outcome
+
+
+def idle_rule(server: dict, settings: Settings) -> IdleRule:
+    lifecycle = server["spec"].get("lifecycle", {})
+    return IdleRule(
+        gpu_percent=lifecycle.get("idleGpuPercent", settings.idle_gpu_percent),
+        cpu_percent=lifecycle.get("idleCpuPercent", settings.idle_cpu_percent),
+        keep_alive=tuple(lifecycle.get("keepAliveProcesses", ())),
+    )
+
+
+@dataclass(frozen=True)
+class Verdict:
+    rule: IdleRule
+    in_use: str | None  # why the server is in use; None: idle by the rule
+    gpu_measured: bool  # judged by DCGM's GPU figure, else by CPU use
+
+
+def _measure(
+    cluster: Cluster,
+    server: dict,
+    flavor: dict,
+    ready: list[dict],
+    settings: Settings,
+    now: datetime,
+    samples: CpuSamples,
+    status: dict,
+) -> Verdict | None:
+    """Read every ready pod's processes (and, on GPU flavors, DCGM), record the figures in
+    `status` and judge them; None when there is no figure yet to tell idle from busy."""
+    meta = server["metadata"]
+    activity = {
+        pod["metadata"]["uid"]: pod_activity(
+            cluster.exec(meta["namespace"], pod["metadata"]["name"], CONTAINER, PROBE)
+        )
+        for pod in ready
+    }
+    gpu = cluster.gpu_utilization(meta["namespace"], ready) if gpus_per_pod(flavor) else None
+    cpu = samples.percent(
+        (meta["namespace"], meta["name"]), now, {u: a.cpu_seconds for u, a in activity.items()}
+    )
+    status["activeSessions"] = sum(a.ssh_sessions for a in activity.values())
+    if gpu is not None:
+        status["gpuUtilization"] = gpu
+    rule = idle_rule(server, settings)
+    reason = in_use(list(activity.values()), gpu, cpu, rule)
+    if reason is None and gpu is None and cpu is None:
+        return None
+    return Verdict(rule, reason, gpu is not None)
+
+
+def _warn(
+    cluster: Cluster,
+    server: dict,
+    ready: list[dict],
+    idle: str,
+    stop_at: datetime,
+    now: datetime,
+) -> dict:
+    """The warning condition; its message goes to the pods' terminals once, when it is new."""
+    name = server["metadata"]["name"]
+    minutes = max(round((stop_at - now).total_seconds() / 60), 1)
+    message = (
+        f"{idle}: stops at {timestamp(stop_at)} (in {minutes}m), home kept; "
+        f"devctl keep {name} 2h postpones it"
+    )
+    given = _condition(server, STOP_WARNING)
+    if given is not None and given["message"].startswith(f"{idle}: stops at {timestamp(stop_at)}"):
+        return given
+    for pod in ready:
+        cluster.exec(
+            server["metadata"]["namespace"],
+            pod["metadata"]["name"],
+            CONTAINER,
+            [*WARN, f"\r\n[devserver {name}] {message}\r\n"],
+        )
+    return {
+        "type": STOP_WARNING,
+        "status": "True",
+        "reason": "IdleTimeout",
+        "message": message,
+        "lastTransitionTime": timestamp(now),
+    }

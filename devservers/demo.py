@@ -3,7 +3,8 @@
     python -m devservers.demo --stack dev [--out build/devservers/dev.yaml]
 
 Takes the stack's first user and largest GPU flavor, builds a two-pod distributed server the way
-`devctl create --distributed` does, and renders its children with the operator's own functions.
+`devctl create --distributed --dry-run` does (with the stack's trainer image), renders its
+children with the operator's own functions, and says when the operator would stop it.
 """
 
 import argparse
@@ -14,7 +15,9 @@ import yaml
 
 from devservers.api import QUEUE_LABEL, user_namespace
 from devservers.cli import parse_args, server_manifest
+from devservers.controller import WARN_BEFORE, idle_rule
 from devservers.render import Settings, children
+from devservers.stack_defaults import StackDefaults, StackDefaultsError
 from infra.components.block_storage import STORAGE_CLASS
 from infra.components.dev_servers import flavor_manifest
 from infra.config import load_stack_for_command
@@ -61,24 +64,20 @@ def main(argv: list[str] | None = None) -> int:
     flavor = max(section.flavors, key=lambda f: (f.gpus, f.cpu))
     user = section.users[0]
     cli_args = parse_args(
-        [
-            "create",
-            "demo",
-            "--flavor",
-            flavor.name,
-            "--image",
-            "<trainer image>",
-            "--distributed",
-            "--replicas",
-            "2",
-            "--dry-run",
-        ]
+        ["create", "demo", "--flavor", flavor.name, "--distributed", "--replicas", "2"]
     )
+    try:
+        cli_args.image, _ = StackDefaults(args.stack, config).image()
+    except StackDefaultsError:
+        cli_args.image = "<an image with a shell and sshd: devctl create --image>"
     server = server_manifest(cli_args, user_namespace(user.name), [DEMO_KEY])
     server["metadata"]["uid"] = "<uid>"
-    objects = children(
-        server, flavor_manifest(flavor, pools[flavor.node_pool]), Settings(STORAGE_CLASS)
+    settings = Settings(
+        STORAGE_CLASS,
+        idle_gpu_percent=section.idle.gpu_percent,
+        idle_cpu_percent=section.idle.cpu_percent,
     )
+    objects = children(server, flavor_manifest(flavor, pools[flavor.node_pool]), settings)
     print(
         f"DevServer {user_namespace(user.name)}/demo (devctl create demo --flavor {flavor.name} "
         "--distributed --replicas 2):"
@@ -86,6 +85,11 @@ def main(argv: list[str] | None = None) -> int:
     print(yaml.safe_dump(server["spec"], sort_keys=False).rstrip())
     print("rendered by the operator into:")
     print("\n".join(summary(objects)))
+    rule = idle_rule(server, settings).describe(gpu_measured=flavor.gpus > 0)
+    print(
+        f"stopped (homes kept) when idle for {server['spec']['lifecycle']['idleTimeout']}: "
+        f"{rule}; its users warned {int(WARN_BEFORE.total_seconds() // 60)}m before"
+    )
     out = args.out or Path("build/devservers") / f"{args.stack}.yaml"
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(yaml.safe_dump_all([server, *objects], sort_keys=False))

@@ -31,9 +31,16 @@ NOT_FOUND, CONFLICT = 404, 409
 def settings_from_env() -> Settings:
     """The platform's choices, passed to the operator's Deployment by the DevServers component."""
     cidrs = os.environ.get("DEVSERVERS_SSH_CIDRS", "")
+    defaults = Settings()
     return Settings(
         home_storage_class=os.environ.get("DEVSERVERS_HOME_STORAGE_CLASS", "gp3"),
         ssh_cidrs=tuple(c for c in cidrs.split(",") if c),
+        idle_gpu_percent=float(
+            os.environ.get("DEVSERVERS_IDLE_GPU_PERCENT", defaults.idle_gpu_percent)
+        ),
+        idle_cpu_percent=float(
+            os.environ.get("DEVSERVERS_IDLE_CPU_PERCENT", defaults.idle_cpu_percent)
+        ),
     )
 
 

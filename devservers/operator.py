@@ -4,7 +4,8 @@
 
 Every change to a DevServer's spec, every flavor event and every pod event of a server run the
 same level-based reconcile; a check every IDLE_CHECK_SECONDS also measures activity (it execs
-into the pods) and is the one that stops an idle server.
+into the pods, and keeps each pod's CPU seconds until the next check) and is the one that warns
+the users of an idle server and then stops it.
 
 What the operator leaves on objects is what its RBAC allows (infra/components/dev_servers.py):
 kopf's bookkeeping annotations on DevServers only. Flavors, which it may only read, are seen
@@ -25,7 +26,7 @@ from datetime import UTC, datetime
 import kopf
 
 from devservers.api import API_VERSION, FLAVORS, GROUP, SERVER_LABEL, SERVERS, VERSION
-from devservers.controller import Outcome, reconcile
+from devservers.controller import CpuSamples, Outcome, reconcile
 
 IDLE_CHECK_SECONDS = float(os.environ.get("DEVSERVERS_IDLE_CHECK_SECONDS", "60"))
 logger = logging.getLogger(__name__)
@@ -53,6 +54,7 @@ async def configure(
     settings.posting.level = logging.WARNING
     memo.cluster = KubeCluster()
     memo.settings = settings_from_env()
+    memo.cpu_samples = CpuSamples()
     memo.idle_checks = asyncio.create_task(check_activity(memo, servers_by_flavor))
 
 
@@ -73,11 +75,13 @@ async def check_activity(memo: kopf.Memo, index: kopf.Index) -> None:
     """Measure every server's activity, and stop the idle ones, every IDLE_CHECK_SECONDS."""
     while True:
         await asyncio.sleep(IDLE_CHECK_SECONDS)
-        for namespace, name in _servers(index):
+        servers = _servers(index)
+        for namespace, name in servers:
             try:
                 await asyncio.to_thread(_refresh, memo, name, namespace, True)
             except Exception as e:  # noqa: BLE001 (one server's failure must not stop the rest)
                 logger.warning("activity check of %s/%s failed: %s", namespace, name, e)
+        memo.cpu_samples.retain(set(servers))
 
 
 def _changed(server: dict, status: dict) -> dict:
@@ -112,7 +116,8 @@ def _refresh(memo: kopf.Memo, name: str, namespace: str, measure: bool = False) 
     server = memo.cluster.get(API_VERSION, "DevServer", name, namespace)
     if server is None or server["metadata"].get("deletionTimestamp"):
         return
-    outcome = reconcile(memo.cluster, server, memo.settings, now(), measure=measure)
+    samples = memo.cpu_samples if measure else None
+    outcome = reconcile(memo.cluster, server, memo.settings, now(), measure=samples)
     changed = _changed(server, outcome.status)
     if changed:
         memo.cluster.patch_status(name, namespace, changed)

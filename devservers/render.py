@@ -119,6 +119,9 @@ class Settings:
     home_storage_class: str = "gp3"
     # Source ranges an SSH LoadBalancer may accept; empty: LoadBalancer SSH is refused.
     ssh_cidrs: tuple[str, ...] = field(default_factory=tuple)
+    # Idle floors (devServers.idle), unless a server sets its own (lifecycle.idle*Percent).
+    idle_gpu_percent: float = 5.0
+    idle_cpu_percent: float = 10.0
 
 
 def world_size(server: dict) -> int:

@@ -4,9 +4,11 @@ One pricing path: the plan's cost table and the policy pack's budget rule both c
 on the declared resources (the plan's records offline, the engine's inputs in a real preview), so
 an edit to the program or to stack config moves both alike. Each line is that resource's ceiling
 per hour: a NodePool at limits.nodes of its dearest type, a node group at maxSize, storage at its
-provisioned size, hybrid machines at their vCPUs. Fixed-rate items only; usage-priced ones (S3
-and EFS storage, data transfer, NAT and VPC endpoint data processing, job volumes, internet egress
-between hybrid machines) are named with their unit price, not guessed.
+provisioned size, hybrid machines at their vCPUs, the claims of a storage class at their
+ResourceQuota (DevServer homes, kept ones included: a plan cannot know which claims a cluster
+will hold). Fixed-rate items only; usage-priced ones (S3 and EFS storage, data transfer, NAT and
+VPC endpoint data processing, job volumes, internet egress between hybrid machines) are named
+with their unit price, not guessed.
 """
 
 import json
@@ -15,6 +17,7 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
+from devservers.api import STORAGE_QUOTA_SUFFIX
 from infra.catalog import HOURS_PER_MONTH, RegionPrices, UnpricedError, load_prices
 from infra.declared import Declared, declared_in, dig, listed
 from infra.offline import Plan
@@ -31,6 +34,9 @@ ELASTIC_IP = "aws:ec2/eip:Eip"
 RESOURCE_FLAVOR = "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor"
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
+RESOURCE_QUOTA = "kubernetes:core/v1:ResourceQuota"
+STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
+EBS_CSI = "ebs.csi.aws.com"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # What an EC2NodeClass's capacity reservations hold (JSON: a list of {instanceType,
 # instanceCount, reservationType, id or tags}), written by infra/components/node_pools.py.
@@ -52,6 +58,7 @@ class CostLine:
     detail: str
     usd_per_hour: float  # math.inf: no ceiling (a NodePool without limits.nodes)
     node_pool: bool = False
+    quota: bool = False  # billed only as claims exist, up to a ResourceQuota
 
 
 @dataclass(frozen=True)
@@ -64,7 +71,11 @@ class StackCost:
     @property
     def baseline(self) -> list[CostLine]:
         """Billed from `pulumi up` on, whether or not a job runs."""
-        return [line for line in self.lines if not line.node_pool]
+        return [line for line in self.lines if not (line.node_pool or line.quota)]
+
+    @property
+    def quotas(self) -> list[CostLine]:
+        return [line for line in self.lines if line.quota]
 
     @property
     def pools(self) -> list[CostLine]:
@@ -79,8 +90,12 @@ class StackCost:
         return sum(line.usd_per_hour for line in self.pools)
 
     @property
+    def quotas_per_hour(self) -> float:
+        return sum(line.usd_per_hour for line in self.quotas)
+
+    @property
     def total_per_hour(self) -> float:
-        return self.baseline_per_hour + self.pools_per_hour
+        return self.baseline_per_hour + self.pools_per_hour + self.quotas_per_hour
 
 
 def money(usd: float, digits: int = 2) -> str:
@@ -103,13 +118,18 @@ def _quantity(value: object) -> float:
     return float(match[1]) * QUANTITY_UNITS[match[2]]
 
 
-def _gp3_size(volume: object, prices: RegionPrices) -> object:
-    """The volumeSize of an EBS volume, which must be gp3: the one type the price files price."""
-    if dig(volume, "volumeType") != "gp3":
+def _require_gp3(volume_type: object, prices: RegionPrices) -> None:
+    """EBS gp3 is the one volume type the price files price."""
+    if volume_type != "gp3":
         raise UnpricedError(
-            f"EBS {dig(volume, 'volumeType') or 'volume without a volumeType'} has no price in "
+            f"EBS {volume_type or 'volume without a volumeType'} has no price in "
             f"infra/catalog/prices/{prices.region}.yaml (servicePrices.usd prices gp3)"
         )
+
+
+def _gp3_size(volume: object, prices: RegionPrices) -> object:
+    """The volumeSize of an EBS volume, which must be gp3."""
+    _require_gp3(dig(volume, "volumeType"), prices)
     return dig(volume, "volumeSize") or 0
 
 
@@ -289,6 +309,38 @@ def _node_pool(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> 
     )
 
 
+def _storage_quota(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine | None:
+    """The most the claims of an EBS gp3 StorageClass may hold in the namespace: its quota
+    `<class>.storageclass.storage.k8s.io/requests.storage` (kubernetes pkg/quota/v1/evaluator/
+    core/persistent_volume_claims.go, V1ResourceByStorageClass)."""
+    hard = dig(r.props, "spec", "hard") or {}
+    storage = {
+        key.removesuffix(STORAGE_QUOTA_SUFFIX): amount
+        for key, amount in hard.items()
+        if key.endswith(STORAGE_QUOTA_SUFFIX)
+    }
+    if not storage:
+        return None
+    meta = dig(r.props, "metadata")
+    gib = 0.0
+    for class_name, amount in storage.items():
+        found = [
+            d
+            for d in stack
+            if d.type == STORAGE_CLASS and dig(d.props, "metadata", "name") == class_name
+        ]
+        if not found or dig(found[0].props, "provisioner") != EBS_CSI:
+            raise UnpricedError(f"storage class {class_name} is not an EBS class of this stack")
+        _require_gp3(dig(found[0].props, "parameters", "type"), prices)
+        gib += _quantity(amount) / 1024**3
+    return CostLine(
+        f"storage quota {dig(meta, 'namespace')}/{dig(meta, 'name')}",
+        f"up to {gib:g} GiB of {', '.join(storage)} claims, in use or kept",
+        _gp3_per_hour(gib, prices),
+        quota=True,
+    )
+
+
 Pricer = Callable[[Declared, Sequence[Declared], RegionPrices], CostLine | None]
 PRICERS: dict[str, Pricer] = {
     EKS_COMPONENT: _control_plane,
@@ -302,6 +354,7 @@ PRICERS: dict[str, Pricer] = {
     RESOURCE_FLAVOR: _hybrid_nodes,
     NODEPOOL: _node_pool,
     NODECLASS: _reserved_capacity,
+    RESOURCE_QUOTA: _storage_quota,
 }
 
 

@@ -221,6 +221,7 @@ def cost_rows(cost: StackCost) -> list[str]:
     rows = [row(line.item, line.detail, line.usd_per_hour) for line in cost.baseline]
     rows.append(row("baseline", "always on, billed from pulumi up", cost.baseline_per_hour))
     rows.append(row("NodePools", "dynamic pools at their ceilings", cost.pools_per_hour))
+    rows += [row(line.item, line.detail, line.usd_per_hour) for line in cost.quotas]
     rows.append(row("total", "most this stack can cost", cost.total_per_hour))
     prices = cost.prices
     return [
@@ -268,7 +269,7 @@ def dev_server_rows(config: StackConfig) -> list[str]:
         [[f.name, f.node_pool, f.gpus, f.cpu, f.memory_gib] for f in section.flavors],
     )
     lines += [""] + table(
-        ["user", "namespace", "ClusterQueue", "max servers", "max GPUs"],
+        ["user", "namespace", "ClusterQueue", "max servers", "max GPUs", "max home GiB"],
         [
             [
                 u.name,
@@ -276,6 +277,7 @@ def dev_server_rows(config: StackConfig) -> list[str]:
                 team_cluster_queue(teams[u.team]),
                 u.quota.servers,
                 u.quota.gpus,
+                u.quota.home_gib,
             ]
             for u in section.users
         ],

@@ -76,7 +76,10 @@ def plan_facts(config: StackConfig, plan: Plan) -> Facts:
     # Three decimals, as the summary's cost table: a NAT gateway hour is $0.045.
     facts["Cost"] = {
         "region": cost.prices.region,
-        **{f"{line.item} $/hour": money(line.usd_per_hour, 3) for line in cost.baseline},
+        **{
+            f"{line.item} $/hour": money(line.usd_per_hour, 3)
+            for line in cost.baseline + cost.quotas
+        },
         **{f"unpriced {i + 1}": message for i, message in enumerate(cost.unpriced)},
         "baseline $/hour": money(cost.baseline_per_hour, 3),
         "NodePools max $/hour": money(cost.pools_per_hour, 3),

@@ -22,7 +22,7 @@ from infra.components.shared_file_system import SharedFileSystem
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi
 from infra.versions import EKS_ADDONS
-from workloads.image import TrainerImage, image_target
+from workloads.image import TrainerImage, image_target, stack_targets
 from workloads.training_job import TrainingJob
 
 
@@ -199,11 +199,8 @@ def build_platform(config: StackConfig) -> None:
         k for k, on in (("fsx", storage.fsx.enabled), ("efs", storage.efs.enabled)) if on
     }
     job_pools = {job.name: config.job_pool(job) for job in config.jobs}
-    # The image targets jobs run, and those every GPU pool's fabric check runs
-    # (workloads/nccl_check.py: all_reduce_perf from the pool's target).
-    image_pools = [*job_pools.values()] + [p for p in config.node_pools if p.gpu]
-    if image_pools:
-        targets = sorted({image_target(pool) for pool in image_pools})
+    targets = stack_targets(config)
+    if targets:
         image = TrainerImage("trainer-image", config.image, targets, config.cluster.name, tags)
         pulumi.export("trainerImages", image.refs)
         for job in config.jobs:

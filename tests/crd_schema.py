@@ -5,7 +5,8 @@ copied (WRITTEN_DOWN) and the project's own CRDs (devservers/crds).
 CRD schemas accept unknown fields, so a misspelled optional field would pass. Every object schema
 that lists `properties` and does not preserve unknown fields is closed here
 (`additionalProperties: false`), as the API server's structural pruning would drop such fields.
-CEL rules (`x-kubernetes-validations`) are evaluated separately, by cel_violations.
+Formats are checked as the API server checks them (tests.kube_api.server.FORMATS). CEL rules
+(`x-kubernetes-validations`) are evaluated separately, by cel_violations.
 """
 
 import copy
@@ -17,6 +18,7 @@ import yaml
 from openapi_schema_validator import OAS30Validator
 
 from devservers.api import CRD_DIR as DEVSERVER_CRD_DIR
+from tests.kube_api.server import FORMATS
 from tests.kueue_rules import topology_crd
 
 CRD_DIR = Path(__file__).resolve().parent / "crds"
@@ -70,7 +72,7 @@ def conformance_errors(manifest: dict) -> list[str]:
     if schema is None:
         served = sorted(f"{v} {k}" for v, k in served_schemas() if k == key[1])
         return [f"{key[0]} {key[1]} is not served by any CRD; served: {served}"]
-    validator = OAS30Validator(schema)
+    validator = OAS30Validator(schema, format_checker=FORMATS)
     return [
         f"{'.'.join(str(p) for p in error.absolute_path) or '<root>'}: {error.message}"
         for error in validator.iter_errors(manifest)

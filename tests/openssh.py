@@ -176,8 +176,9 @@ class OpenSsh:
             check=True,
         )
 
-    def serve(self, name: str, address: str) -> Host:
-        """An sshd of this module's own: key-only login to the account with the client key."""
+    def serve(self, name: str, address: str, inside: tuple[str, ...] = ()) -> Host:
+        """An sshd of this module's own: key-only login to the account with the client key.
+        `inside`: a command prefix that runs it elsewhere, e.g. in a pod's namespaces."""
         home = self.mkdir(f"sshd-{name}")
         host_key = home / "ssh_host_ed25519_key"
         self._keygen(host_key)
@@ -202,7 +203,9 @@ class OpenSsh:
             return [SSHD, "-D", "-e", "-f", str(config)]
 
         # sshd's own environment is the test's; a session's is sshd's default all the same.
-        return self.launch(name, address, command, dict(os.environ), Path(f"{host_key}.pub"))
+        return self.launch(
+            name, address, command, dict(os.environ), Path(f"{host_key}.pub"), inside
+        )
 
     def launch(
         self,
@@ -211,16 +214,18 @@ class OpenSsh:
         command: Callable[[int], list[str]],
         env: dict[str, str],
         host_public_key: Path,
+        inside: tuple[str, ...] = (),
     ) -> Host:
-        """Run `command(port)` as the account (sshd, or a script that ends in `exec sshd`) until
-        sshd says it listens on `address`, on a free port; then add it to the client's files
-        (its host key read from `host_public_key` once it listens)."""
+        """Run `command(port)` as the account (sshd, or a script that ends in `exec sshd`),
+        after the prefix `inside` if any, until sshd says it listens on `address`, on a free
+        port; then add it to the client's files (its host key read from `host_public_key` once
+        it listens)."""
         log = self.dir / f"{name}.log"
         for _ in range(PORT_ATTEMPTS):
             port = free_port(address)
             with log.open("w") as out:
                 process = subprocess.Popen(
-                    self.account.command(command(port)),
+                    [*inside, *self.account.command(command(port))],
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,

@@ -1,15 +1,24 @@
 """The DevServers component in the offline plan: CRDs, operator, least-privilege RBAC, flavors,
 user namespaces with queue, quota, shared claim and an EKS access entry."""
 
+import re
+from dataclasses import replace
+
 import kubernetes_validate
+import pytest
 import yaml
 
 from devservers.api import crds
-from tests.conftest import ROOT, hadolint, plan_of
+from infra.catalog import HOURS_PER_MONTH, load_prices
+from infra.cost import STORAGE_CLASS, plan_cost, stack_cost
+from infra.declared import declared_in
+from infra.plan import cost_rows
+from tests.conftest import ROOT, hadolint, plan_of, stack_values
 from tests.crd_schema import conformance_errors
 from tests.test_services import kueue_config
 
 RBAC = "kubernetes:rbac.authorization.k8s.io/v1"
+DEV_SERVERS = "training-platform:devServers"
 
 
 def named(plan, type_: str) -> dict[str, dict]:
@@ -121,6 +130,9 @@ def test_each_user_gets_a_restricted_namespace_queue_quota_claim_and_access_entr
     assert quota["spec"]["hard"] == {
         "count/devservers.dev.training-platform.io": "2",
         "requests.nvidia.com/gpu": "16",
+        # The storage of gp3 claims (homes), by kubernetes' quota key for a storage class
+        # (pkg/quota/v1/evaluator/core/persistent_volume_claims.go, V1ResourceByStorageClass).
+        "gp3.storageclass.storage.k8s.io/requests.storage": "500Gi",
     }
     claims = named(dev_plan, "kubernetes:core/v1:PersistentVolumeClaim")
     assert claims["efs-dev-alice"]["metadata"]["name"] == "efs-shared"
@@ -154,6 +166,7 @@ def test_make_demo_renders_a_devserver_for_dev(tmp_path, capsys):
     assert main(["--stack", "dev", "--out", str(out)]) == 0
     printed = capsys.readouterr().out
     assert "DevServer dev-alice/demo" in printed and "StatefulSet/demo: 2 pods" in printed
+    assert "idle for 2h: no SSH session and GPUs at or below 5%; its users warned 10m" in printed
     server, *children = yaml.safe_load_all(out.read_text())
     assert conformance_errors(server) == []
     for child in children:
@@ -181,3 +194,48 @@ def test_every_built_in_object_of_the_component_validates_against_kubernetes(dev
     assert len(built_in) >= 15
     for manifest in built_in:
         kubernetes_validate.validate(manifest, "1.34", strict=True)
+
+
+def test_the_operator_gets_the_platforms_idle_floors(dev_plan):
+    deployment = dev_plan.one("kubernetes:apps/v1:Deployment", "dev-servers-operator").inputs
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    env = {e["name"]: e["value"] for e in container["env"]}
+    assert (env["DEVSERVERS_IDLE_GPU_PERCENT"], env["DEVSERVERS_IDLE_CPU_PERCENT"]) == ("5", "10")
+    plan = plan_of(
+        "dev", devServers={**stack_values("dev")[DEV_SERVERS], "idle": {"gpuPercent": 15}}
+    )
+    deployment = plan.one("kubernetes:apps/v1:Deployment", "dev-servers-operator").inputs
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    assert {"name": "DEVSERVERS_IDLE_GPU_PERCENT", "value": "15"} in container["env"]
+
+
+def test_each_users_home_storage_quota_is_a_line_of_the_cost_table(dev_plan):
+    """The plan cannot know which homes a cluster will keep: it prices the most they may hold,
+    each user's quota of gp3 claims, on the one pricing path (the budget rule adds it too)."""
+    prices = load_prices("us-west-2")
+    cost = plan_cost("us-west-2", dev_plan)
+    quotas = {line.item: line for line in cost.quotas}
+    alice = quotas["storage quota dev-alice/devservers"]
+    assert alice.detail == "up to 1000 GiB of gp3 claims, in use or kept"
+    assert alice.usd_per_hour == pytest.approx(
+        1000 * prices.ebs_gp3_per_gib_month / HOURS_PER_MONTH
+    )
+    assert quotas["storage quota dev-bob/devservers"].detail.startswith("up to 500 GiB")
+    assert alice not in cost.baseline  # billed only as homes exist
+    assert cost.total_per_hour == pytest.approx(
+        cost.baseline_per_hour + cost.pools_per_hour + sum(q.usd_per_hour for q in cost.quotas)
+    )
+    table = "\n".join(cost_rows(cost))
+    assert re.search(r"storage quota dev-alice/devservers +up to 1000 GiB .* 0\.110 +80", table)
+
+
+def test_a_quota_of_a_storage_class_without_a_price_is_named_not_priced(dev_plan):
+    stack = [
+        replace(r, props={**r.props, "parameters": {"type": "io2"}})
+        if r.type == STORAGE_CLASS
+        else r
+        for r in declared_in(dev_plan)
+    ]
+    cost = stack_cost(load_prices("us-west-2"), stack)
+    assert not cost.quotas
+    assert any(m.startswith("dev-servers-quota-alice: EBS io2 has no price") for m in cost.unpriced)

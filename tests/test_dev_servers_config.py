@@ -60,6 +60,7 @@ def test_a_flavor_must_fit_its_pools_smallest_instance_type(flavor, key, allowed
         ({"email": "alice"}, "users[alice].email", "does not match"),
         ({"iamPrincipalArn": "alice"}, "users[alice].iamPrincipalArn", "does not match"),
         ({"quota": {"gpus": -1}}, "users[alice].quota.gpus", "greater than or equal to 0"),
+        ({"quota": {"homeGib": 0}}, "users[alice].quota.homeGib", "greater than or equal to 1"),
         ({"name": "Alice"}, "users[0].name", "does not match"),
     ],
 )
@@ -74,3 +75,19 @@ def test_names_repeat_and_enabled_without_flavors_are_errors():
     assert "allowed: unique names" in error_for({"users": [USER, USER]})
     assert "devServers.flavors: empty" in error_for({"enabled": True, "users": [USER]})
     assert "allowed keys here:" in error_for({"flavours": []})
+
+
+@pytest.mark.parametrize(
+    ("idle", "key", "allowed"),
+    [
+        ({"gpuPercent": 101}, "idle.gpuPercent", "less than or equal to 100"),
+        ({"cpuPercent": -1}, "idle.cpuPercent", "greater than or equal to 0"),
+        ({"gpuPercent": "5%"}, "idle.gpuPercent", "integer"),
+        ({"memoryPercent": 5}, "idle.memoryPercent", "allowed keys here: cpuPercent, gpuPercent"),
+    ],
+)
+def test_idle_floors_are_percentages(idle, key, allowed):
+    section = stack_values("dev")["training-platform:devServers"]
+    message = error_for({**section, "idle": idle})
+    assert f"training-platform:devServers.{key}:" in message
+    assert allowed in message

@@ -14,8 +14,10 @@ import yaml
 
 from devservers.api import API_VERSION, GPU_REQUESTS, QUOTA, SERVER_COUNT
 from devservers.cli import main
+from tests.conftest import ROOT
 from tests.crd_schema import cel_violations, conformance_errors
 from tests.devservers_cluster import Cluster, free_port
+from workloads.image import source_tag
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOr4 alice@laptop"
 
@@ -260,3 +262,94 @@ def test_without_a_kubeconfig_or_an_api_server_devctl_says_which(tmp_path, monke
     monkeypatch.setenv("KUBECONFIG", str(tmp_path / "kubeconfig"))
     assert devctl("list", "-n", "dev-alice")[0] == 1
     assert "cannot reach the Kubernetes API server at http://127.0.0.1:" in errors(capsys)
+
+
+OFFLINE = "<!-- offline: tests/test_devctl.py runs this block as written, with no cluster -->"
+
+
+def offline_commands() -> list[str]:
+    """The commands of the README blocks marked OFFLINE (comments and blank lines left out)."""
+    text = (ROOT / "README.md").read_text()
+    commands = []
+    for block in text.split(OFFLINE)[1:]:
+        body = block.split("```", 2)[1].split("\n", 1)[1]
+        commands += [line for line in body.splitlines() if line and not line.startswith("#")]
+    return commands
+
+
+def test_the_readmes_offline_examples_run_as_written(tmp_path):
+    """The devctl console script with no kubeconfig and an empty HOME, as alice ($USER); every
+    command prints a DevServer the CRD accepts, with the stack's defaults."""
+    commands = offline_commands()
+    assert any(
+        c.startswith("devctl create box --flavor gpu-1 --dry-run -o yaml ") for c in commands
+    )
+    env = {
+        "PATH": f"{Path(sys.executable).parent}:/usr/bin:/bin",
+        "HOME": str(tmp_path),
+        "USER": "alice",
+        "PYTHONPATH": str(ROOT),  # this checkout, not the one the console script was installed from
+    }
+    for command in commands:
+        result = subprocess.run(
+            ["bash", "-c", command], cwd=tmp_path, env=env, capture_output=True, text=True
+        )
+        assert result.returncode == 0, f"{command}: {result.stderr}"
+        manifest = yaml.safe_load(result.stdout)  # JSON is YAML too
+        assert conformance_errors(manifest) == [] and cel_violations(manifest) == [], command
+        assert "devctl: dry run with Pulumi." in result.stderr, command
+    assert list(tmp_path.iterdir()) == []  # nothing written (no kubeconfig, no cache)
+
+
+def test_a_dry_run_takes_namespace_image_and_flavors_from_the_stack(monkeypatch, capsys):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.delenv("DEVCTL_IMAGE", raising=False)
+    monkeypatch.setenv("USER", "bob")
+    code, text = devctl("create", "box", "--flavor", "gpu-4", "--dry-run")
+    assert code == 0
+    manifest = yaml.safe_load(text)
+    assert manifest["metadata"]["namespace"] == "dev-bob" and manifest["spec"]["owner"] == "bob"
+    runtime = source_tag("runtime")
+    assert manifest["spec"]["image"] == (
+        f"<account>.dkr.ecr.us-west-2.amazonaws.com/tp-dev/trainer:{runtime}"
+    )
+    assert "put your AWS account in place of <account>" in capsys.readouterr().err
+    code, text = devctl("create", "box", "--flavor", "a100-8", "--stack", "prod", "--user", "carol",
+                        "--dry-run", "--image", "repo/dev:1")  # fmt: skip
+    assert code == 0 and yaml.safe_load(text)["metadata"]["namespace"] == "dev-carol"
+
+
+@pytest.mark.parametrize(
+    ("argv", "user", "message"),
+    [
+        (
+            [],
+            "root",
+            "$USER 'root' is not a DevServers user; allowed: alice, bob (Pulumi.dev.yaml)",
+        ),
+        (
+            ["--user", "alise"],
+            "root",
+            "--user 'alise' is not a DevServers user; did you mean 'alice'?",
+        ),
+        (
+            ["--flavor", "gpu1"],
+            "alice",
+            "unknown flavor 'gpu1'; did you mean 'gpu-1'? allowed: cpu-small",
+        ),
+        (
+            ["--stack", "staging"],
+            "alice",
+            "No stack file Pulumi.staging.yaml; allowed stacks: dev, prod",
+        ),
+    ],
+)
+def test_a_dry_run_says_what_the_stack_does_not_have(monkeypatch, capsys, argv, user, message):
+    monkeypatch.delenv("KUBECONFIG", raising=False)
+    monkeypatch.setenv("HOME", "/nonexistent")
+    monkeypatch.setenv("USER", user)
+    flavor = [] if "--flavor" in argv else ["--flavor", "gpu-1"]
+    code, _ = devctl("create", "box", *flavor, *argv, "--image", "repo/dev:1", "--dry-run")
+    assert code == 1
+    assert message in errors(capsys)

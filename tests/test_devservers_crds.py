@@ -62,6 +62,11 @@ def test_a_well_formed_server_and_flavor_conform():
         ({"ssh": {"authorizedKeys": ["not a key"]}}, "does not match"),
         ({"lifecycle": {"idleTimout": "1h"}}, "idleTimout"),
         ({"mode": "distributed", "distributed": {"worldSize": 1}}, "less than the minimum"),
+        ({"lifecycle": {"keepUntil": "in two hours"}}, "is not a 'date-time'"),
+        ({"lifecycle": {"idleGpuPercent": 101}}, "greater than the maximum of 100"),
+        ({"lifecycle": {"idleCpuPercent": -1}}, "less than the minimum of 0"),
+        ({"lifecycle": {"keepAliveProcesses": ["sixteen-chars-xx"]}}, "is too long"),
+        ({"lifecycle": {"keepAliveProcesses": [""]}}, "should be non-empty"),
     ],
 )
 def test_schema_rejects_bad_fields(spec, expected):
@@ -78,6 +83,10 @@ def test_schema_rejects_bad_fields(spec, expected):
         (
             {"mode": "distributed", "distributed": {"worldSize": 2, "ncclEnv": {"FOO": "1"}}},
             "must start with NCCL_",
+        ),
+        (
+            {"lifecycle": {"keepAliveProcesses": ["*", "python"]}},
+            "'*' (any process) stands alone in keepAliveProcesses",
         ),
     ],
 )
@@ -98,3 +107,29 @@ def test_flavor_memory_limit_must_equal_its_request():
     flavor = gpu_flavor()
     flavor["spec"]["resources"]["limits"]["memory"] = "80Gi"
     assert any("memory limit must equal" in v for v in cel_violations(flavor))
+
+
+def test_idle_settings_and_the_stop_warning_conform():
+    lifecycle = {
+        "idleTimeout": "45m",
+        "idleGpuPercent": 10,
+        "idleCpuPercent": 150,
+        "keepAliveProcesses": ["python", "jupyter-lab"],
+        "keepUntil": "2026-11-22T11:00:00+01:00",  # any RFC 3339 time, as a user may write it
+    }
+    kept = server(lifecycle=lifecycle)
+    kept["status"] = {
+        "idleStopAt": "2026-11-22T11:00:00Z",
+        "conditions": [
+            {
+                "type": "IdleStopSoon",
+                "status": "True",
+                "reason": "IdleTimeout",
+                "message": "idle ...: stops at 2026-11-22T11:00:00Z (in 10m)",
+                "lastTransitionTime": "2026-11-22T10:50:00Z",
+            }
+        ],
+    }
+    assert conformance_errors(kept) == [] and cel_violations(kept) == []
+    anything = server(lifecycle={"keepAliveProcesses": ["*"]})
+    assert conformance_errors(anything) == [] and cel_violations(anything) == []

@@ -127,25 +127,51 @@ def test_an_exec_status_is_read_as_client_go_reads_it(status, found):
 def test_settings_come_from_the_operators_environment(monkeypatch):
     monkeypatch.setenv("DEVSERVERS_SSH_CIDRS", "203.0.113.0/24,198.51.100.0/24")
     monkeypatch.setenv("DEVSERVERS_HOME_STORAGE_CLASS", "gp3-fast")
+    monkeypatch.setenv("DEVSERVERS_IDLE_GPU_PERCENT", "15")
+    monkeypatch.setenv("DEVSERVERS_IDLE_CPU_PERCENT", "25")
     settings = settings_from_env()
     assert settings.ssh_cidrs == ("203.0.113.0/24", "198.51.100.0/24")
     assert settings.home_storage_class == "gp3-fast"
+    assert (settings.idle_gpu_percent, settings.idle_cpu_percent) == (15.0, 25.0)
     monkeypatch.setenv("DEVSERVERS_SSH_CIDRS", "")
     assert settings_from_env().ssh_cidrs == ()
 
 
-METRICS = """# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
+# What the DCGM exporter serves, as NVIDIA publishes it: the README's Kubernetes example
+# (NVIDIA/dcgm-exporter README.md at tag 4.5.3-4.8.2, "curl -sL http://127.0.0.1:8080/metrics":
+# GPUs no pod holds have empty pod labels), and DCGM_FI_DEV_GPU_UTIL lines in the format that
+# tag's exporter renders them (internal/pkg/rendermetrics/render_metrics.go, gpuMetricsFormat:
+# gpu, UUID, pci_bus_id, device, modelName, Hostname, then the pod attributes container,
+# namespace, pod in key order), for GPUs the pod mapper gave to pods.
+PUBLISHED = """\
+# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).
+# TYPE DCGM_FI_DEV_SM_CLOCK gauge
+# HELP DCGM_FI_DEV_MEM_CLOCK Memory clock frequency (in MHz).
+# TYPE DCGM_FI_DEV_MEM_CLOCK gauge
+# HELP DCGM_FI_DEV_MEMORY_TEMP Memory temperature (in C).
+# TYPE DCGM_FI_DEV_MEMORY_TEMP gauge
+...
+DCGM_FI_DEV_SM_CLOCK{gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",container="",namespace="",pod=""} 139
+DCGM_FI_DEV_MEM_CLOCK{gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",container="",namespace="",pod=""} 405
+DCGM_FI_DEV_MEMORY_TEMP{gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",container="",namespace="",pod=""} 9223372036854775794
+...
+"""  # noqa: E501 (the exporter's lines, as published)
+GPU_UTIL = """\
+# HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
 # TYPE DCGM_FI_DEV_GPU_UTIL gauge
-DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-1",namespace="dev-alice",pod="box-0",container="dev"} 3
-DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-2",namespace="dev-alice",pod="box-0",container="dev"} 71
-DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-3",namespace="dev-bob",pod="box-0",container="dev"} 99
-DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-1",namespace="dev-alice",pod="box-0"} 1024
-"""
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",pci_bus_id="00000000:00:1B.0",device="nvidia0",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-alice",pod="box-0"} 3
+DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1c1e2d3f-0000-4e5a-9b8c-7d6e5f4a3b2c",pci_bus_id="00000000:00:1C.0",device="nvidia1",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-alice",pod="box-0"} 71
+DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-2a3b4c5d-0000-4e5a-9b8c-7d6e5f4a3b2c",pci_bus_id="00000000:00:1D.0",device="nvidia2",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-bob",pod="box-0"} 99
+DCGM_FI_DEV_GPU_UTIL{gpu="3",UUID="GPU-3b4c5d6e-0000-4e5a-9b8c-7d6e5f4a3b2c",pci_bus_id="00000000:00:1E.0",device="nvidia3",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="",namespace="",pod=""} 100
+"""  # noqa: E501
 
 
 def test_dcgm_utilization_is_the_busiest_gpu_of_the_servers_pods():
-    assert gpu_utilization(METRICS, "dev-alice", {"box-0"}) == 71.0
-    assert gpu_utilization(METRICS, "dev-alice", {"other-0"}) is None
+    metrics = PUBLISHED + GPU_UTIL
+    assert gpu_utilization(metrics, "dev-alice", {"box-0"}) == 71.0
+    assert gpu_utilization(metrics, "dev-bob", {"box-0"}) == 99.0
+    assert gpu_utilization(metrics, "dev-alice", {"other-0"}) is None
+    assert gpu_utilization(PUBLISHED, "", {""}) is None  # other metrics, GPUs of no pod
 
 
 def test_idle_timeouts_parse_like_the_crd_pattern():

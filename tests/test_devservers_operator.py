@@ -5,23 +5,29 @@ processes of their own (the activity probe execs into them). The clock is the te
 timeouts take no time; kopf's own wiring is tested by test_devservers_rbac with the real
 operator process."""
 
+import io
+import os
 import shutil
+import subprocess
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 import kopf
 import pytest
 from kubernetes import config
 
-from devservers import operator
+from devservers import cli, operator
 from devservers.activity import pod_activity
 from devservers.api import API_VERSION, GPU, QUEUE_LABEL
-from devservers.controller import KUEUE_GATE
+from devservers.controller import KUEUE_GATE, WARN, CpuSamples, parse_timestamp
 from devservers.kube import KubeCluster
-from devservers.render import SHAPE_ANNOTATION, Settings, host_public_key
-from tests.devservers_cluster import Cluster
+from devservers.render import CONTAINER, SHAPE_ANNOTATION, Settings, host_public_key
+from tests.devservers_cluster import Cluster, wait_for
+from tests.openssh import OpenSsh
 from tests.test_devservers_render import KEY
 from tests.test_devservers_render import server as server_manifest
+from trainer.launch import children
 
 START = datetime(2026, 11, 22, 9, 0, tzinfo=UTC)
 GROUP = API_VERSION.split("/")[0]
@@ -33,10 +39,20 @@ class World:
     def __init__(self, dev_cluster: Cluster, monkeypatch, settings: Settings | None = None):
         self.dev_cluster, self.api = dev_cluster, dev_cluster.api
         client = config.new_client_from_config(str(dev_cluster.kubeconfigs["operator"]))
-        self.memo = kopf.Memo(cluster=KubeCluster(client), settings=settings or Settings())
+        self.memo = kopf.Memo(
+            cluster=KubeCluster(client), settings=settings or Settings(), cpu_samples=CpuSamples()
+        )
         self.users = {"alice": dev_cluster.client("alice")}
         self.clock = START
         monkeypatch.setattr(operator, "now", lambda: self.clock)
+        monkeypatch.setattr(cli, "now", lambda: self.clock)
+        monkeypatch.setenv("KUBECONFIG", str(dev_cluster.kubeconfigs["alice"]))
+
+    def devctl(self, *argv: str) -> str:
+        """devctl as alice runs it (her kubeconfig), on the test's clock."""
+        out = io.StringIO()
+        assert cli.main(list(argv), out=out) == 0
+        return out.getvalue()
 
     def server(self, name="box", namespace="dev-alice") -> dict:
         return self.dev_cluster.server(name, namespace)
@@ -191,18 +207,56 @@ def session_program(tmp_path):
     return str(path)
 
 
-@pytest.mark.parametrize("use", ["ssh session", "process", "gpu"])
-def test_activity_keeps_a_server_running(world, use, session_program, monkeypatch):
-    world.create(lifecycle={"idleTimeout": "30m"})
+def run_in_pod(world: World, *commands: list[str]) -> list[subprocess.Popen]:
     pod = world.api.read("pods", "dev-alice", "box-0")
+    return [world.api.runtime.run_in(pod, command) for command in commands]
+
+
+def gpu_at(world: World, monkeypatch, percent: float) -> None:
+    """No GPU and no DCGM exporter here: the figure is given at the boundary that reads it
+    (KubeCluster.gpu_utilization; its parsing is tested on the exporter's text elsewhere)."""
+    monkeypatch.setattr(world.memo.cluster, "gpu_utilization", lambda *_: percent)
+
+
+@pytest.fixture
+def tmux(tmp_path):
+    """A tmux server started in the pod, as the pod's user, with a shell in its one pane, as a
+    user leaves it; its socket in a directory of that user's."""
+    directory = tmp_path / "tmux"
+    directory.mkdir()
+    socket = str(directory / "socket")
+
+    def start(world: World) -> str:
+        world.api.runtime.account.own(directory)
+        (started,) = run_in_pod(world, ["tmux", "-S", socket, "new-session", "-d", "bash"])
+        assert started.wait(30) == 0
+        assert subprocess.run(["tmux", "-S", socket, "has-session"], check=False).returncode == 0
+        return socket
+
+    yield start
+    subprocess.run(["tmux", "-S", socket, "kill-server"], capture_output=True, check=False)
+
+
+def pane(socket: str) -> str:
+    return subprocess.run(
+        ["tmux", "-S", socket, "capture-pane", "-p", "-J", "-S", "-"],
+        capture_output=True,
+        text=True,
+        check=True,
+    ).stdout
+
+
+@pytest.mark.parametrize("use", ["ssh session", "kept process", "gpu"])
+def test_activity_keeps_a_server_running(world, use, session_program, monkeypatch):
+    keep = {"keepAliveProcesses": ["python"]} if use == "kept process" else {}
+    world.create(lifecycle={"idleTimeout": "30m", **keep})
     commands = {
         "ssh session": [[session_program, "300"], [session_program, "300"]],
-        "process": [[sys.executable, "-c", "import time; time.sleep(300)"]],
+        "kept process": [[sys.executable, "-c", "import time; time.sleep(300)"]],
         "gpu": [],
     }[use]
-    started = [world.api.runtime.run_in(pod, command) for command in commands]
-    if use == "gpu":  # no GPU and no DCGM exporter here: the boundary reports a busy GPU
-        monkeypatch.setattr(world.memo.cluster, "gpu_utilization", lambda *_: 87.0)
+    started = run_in_pod(world, *commands)
+    gpu_at(world, monkeypatch, 87.0 if use == "gpu" else 1.0)
     world.clock = START + timedelta(hours=3)
     try:
         world.refresh(measure=True)
@@ -213,6 +267,92 @@ def test_activity_keeps_a_server_running(world, use, session_program, monkeypatc
     assert not world.server()["spec"].get("stopped")
     assert world.status()["lastActivity"] == "2026-11-22T12:00:00Z"
     assert world.status()["activeSessions"] == (1 if use == "ssh session" else 0)
+    reason = {
+        "ssh session": "an SSH session",
+        "kept process": "process python (keepAliveProcesses)",
+        "gpu": "GPU above 5%",
+    }[use]
+    assert world.status()["lastActivityReason"] == reason
+    assert f"last activity:   2026-11-22T12:00:00Z ({reason})" in world.devctl("monitor", "box")
+
+
+@pytest.mark.parametrize("left", ["shell in tmux", "idle python"])
+def test_what_is_left_running_does_not_keep_an_idle_gpu_server(world, monkeypatch, tmux, left):
+    """Failed before this rule: any process the server had not started kept it running."""
+    world.create(lifecycle={"idleTimeout": "30m"})
+    if left == "shell in tmux":
+        tmux(world)
+        started = []
+    else:  # an idle notebook kernel
+        started = run_in_pod(world, [sys.executable, "-c", "import time; time.sleep(300)"])
+    gpu_at(world, monkeypatch, 2.0)
+    world.clock = START + timedelta(minutes=31)
+    world.refresh(measure=True)
+    for process in started:
+        process.kill()
+        process.wait()
+    assert world.server()["spec"]["stopped"] is True
+    message = world.status()["message"]
+    assert message.startswith("idle (no SSH session and GPUs at or below 5%) since 2026-11-22T09")
+
+
+def test_processes_the_owner_names_keep_it(world, monkeypatch, tmux):
+    world.create(lifecycle={"idleTimeout": "30m", "keepAliveProcesses": ["tmux: server"]})
+    tmux(world)
+    gpu_at(world, monkeypatch, 2.0)
+    world.clock = START + timedelta(minutes=31)
+    world.refresh(measure=True)
+    assert not world.server()["spec"].get("stopped")
+
+
+@pytest.mark.parametrize(
+    ("lifecycle", "platform", "stopped"),
+    [({}, 5, False), ({"idleGpuPercent": 50}, 5, True), ({}, 40, True)],
+    ids=["platform default", "the server's floor", "the platform's floor"],
+)
+def test_the_gpu_floor_is_the_servers_or_the_platforms(
+    dev_cluster, monkeypatch, lifecycle, platform, stopped
+):
+    world = World(dev_cluster, monkeypatch, Settings(idle_gpu_percent=platform))
+    world.create(lifecycle={"idleTimeout": "30m", **lifecycle})
+    gpu_at(world, monkeypatch, 30.0)
+    world.clock = START + timedelta(minutes=31)
+    world.refresh(measure=True)
+    assert bool(world.server()["spec"].get("stopped")) is stopped
+
+
+def cpu_seconds(started: subprocess.Popen) -> float:
+    """utime + stime of the process nsenter started in the pod (proc(5))."""
+    (pid,) = children(started.pid)
+    fields = Path(f"/proc/{pid}/stat").read_text().rpartition(")")[2].split()
+    return (int(fields[11]) + int(fields[12])) / 100
+
+
+@pytest.mark.parametrize("busy", [True, False], ids=["computing", "shell in tmux"])
+def test_a_cpu_server_is_judged_by_its_cpu_use_between_checks(world, tmux, busy):
+    """The clock is the test's, the CPU seconds are real: the test waits until the busy process
+    has used a second of CPU between two checks one (test) second apart."""
+    world.create(flavor="cpu-small", lifecycle={"idleTimeout": "30m"})
+    tmux(world)
+    started = run_in_pod(world, [sys.executable, "-c", "while True: pass"]) if busy else []
+    try:
+        world.clock = START + timedelta(minutes=30, seconds=59)
+        world.refresh(measure=True)  # the first CPU sample: nothing to compare with yet
+        assert not world.server()["spec"].get("stopped")
+        if busy:
+            before = cpu_seconds(started[0])
+            wait_for(lambda: cpu_seconds(started[0]) > before + 1, "a second of CPU")
+        world.clock += timedelta(seconds=1)
+        world.refresh(measure=True)
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
+    assert bool(world.server()["spec"].get("stopped")) is not busy
+    if busy:
+        assert world.status()["lastActivityReason"] == "CPU above 10% of a core"
+    else:
+        assert "CPU at or below 10% of a core" in world.status()["message"]
 
 
 def test_auto_shutdown_off_never_stops(world):
@@ -285,10 +425,140 @@ def test_switching_ssh_to_a_load_balancer_recreates_the_ssh_service(dev_cluster,
     assert world.status().get("sshEndpoint") is None  # until AWS gives it an address
 
 
+def stat_lines(*names: str) -> str:
+    """/proc/<pid>/stat lines as the kernel writes them, this process's own, with `names` as
+    their comm (the one field pod_activity reads besides the CPU times)."""
+    own = Path("/proc/self/stat").read_text()
+    rest = own.rpartition(")")[2]
+    return "".join(f"{i} ({name}){rest}" for i, name in enumerate(names, start=1))
+
+
 def test_process_lists_count_sessions_and_ignore_the_servers_own():
-    assert not pod_activity("start.sh\nsshd\nsleep\nsh\ncat\n").active
-    assert pod_activity("sshd\nsshd\nsshd\nbash\n").ssh_sessions == 1
-    assert (
-        pod_activity("sshd\nsshd-session\nsshd-session\nsshd-session\nsshd-session\n").ssh_sessions
-        == 2
+    assert pod_activity(stat_lines("start.sh", "sshd", "sleep", "sh", "cat")).user_processes == ()
+    assert pod_activity(stat_lines("sshd", "sshd", "sshd", "bash")).ssh_sessions == 1
+    sessions = stat_lines("sshd", *["sshd-session"] * 4)
+    assert pod_activity(sessions).ssh_sessions == 2
+    awkward = pod_activity(stat_lines("tmux: server", "a) (b"))
+    assert awkward.user_processes == ("a) (b", "tmux: server")
+
+
+def test_cpu_seconds_are_the_kernels_own_and_waited_for_childrens():
+    """The fields read from /proc/self/stat against times(2), the kernel's other account, after
+    a child that spent user and system time (each of the four fields counts)."""
+    user, system = "sum(range(5 * 10**6))", "[os.read(f, 1 << 16) for _ in range(5000)]"
+    work = f"import os; f = os.open('/dev/zero', os.O_RDONLY); {user}; {system}"
+    subprocess.run([sys.executable, "-c", work], check=True)
+    line, times = Path("/proc/self/stat").read_text(), os.times()
+    assert times.children_user > 0.05 and times.children_system > 0.05
+    expected = times.user + times.system + times.children_user + times.children_system
+    assert pod_activity(line).cpu_seconds == pytest.approx(expected, abs=0.05)
+
+
+def test_users_are_warned_ten_minutes_before_an_idle_stop(world, monkeypatch, tmux):
+    world.create(lifecycle={"idleTimeout": "30m"})
+    socket = tmux(world)
+    gpu_at(world, monkeypatch, 1.0)
+    world.clock = START + timedelta(minutes=19)
+    world.refresh(measure=True)
+    assert world.status()["idleStopAt"] == "2026-11-22T09:30:00Z"
+    assert "conditions" not in world.status() and "[devserver box]" not in pane(socket)
+    assert "in 11m" in world.devctl("list")
+
+    world.clock = START + timedelta(minutes=21)
+    world.refresh(measure=True)
+    (warning,) = world.status()["conditions"]
+    assert (warning["type"], warning["status"]) == ("IdleStopSoon", "True")
+    assert warning["message"] == (
+        "idle (no SSH session and GPUs at or below 5%) since 2026-11-22T09:00:00Z: stops at "
+        "2026-11-22T09:30:00Z (in 9m), home kept; devctl keep box 2h postpones it"
     )
+    assert f"[devserver box] {warning['message']}" in pane(socket)  # the shell left in tmux
+    assert "in 9m (warned)" in world.devctl("list")
+    monitor = world.devctl("monitor", "box")
+    assert "idle stop:       in 9m (warned)" in monitor
+    assert f"warning:         {warning['message']}" in monitor
+
+    world.clock = START + timedelta(minutes=25)
+    world.refresh(measure=True)
+    assert world.status()["conditions"] == [warning]  # warned once: no new message, no write
+    assert pane(socket).count("[devserver box]") == 1
+    world.clock = START + timedelta(minutes=31)
+    world.refresh(measure=True)
+    assert world.server()["spec"]["stopped"] is True
+    world.refresh()
+    assert "conditions" not in world.status() and "idleStopAt" not in world.status()
+
+
+def test_devctl_keep_postpones_the_stop(world, monkeypatch):
+    world.create(lifecycle={"idleTimeout": "30m"})
+    gpu_at(world, monkeypatch, 1.0)
+    world.clock = START + timedelta(minutes=21)
+    world.refresh(measure=True)
+    assert world.status()["conditions"]
+    kept = world.devctl("keep", "box", "2h")
+    assert "devserver/box kept: not stopped for idleness before 2026-11-22T11:21:00Z" in kept
+    assert world.server()["spec"]["lifecycle"]["keepUntil"] == "2026-11-22T11:21:00Z"
+    world.refresh()  # kopf: the spec changed
+    assert world.status()["idleStopAt"] == "2026-11-22T11:21:00Z"
+    assert "conditions" not in world.status()  # the warning is withdrawn at once
+    world.clock = START + timedelta(minutes=40)
+    world.refresh(measure=True)
+    assert not world.server()["spec"].get("stopped")
+    world.clock = START + timedelta(hours=2, minutes=12)
+    world.refresh(measure=True)
+    assert "stops at 2026-11-22T11:21:00Z" in world.status()["conditions"][0]["message"]
+    world.clock = START + timedelta(hours=2, minutes=22)
+    world.refresh(measure=True)
+    assert world.server()["spec"]["stopped"] is True
+
+
+def test_kept_homes_are_listed_after_a_delete_and_a_shrink(world):
+    world.create(mode="distributed", distributed={"worldSize": 3, "backend": "nccl"})
+    world.create(name="old")
+    world.patch("DevServer", "box", {"spec": {"distributed": {"worldSize": 2}}})
+    for _ in range(3):  # the pod shape changed: the StatefulSet is replaced
+        world.refresh()
+    world.users["alice"].resources.get(api_version=API_VERSION, kind="DevServer").delete(
+        name="old", namespace="dev-alice"
+    )
+    world.api.settle()
+    assert world.server("old") is None and world.status()["replicasReady"] == 2
+    created = world.api.read("persistentvolumeclaims", "dev-alice", "home-box-0")["metadata"]
+    world.clock = parse_timestamp(created["creationTimestamp"]) + timedelta(days=2, hours=3)
+    homes = {line.split()[0]: line for line in world.devctl("list", "--homes").splitlines()}
+    assert homes["home-box-0"].split()[1:] == ["box", "in", "use", "100Gi", "gp3", "2d3h"]
+    assert "kept: beyond its 2 pods" in homes["home-box-2"]
+    assert "kept: server deleted" in homes["home-old-0"]
+    assert "efs-shared" not in homes  # not a home
+    assert homes["home"] == "home storage quota: 1000Gi"  # its use is the quota controller's
+    assert homes["kept"] == (
+        "kept homes cost their size until deleted: kubectl -n dev-alice delete pvc home-box-2 "
+        "home-old-0"
+    )
+
+
+def test_a_real_ssh_session_keeps_the_server_and_a_warning_reaches_it(world, monkeypatch):
+    """OpenSSH's sshd runs in the pod (its process and mount namespaces) as the image's user;
+    the real ssh client holds a session with a terminal (-tt), as a user's shell does."""
+    world.create(lifecycle={"idleTimeout": "30m"})
+    pod = world.api.read("pods", "dev-alice", "box-0")
+    gpu_at(world, monkeypatch, 1.0)
+    with OpenSsh() as site:
+        site.serve("box", "127.0.0.5", inside=world.api.runtime.enter(pod))
+        session = subprocess.Popen(
+            [*site.client(), "-tt", "box", "echo session-open; exec sleep 60"],
+            stdin=subprocess.PIPE,
+            stdout=subprocess.PIPE,
+        )
+        try:
+            assert session.stdout.readline().strip() == b"session-open"
+            world.clock = START + timedelta(hours=3)
+            world.refresh(measure=True)
+            assert not world.server()["spec"].get("stopped")
+            assert world.status()["activeSessions"] == 1
+            # What the operator execs into the pod before an idle stop, here with a session open.
+            world.memo.cluster.exec("dev-alice", "box-0", CONTAINER, [*WARN, "stops in 10m\r\n"])
+            assert session.stdout.readline().strip() == b"stops in 10m"
+        finally:
+            session.kill()
+            session.wait()

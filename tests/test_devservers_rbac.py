@@ -7,6 +7,7 @@ going away while the operator is down (a finalizer)."""
 
 import sys
 from datetime import UTC, datetime, timedelta
+from pathlib import Path
 
 from devservers.api import API_VERSION
 from tests.devserver_pods import serve_pod
@@ -27,14 +28,15 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
 
     created = dev_cluster.devctl(
         "alice", "create", "box", "--flavor", FLAVOR, "--image", "repo/dev:1",
-        "--idle-timeout", "1h",
+        "--idle-timeout", "1h", "--keep-alive-process", Path(sys.executable).name,
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
     dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Running", "box Running")
     assert {"box", "box-ssh"} <= dev_cluster.names("services")
     assert "home-box-0" in dev_cluster.names("persistentvolumeclaims")
 
-    # Idle detection execs into the pod (a process namespace of its own) and records what it saw.
+    # Idle detection execs into the pod (a process namespace of its own) and records what it saw:
+    # a process the owner named at create keeps the server running.
     dev_cluster.wait(lambda: dev_cluster.status().get("activeSessions") == 0, "an activity check")
     pod = api.read("pods", "dev-alice", "box-0")
     worker = api.runtime.run_in(pod, [sys.executable, "-c", "import time; time.sleep(300)"])

@@ -35,7 +35,7 @@ MAX_NODES_4_TO_12 = [
     "ClusterQueue team-research borrowing.gpu-small.memory 384Gi -> 1152Gi",
     "ClusterQueue team-research borrowing.gpu-small.nvidia.com/gpu 8 -> 24",
     "Cost NodePools max $/hour 382.238 -> 427.790",
-    "Cost total max $/hour 382.693 -> 428.244",
+    "Cost total max $/hour 382.857 -> 428.408",
 ]
 
 
@@ -158,9 +158,11 @@ def test_moving_the_stack_to_another_region_reprices_it():
         "Cost region us-west-2 -> eu-central-1",
         "Cost NAT gateway network-0 $/hour 0.045 -> 0.052",
         "Cost node group cluster-system $/hour 0.304 -> 0.365",  # 3 x (m6i.large $0.115 + ...)
+        "Cost storage quota dev-alice/devservers $/hour 0.110 -> 0.130",  # 1000 GiB of homes
+        "Cost storage quota dev-bob/devservers $/hour 0.055 -> 0.065",  # 500 GiB
         "Cost baseline $/hour 0.454 -> 0.522",
         "Cost NodePools max $/hour 382.238 -> 477.151",
-        "Cost total max $/hour 382.693 -> 477.673",
+        "Cost total max $/hour 382.857 -> 477.868",
     ]
 
 

@@ -747,8 +747,8 @@ PROD_INTERFACE_ENDPOINTS = (
 
 def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
     """prod's lines, figured from the price file (us-west-2) by hand: nodes with their gp3 disks,
-    the system node group at maxSize, FSx per GiB-month, NAT gateways and their addresses, and
-    the control plane."""
+    the system node group at maxSize, FSx per GiB-month, NAT gateways and their addresses, the
+    control plane and the gp3 quota of DevServer homes."""
     from infra.catalog import HOURS_PER_MONTH, load_prices
     from infra.cost import plan_cost
 
@@ -772,6 +772,8 @@ def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
         "gpu-small": nodes(4, "g5.12xlarge", 200),
         "gpu-large": nodes(16, "p4d.24xlarge", 200),
         "cpu": nodes(20, "m6i.4xlarge", 100),
+        # carol's DevServer homes at her quota (devServers.users[].quota.homeGib, default 500).
+        "storage quota dev-carol/devservers": 500 * prices.ebs_gp3_per_gib_month / HOURS_PER_MONTH,
     }
     cost = plan_cost("us-west-2", prod_plan)
     assert cost.unpriced == []

@@ -9,7 +9,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
-from infra.config import ImageConfig, Pool
+from infra.config import ImageConfig, Pool, StackConfig
 from infra.paths import PROJECT_DIR, provider_path
 
 # The build context is the trainer's folder alone: the image needs nothing else, and
@@ -44,6 +44,20 @@ LIFECYCLE = {
 def image_target(pool: Pool) -> str:
     """The Dockerfile target a job on `pool` runs: NCCL over EFA needs libfabric + aws-ofi-nccl."""
     return "efa" if pool.efa else "runtime"
+
+
+def trainer_repository(cluster_name: str) -> str:
+    """The trainer's ECR repository name."""
+    return f"{cluster_name}/trainer"
+
+
+def stack_targets(config: StackConfig) -> list[str]:
+    """The targets a stack builds: those its jobs run, and those every GPU pool's fabric check
+    runs (workloads/nccl_check.py: all_reduce_perf from the pool's target)."""
+    image_pools = [config.job_pool(job) for job in config.jobs] + [
+        p for p in config.node_pools if p.gpu
+    ]
+    return sorted({image_target(pool) for pool in image_pools})
 
 
 def _ignore_patterns(context: Path) -> list[re.Pattern]:
@@ -175,7 +189,7 @@ class TrainerImage(pulumi.ComponentResource):
         else:
             self.refs = ecr_images(
                 name,
-                f"{cluster_name}/trainer",
+                trainer_repository(cluster_name),
                 CONTEXT,
                 targets,
                 tags,

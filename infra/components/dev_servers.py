@@ -2,8 +2,9 @@
 
 Each user in `devServers.users[]` gets namespace dev-<user> (Pod Security "restricted", labelled
 with their team so their team's ClusterQueue admits it), a LocalQueue `dev`, a ResourceQuota of
-servers and GPUs, RBAC that lets them manage DevServers and exec/port-forward there and nowhere
-else, and an EKS access entry mapping their IAM principal to that RBAC. The operator runs on the
+servers, GPUs and home storage (the gp3 volumes of their servers, kept ones included), RBAC that
+lets them manage DevServers and exec/port-forward there and nowhere else, and an EKS access
+entry mapping their IAM principal to that RBAC. The operator runs on the
 system nodes and may write only in the dev-* namespaces.
 """
 
@@ -23,6 +24,7 @@ from devservers.api import (
     SERVERS,
     crds,
     flavor_object,
+    storage_quota,
     user_namespace,
 )
 from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
@@ -333,6 +335,9 @@ class DevServers(pulumi.ComponentResource):
                     SERVER_COUNT: str(user.quota.servers),
                     # Extended resources take only a requests quota (GPU requests == limits).
                     GPU_REQUESTS: str(user.quota.gpus),
+                    # Every home, whether a server uses it or it was kept after a delete or a
+                    # shrink: the plan's cost table prices this ceiling (infra/cost.py).
+                    storage_quota(HOME_STORAGE_CLASS): f"{user.quota.home_gib}Gi",
                 }
             },
             opts=after(namespace),
@@ -355,6 +360,8 @@ class DevServers(pulumi.ComponentResource):
             "DEVSERVERS_HOME_STORAGE_CLASS": HOME_STORAGE_CLASS,
             "DEVSERVERS_SSH_CIDRS": ",".join(str(c) for c in config.ssh_load_balancer_cidrs),
             "DEVSERVERS_DCGM_NAMESPACE": DCGM_NAMESPACE,
+            "DEVSERVERS_IDLE_GPU_PERCENT": str(config.idle.gpu_percent),
+            "DEVSERVERS_IDLE_CPU_PERCENT": str(config.idle.cpu_percent),
         }
         labels = {"app.kubernetes.io/name": OPERATOR}
         return k8s.apps.v1.Deployment(

@@ -9,9 +9,10 @@ processes.
 - Kubelet runs each pod that has no scheduling gate (Kueue holds pods with one) as `sleep` in
   PID, mount and UTS namespaces of its own (`unshare`): the pod's container, with a root
   filesystem of its own (this machine's root under a writable overlay layer, the pod's volumes
-  mounted at their paths, /etc/hosts naming the namespace's pods), its hostname, environment
-  and user. Exec runs the command in those namespaces, root and environment (`nsenter`), so it
-  sees the pod's processes and files and nothing else. The pods share this machine's network:
+  mounted at their paths, /etc/hosts naming the namespace's pods), terminals of its own (a
+  devpts instance), its hostname, environment and user. Exec runs the command in those
+  namespaces, root and environment (`nsenter`), so it sees the pod's processes and files and
+  nothing else. The pods share this machine's network:
   a container port reaches whatever the test put on the loopback port it `expose`d for it
   (e.g. an SSH server), as the pod's network would.
 """
@@ -136,6 +137,10 @@ def _ready(pod: dict) -> bool:
     return any(c["type"] == "Ready" and c["status"] == "True" for c in conditions)
 
 
+# The container's terminals: a devpts of its own, mounted as containerd mounts it for every
+# container (pkg/oci/mounts.go, defaultMounts: gid=5, mode=0620, so an sshd that is not root can
+# give a session a terminal without chown), with /dev/ptmx its ptmx, as runc links it.
+DEVPTS = "nosuid,noexec,newinstance,ptmxmode=0666,mode=0620,gid=5"
 # What an image holds, here: the host's root filesystem (with this interpreter and its torchrun
 # first on PATH, as /opt/conda/bin in the PyTorch images). Each container sees it through a
 # writable layer of its own (overlayfs), with its volumes mounted at their mountPaths; devices,
@@ -170,6 +175,8 @@ def _container_script(
         f"mount -t overlay overlay -o lowerdir=/,upperdir={layers}/upper,workdir={layers}/work "
         f"{root}",
         *(f"mount --rbind {path} {root}{path}" for path in HOST_PATHS),
+        f"mount -t devpts -o {DEVPTS} devpts {root}/dev/pts",
+        f"mount --bind {root}/dev/pts/ptmx {root}/dev/ptmx",
     ]
     for source, target in sorted(mounts, key=lambda mount: mount[1].count("/")):  # parents first
         lines += [f"mkdir -p {root}{target}", f"mount --bind {source} {root}{target}"]
@@ -260,13 +267,21 @@ class Kubelet:
     def _as_user(self, command: list[str]) -> list[str]:
         return self.account.command(command) if self.account else command
 
-    def _enter(self, running: _Running, command: list[str]) -> list[str]:
-        """`command` in a running pod: its namespaces, root and working directory, as its user."""
+    @staticmethod
+    def _inside(running: _Running) -> list[str]:
         return [
             "nsenter", "--target", str(running.init), "--pid", "--mount", "--uts", "--root",
             "--wd", "--",
-            *self._as_user(command),
         ]  # fmt: skip
+
+    def enter(self, pod: dict) -> tuple[str, ...]:
+        """The prefix that runs a command in a running pod's namespaces, root and working
+        directory, as whoever runs it (tests.openssh switches to the image's user itself)."""
+        return tuple(self._inside(self.running[pod["metadata"]["uid"]]))
+
+    def _enter(self, running: _Running, command: list[str]) -> list[str]:
+        """`command` in a running pod: its namespaces, root and working directory, as its user."""
+        return [*self._inside(running), *self._as_user(command)]
 
     def run_in(self, pod: dict, command: list[str], **popen) -> subprocess.Popen:
         """Start `command` inside a running pod (a process the pod's user would have started)."""

@@ -47,6 +47,7 @@ from datetime import UTC, datetime
 from urllib.parse import parse_qs
 
 from aiohttp import web
+from jsonschema import FormatChecker
 from openapi_schema_validator import OAS30Validator
 
 from tests.kube_api.rbac import Authorizer, RequestInfo, User, forbidden, request_info
@@ -237,6 +238,11 @@ def fields_match(selector: str, obj: dict) -> bool:
         if (str(found if found is not None else "") == value) != (op != "!="):
             return False
     return True
+
+
+# The `format`s of CRD schemas the API server checks that the project's CRDs use: date-time
+# (k8s.io/apiextensions-apiserver pkg/apiserver/validation/formats.go, supportedVersionedFormats).
+FORMATS = FormatChecker(["date-time"])
 
 
 def event_errors(event: dict) -> list[str]:
@@ -462,7 +468,7 @@ class KubeAPI:
         obj = _structural(kind.schema, obj, root=True)
         errors = [
             f"{'.'.join(str(p) for p in e.absolute_path) or '<root>'}: {e.message}"
-            for e in OAS30Validator(kind.schema).iter_errors(obj)
+            for e in OAS30Validator(kind.schema, format_checker=FORMATS).iter_errors(obj)
         ]
         if errors:
             name = obj["metadata"].get("name", "")
