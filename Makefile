@@ -64,7 +64,7 @@ bench: $(VENV)/.installed
 ## plan: offline plan of STACK (default dev) into build/plan/STACK, with what changed since the
 ## last plan there (AGAINST=DIR: another plan; AGAINST_REF=origin/main: the stack file at a ref)
 plan: $(VENV)/.installed
-	$(PY) -m infra.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))
+	$(PY) -m deploy.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))
 
 ## system-packages: sshd, WireGuard and iptables, which the tests run for real (apt-get, as root
 ## or through sudo; nothing when present)

@@ -15,11 +15,11 @@ import yaml
 
 from devservers.api import QUEUE_LABEL, user_namespace
 from devservers.cli import parse_args, server_manifest
+from devservers.component import flavor_manifest
 from devservers.controller import WARN_BEFORE, idle_rule
 from devservers.render import Settings, children
 from devservers.stack_defaults import StackDefaults, StackDefaultsError
 from infra.components.block_storage import STORAGE_CLASS
-from infra.components.dev_servers import flavor_manifest
 from infra.config import load_stack_for_command
 
 DEMO_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoKeyOnlyForTheOfflineDemo demo@example"

@@ -7,7 +7,7 @@ same level-based reconcile; a check every IDLE_CHECK_SECONDS also measures activ
 into the pods, and keeps each pod's CPU seconds until the next check) and is the one that warns
 the users of an idle server and then stops it.
 
-What the operator leaves on objects is what its RBAC allows (infra/components/dev_servers.py):
+What the operator leaves on objects is what its RBAC allows (devservers/component.py):
 kopf's bookkeeping annotations on DevServers only. Flavors, which it may only read, are seen
 through an event handler, which keeps no state on them; the servers of a flavor come from an
 index of the DevServers kopf watches in the dev-* namespaces (no cluster-wide list). The idle

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from devservers.api import user_namespace
 from infra.config import ConfigError, StackConfig, load_stack_file
 from infra.paths import PROJECT_DIR
-from workloads.image import source_tag, stack_targets, trainer_repository
+from workloads.image import stack_targets, trainer_repository, trainer_tag
 
 
 class StackDefaultsError(ValueError):
@@ -80,7 +80,7 @@ class StackDefaults:
         repository = trainer_repository(self.config.cluster.name)
         registry = f"<account>.dkr.ecr.{self.config.region}.amazonaws.com"
         return (
-            f"{registry}/{repository}:{source_tag(target)}",
+            f"{registry}/{repository}:{trainer_tag(target)}",
             f"the {target} trainer image pulumi up builds for {self.file}: put your AWS account "
             "in place of <account>, or pass --image",
         )

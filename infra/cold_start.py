@@ -17,8 +17,7 @@ import math
 from dataclasses import dataclass
 
 from infra.catalog import InstanceType
-from infra.config import NodePoolConfig
-from workloads.image import image_target
+from infra.config import NodePoolConfig, image_target
 
 
 @dataclass(frozen=True)

@@ -17,7 +17,6 @@ import re
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 
-from devservers.api import STORAGE_QUOTA_SUFFIX
 from infra.catalog import HOURS_PER_MONTH, RegionPrices, UnpricedError, load_prices
 from infra.declared import Declared, declared_in, dig, listed
 from infra.offline import Plan
@@ -38,6 +37,9 @@ RESOURCE_QUOTA = "kubernetes:core/v1:ResourceQuota"
 STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
 EBS_CSI = "ebs.csi.aws.com"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+# A ResourceQuota's cap on the claims of one StorageClass: `<class>` + this (kubernetes
+# pkg/quota/v1/evaluator/core/persistent_volume_claims.go, V1ResourceByStorageClass).
+STORAGE_QUOTA_SUFFIX = ".storageclass.storage.k8s.io/requests.storage"
 # What an EC2NodeClass's capacity reservations hold (JSON: a list of {instanceType,
 # instanceCount, reservationType, id or tags}), written by infra/components/node_pools.py.
 RESERVATIONS_ANNOTATION = "training-platform/capacity-reservations"
@@ -311,8 +313,7 @@ def _node_pool(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> 
 
 def _storage_quota(r: Declared, stack: Sequence[Declared], prices: RegionPrices) -> CostLine | None:
     """The most the claims of an EBS gp3 StorageClass may hold in the namespace: its quota
-    `<class>.storageclass.storage.k8s.io/requests.storage` (kubernetes pkg/quota/v1/evaluator/
-    core/persistent_volume_claims.go, V1ResourceByStorageClass)."""
+    `<class>` + STORAGE_QUOTA_SUFFIX."""
     hard = dig(r.props, "spec", "hard") or {}
     storage = {
         key.removesuffix(STORAGE_QUOTA_SUFFIX): amount

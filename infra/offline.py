@@ -1,6 +1,6 @@
 """Run the real Pulumi program offline, under the SDK's mock runtime, and record what it declares.
 
-This is the harness behind `python -m infra.plan` and the tests. It differs from the stock
+This is the harness behind `python -m deploy.plan` and the tests. It differs from the stock
 MockMonitor in one way that matters: resource inputs are recorded in their wire form, with
 resource references kept as `{"$ref": urn}` instead of being rehydrated on a worker thread, which
 hangs or fails about half the time (pulumi/pulumi#6561).

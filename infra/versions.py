@@ -72,10 +72,10 @@ KUBE_PROMETHEUS_STACK_CHART = ChartPin(
     "kube-prometheus-stack", "88.6.5", repo="https://prometheus-community.github.io/helm-charts"
 )
 # Kubeflow training operator (v1 line, PyTorchJob kubeflow.org/v1): the upstream standalone
-# overlay at this tag, patched by infra/manifests/training-operator/kustomization.yaml.
+# overlay at this tag, patched by deploy/manifests/training-operator/kustomization.yaml.
 TRAINING_OPERATOR_VERSION = "v1.9.4"
 # MPI operator (MPIJob kubeflow.org/v2beta1): upstream's standalone overlay at this tag, placed
-# by infra/manifests/mpi-operator/kustomization.yaml.
+# by deploy/manifests/mpi-operator/kustomization.yaml.
 MPI_OPERATOR_VERSION = "v0.8.0"
 
 # Hybrid nodes (infra/components/hybrid_nodes.py). The WireGuard gateway boots the AL2023 AMI this

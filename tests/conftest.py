@@ -11,9 +11,9 @@ from typing import Any
 
 import pytest
 
+from deploy.program import build_platform
 from infra.config import parse_stack_config, read_stack_file
 from infra.offline import Plan, run_offline
-from infra.program import build_platform
 from tests.netns import Namespaces
 
 ROOT = Path(__file__).resolve().parent.parent

@@ -16,7 +16,7 @@ import boto3
 import pytest
 from botocore.stub import Stubber
 
-from infra import preflight
+from deploy import preflight
 from infra.catalog import load_prices
 from infra.components.queues import NETWORK_TOPOLOGY, TOPOLOGY_LEVELS
 from infra.config import ConfigError, parse_stack_config

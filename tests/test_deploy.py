@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from deploy.program import build_platform
 from infra.components.iam import CSI_CONTROLLER_NODE_SELECTOR
 from infra.components.kueue import EXCLUDED_RESOURCE_PREFIXES
 from infra.components.node_pools import EFA_NODE_LABELS
@@ -22,7 +23,6 @@ from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_PLACEMENT, S
 from infra.config import parse_stack_config
 from infra.offline import Plan, RecordedResource, run_offline
 from infra.paths import PROGRAM_DIR
-from infra.program import build_platform
 from infra.versions import EFA_DEVICE_PLUGIN_CHART, KARPENTER_CHART, KARPENTER_CRD_CHART
 from tests.conftest import NO_DEV_SERVERS, ROOT, STACKS, plan_of, stack_values
 from tests.destroy_order import DestroyOrder

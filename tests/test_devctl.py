@@ -17,7 +17,7 @@ from devservers.cli import main
 from tests.conftest import ROOT
 from tests.crd_schema import cel_violations, conformance_errors
 from tests.devservers_cluster import Cluster, free_port
-from workloads.image import source_tag
+from workloads.image import trainer_tag
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOr4 alice@laptop"
 
@@ -310,7 +310,7 @@ def test_a_dry_run_takes_namespace_image_and_flavors_from_the_stack(monkeypatch,
     assert code == 0
     manifest = yaml.safe_load(text)
     assert manifest["metadata"]["namespace"] == "dev-bob" and manifest["spec"]["owner"] == "bob"
-    runtime = source_tag("runtime")
+    runtime = trainer_tag("runtime")
     assert manifest["spec"]["image"] == (
         f"<account>.dkr.ecr.us-west-2.amazonaws.com/tp-dev/trainer:{runtime}"
     )

@@ -15,7 +15,8 @@ import pytest
 from pulumi.runtime import settings
 from pulumi.runtime.sync_await import _sync_await
 
-from infra import hybrid_bootstrap
+from deploy import hybrid_bootstrap
+from deploy.program import build_platform
 from infra.components.hybrid_gateway_boot import (
     KEY_PLACEHOLDER,
     SYNC_SCRIPT,
@@ -27,7 +28,6 @@ from infra.components.hybrid_machines import HYBRID_TAINT
 from infra.components.hybrid_nodes import remote_network_transform
 from infra.config import ConfigError, HybridConfig, SsmActivation, parse_stack_config
 from infra.offline import run_offline
-from infra.program import build_platform
 from policies.offline import check
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 

@@ -6,10 +6,10 @@ import json
 import pytest
 import yaml
 
+from deploy.program import build_platform
 from infra.components.hybrid_machines import HYBRID_TAINT
 from infra.config import ConfigError, load_stack_file, parse_stack_config, read_stack_file
 from infra.offline import run_offline
-from infra.program import build_platform
 from tests.conftest import stack_values
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 from workloads import local

@@ -5,10 +5,10 @@ import json
 
 import pytest
 
+from deploy.plan import summary
 from infra.components.karpenter import INTERRUPTION_EVENTS
 from infra.components.node_pools import GPU_TAINT
 from infra.config import ConfigError, load_stack_file, parse_stack_config
-from infra.plan import summary
 from infra.versions import KARPENTER_CHART, NVIDIA_DEVICE_PLUGIN_CHART
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 

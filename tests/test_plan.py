@@ -7,14 +7,14 @@ from pathlib import Path
 
 import pytest
 
-from infra.plan import main
+from deploy.plan import main
 
 ROOT = Path(__file__).resolve().parent.parent
 
 
 def run_plan_cli(*args: str) -> subprocess.CompletedProcess:
     return subprocess.run(
-        [sys.executable, "-m", "infra.plan", *args],
+        [sys.executable, "-m", "deploy.plan", *args],
         cwd=ROOT,
         capture_output=True,
         text=True,

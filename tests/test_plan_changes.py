@@ -6,6 +6,10 @@ import subprocess
 import pytest
 import yaml
 
+from deploy.plan import CHANGES_FILE, main
+from deploy.plan_changes import changes, plan_facts
+from deploy.program import build_platform
+from deploy.program import main as program_main
 from infra.catalog import load_prices, supported_regions
 from infra.config import (
     ConfigError,
@@ -16,10 +20,6 @@ from infra.config import (
     read_stack_file,
 )
 from infra.offline import run_offline
-from infra.plan import CHANGES_FILE, main
-from infra.plan_changes import changes, plan_facts
-from infra.program import build_platform
-from infra.program import main as program_main
 from tests.conftest import ROOT, plan_of, stack_values
 
 MAX_NODES_4_TO_12 = [

@@ -438,7 +438,7 @@ def test_flipping_a_guarded_prod_setting_fails_the_plan_naming_the_rule(tmp_path
         [
             sys.executable,
             "-m",
-            "infra.plan",
+            "deploy.plan",
             "--stack",
             "prod",
             "--project-dir",
@@ -689,9 +689,9 @@ def test_readme_lists_every_rule():
 @pytest.fixture(scope="module")
 def hybrid_stack():
     """The dev stack with hybrid nodes: its config and offline plan."""
+    from deploy.program import build_platform
     from infra.config import parse_stack_config
     from infra.offline import run_offline
-    from infra.program import build_platform
     from tests.conftest import stack_values
     from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 

@@ -6,7 +6,7 @@ import pytest
 from botocore.stub import Stubber
 from moto import mock_aws
 
-from infra import preflight
+from deploy import preflight
 from infra.config import parse_stack_config
 from tests.conftest import NO_DEV_SERVERS, stack_values
 

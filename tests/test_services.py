@@ -5,13 +5,11 @@ import math
 import pytest
 import yaml
 
+from deploy.program import OVERLAYS
 from infra.components.kueue import FRAMEWORKS
 from infra.components.queues import TEAM_LABEL
 from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TOLERATION
-from infra.components.training_operators import (
-    MPI_OPERATOR_KUSTOMIZATION,
-    TRAINING_OPERATOR_KUSTOMIZATION,
-)
+from infra.components.training_operators import MPI_OPERATOR, TRAINING_OPERATOR
 from infra.config import ConfigError, load_stack_file, parse_stack_config
 from infra.versions import (
     DCGM_EXPORTER_CHART,
@@ -30,15 +28,15 @@ KUEUE_TYPES = [
 ]
 
 
-def kustomization(directory=TRAINING_OPERATOR_KUSTOMIZATION) -> dict:
+def kustomization(directory=OVERLAYS / TRAINING_OPERATOR) -> dict:
     return yaml.safe_load((directory / "kustomization.yaml").read_text())
 
 
 @pytest.mark.parametrize(
     "directory, repository, version",
     [
-        (TRAINING_OPERATOR_KUSTOMIZATION, "github.com/kubeflow/trainer", TRAINING_OPERATOR_VERSION),
-        (MPI_OPERATOR_KUSTOMIZATION, "github.com/kubeflow/mpi-operator", MPI_OPERATOR_VERSION),
+        (OVERLAYS / TRAINING_OPERATOR, "github.com/kubeflow/trainer", TRAINING_OPERATOR_VERSION),
+        (OVERLAYS / MPI_OPERATOR, "github.com/kubeflow/mpi-operator", MPI_OPERATOR_VERSION),
     ],
 )
 def test_operators_are_pinned_upstream_overlays_placed_on_system_nodes(

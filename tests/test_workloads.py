@@ -7,10 +7,11 @@ import sys
 
 import pytest
 
+from infra.components.container_image import context_files, source_tag
 from infra.config import ConfigError, parse_stack_config
 from tests.conftest import ROOT, plan_of, stack_values
 from tests.crd_schema import conformance_errors
-from workloads.image import context_files, source_tag
+from workloads.image import CONTEXT, trainer_tag
 from workloads.local import local_command
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
@@ -194,18 +195,18 @@ def test_trainer_image_is_built_into_a_scanned_immutable_deletable_repository(de
     assert set(images) == {"runtime", "efa"}
     for target in images:
         image = dev_plan.one("docker-build:index:Image", f"trainer-image-{target}").inputs
-        # Paths as the engine resolves them, from the program's working directory (infra/).
+        # Paths as the engine resolves them, from the program's working directory (deploy/).
         assert image["context"] == {"location": "../trainer"}
         assert image["dockerfile"] == {"location": "../trainer/Dockerfile"}
         assert image["target"] == target and image["push"] is True
         (tag,) = image["tags"]
-        assert tag.endswith(f":{source_tag(target)}")
+        assert tag.endswith(f":{trainer_tag(target)}")
     gpt_small = job_of(dev_plan, "gpt-small").inputs["spec"]["pytorchReplicaSpecs"]["Worker"]
     assert container(gpt_small["template"])["image"] == images["runtime"]
 
 
 def test_build_context_is_the_trainer_folder_less_dockerignore():
-    files = {p.relative_to(ROOT / "trainer").as_posix() for p in context_files()}
+    files = {p.relative_to(ROOT / "trainer").as_posix() for p in context_files(CONTEXT)}
     assert {"train.py", "requirements.txt", "__init__.py"} <= files
     assert not any("__pycache__" in f or f.endswith(".pyc") for f in files)
     assert "Dockerfile" not in files and ".dockerignore" not in files

@@ -25,10 +25,10 @@ from infra.config import (
     JobConfig,
     NodePoolConfig,
     StackConfig,
+    image_target,
     load_stack_for_command,
     queue_shortfall,
 )
-from workloads.image import image_target
 from workloads.manifests import API_VERSIONS, JobTarget, mpi_job, network_policy
 
 CHECK_LABEL = "training-platform/fabric-check"

@@ -12,12 +12,12 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.cold_start import MARGIN, launch_seconds
+from infra.components.container_image import ecr_images
 from infra.components.context import ClusterContext
 from infra.components.node_pools import GPU_NODE_LABELS
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import KarpenterConfig, NodePoolConfig
 from infra.paths import PROJECT_DIR
-from workloads.image import ecr_images
 
 NAMESPACE = "kube-system"
 NAME = "gpu-registration-watch"

@@ -106,7 +106,7 @@ def ec2_node_class_spec(
 
 def node_class_metadata(pool: NodePoolConfig) -> dict:
     """Beside the selector terms (all Karpenter reads), what each term is expected to select: the
-    plan prices it as fixed cost (infra/cost.py); infra.preflight checks the same against AWS."""
+    plan prices it as fixed cost (infra/cost.py); deploy.preflight checks the same against AWS."""
     metadata: dict = {"name": pool.name}
     if pool.capacity_reservations:
         expected = [

@@ -1,20 +1,24 @@
 """Kubeflow job operators: PyTorchJob (training operator v1) and MPIJob (MPI operator v2beta1).
 
 Both projects ship an MPIJob CRD under the same name; the training operator's copy and its MPIJob
-controller are switched off (infra/manifests/training-operator/kustomization.yaml), so exactly one
-MPIJob CRD, kubeflow.org/v2beta1, is installed and one controller serves it. Both are upstream
-kustomize overlays at pinned tags, placed on the system nodes by infra/manifests/system-nodes.
+controller are switched off (training-operator/kustomization.yaml in the overlays' folder), so
+exactly one MPIJob CRD, kubeflow.org/v2beta1, is installed and one controller serves it. Both are
+upstream kustomize overlays at pinned tags, placed on the system nodes by the overlays'
+system-nodes component. The overlays live beside the program (deploy/manifests), whose working
+directory the kustomize provider resolves them from.
 """
+
+from pathlib import Path
 
 import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.components.context import ClusterContext
-from infra.paths import PROGRAM_DIR, provider_path
+from infra.paths import provider_path
 
-MANIFESTS = PROGRAM_DIR / "manifests"
-MPI_OPERATOR_KUSTOMIZATION = MANIFESTS / "mpi-operator"
-TRAINING_OPERATOR_KUSTOMIZATION = MANIFESTS / "training-operator"
+# The overlays' folders in the folder the program hands over.
+MPI_OPERATOR = "mpi-operator"
+TRAINING_OPERATOR = "training-operator"
 
 
 class TrainingOperators(pulumi.ComponentResource):
@@ -24,6 +28,7 @@ class TrainingOperators(pulumi.ComponentResource):
         self,
         name: str,
         cluster: ClusterContext,
+        overlays: Path,  # the folder holding the MPI_OPERATOR and TRAINING_OPERATOR overlays
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:TrainingOperators", name, None, opts)
@@ -31,11 +36,11 @@ class TrainingOperators(pulumi.ComponentResource):
             parent=self, provider=cluster.provider, depends_on=cluster.controller_prerequisites
         )
         mpi_operator = k8s.kustomize.v2.Directory(
-            "mpi-operator", directory=provider_path(MPI_OPERATOR_KUSTOMIZATION), opts=child
+            "mpi-operator", directory=provider_path(overlays / MPI_OPERATOR), opts=child
         )
         training_operator = k8s.kustomize.v2.Directory(
             "training-operator",
-            directory=provider_path(TRAINING_OPERATOR_KUSTOMIZATION),
+            directory=provider_path(overlays / TRAINING_OPERATOR),
             # The MPIJob CRD comes from the MPI operator; install it first.
             opts=pulumi.ResourceOptions.merge(
                 child, pulumi.ResourceOptions(depends_on=[mpi_operator])

@@ -35,7 +35,7 @@ from infra.config.policy import (
     placeholder_errors,
     public_ingress_resources,
 )
-from infra.config.pools import CapacityReservation, NodePoolConfig
+from infra.config.pools import CapacityReservation, NodePoolConfig, image_target
 from infra.config.queues import QueuesConfig, TeamConfig, queue_shortfall
 from infra.config.stack import StackConfig
 from infra.config.storage import CHECKPOINT_PREFIX, BucketConfig, FsxConfig
@@ -71,6 +71,7 @@ __all__ = [
     "TeamConfig",
     "config_from_pulumi",
     "fabric_sizes",
+    "image_target",
     "job_role_resource_name",
     "karpenter_role_names",
     "load_stack_file",

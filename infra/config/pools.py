@@ -26,7 +26,7 @@ from infra.config.fabric_check import (
 )
 
 if TYPE_CHECKING:  # hybrid.py builds on this module
-    from infra.config.hybrid import HybridMachine
+    from infra.config.hybrid import HybridMachine, HybridPool
 
 # Bounds of a node's lifetime (expireAfter): under an hour nodes churn under running jobs; over
 # 90 days they miss the AMI patches that only replacement brings.
@@ -71,7 +71,7 @@ class CapacityReservation(Model):
     """EC2 capacity bought ahead that a pool launches into first (Karpenter's `reserved` capacity
     type): an On-Demand Capacity Reservation (`default`) or a Capacity Block for ML
     (`capacity-block`), selected by id or by tags. Type and count are what the plan prices and
-    infra.preflight checks against AWS."""
+    deploy.preflight checks against AWS."""
 
     id: str | None = Field(default=None, pattern=r"^cr-[0-9a-z]+$")
     # Every reservation carrying all these tags; "*" matches any value (Karpenter's semantics).
@@ -117,7 +117,7 @@ class NodePoolConfig(Model):
     static_nodes: bool = False
     efa: bool = False
     # EFA pools keep their nodes in one AZ and one cluster placement group: required there, as an
-    # instance type is not offered in every AZ (infra.preflight checks it is in this one).
+    # instance type is not offered in every AZ (deploy.preflight checks it is in this one).
     availability_zone: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
     disk_size_gib: int = Field(default=200, ge=50, le=16000)
     # gp3 throughput of the root volume in MiB/s; Karpenter's EC2NodeClass takes 125 to 1000.
@@ -326,3 +326,9 @@ def job_pod_fits(pool: NodePoolConfig, instance: InstanceType) -> bool:
         instance.vcpu - NODE_RESERVE["vcpu"] >= cpu
         and instance.memory_gib - NODE_RESERVE["memory_gib"] >= memory_gib
     )
+
+
+def image_target(pool: "NodePoolConfig | HybridPool") -> str:
+    """The trainer image's Dockerfile target a job on `pool` runs (trainer/Dockerfile): NCCL over
+    EFA needs libfabric and aws-ofi-nccl, which only the `efa` target ships."""
+    return "efa" if pool.efa else "runtime"

@@ -1,6 +1,6 @@
 """GPU availability preflight: would AWS actually give this stack the capacity its pools declare?
 
-`python -m infra.preflight --stack dev` reads Pulumi.<stack>.yaml and asks AWS (read-only calls,
+`python -m deploy.preflight --stack dev` reads Pulumi.<stack>.yaml and asks AWS (read-only calls,
 the caller's credentials) four things before `pulumi up` schedules pools and jobs:
 - EC2 vCPU service quotas per quota bucket (Standard, G/VT, P, P5; on-demand and spot), against
   the sum of the pools' ceilings (maxNodes x largest type) plus the system node group;
@@ -333,7 +333,7 @@ def aws_clients(region: str):
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.preflight", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m deploy.preflight", description=__doc__)
     parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
     args = parser.parse_args(argv)
     try:

@@ -1,6 +1,6 @@
 """Offline plan, the `cdk synth` Pulumi lacks: run the program under mocks, write what it declares.
 
-    python -m infra.plan --stack dev [--out build/plan/dev] [--against DIR | --against-ref REF]
+    python -m deploy.plan --stack dev [--out build/plan/dev] [--against DIR | --against-ref REF]
 
 writes `plan.json` (one object per registered resource), `manifests/` (one YAML file per
 Kubernetes object), `facts.json` (limits, quotas, sizes, cost) and `changes.txt` (those facts
@@ -20,6 +20,8 @@ from typing import Any
 
 import yaml
 
+from deploy.plan_changes import Facts, changes, plan_facts
+from deploy.program import build_platform
 from devservers.api import user_namespace
 from infra.catalog import HOURS_PER_MONTH
 from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
@@ -37,8 +39,6 @@ from infra.cost import StackCost, money, plan_cost
 from infra.declared import dig, listed
 from infra.offline import Plan, run_offline
 from infra.paths import PROJECT_DIR
-from infra.plan_changes import Facts, changes, plan_facts
-from infra.program import build_platform
 from policies.offline import check
 
 FACTS_FILE = "facts.json"
@@ -374,7 +374,7 @@ def read_facts(folder: Path) -> Facts | None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(
-        prog="python -m infra.plan", description=__doc__.splitlines()[0]
+        prog="python -m deploy.plan", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
     parser.add_argument("--out", type=Path, help="output folder (default build/plan/<stack>)")

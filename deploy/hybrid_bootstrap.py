@@ -1,6 +1,6 @@
 """Print a hybrid machine's one-page bootstrap (or its WireGuard config) from the deployed stack.
 
-  python -m infra.hybrid_bootstrap --stack dev alice-4090 > bootstrap.sh   # then, on the machine:
+  python -m deploy.hybrid_bootstrap --stack dev alice-4090 > bootstrap.sh   # then, on the machine:
   sudo bash bootstrap.sh
 
 The pages are secret stack outputs (`hybridBootstrap`, `hybridPeerConfigs`) written by
@@ -18,7 +18,7 @@ OUTPUTS = {"bootstrap": "hybridBootstrap", "wireguard": "hybridPeerConfigs"}
 
 
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m infra.hybrid_bootstrap", description=__doc__)
+    parser = argparse.ArgumentParser(prog="python -m deploy.hybrid_bootstrap", description=__doc__)
     parser.add_argument("machine", help="a name from hybrid.machines in the stack config")
     parser.add_argument("--stack", required=True)
     parser.add_argument("--what", choices=sorted(OUTPUTS), default="bootstrap")

@@ -28,6 +28,7 @@ from devservers.api import (
     user_namespace,
 )
 from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
+from infra.components.container_image import ecr_images
 from infra.components.context import ClusterContext
 from infra.components.gpu_metrics import NAMESPACE as DCGM_NAMESPACE
 from infra.components.placement import node_selector, tolerations
@@ -42,7 +43,6 @@ from infra.components.queues import (
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import DevServersConfig, NodePoolConfig, TeamConfig
 from infra.paths import PROJECT_DIR
-from workloads.image import ecr_images
 
 NAMESPACE = "devservers-system"
 OPERATOR = "devserver-operator"
@@ -157,6 +157,8 @@ class DevServers(pulumi.ComponentResource):
         gpu_metrics: pulumi.Resource | None,
         opts: pulumi.ResourceOptions | None = None,
     ):
+        # The type token is part of every child's URN: it keeps the `infra` it had before the
+        # component moved here, or `pulumi up` would replace every resource of a running stack.
         super().__init__("training-platform:infra:DevServers", name, None, opts)
         k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
 

@@ -1,11 +1,13 @@
 """The Pulumi program: read the stack's typed config, wire the components together, export."""
 
+from pathlib import Path
+
 import pulumi
 
+from devservers.component import DevServers
 from infra.components.block_storage import BlockStorage
 from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
-from infra.components.dev_servers import DevServers
 from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.gpu_registration_watch import GpuRegistrationWatch
@@ -20,10 +22,14 @@ from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.components.queues import Queues
 from infra.components.shared_file_system import SharedFileSystem
 from infra.components.training_operators import TrainingOperators
-from infra.config import StackConfig, config_from_pulumi
+from infra.config import StackConfig, config_from_pulumi, image_target
 from infra.versions import EKS_ADDONS
-from workloads.image import TrainerImage, image_target, stack_targets
+from workloads.image import TrainerImage, stack_targets
 from workloads.training_job import TrainingJob
+
+# Kustomize overlays of the job operators, handed to the provider relative to this folder, the
+# program's working directory under `pulumi up`.
+OVERLAYS = Path(__file__).resolve().parent / "manifests"
 
 
 def build_platform(config: StackConfig) -> None:
@@ -76,7 +82,7 @@ def build_platform(config: StackConfig) -> None:
     if any(pool.efa for pool in config.node_pools):
         EfaDevicePlugin("efa-device-plugin", platform)
 
-    operators = TrainingOperators("training-operators", platform)
+    operators = TrainingOperators("training-operators", platform, OVERLAYS)
     kueue = Kueue("kueue", config.node_pools, platform, job_operators=operators.installs)
     storage = config.storage
     bucket = TrainingBucket(
