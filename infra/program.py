@@ -9,6 +9,7 @@ from infra.components.dev_servers import DevServers
 from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.gpu_registration_watch import GpuRegistrationWatch
+from infra.components.hybrid_homes import HybridHomes
 from infra.components.hybrid_nodes import HybridNodes, VpcPlacement, kueue_flavor
 from infra.components.karpenter import Karpenter, feature_gates
 from infra.components.kueue import Kueue
@@ -153,6 +154,7 @@ def build_platform(config: StackConfig) -> None:
         provider=cluster.provider,
         extra_flavors=(kueue_flavor(config.hybrid),) if config.hybrid else (),
     )
+    home_prerequisites = []
     if config.hybrid:
         hybrid = HybridNodes(
             "hybrid",
@@ -176,15 +178,21 @@ def build_platform(config: StackConfig) -> None:
 
     dev_namespaces = {}
     if config.dev_servers.enabled:
+        flavor_pools = {f.name: config.pool_named(f.node_pool) for f in config.dev_servers.flavors}
+        if any(pool.hybrid for pool in flavor_pools.values()):
+            # Homes on the machines' disks: their provisioner, and the machines it works on,
+            # outlive the user namespaces whose claims it removes.
+            homes = HybridHomes("hybrid-homes", cluster.provider, cluster.controller_prerequisites)
+            home_prerequisites = [homes, hybrid]
         dev_namespaces = DevServers(
             "dev-servers",
             config.dev_servers,
-            config.node_pools,
+            flavor_pools,
             config.queues.teams,
             cluster.name,
             cluster.controller_prerequisites,
             [kueue.release, queues],
-            namespace_prerequisites,
+            [*namespace_prerequisites, *home_prerequisites],
             gpu_metrics,
             cluster.provider,
             tags,
