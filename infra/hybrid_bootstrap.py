@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-from infra.config import PROJECT_DIR
+from infra.paths import PROJECT_DIR
 
 OUTPUTS = {"bootstrap": "hybridBootstrap", "wireguard": "hybridPeerConfigs"}
 

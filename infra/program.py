@@ -10,7 +10,7 @@ from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.gpu_registration_watch import GpuRegistrationWatch
 from infra.components.hybrid_homes import HybridHomes
-from infra.components.hybrid_nodes import HybridNodes, VpcPlacement, kueue_flavor
+from infra.components.hybrid_nodes import HybridNodes, kueue_flavor
 from infra.components.karpenter import Karpenter, feature_gates
 from infra.components.kueue import Kueue
 from infra.components.lustre import LustreFileSystem
@@ -33,50 +33,35 @@ def build_platform(config: StackConfig) -> None:
 
     network = Network("network", config.network, cluster_name=config.cluster.name, tags=tags)
     cluster = Cluster("cluster", config.cluster, network=network, tags=tags, hybrid=config.hybrid)
+    platform = cluster.context
     karpenter = Karpenter(
         "karpenter",
-        cluster,
-        cluster_name=config.cluster.name,
-        tags=tags,
+        platform,
         gates=feature_gates(config.node_pools, config.karpenter.node_repair),
     )
     addons = EKS_ADDONS[config.cluster.kubernetes_version]
     # Node conditions for Karpenter's NodeRepair, and the GPU nodes' DCGM host engine.
     node_monitoring = NodeMonitoringAgent(
-        "node-monitoring-agent",
-        cluster.name,
-        addons["eks-node-monitoring-agent"],
-        cluster.controller_prerequisites,
-        tags,
+        "node-monitoring-agent", platform, addons["eks-node-monitoring-agent"]
     )
-    ebs = BlockStorage(
-        "ebs",
-        cluster.name,
-        addons["aws-ebs-csi-driver"],
-        cluster.controller_prerequisites,
-        cluster.provider,
-        tags,
-    )
+    ebs = BlockStorage("ebs", platform, addons["aws-ebs-csi-driver"])
     node_pools = NodePools(
         "nodepools",
         config.node_pools,
-        cluster_name=config.cluster.name,
+        platform,
         instance_profile=karpenter.instance_profile_name,
         ami_alias=config.karpenter.ami_alias,
-        vpc_zones=network.zones,
         karpenter_release=karpenter.release,
         volume_driver=ebs.addon,
-        provider=cluster.provider,
-        tags=tags,
     )
     gpu_metrics = None
     hybrid_gpus = config.hybrid is not None and any(m.gpus for m in config.hybrid.machines)
     gpu_pools = [pool for pool in config.node_pools if pool.gpu]
     if hybrid_gpus or gpu_pools:
-        NvidiaDevicePlugin("nvidia-device-plugin", provider=cluster.provider)
+        NvidiaDevicePlugin("nvidia-device-plugin", platform)
         gpu_metrics = GpuMetrics(
             "gpu-metrics",
-            cluster.provider,
+            platform,
             config.monitoring.prometheus_stack,
             node_monitoring.addon if gpu_pools else None,
             hybrid_gpus,
@@ -86,23 +71,14 @@ def build_platform(config: StackConfig) -> None:
             "gpu-registration-watch",
             config.karpenter,
             gpu_pools,
-            cluster.name,
+            platform,
             [node_pools.node_pools[pool.name] for pool in gpu_pools],
-            cluster.provider,
-            tags,
         )
     if any(pool.efa for pool in config.node_pools):
-        EfaDevicePlugin("efa-device-plugin", provider=cluster.provider)
+        EfaDevicePlugin("efa-device-plugin", platform)
 
-    operators = TrainingOperators(
-        "training-operators", cluster.provider, cluster.controller_prerequisites
-    )
-    kueue = Kueue(
-        "kueue",
-        config.node_pools,
-        provider=cluster.provider,
-        depends_on=[*operators.installs, *cluster.controller_prerequisites],
-    )
+    operators = TrainingOperators("training-operators", platform)
+    kueue = Kueue("kueue", config.node_pools, platform, job_operators=operators.installs)
     storage = config.storage
     bucket = TrainingBucket(
         "training-bucket",
@@ -112,30 +88,10 @@ def build_platform(config: StackConfig) -> None:
     )
     efs = fsx = None
     if storage.efs.enabled:
-        efs = SharedFileSystem(
-            "efs",
-            cluster.name,
-            addons["aws-efs-csi-driver"],
-            cluster.controller_prerequisites,
-            network.vpc_id,
-            network.private_subnets,
-            cluster.cluster_security_group_id,
-            cluster.provider,
-            tags,
-        )
+        efs = SharedFileSystem("efs", platform, addons["aws-efs-csi-driver"])
     if storage.fsx.enabled:
         fsx = LustreFileSystem(
-            "fsx",
-            storage.fsx,
-            cluster.name,
-            addons["aws-fsx-csi-driver"],
-            cluster.controller_prerequisites,
-            network.vpc_id,
-            network.private_subnets[0],
-            cluster.cluster_security_group_id,
-            bucket.name,
-            cluster.provider,
-            tags,
+            "fsx", storage.fsx, platform, addons["aws-fsx-csi-driver"], bucket.name
         )
     # Pods in team and DevServer namespaces carry Kueue's finalizers and mount volumes of these
     # drivers: destroy deletes the namespaces while Kueue and the drivers still run.
@@ -151,27 +107,12 @@ def build_platform(config: StackConfig) -> None:
         config.queues,
         kueue.release,
         namespace_prerequisites,
-        provider=cluster.provider,
+        platform,
         extra_flavors=(kueue_flavor(config.hybrid),) if config.hybrid else (),
     )
     home_prerequisites = []
     if config.hybrid:
-        hybrid = HybridNodes(
-            "hybrid",
-            config.hybrid,
-            cluster.name,
-            config.cluster.kubernetes_version,
-            VpcPlacement(
-                config.network.cidr,
-                network.vpc_id,
-                network.public_subnets[0],
-                network.route_table_ids,
-                cluster.cluster_security_group_id,
-            ),
-            cluster.controller_prerequisites,
-            cluster.provider,
-            tags,
-        )
+        hybrid = HybridNodes("hybrid", config.hybrid, platform, config.cluster.kubernetes_version)
         pulumi.export("hybridGatewayIp", hybrid.gateway_public_ip)
         pulumi.export("hybridPeerConfigs", hybrid.peer_configs)
         pulumi.export("hybridBootstrap", hybrid.bootstraps)
@@ -182,20 +123,17 @@ def build_platform(config: StackConfig) -> None:
         if any(pool.hybrid for pool in flavor_pools.values()):
             # Homes on the machines' disks: their provisioner, and the machines it works on,
             # outlive the user namespaces whose claims it removes.
-            homes = HybridHomes("hybrid-homes", cluster.provider, cluster.controller_prerequisites)
+            homes = HybridHomes("hybrid-homes", platform)
             home_prerequisites = [homes, hybrid]
         dev_namespaces = DevServers(
             "dev-servers",
             config.dev_servers,
             flavor_pools,
             config.queues.teams,
-            cluster.name,
-            cluster.controller_prerequisites,
+            platform,
             [kueue.release, queues],
             [*namespace_prerequisites, *home_prerequisites],
             gpu_metrics,
-            cluster.provider,
-            tags,
         ).namespaces
 
     if efs:
@@ -220,12 +158,10 @@ def build_platform(config: StackConfig) -> None:
                 queues.namespaces[job.queue],
                 image.refs[image_target(pool)],
                 bucket,
-                cluster.name,
+                platform,
                 # The EFS and FSx CSI node agents do not run on hybrid machines.
                 set() if pool.hybrid else enabled_storage,
                 [*operators.installs, kueue.release, queues.local_queues[job.queue]],
-                cluster.provider,
-                tags,
             )
     pulumi.export("bucketName", bucket.name)
     pulumi.export("checkpointPrefixPolicy", bucket.prefix_policy(CHECKPOINT_PREFIX))

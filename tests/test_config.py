@@ -259,13 +259,13 @@ def test_yaml_problems_name_the_file(tmp_path, text, expected):
 def test_the_running_stacks_file_is_checked_for_duplicate_keys(tmp_path, monkeypatch):
     import pulumi
 
-    import infra.config
+    from infra.config import loading
 
     write_stack(tmp_path, "config:\n  aws:region: us-west-2\n  aws:region: us-east-1\n")
-    monkeypatch.setattr(infra.config, "PROJECT_DIR", tmp_path)
+    monkeypatch.setattr(loading, "PROJECT_DIR", tmp_path)
     monkeypatch.setattr(pulumi, "get_stack", lambda: "x")
     with pytest.raises(ConfigError, match="Pulumi.x.yaml.*duplicate key"):
-        infra.config.config_from_pulumi()
+        loading.config_from_pulumi()
 
 
 def test_missing_region_is_a_config_error():
@@ -432,9 +432,9 @@ PINNED_RELEASE = datetime.datetime.strptime(KARPENTER_AMI_ALIAS, "al2023@v%Y%m%d
 @pytest.fixture
 def today_is_the_pinned_release(monkeypatch):
     """Today, for the amiAlias check, is the day of the pinned default release: no wall clock."""
-    import infra.config
+    from infra.config import cluster
 
-    monkeypatch.setattr(infra.config, "utc_today", lambda: PINNED_RELEASE)
+    monkeypatch.setattr(cluster, "utc_today", lambda: PINNED_RELEASE)
 
 
 def alias(day: datetime.date) -> str:

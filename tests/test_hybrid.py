@@ -23,7 +23,8 @@ from infra.components.hybrid_gateway_boot import (
     sync_script,
     sync_units,
 )
-from infra.components.hybrid_nodes import HYBRID_TAINT, remote_network_transform
+from infra.components.hybrid_machines import HYBRID_TAINT
+from infra.components.hybrid_nodes import remote_network_transform
 from infra.config import ConfigError, HybridConfig, SsmActivation, parse_stack_config
 from infra.offline import run_offline
 from infra.program import build_platform

@@ -11,9 +11,10 @@ import pytest
 import yaml
 
 from infra.components.hybrid_homes import KUSTOMIZATION, NAMESPACE, PROVISIONER, STORAGE_CLASS
-from infra.components.hybrid_nodes import HYBRID_TAINT
+from infra.components.hybrid_machines import HYBRID_TAINT
 from infra.components.placement import node_selector, tolerations
-from infra.config import SYSTEM_NAMESPACES, parse_stack_config
+from infra.config import parse_stack_config
+from infra.config.queues import SYSTEM_NAMESPACES
 from infra.offline import run_offline
 from infra.program import build_platform
 from infra.versions import LOCAL_PATH_HELPER_IMAGE, LOCAL_PATH_PROVISIONER_VERSION

@@ -6,7 +6,7 @@ import json
 import pytest
 import yaml
 
-from infra.components.hybrid_nodes import HYBRID_TAINT
+from infra.components.hybrid_machines import HYBRID_TAINT
 from infra.config import ConfigError, load_stack_file, parse_stack_config, read_stack_file
 from infra.offline import run_offline
 from infra.program import build_platform

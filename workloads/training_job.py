@@ -5,6 +5,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.components.bucket import TrainingBucket
+from infra.components.context import ClusterContext
 from infra.components.iam import pod_identity_role
 from infra.config import JobConfig, Pool, job_role_resource_name
 from workloads.manifests import (
@@ -28,26 +29,24 @@ class TrainingJob(pulumi.ComponentResource):
         namespace: k8s.core.v1.Namespace,
         image: pulumi.Input[str],
         bucket: TrainingBucket,
-        cluster_name: pulumi.Input[str],
+        cluster: ClusterContext,
         storage: set[str],
         controllers: list[pulumi.Resource],
-        provider: k8s.Provider,
-        tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:workloads:TrainingJob", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        k8s_child = pulumi.ResourceOptions(parent=self, provider=provider)
+        k8s_child = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
         namespace_name = namespace.metadata.name
         # The job's pods may read and write its own checkpoint prefix, and nothing else in S3.
         prefix = namespace_name.apply(lambda ns: f"checkpoints/{ns}/{job.name}")
         role = pod_identity_role(
             job_role_resource_name(job.name),
-            cluster_name,
+            cluster.name,
             namespace_name,
             job.name,
             [],
-            tags,
+            cluster.tags,
             child,
             inline_policy=prefix.apply(lambda p: bucket.prefix_policy(p)),
         )
@@ -56,11 +55,11 @@ class TrainingJob(pulumi.ComponentResource):
         )
         identity = aws.eks.PodIdentityAssociation(
             name,
-            cluster_name=cluster_name,
+            cluster_name=cluster.name,
             namespace=namespace_name,
             service_account=job.name,
             role_arn=role.arn,
-            tags=tags,
+            tags=cluster.tags,
             opts=pulumi.ResourceOptions(parent=self, depends_on=role.ready),
         )
         policy = namespace_name.apply(lambda ns: network_policy(job, ns))

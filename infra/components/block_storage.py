@@ -3,6 +3,7 @@
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.components.iam import csi_driver_addon
 
 EBS_CSI_POLICY = "service-role/AmazonEBSCSIDriverPolicy"
@@ -17,23 +18,18 @@ class BlockStorage(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cluster_name: pulumi.Input[str],
+        cluster: ClusterContext,
         addon_version: str,
-        controller_prerequisites: list[pulumi.Resource],
-        provider: k8s.Provider,
-        tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:BlockStorage", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         self.addon = addon = csi_driver_addon(
             f"{name}-csi",
-            cluster_name,
+            cluster,
             "aws-ebs-csi-driver",
             addon_version,
             "ebs-csi-controller-sa",
-            controller_prerequisites,
-            tags,
             child,
             managed_policies=[EBS_CSI_POLICY],
         )
@@ -49,6 +45,6 @@ class BlockStorage(pulumi.ComponentResource):
             volume_binding_mode="WaitForFirstConsumer",
             allow_volume_expansion=True,
             reclaim_policy="Delete",
-            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[addon]),
+            opts=pulumi.ResourceOptions(parent=self, provider=cluster.provider, depends_on=[addon]),
         )
         self.register_outputs({"storageClass": STORAGE_CLASS})

@@ -5,6 +5,7 @@ import pulumi_aws as aws
 import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext, VpcPlacement
 from infra.components.hybrid_nodes import POD_IDENTITY_ON_HYBRID_NODES, remote_network_transform
 from infra.components.iam import node_role, partition
 from infra.components.network import Network, discovery_tag
@@ -24,6 +25,7 @@ class Cluster(pulumi.ComponentResource):
     # on (with their permissions and the VPC's egress), cluster DNS (the CSI controllers reach
     # AWS APIs by name) and the Pod Identity agent that hands it AWS credentials.
     controller_prerequisites: list[pulumi.Resource]
+    context: ClusterContext  # all of the above, with tags and placement, for the components
 
     def __init__(
         self,
@@ -149,6 +151,22 @@ class Cluster(pulumi.ComponentResource):
         self.cluster_security_group_id = cluster_sg_id
         self.controller_prerequisites = [system_nodes, coredns, pod_identity_agent]
         self.provider = k8s.Provider(f"{name}-k8s", kubeconfig=self.kubeconfig, opts=child)
+        self.context = ClusterContext(
+            name=self.name,
+            config_name=config.name,
+            provider=self.provider,
+            controller_prerequisites=self.controller_prerequisites,
+            tags=tags,
+            vpc=VpcPlacement(
+                cidr=network.cidr,
+                vpc_id=network.vpc_id,
+                private_subnets=network.private_subnets,
+                public_subnets=network.public_subnets,
+                route_table_ids=network.route_table_ids,
+                zones=network.zones,
+                cluster_security_group_id=cluster_sg_id,
+            ),
+        )
         self.register_outputs(
             {
                 "name": self.name,

@@ -29,6 +29,7 @@ from devservers.api import (
     user_namespace,
 )
 from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
+from infra.components.context import ClusterContext
 from infra.components.gpu_metrics import NAMESPACE as DCGM_NAMESPACE
 from infra.components.hybrid_homes import STORAGE_CLASS as HYBRID_HOME_STORAGE_CLASS
 from infra.components.placement import node_selector, tolerations
@@ -155,19 +156,16 @@ class DevServers(pulumi.ComponentResource):
         config: DevServersConfig,
         flavor_pools: dict[str, Pool],  # flavor name -> the pool it names
         teams: list[TeamConfig],
-        cluster_name: pulumi.Input[str],
-        prerequisites: list[pulumi.Resource],  # what a controller needs: the system nodes
+        cluster: ClusterContext,
         queues: list[pulumi.Resource],  # what a LocalQueue waits for: Kueue and the ClusterQueues
         # What a user's pods need until they are gone: Kueue and the provisioners of their volumes
         # (the CSI drivers; on the hybrid machines, the local-path provisioner and the machines).
         namespace_prerequisites: list[pulumi.Resource],
         gpu_metrics: pulumi.Resource | None,
-        provider: k8s.Provider,
-        tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:DevServers", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider)
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
 
         def after(*resources) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions.merge(
@@ -202,10 +200,10 @@ class DevServers(pulumi.ComponentResource):
             if config.operator_image.uri
             else ecr_images(
                 f"{name}-operator-image",
-                pulumi.Output.concat(cluster_name, "/", OPERATOR),
+                pulumi.Output.concat(cluster.name, "/", OPERATOR),
                 CONTEXT,
                 [IMAGE_TARGET],
-                tags,
+                cluster.tags,
                 pulumi.ResourceOptions(parent=self),
             )[IMAGE_TARGET]
         )
@@ -280,11 +278,11 @@ class DevServers(pulumi.ComponentResource):
                 name,
                 user,
                 teams_by_name[user.team],
-                cluster_name,
+                cluster.name,
                 queues,
                 namespace_prerequisites,
                 after,
-                tags,
+                cluster.tags,
             )
             bind = after(namespace, user_role)
             bindings += [
@@ -307,7 +305,10 @@ class DevServers(pulumi.ComponentResource):
             ]
         # After the flavors: the operator reads each one's home StorageClass.
         self._deployment(
-            name, image, config, after(account, *definitions, *flavors, *bindings, *prerequisites)
+            name,
+            image,
+            config,
+            after(account, *definitions, *flavors, *bindings, *cluster.controller_prerequisites),
         )
         self.register_outputs({"operatorImage": image})
 

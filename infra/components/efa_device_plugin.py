@@ -5,8 +5,8 @@ schedules. It runs only on nodes of EFA pools (their NodePools label them).
 """
 
 import pulumi
-import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.components.helm import helm_release
 from infra.components.node_pools import EFA_NODE_LABELS, GPU_TOLERATION
 from infra.versions import EFA_DEVICE_PLUGIN_CHART
@@ -14,7 +14,7 @@ from infra.versions import EFA_DEVICE_PLUGIN_CHART
 
 class EfaDevicePlugin(pulumi.ComponentResource):
     def __init__(
-        self, name: str, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
+        self, name: str, cluster: ClusterContext, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("training-platform:infra:EfaDevicePlugin", name, None, opts)
         self.release = helm_release(
@@ -25,6 +25,6 @@ class EfaDevicePlugin(pulumi.ComponentResource):
                 "nodeSelector": EFA_NODE_LABELS,
                 "tolerations": [GPU_TOLERATION],
             },
-            pulumi.ResourceOptions(parent=self, provider=provider),
+            pulumi.ResourceOptions(parent=self, provider=cluster.provider),
         )
         self.register_outputs({})

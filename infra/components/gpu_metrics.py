@@ -6,10 +6,10 @@ agent, so their exporter (a release of its own) embeds its host engine as the ch
 """
 
 import pulumi
-import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.components.helm import helm_release
-from infra.components.hybrid_nodes import GPU_AGENT_TOLERATIONS, HYBRID_NODE_AFFINITY
+from infra.components.hybrid_machines import GPU_AGENT_TOLERATIONS, HYBRID_NODE_AFFINITY
 from infra.components.node_monitoring_agent import DCGM_HOST_ENGINE_PORT
 from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
 from infra.versions import DCGM_EXPORTER_CHART, KUBE_PROMETHEUS_STACK_CHART
@@ -24,7 +24,7 @@ class GpuMetrics(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        provider: k8s.Provider,
+        cluster: ClusterContext,
         prometheus_stack: bool,
         # The node monitoring agent's add-on, whose host engine the pools' GPU nodes run; None
         # when the stack has no GPU pool.
@@ -33,7 +33,7 @@ class GpuMetrics(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:GpuMetrics", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self, provider=provider)
+        child = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
         depends: list[pulumi.Resource] = []
         if prometheus_stack:
             depends.append(

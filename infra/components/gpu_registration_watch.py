@@ -12,6 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.cold_start import MARGIN, launch_seconds
+from infra.components.context import ClusterContext
 from infra.components.node_pools import GPU_NODE_LABELS
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import KarpenterConfig, NodePoolConfig
@@ -62,14 +63,12 @@ class GpuRegistrationWatch(pulumi.ComponentResource):
         name: str,
         config: KarpenterConfig,
         gpu_pools: list[NodePoolConfig],
-        cluster_name: pulumi.Input[str],
+        cluster: ClusterContext,
         node_pools: list[pulumi.Resource],  # the GPU pools' NodePools: it deletes their claims
-        provider: k8s.Provider,
-        tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:GpuRegistrationWatch", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider)
+        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
 
         def after(*resources) -> pulumi.ResourceOptions:
             return pulumi.ResourceOptions.merge(
@@ -81,10 +80,10 @@ class GpuRegistrationWatch(pulumi.ComponentResource):
             if config.gpu_registration_watch_image.uri
             else ecr_images(
                 f"{name}-image",
-                pulumi.Output.concat(cluster_name, "/", NAME),
+                pulumi.Output.concat(cluster.name, "/", NAME),
                 CONTEXT,
                 [IMAGE_TARGET],
-                tags,
+                cluster.tags,
                 pulumi.ResourceOptions(parent=self),
             )[IMAGE_TARGET]
         )

@@ -30,6 +30,7 @@ What upstream does, read at the pinned tag (provisioner.go, util.go, main.go):
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.paths import PROGRAM_DIR, provider_path
 
 STORAGE_CLASS = "hybrid-local"
@@ -44,8 +45,7 @@ class HybridHomes(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        provider: k8s.Provider,
-        controller_prerequisites: list[pulumi.Resource],
+        cluster: ClusterContext,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:HybridHomes", name, None, opts)
@@ -53,7 +53,7 @@ class HybridHomes(pulumi.ComponentResource):
             "local-path-provisioner",
             directory=provider_path(KUSTOMIZATION),
             opts=pulumi.ResourceOptions(
-                parent=self, provider=provider, depends_on=controller_prerequisites
+                parent=self, provider=cluster.provider, depends_on=cluster.controller_prerequisites
             ),
         )
         k8s.storage.v1.StorageClass(
@@ -64,6 +64,8 @@ class HybridHomes(pulumi.ComponentResource):
             reclaim_policy="Delete",
             # A directory has no size to grow.
             allow_volume_expansion=False,
-            opts=pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[install]),
+            opts=pulumi.ResourceOptions(
+                parent=self, provider=cluster.provider, depends_on=[install]
+            ),
         )
         self.register_outputs({"storageClass": STORAGE_CLASS})

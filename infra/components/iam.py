@@ -6,6 +6,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.context import ClusterContext
 from infra.components.system_nodes import SYSTEM_NODE_LABEL
 
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
@@ -27,6 +28,11 @@ def assume_role_policy(service: str, actions: list[str] | None = None) -> str:
             ],
         }
     )
+
+
+def policy_document(statements: list[dict]) -> str:
+    """An IAM policy document holding `statements`."""
+    return json.dumps({"Version": "2012-10-17", "Statement": statements})
 
 
 NODE_MANAGED_POLICIES = [
@@ -156,12 +162,10 @@ CSI_CONTROLLER_NODE_SELECTOR = {"aws-ebs-csi-driver"}
 
 def csi_driver_addon(
     name: str,
-    cluster_name: pulumi.Input[str],
+    cluster: ClusterContext,
     addon: str,
     version: str,
     service_account: str,
-    controller_prerequisites: list[pulumi.Resource],
-    tags: dict[str, str],
     opts: pulumi.ResourceOptions,
     managed_policies: list[str] | None = None,
     inline_policy: pulumi.Input[str] | None = None,
@@ -170,17 +174,17 @@ def csi_driver_addon(
     created once the system nodes and the Pod Identity agent are there."""
     role = pod_identity_role(
         name,
-        cluster_name,
+        cluster.name,
         ADDON_NAMESPACE,
         service_account,
         managed_policies or [],
-        tags,
+        cluster.tags,
         opts,
         inline_policy=inline_policy,
     )
     return aws.eks.Addon(
         name,
-        cluster_name=cluster_name,
+        cluster_name=cluster.name,
         addon_name=addon,
         addon_version=version,
         resolve_conflicts_on_update="OVERWRITE",
@@ -188,8 +192,9 @@ def csi_driver_addon(
         configuration_values=json.dumps({"controller": {"nodeSelector": SYSTEM_NODE_LABEL}})
         if addon in CSI_CONTROLLER_NODE_SELECTOR
         else None,
-        tags=tags,
+        tags=cluster.tags,
         opts=pulumi.ResourceOptions.merge(
-            opts, pulumi.ResourceOptions(depends_on=[*controller_prerequisites, *role.ready])
+            opts,
+            pulumi.ResourceOptions(depends_on=[*cluster.controller_prerequisites, *role.ready]),
         ),
     )

@@ -9,7 +9,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.components.cluster import Cluster
+from infra.components.context import ClusterContext
 from infra.components.helm import helm_release
 from infra.components.iam import node_role, partition, pod_identity_role
 from infra.components.system_nodes import SYSTEM_PLACEMENT
@@ -270,9 +270,7 @@ class Karpenter(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cluster: Cluster,
-        cluster_name: str,
-        tags: dict[str, str],
+        cluster: ClusterContext,
         gates: dict[str, bool] | None = None,  # feature_gates(pools, node_repair)
         opts: pulumi.ResourceOptions | None = None,
     ):
@@ -282,13 +280,13 @@ class Karpenter(pulumi.ComponentResource):
         account = aws.get_caller_identity().account_id
 
         # Nodes: role, instance profile, and an access entry so they can join the cluster.
-        role_names = karpenter_role_names(cluster_name)
-        nodes = node_role(f"{name}-node", tags, child, role_name=role_names["node"])
+        role_names = karpenter_role_names(cluster.config_name)
+        nodes = node_role(f"{name}-node", cluster.tags, child, role_name=role_names["node"])
         profile = aws.iam.InstanceProfile(
             f"{name}-node",
             name=role_names["node"],
             role=nodes.name,
-            tags=tags,
+            tags=cluster.tags,
             opts=child,
         )
         node_access = aws.eks.AccessEntry(
@@ -296,17 +294,19 @@ class Karpenter(pulumi.ComponentResource):
             cluster_name=cluster.name,
             principal_arn=nodes.arn,
             type="EC2_LINUX",
-            tags=tags,
+            tags=cluster.tags,
             opts=child,
         )
 
         # ARNs built from names, so the policies below are known in a preview of a new stack
         # (the policy pack refuses to pass a policy document it cannot read).
-        queue_name = f"karpenter-{cluster_name}"
+        queue_name = f"karpenter-{cluster.config_name}"
         aws_partition = partition()
         queue_arn = f"arn:{aws_partition}:sqs:{region}:{account}:{queue_name}"
         node_role_arn = f"arn:{aws_partition}:iam::{account}:role/{role_names['node']}"
-        rule_names = {event: f"{cluster_name}-{short}" for event, short in RULE_NAMES.items()}
+        rule_names = {
+            event: f"{cluster.config_name}-{short}" for event, short in RULE_NAMES.items()
+        }
         rule_arns = [
             f"arn:{aws_partition}:events:{region}:{account}:rule/{rule}"
             for rule in rule_names.values()
@@ -318,7 +318,7 @@ class Karpenter(pulumi.ComponentResource):
             name=queue_name,
             message_retention_seconds=300,
             sqs_managed_sse_enabled=True,
-            tags=tags,
+            tags=cluster.tags,
             opts=child,
         )
         queue_policy = aws.sqs.QueuePolicy(
@@ -331,9 +331,9 @@ class Karpenter(pulumi.ComponentResource):
             rule = aws.cloudwatch.EventRule(
                 f"{name}-{event}",
                 name=rule_names[event],
-                description=f"{detail_type} events for Karpenter in {cluster_name}",
+                description=f"{detail_type} events for Karpenter in {cluster.config_name}",
                 event_pattern=json.dumps({"source": [source], "detail-type": [detail_type]}),
-                tags=tags,
+                tags=cluster.tags,
                 opts=child,
             )
             aws.cloudwatch.EventTarget(f"{name}-{event}", rule=rule.name, arn=queue.arn, opts=child)
@@ -341,15 +341,15 @@ class Karpenter(pulumi.ComponentResource):
         # Controller: Pod Identity role for the chart's service account.
         controller_role = pod_identity_role(
             f"{name}-controller",
-            cluster_name,
+            cluster.config_name,
             NAMESPACE,
             SERVICE_ACCOUNT,
             [],
-            tags,
+            cluster.tags,
             child,
             inline_policy=json.dumps(
                 controller_policy(
-                    cluster_name, region, aws_partition, account, queue_arn, node_role_arn
+                    cluster.config_name, region, aws_partition, account, queue_arn, node_role_arn
                 )
             ),
             role_name=role_names["controller"],
@@ -360,7 +360,7 @@ class Karpenter(pulumi.ComponentResource):
             namespace=NAMESPACE,
             service_account=SERVICE_ACCOUNT,
             role_arn=controller_role.arn,
-            tags=tags,
+            tags=cluster.tags,
             opts=child,
         )
 
@@ -379,7 +379,7 @@ class Karpenter(pulumi.ComponentResource):
             NAMESPACE,
             {
                 "settings": {
-                    "clusterName": cluster_name,
+                    "clusterName": cluster.config_name,
                     "interruptionQueue": queue.name,
                     # Helm merges this map into the chart's, keeping its other gates' defaults.
                     **({"featureGates": gates} if gates else {}),

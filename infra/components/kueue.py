@@ -1,10 +1,10 @@
 """Kueue: admission control for training jobs, with the Kubeflow integrations switched on."""
 
 import pulumi
-import pulumi_kubernetes as k8s
 import yaml
 
 from infra.cold_start import duration, pods_ready_timeouts
+from infra.components.context import ClusterContext
 from infra.components.helm import helm_release
 from infra.components.queues import TEAM_LABEL
 from infra.components.system_nodes import SYSTEM_PLACEMENT
@@ -95,8 +95,8 @@ class Kueue(pulumi.ComponentResource):
         self,
         name: str,
         pools: list[NodePoolConfig],
-        provider: k8s.Provider,
-        depends_on: list[pulumi.Resource],
+        cluster: ClusterContext,
+        job_operators: list[pulumi.Resource],  # their CRDs must exist before Kueue watches them
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:Kueue", name, None, opts)
@@ -117,6 +117,10 @@ class Kueue(pulumi.ComponentResource):
             },
             # The job CRDs must exist before Kueue starts watching them; on destroy Kueue stays
             # until the queues and workloads (and their finalizers) are gone.
-            pulumi.ResourceOptions(parent=self, provider=provider, depends_on=depends_on),
+            pulumi.ResourceOptions(
+                parent=self,
+                provider=cluster.provider,
+                depends_on=[*job_operators, *cluster.controller_prerequisites],
+            ),
         )
         self.register_outputs({})

@@ -10,6 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.components.iam import csi_driver_addon
 from infra.config import FsxConfig
 from infra.versions import LUSTRE_VERSION
@@ -42,29 +43,23 @@ class LustreFileSystem(pulumi.ComponentResource):
         self,
         name: str,
         config: FsxConfig,
-        cluster_name: pulumi.Input[str],
+        cluster: ClusterContext,
         addon_version: str,
-        controller_prerequisites: list[pulumi.Resource],
-        vpc_id: pulumi.Input[str],
-        subnet_id: pulumi.Input[str],
-        client_security_group_id: pulumi.Input[str],
         bucket_name: pulumi.Input[str],
-        provider: k8s.Provider,
-        tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:LustreFileSystem", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
         group = aws.ec2.SecurityGroup(
             f"{name}-lustre",
-            vpc_id=vpc_id,
+            vpc_id=cluster.vpc.vpc_id,
             description="FSx for Lustre: clients and file system servers",
-            tags=tags,
+            tags=cluster.tags,
             opts=child,
         )
         # From the cluster's nodes and between the file system's own servers, nothing else.
         rules: list[pulumi.Resource] = []
-        for source, peer in (("nodes", client_security_group_id), ("self", group.id)):
+        for source, peer in (("nodes", cluster.vpc.cluster_security_group_id), ("self", group.id)):
             for low, high in LUSTRE_PORTS:
                 ingress = aws.vpc.SecurityGroupIngressRule(
                     f"{name}-{source}-{low}",
@@ -93,11 +88,12 @@ class LustreFileSystem(pulumi.ComponentResource):
             storage_type="SSD",
             storage_capacity=config.storage_capacity_gib,
             per_unit_storage_throughput=config.throughput_per_tib,
-            subnet_ids=subnet_id,  # one subnet: a Lustre file system lives in one AZ
+            # One subnet: a Lustre file system lives in one AZ.
+            subnet_ids=cluster.vpc.private_subnets[0],
             security_group_ids=[group.id],
             file_system_type_version=LUSTRE_VERSION,
             data_compression_type="LZ4",
-            tags=tags,
+            tags=cluster.tags,
             # FSx refuses to create a file system whose security group does not yet open 988.
             opts=pulumi.ResourceOptions(parent=self, depends_on=rules),
         )
@@ -113,22 +109,22 @@ class LustreFileSystem(pulumi.ComponentResource):
                 "auto_import_policy": {"events": SYNC_EVENTS},
                 "auto_export_policy": {"events": SYNC_EVENTS},
             },
-            tags=tags,
+            tags=cluster.tags,
             opts=child,
         )
         addon = csi_driver_addon(
             f"{name}-csi",
-            cluster_name,
+            cluster,
             "aws-fsx-csi-driver",
             addon_version,
             "fsx-csi-controller-sa",
-            controller_prerequisites,
-            tags,
             child,
             inline_policy=csi_policy(),
         )
         self.driver = [addon, file_system]
-        self._k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[addon])
+        self._k8s_opts = pulumi.ResourceOptions(
+            parent=self, provider=cluster.provider, depends_on=[addon]
+        )
         self._name = name
         self._file_system = file_system
         self._capacity = f"{config.storage_capacity_gib}Gi"

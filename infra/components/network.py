@@ -1,5 +1,7 @@
 """Network: the VPC the cluster lives in, created here or adopted from config."""
 
+import ipaddress
+
 import pulumi
 import pulumi_aws as aws
 
@@ -25,6 +27,7 @@ class Network(pulumi.ComponentResource):
     # Created VPCs only (an adopted VPC's routing stays its owner's): hybrid nodes add routes.
     public_subnets: list[pulumi.Input[str]]
     route_table_ids: list[pulumi.Output[str]]  # public first, then one per private subnet
+    cidr: ipaddress.IPv4Network
     # How nodes and controllers reach AWS APIs and registries: the NAT path (gateways, their
     # addresses, the internet gateway, route tables and associations) and the VPC endpoints.
     # Whatever calls out depends on these, so destroy removes them only after it.
@@ -41,6 +44,7 @@ class Network(pulumi.ComponentResource):
         super().__init__("training-platform:infra:Network", name, None, opts)
         self._child = pulumi.ResourceOptions(parent=self)
         self._tags = tags
+        self.cidr = config.cidr
         self._cluster_name = cluster_name
         if config.existing_vpc:
             self._adopt(name, config)

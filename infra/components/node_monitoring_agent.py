@@ -21,6 +21,7 @@ import json
 import pulumi
 import pulumi_aws as aws
 
+from infra.components.context import ClusterContext
 from infra.components.node_pools import GPU_TOLERATION
 
 ADDON = "eks-node-monitoring-agent"
@@ -35,23 +36,21 @@ class NodeMonitoringAgent(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cluster_name: pulumi.Input[str],
+        cluster: ClusterContext,
         addon_version: str,
-        controller_prerequisites: list[pulumi.Resource],
-        tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:NodeMonitoringAgent", name, None, opts)
         self.addon = aws.eks.Addon(
             name,
-            cluster_name=cluster_name,
+            cluster_name=cluster.name,
             addon_name=ADDON,
             addon_version=addon_version,
             resolve_conflicts_on_update="OVERWRITE",
             configuration_values=json.dumps(CONFIGURATION),
-            tags=tags,
+            tags=cluster.tags,
             # EKS reports the add-on active once its pods run: on the system nodes, pulled
             # through the VPC's egress.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=controller_prerequisites),
+            opts=pulumi.ResourceOptions(parent=self, depends_on=cluster.controller_prerequisites),
         )
         self.register_outputs({"addon": self.addon.addon_name})

@@ -11,6 +11,7 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 import yaml
 
+from infra.components.context import ClusterContext
 from infra.components.network import discovery_tag
 from infra.config import ConfigError, NodePoolConfig
 from infra.cost import RESERVATIONS_ANNOTATION
@@ -201,14 +202,11 @@ class NodePools(pulumi.ComponentResource):
         self,
         name: str,
         pools: list[NodePoolConfig],
-        cluster_name: str,
+        cluster: ClusterContext,
         instance_profile: pulumi.Input[str],
         ami_alias: str,
-        vpc_zones: list[str] | None,  # the created VPC's AZs; None for an adopted VPC
         karpenter_release: pulumi.Resource,
         volume_driver: pulumi.Resource,
-        provider: k8s.Provider,
-        tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:NodePools", name, None, opts)
@@ -216,26 +214,26 @@ class NodePools(pulumi.ComponentResource):
         # terminates a node only once its volumes are detached (termination controller
         # awaitVolumeDetachment), which the EBS CSI driver does: both outlive the pools.
         child = pulumi.ResourceOptions(
-            parent=self, provider=provider, depends_on=[karpenter_release, volume_driver]
+            parent=self, provider=cluster.provider, depends_on=[karpenter_release, volume_driver]
         )
         self.node_pools = {}
         for pool in pools:
             zone = placement_group = None
             if pool.efa:
                 zone = pool.availability_zone
-                if vpc_zones is not None and zone not in vpc_zones:
+                if cluster.vpc.zones is not None and zone not in cluster.vpc.zones:
                     # Karpenter would find no subnet in the zone: pods would stay pending.
                     raise ConfigError(
                         f"Invalid stack config:\n  training-platform:nodePools[{pool.name}]."
                         f"availabilityZone: {zone} has no subnet of this stack; allowed: "
-                        f"{', '.join(vpc_zones)} (network.azCount picks the first AZs)"
+                        f"{', '.join(cluster.vpc.zones)} (network.azCount picks the first AZs)"
                     )
                 # Nodes of one job talk over EFA: keep them on one network spine.
                 placement_group = aws.ec2.PlacementGroup(
                     f"{name}-{pool.name}",
-                    name=f"{cluster_name}-{pool.name}",
+                    name=f"{cluster.config_name}-{pool.name}",
                     strategy="cluster",
-                    tags=tags,
+                    tags=cluster.tags,
                     opts=pulumi.ResourceOptions(parent=self),
                 ).name
             node_class = k8s.apiextensions.CustomResource(
@@ -245,7 +243,7 @@ class NodePools(pulumi.ComponentResource):
                 metadata=node_class_metadata(pool),
                 spec=pulumi.Output.all(instance_profile, placement_group).apply(
                     lambda values, pool=pool: ec2_node_class_spec(
-                        pool, cluster_name, values[0], ami_alias, tags, values[1]
+                        pool, cluster.config_name, values[0], ami_alias, cluster.tags, values[1]
                     )
                 ),
                 opts=child,

@@ -4,17 +4,17 @@ AL2023 NVIDIA AMIs ship the driver but not the plugin (Bottlerocket would; never
 """
 
 import pulumi
-import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.components.helm import helm_release
-from infra.components.hybrid_nodes import GPU_AGENT_TOLERATIONS
+from infra.components.hybrid_machines import GPU_AGENT_TOLERATIONS
 from infra.components.node_pools import GPU_NODE_LABELS
 from infra.versions import NVIDIA_DEVICE_PLUGIN_CHART
 
 
 class NvidiaDevicePlugin(pulumi.ComponentResource):
     def __init__(
-        self, name: str, provider: k8s.Provider, opts: pulumi.ResourceOptions | None = None
+        self, name: str, cluster: ClusterContext, opts: pulumi.ResourceOptions | None = None
     ):
         super().__init__("training-platform:infra:NvidiaDevicePlugin", name, None, opts)
         self.release = helm_release(
@@ -29,6 +29,6 @@ class NvidiaDevicePlugin(pulumi.ComponentResource):
                 "gfd": {"enabled": False},
                 "nfd": {"enabled": False},
             },
-            pulumi.ResourceOptions(parent=self, provider=provider),
+            pulumi.ResourceOptions(parent=self, provider=cluster.provider),
         )
         self.register_outputs({})

@@ -6,7 +6,7 @@ injects no toleration (hybrid_nodes.kueue_flavor says why), so a pod reaches the
 toleration written here, for a job or flavor that names `nodePool: hybrid`.
 """
 
-from infra.components.hybrid_nodes import HYBRID_TAINT
+from infra.components.hybrid_machines import HYBRID_TAINT
 from infra.components.node_pools import GPU_TAINT, POOL_LABEL
 from infra.config import Pool
 

@@ -10,6 +10,7 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.components.node_pools import GPU_TAINT, POOL_LABEL
 from infra.config import NodePoolConfig, QueuesConfig, TeamConfig
 
@@ -135,13 +136,15 @@ class Queues(pulumi.ComponentResource):
         # What the pods of a team namespace need until they are gone: Kueue (its finalizers)
         # and the CSI drivers of their volumes. Destroy deletes the namespaces first.
         namespace_prerequisites: list[pulumi.Resource],
-        provider: k8s.Provider,
+        cluster: ClusterContext,
         opts: pulumi.ResourceOptions | None = None,
         extra_flavors: tuple[Flavor, ...] = (),
     ):
         super().__init__("training-platform:infra:Queues", name, None, opts)
         # The Kueue chart brings the CRDs: nothing here can be created before it.
-        child = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=[kueue_release])
+        child = pulumi.ResourceOptions(
+            parent=self, provider=cluster.provider, depends_on=[kueue_release]
+        )
 
         def custom(resource_name: str, kind: str, metadata: dict, spec: dict, depends=()):
             return k8s.apiextensions.CustomResource(
@@ -218,7 +221,7 @@ class Queues(pulumi.ComponentResource):
                     },
                 },
                 opts=pulumi.ResourceOptions(
-                    parent=self, provider=provider, depends_on=namespace_prerequisites
+                    parent=self, provider=cluster.provider, depends_on=namespace_prerequisites
                 ),
             )
             self.local_queues[team.name] = custom(

@@ -4,6 +4,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.components.iam import csi_driver_addon
 
 EFS_CSI_POLICY = "service-role/AmazonEFSCSIDriverPolicy"
@@ -21,14 +22,8 @@ class SharedFileSystem(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        cluster_name: pulumi.Input[str],
+        cluster: ClusterContext,
         addon_version: str,
-        controller_prerequisites: list[pulumi.Resource],
-        vpc_id: pulumi.Input[str],
-        private_subnet_ids: list[pulumi.Input[str]],
-        client_security_group_id: pulumi.Input[str],
-        provider: k8s.Provider,
-        tags: dict[str, str],
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:SharedFileSystem", name, None, opts)
@@ -39,21 +34,21 @@ class SharedFileSystem(pulumi.ComponentResource):
             performance_mode="generalPurpose",
             throughput_mode="elastic",
             lifecycle_policies=[{"transition_to_ia": "AFTER_30_DAYS"}],
-            tags=tags,
+            tags=cluster.tags,
             opts=child,
         )
         # NFS from the nodes' (and pods') security group only.
         group = aws.ec2.SecurityGroup(
             f"{name}-nfs",
-            vpc_id=vpc_id,
+            vpc_id=cluster.vpc.vpc_id,
             description="EFS: NFS from cluster nodes",
-            tags=tags,
+            tags=cluster.tags,
             opts=child,
         )
         nfs = aws.vpc.SecurityGroupIngressRule(
             f"{name}-nfs",
             security_group_id=group.id,
-            referenced_security_group_id=client_security_group_id,
+            referenced_security_group_id=cluster.vpc.cluster_security_group_id,
             ip_protocol="tcp",
             from_port=NFS_PORT,
             to_port=NFS_PORT,
@@ -68,21 +63,21 @@ class SharedFileSystem(pulumi.ComponentResource):
                 security_groups=[group.id],
                 opts=child,
             )
-            for i, subnet_id in enumerate(private_subnet_ids)
+            for i, subnet_id in enumerate(cluster.vpc.private_subnets)
         ]
         addon = csi_driver_addon(
             f"{name}-csi",
-            cluster_name,
+            cluster,
             "aws-efs-csi-driver",
             addon_version,
             "efs-csi-controller-sa",
-            controller_prerequisites,
-            tags,
             child,
             managed_policies=[EFS_CSI_POLICY],
         )
         self.driver = [addon, *targets, nfs]
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=provider, depends_on=self.driver)
+        k8s_opts = pulumi.ResourceOptions(
+            parent=self, provider=cluster.provider, depends_on=self.driver
+        )
         storage_class = k8s.storage.v1.StorageClass(
             STORAGE_CLASS,
             metadata={"name": STORAGE_CLASS},

@@ -9,6 +9,7 @@ kustomize overlays at pinned tags, placed on the system nodes by infra/manifests
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.components.context import ClusterContext
 from infra.paths import PROGRAM_DIR, provider_path
 
 MANIFESTS = PROGRAM_DIR / "manifests"
@@ -22,13 +23,12 @@ class TrainingOperators(pulumi.ComponentResource):
     def __init__(
         self,
         name: str,
-        provider: k8s.Provider,
-        controller_prerequisites: list[pulumi.Resource],
+        cluster: ClusterContext,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:TrainingOperators", name, None, opts)
         child = pulumi.ResourceOptions(
-            parent=self, provider=provider, depends_on=controller_prerequisites
+            parent=self, provider=cluster.provider, depends_on=cluster.controller_prerequisites
         )
         mpi_operator = k8s.kustomize.v2.Directory(
             "mpi-operator", directory=provider_path(MPI_OPERATOR_KUSTOMIZATION), opts=child

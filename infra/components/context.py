@@ -1,0 +1,40 @@
+"""What the in-cluster components take from the cluster and its network, as one typed argument.
+
+The Cluster component builds it; every component that runs in the cluster or beside it takes it
+instead of a provider, a cluster name, tags, subnets and prerequisites one by one, so an input
+every component needs is added here and in Cluster, not in each constructor.
+"""
+
+import ipaddress
+from dataclasses import dataclass
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+
+@dataclass(frozen=True)
+class VpcPlacement:
+    """Where the cluster's resources go in the stack's VPC (infra/components/network.py)."""
+
+    cidr: ipaddress.IPv4Network
+    vpc_id: pulumi.Input[str]
+    private_subnets: list[pulumi.Input[str]]  # one per AZ
+    # Created VPCs only (an adopted VPC's routing stays its owner's).
+    public_subnets: list[pulumi.Input[str]]
+    route_table_ids: list[pulumi.Output[str]]  # public first, then one per private subnet
+    zones: list[str] | None  # the created VPC's AZs; None for an adopted VPC
+    cluster_security_group_id: pulumi.Input[str]  # the group EKS gives the cluster and its nodes
+
+
+@dataclass(frozen=True)
+class ClusterContext:
+    # The EKS cluster's name as the cluster reports it: whatever takes it waits for the cluster.
+    name: pulumi.Output[str]
+    # The same name from stack config, known before the cluster exists: for names derived from
+    # it (IAM roles, ECR repositories, discovery tags) that must not wait for the cluster.
+    config_name: str
+    provider: k8s.Provider
+    # What every in-cluster controller waits for on create and outlives on destroy (Cluster).
+    controller_prerequisites: list[pulumi.Resource]
+    tags: dict[str, str]
+    vpc: VpcPlacement

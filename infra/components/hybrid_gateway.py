@@ -1,0 +1,224 @@
+"""The hybrid nodes' WireGuard gateway: an instance in a public subnet with an Elastic IP, the hub
+every machine dials, its firewall, its peers (one SSM parameter per machine, reloaded in place by
+hybrid_gateway_boot.py), its IAM, its read access to CiliumNodes, and the VPC's routes through it.
+"""
+
+import pulumi
+import pulumi_aws as aws
+import pulumi_kubernetes as k8s
+import pulumi_random as random
+
+from infra.components.context import ClusterContext
+from infra.components.hybrid_gateway_boot import KEY_PLACEHOLDER, SyncTarget, user_data
+from infra.components.iam import assume_role_policy, partition, policy_document
+from infra.config import HybridConfig
+from infra.versions import WIREGUARD_GATEWAY_AMI_PARAMETER
+from mesh.wireguard import Hub, Spoke, hub_interface, peer_section
+
+WIREGUARD_PORT = 51820
+# The gateway's root volume: the size of the AL2023 AMI's own snapshot, stated so that the plan
+# prices it (EC2 refuses a size below the snapshot's; the provider resizes in place).
+GATEWAY_ROOT_GIB = 8
+# The Kubernetes group of the gateway's IAM role: it may list CiliumNodes, nothing else.
+GATEWAY_GROUP = "hybrid-wireguard-gateway"
+
+
+def wireguard_gateway(
+    owner: pulumi.Resource,
+    name: str,
+    config: HybridConfig,
+    cluster: ClusterContext,
+    region: str,
+    account: str,
+    cluster_arn: pulumi.Output[str],
+    remote_cidrs: list[str],
+    machine_spokes: pulumi.Output[list[Spoke]],
+    gateway_key: random.RandomBytes,
+) -> pulumi.Output[str]:
+    """The WireGuard hub instance, its peers, address, firewall and the VPC's routes."""
+    gateway_address = config.addresses()[0]
+    child = pulumi.ResourceOptions(parent=owner)
+    group = aws.ec2.SecurityGroup(
+        f"{name}-gateway",
+        description="WireGuard gateway to EKS hybrid nodes",
+        vpc_id=cluster.vpc.vpc_id,
+        ingress=[
+            # The only port open to the internet: WireGuard answers no unauthenticated packet.
+            {
+                "protocol": "udp",
+                "from_port": WIREGUARD_PORT,
+                "to_port": WIREGUARD_PORT,
+                "cidr_blocks": ["0.0.0.0/0"],
+                "description": "WireGuard from the machines",
+            },
+            # Traffic the VPC routes to the machines enters the gateway to be forwarded.
+            {
+                "protocol": "-1",
+                "from_port": 0,
+                "to_port": 0,
+                "cidr_blocks": [str(cluster.vpc.cidr)],
+                "description": "VPC traffic forwarded to the hybrid nodes",
+            },
+        ],
+        egress=[{"protocol": "-1", "from_port": 0, "to_port": 0, "cidr_blocks": ["0.0.0.0/0"]}],
+        tags={**cluster.tags, "Name": f"{name}-gateway"},
+        opts=child,
+    )
+    # The gateway itself lists CiliumNodes; with a private endpoint it does so in the VPC.
+    aws.vpc.SecurityGroupIngressRule(
+        f"{name}-cluster-https-gateway",
+        security_group_id=cluster.vpc.cluster_security_group_id,
+        description="Kubernetes API from the hybrid nodes' WireGuard gateway",
+        ip_protocol="tcp",
+        from_port=443,
+        to_port=443,
+        referenced_security_group_id=group.id,
+        opts=child,
+    )
+    key_parameter = aws.ssm.Parameter(
+        f"{name}-gateway-key",
+        type="SecureString",
+        description="WireGuard private key of the hybrid nodes gateway",
+        value=gateway_key.base64,
+        tags=cluster.tags,
+        opts=child,
+    )
+    # One parameter per machine, under one path: adding or removing a machine adds or
+    # removes a parameter, which the gateway picks up without being replaced.
+    peers_path = f"/{pulumi.get_project()}/{pulumi.get_stack()}/{name}-wireguard-peers"
+    for i, machine in enumerate(config.machines):
+        aws.ssm.Parameter(
+            f"{name}-peer-{machine.name}",
+            name=f"{peers_path}/{machine.name}",
+            type="String",
+            description=f"WireGuard peer of hybrid machine {machine.name} (public key only)",
+            value=machine_spokes.apply(lambda all_spokes, i=i: peer_section(all_spokes[i])),
+            tags=cluster.tags,
+            opts=child,
+        )
+    role = aws.iam.Role(
+        f"{name}-gateway",
+        assume_role_policy=assume_role_policy("ec2.amazonaws.com"),
+        tags=cluster.tags,
+        opts=child,
+    )
+    # Exactly what the gateway calls: its key once at boot, the peers and the cluster's
+    # endpoint on every sync. The key is a SecureString under the AWS managed key aws/ssm,
+    # whose key policy lets SSM decrypt for callers in the account (no kms:Decrypt here);
+    # `aws eks get-token` presigns sts:GetCallerIdentity, which needs no permission.
+    peers_arn = f"arn:{partition()}:ssm:{region}:{account}:parameter{peers_path}"
+    aws.iam.RolePolicy(
+        f"{name}-gateway",
+        role=role.name,
+        policy=pulumi.Output.all(key_parameter.arn, cluster_arn).apply(
+            lambda arns: policy_document(
+                [
+                    {"Effect": "Allow", "Action": "ssm:GetParameter", "Resource": arns[0]},
+                    # Authorized against the requested path, not the parameters returned
+                    # (Parameter Store, "How Parameter Store authorizes parameter retrieval").
+                    {
+                        "Effect": "Allow",
+                        "Action": "ssm:GetParametersByPath",
+                        "Resource": peers_arn,
+                    },
+                    {"Effect": "Allow", "Action": "eks:DescribeCluster", "Resource": arns[1]},
+                ]
+            )
+        ),
+        opts=child,
+    )
+    gateway_cluster_access(owner, name, role, cluster)
+    profile = aws.iam.InstanceProfile(f"{name}-gateway", role=role.name, opts=child)
+
+    hub = Hub(
+        KEY_PLACEHOLDER,
+        gateway_address,
+        "",
+        WIREGUARD_PORT,
+        behind_spokes=tuple(config.remote_pod_cidrs),
+    )
+    ami = aws.ssm.get_parameter_output(name=WIREGUARD_GATEWAY_AMI_PARAMETER).value
+    instance = aws.ec2.Instance(
+        f"{name}-gateway",
+        ami=ami,
+        instance_type=config.gateway_instance_type,
+        subnet_id=cluster.vpc.public_subnets[0],
+        vpc_security_group_ids=[group.id],
+        iam_instance_profile=profile.name,
+        # It forwards packets for addresses that are not its own.
+        source_dest_check=False,
+        # Reaches the package repositories at boot, before the Elastic IP is attached.
+        associate_public_ip_address=True,
+        # Nothing in it depends on the machines; a change of what it does depend on (the
+        # networks, the boot script) needs a new instance, as user data runs once.
+        user_data=pulumi.Output.all(key_parameter.name, cluster.name).apply(
+            lambda args: user_data(
+                region,
+                args[0],
+                hub_interface(hub, config.remote_node_cidrs[0]),
+                SyncTarget(region, args[1], peers_path, tuple(config.remote_pod_cidrs)),
+            )
+        ),
+        user_data_replace_on_change=True,
+        metadata_options={"http_tokens": "required", "http_put_response_hop_limit": 1},
+        root_block_device={
+            "encrypted": True,
+            "volume_type": "gp3",
+            "volume_size": GATEWAY_ROOT_GIB,
+        },
+        tags={**cluster.tags, "Name": f"{name}-gateway"},
+        # A newer AMI must not replace a working gateway (and its address) on every update.
+        opts=pulumi.ResourceOptions(parent=owner, ignore_changes=["ami"]),
+    )
+    address = aws.ec2.Eip(
+        f"{name}-gateway",
+        domain="vpc",
+        instance=instance.id,
+        tags={**cluster.tags, "Name": f"{name}-gateway"},
+        opts=child,
+    )
+    for i, table in enumerate(cluster.vpc.route_table_ids):
+        for j, cidr in enumerate(remote_cidrs):
+            aws.ec2.Route(
+                f"{name}-route-{i}-{j}",
+                route_table_id=table,
+                destination_cidr_block=cidr,
+                network_interface_id=instance.primary_network_interface_id,
+                opts=child,
+            )
+    return address.public_ip
+
+
+def gateway_cluster_access(
+    owner: pulumi.Resource, name: str, role: aws.iam.Role, cluster: ClusterContext
+) -> None:
+    """The gateway's role may list CiliumNodes (their pod CIDRs), and do nothing else."""
+    aws.eks.AccessEntry(
+        f"{name}-gateway",
+        cluster_name=cluster.name,
+        principal_arn=role.arn,
+        type="STANDARD",
+        kubernetes_groups=[GATEWAY_GROUP],
+        tags=cluster.tags,
+        opts=pulumi.ResourceOptions(parent=owner),
+    )
+    in_cluster = pulumi.ResourceOptions(parent=owner, provider=cluster.provider)
+    k8s.rbac.v1.ClusterRole(
+        f"{name}-gateway",
+        metadata={"name": GATEWAY_GROUP},
+        rules=[{"apiGroups": ["cilium.io"], "resources": ["ciliumnodes"], "verbs": ["list"]}],
+        opts=in_cluster,
+    )
+    k8s.rbac.v1.ClusterRoleBinding(
+        f"{name}-gateway",
+        metadata={"name": GATEWAY_GROUP},
+        role_ref={
+            "apiGroup": "rbac.authorization.k8s.io",
+            "kind": "ClusterRole",
+            "name": GATEWAY_GROUP,
+        },
+        subjects=[
+            {"kind": "Group", "name": GATEWAY_GROUP, "apiGroup": "rbac.authorization.k8s.io"}
+        ],
+        opts=in_cluster,
+    )

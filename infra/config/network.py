@@ -1,0 +1,131 @@
+"""`network`: the VPC the cluster lives in, created or adopted, and its VPC endpoints."""
+
+import ipaddress
+from typing import Literal
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from infra.config.base import Cidr, Model, SubnetId, VpcId
+
+
+def _vpc_range(network: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
+    """AWS refuses VPC ranges that are loopback, link-local, multicast or otherwise reserved."""
+    reserved = {
+        "loopback": network.is_loopback,
+        "link-local": network.is_link_local,
+        "multicast": network.is_multicast,
+        "reserved": network.is_reserved or network.overlaps(ipaddress.IPv4Network("0.0.0.0/8")),
+    }
+    bad = [kind for kind, hit in reserved.items() if hit]
+    if bad:
+        raise ValueError(
+            f"{network} is a {bad[0]} range; allowed: a private range such as 10.0.0.0/16, "
+            "172.16.0.0/16 or 192.168.0.0/16"
+        )
+    return network
+
+
+class ExistingVpc(Model):
+    """Adopt a VPC someone else owns: the program tags its subnets but creates none."""
+
+    vpc_id: VpcId
+    private_subnet_ids: list[SubnetId] = Field(min_length=2, max_length=6)
+    public_subnet_ids: list[SubnetId] = Field(default_factory=list, max_length=6)
+
+    @model_validator(mode="after")
+    def _distinct(self) -> "ExistingVpc":
+        every = self.private_subnet_ids + self.public_subnet_ids
+        repeated = sorted({s for s in every if every.count(s) > 1})
+        if repeated:
+            raise ValueError(
+                f"subnets {', '.join(repeated)} are listed more than once; allowed: each subnet "
+                "once, in privateSubnetIds or publicSubnetIds"
+            )
+        return self
+
+
+# VPC endpoints a stack may create: `s3` is a gateway endpoint (no hourly charge), the others
+# interface endpoints, one network interface per AZ (billed per AZ-hour).
+GATEWAY_ENDPOINTS = ("s3",)
+
+
+VpcEndpoint = Literal[
+    "s3",
+    "ec2",
+    "ecr.api",
+    "ecr.dkr",
+    "eks",
+    "eks-auth",
+    "elasticfilesystem",
+    "sqs",
+    "ssm",
+    "sts",
+]
+
+
+class NetworkConfig(Model):
+    cidr: Cidr = Field(default="10.0.0.0/16", validate_default=True)
+    az_count: int = Field(default=2, ge=2, le=3)
+    nat_gateways: Literal["single", "perAz"] = "single"
+    # Explicit subnet CIDRs, one per AZ; by default they are carved from `cidr`.
+    private_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
+    public_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
+    existing_vpc: ExistingVpc | None = None
+    vpc_endpoints: list[VpcEndpoint] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _endpoints(self) -> "NetworkConfig":
+        repeated = sorted({e for e in self.vpc_endpoints if self.vpc_endpoints.count(e) > 1})
+        if repeated:
+            raise ValueError(
+                f"vpcEndpoints lists {', '.join(repeated)} more than once; allowed: each once"
+            )
+        if self.vpc_endpoints and self.existing_vpc:
+            raise ValueError(
+                "vpcEndpoints is set with existingVpc; allowed: no vpcEndpoints in an adopted "
+                "VPC (its owner keeps its routes and endpoints)"
+            )
+        return self
+
+    def interface_endpoints(self) -> list[str]:
+        return [e for e in self.vpc_endpoints if e not in GATEWAY_ENDPOINTS]
+
+    @model_validator(mode="after")
+    def _subnets_fit(self) -> "NetworkConfig":
+        _vpc_range(self.cidr)
+        if not 16 <= self.cidr.prefixlen <= 20:
+            raise ValueError(
+                f"cidr {self.cidr} has prefix /{self.cidr.prefixlen}; allowed: /16 to /20 "
+                "(pods take VPC addresses, small VPCs run out)"
+            )
+        private, public = self.subnet_cidrs()
+        for key, subnets in (("privateSubnetCidrs", private), ("publicSubnetCidrs", public)):
+            if len(subnets) != self.az_count:
+                raise ValueError(
+                    f"{key} has {len(subnets)} entries; allowed: one per AZ ({self.az_count})"
+                )
+            for subnet in subnets:
+                if not subnet.subnet_of(self.cidr):
+                    raise ValueError(f"{key}: {subnet} lies outside the VPC cidr {self.cidr}")
+        every = private + public
+        for i, a in enumerate(every):
+            for b in every[i + 1 :]:
+                if a.overlaps(b):
+                    raise ValueError(f"subnets {a} and {b} overlap; allowed: disjoint subnets")
+        return self
+
+    def subnet_cidrs(self) -> tuple[list[ipaddress.IPv4Network], list[ipaddress.IPv4Network]]:
+        """(private, public) CIDRs per AZ: explicit ones from config, else carved from `cidr`.
+
+        The VPC splits into eight blocks: the first az_count are private (nodes and pods need
+        most addresses), the last is cut into /24-or-smaller public subnets for NAT and LBs.
+        """
+        eighths = list(self.cidr.subnets(prefixlen_diff=3))
+        public_prefix = max(eighths[-1].prefixlen + 2, 24)
+        carved_public = list(eighths[-1].subnets(new_prefix=public_prefix))
+        private = self.private_subnet_cidrs or eighths[: self.az_count]
+        public = self.public_subnet_cidrs or carved_public[: self.az_count]
+        return list(private), list(public)

@@ -1,0 +1,105 @@
+"""`queues`: teams, their Kueue queues, and what a job asks of its team's queue."""
+
+import math
+from typing import Literal
+
+from pydantic import (
+    Field,
+    model_validator,
+)
+
+from infra.config.base import K8sName, Model
+from infra.config.hybrid import Pool
+from infra.config.jobs import JobConfig
+
+# Namespaces the cluster or this program's controllers own: a team namespace there would mix
+# job pods (and their Pod Identity roles) with system components.
+SYSTEM_NAMESPACES = (
+    "default",
+    "kube-node-lease",
+    "kube-public",
+    "kube-system",
+    "kubeflow",
+    "kueue-system",
+    "monitoring",
+    "mpi-operator",
+    "local-path-storage",
+)
+
+
+class TeamConfig(Model):
+    """A team submitting jobs: a namespace with a LocalQueue, optionally its own ClusterQueue."""
+
+    name: K8sName
+    namespace: K8sName | None = None  # default: the team name
+    # Own ClusterQueue in the platform cohort: no quota of its own, it borrows unused platform
+    # quota up to this share of each pool's ceiling, and is reclaimed first when others need it.
+    own_cluster_queue: bool = False
+    borrowing_limit_percent: int = Field(default=100, ge=1, le=100)
+
+    @property
+    def namespace_name(self) -> str:
+        return self.namespace or self.name
+
+
+class QueuesConfig(Model):
+    cohort: K8sName = "training-platform"
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Any"
+    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = (
+        "LowerPriority"
+    )
+    teams: list[TeamConfig] = Field(default_factory=list)
+
+    @model_validator(mode="after")
+    def _unique(self) -> "QueuesConfig":
+        for team in self.teams:
+            ns = team.namespace_name
+            if ns in SYSTEM_NAMESPACES or ns.startswith("kube-"):
+                raise ValueError(
+                    f"team {team.name}'s namespace {ns!r} is a system namespace; allowed: any "
+                    f"other name (not kube-*, nor {', '.join(SYSTEM_NAMESPACES)})"
+                )
+        for what, values in (
+            ("names", [t.name for t in self.teams]),
+            ("namespaces", [t.namespace_name for t in self.teams]),
+        ):
+            repeated = sorted({v for v in values if values.count(v) > 1})
+            if repeated:
+                raise ValueError(
+                    f"team {what} {', '.join(repeated)} repeat; allowed: unique {what}"
+                )
+        return self
+
+
+# The resources Kueue's quotas cover, as the messages name them (memory in GiB).
+QUOTA_RESOURCES = {"nvidia.com/gpu": "nvidia.com/gpu", "cpu": "cpu", "memory": "GiB memory"}
+
+
+def job_demand(job: "JobConfig", pool: Pool) -> dict[str, float]:
+    """What the whole job's pods ask of its queue, per resource of QUOTA_RESOURCES."""
+    cpu, memory_gib = pool.job_pod_requests()
+    per_pod = {"nvidia.com/gpu": pool.gpus_per_node if pool.gpu else 0, "cpu": cpu}
+    return {r: job.max_nodes * amount for r, amount in {**per_pod, "memory": memory_gib}.items()}
+
+
+def queue_quota(pool: Pool, team: TeamConfig) -> dict[str, float]:
+    """The most of each resource in `pool` that the team's queue can ever admit."""
+    ceiling = pool.ceiling()
+    amounts = {"nvidia.com/gpu": ceiling.gpus, "cpu": ceiling.vcpu, "memory": ceiling.memory_gib}
+    if team.own_cluster_queue:
+        return {r: math.ceil(a * team.borrowing_limit_percent / 100) for r, a in amounts.items()}
+    return amounts
+
+
+def queue_shortfall(job: "JobConfig", pool: Pool, team: TeamConfig) -> str | None:
+    """`needs N <resource> ... at most M` for the first resource the job asks more of than the
+    team's queue can ever admit (Kueue admits a job only when every resource fits), else None.
+    On a NodePool, GPUs (or vCPU) bind first; the hybrid machines differ from one another."""
+    wanted, quota = job_demand(job, pool), queue_quota(pool, team)
+    for resource, name in QUOTA_RESOURCES.items():
+        if wanted[resource] > quota[resource]:
+            return (
+                f"needs {wanted[resource]:g} {name} in pool {pool.name} but team {team.name}'s "
+                f"queue can admit at most {quota[resource]:g}"
+            )
+    return None
