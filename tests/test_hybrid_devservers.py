@@ -7,6 +7,7 @@ against copies of its manifests."""
 
 import copy
 
+import kubernetes_validate
 import pytest
 import yaml
 
@@ -69,6 +70,13 @@ def test_a_hybrid_flavor_goes_to_the_machines_with_its_homes_on_their_disks(plan
     assert conformance_errors(flavor) == []
     # EC2 pools keep gp3 homes and /shared.
     assert (specs["gpu-1"]["homeStorageClass"], specs["gpu-1"]["sharedFileSystem"]) == ("gp3", True)
+
+
+def test_the_operator_starts_after_the_flavors_whose_home_class_it_reads(plan):
+    """A flavor stored before spec.homeStorageClass existed lacks it until `pulumi up` updates
+    it: the operator that reads it rolls out after."""
+    operator = plan.one("kubernetes:apps/v1:Deployment", "dev-servers-operator")
+    assert {f.urn for f in plan.of_type(FLAVOR)} <= set(operator.dependencies)
 
 
 def test_kueue_gives_a_hybrid_servers_pods_the_hybrid_flavor_and_no_other(plan):
@@ -215,6 +223,7 @@ def test_the_home_class_is_the_provisioners_binding_on_first_use_and_deleting_wi
         r for r in plan.of_type(STORAGE_CLASSES) if r.inputs["metadata"]["name"] == STORAGE_CLASS
     ]
     inputs = home_class.inputs
+    kubernetes_validate.validate(inputs, "1.34", strict=True)
     assert PROVISIONER == inputs["provisioner"] == UPSTREAM_PROVISIONER
     assert inputs["volumeBindingMode"] == "WaitForFirstConsumer"
     # Homes outlive servers as gp3 ones do, by their retained claims: deleting the claim deletes
