@@ -110,7 +110,6 @@ def build_platform(config: StackConfig) -> None:
         platform,
         extra_flavors=(kueue_flavor(config.hybrid),) if config.hybrid else (),
     )
-    home_prerequisites = []
     if config.hybrid:
         hybrid = HybridNodes("hybrid", config.hybrid, platform, config.cluster.kubernetes_version)
         pulumi.export("hybridGatewayIp", hybrid.gateway_public_ip)
@@ -120,6 +119,7 @@ def build_platform(config: StackConfig) -> None:
     dev_namespaces = {}
     if config.dev_servers.enabled:
         flavor_pools = {f.name: config.pool_named(f.node_pool) for f in config.dev_servers.flavors}
+        home_prerequisites = []
         if any(pool.hybrid for pool in flavor_pools.values()):
             # Homes on the machines' disks: their provisioner, and the machines it works on,
             # outlive the user namespaces whose claims it removes.
