@@ -11,6 +11,7 @@ from infra.components.cluster import Cluster
 from infra.components.efa_device_plugin import EfaDevicePlugin
 from infra.components.gpu_metrics import GpuMetrics
 from infra.components.gpu_registration_watch import GpuRegistrationWatch
+from infra.components.hybrid_homes import HybridHomes
 from infra.components.hybrid_nodes import HybridNodes, kueue_flavor
 from infra.components.karpenter import Karpenter, feature_gates
 from infra.components.kueue import Kueue
@@ -27,8 +28,8 @@ from infra.versions import EKS_ADDONS
 from workloads.image import TrainerImage, stack_targets
 from workloads.training_job import TrainingJob
 
-# Kustomize overlays of the job operators, handed to the provider relative to this folder, the
-# program's working directory under `pulumi up`.
+# Kustomize overlays (the job operators, the hybrid homes' provisioner), handed to the provider
+# relative to this folder, the program's working directory under `pulumi up`.
 OVERLAYS = Path(__file__).resolve().parent / "manifests"
 
 
@@ -123,14 +124,21 @@ def build_platform(config: StackConfig) -> None:
 
     dev_namespaces = {}
     if config.dev_servers.enabled:
+        flavor_pools = {f.name: config.pool_named(f.node_pool) for f in config.dev_servers.flavors}
+        home_prerequisites = []
+        if any(pool.hybrid for pool in flavor_pools.values()):
+            # Homes on the machines' disks: their provisioner, and the machines it works on,
+            # outlive the user namespaces whose claims it removes.
+            homes = HybridHomes("hybrid-homes", platform, OVERLAYS)
+            home_prerequisites = [homes, hybrid]
         dev_namespaces = DevServers(
             "dev-servers",
             config.dev_servers,
-            config.node_pools,
+            flavor_pools,
             config.queues.teams,
             platform,
             [kueue.release, queues],
-            namespace_prerequisites,
+            [*namespace_prerequisites, *home_prerequisites],
             gpu_metrics,
         ).namespaces
 

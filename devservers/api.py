@@ -55,10 +55,14 @@ def flavor_object(
     gpus: int,
     cpu: int,
     memory_gib: int,
+    *,
+    home_storage_class: str,
+    shared_file_system: bool,
 ) -> dict:
-    """A DevServerFlavor: where its pods go and what each asks for (requests equal limits: a dev
-    server gets what it asked for, no more). Placement travels in the flavor, so the operator
-    needs no knowledge of the cluster's pool labels and taints."""
+    """A DevServerFlavor: where its pods go, what each asks for (requests equal limits: a dev
+    server gets what it asked for, no more), the StorageClass of their homes and whether their
+    nodes mount the shared file system. All of it travels in the flavor, so the operator needs
+    no knowledge of the cluster's pool labels, taints and storage."""
     amounts = {"cpu": str(cpu), "memory": f"{memory_gib}Gi"}
     if gpus:
         amounts[GPU] = str(gpus)
@@ -71,5 +75,7 @@ def flavor_object(
             "nodeSelector": node_selector,
             "tolerations": tolerations,
             "resources": {"requests": dict(amounts), "limits": dict(amounts)},
+            "homeStorageClass": home_storage_class,
+            "sharedFileSystem": shared_file_system,
         },
     }

@@ -2,7 +2,8 @@
 
 Each user in `devServers.users[]` gets namespace dev-<user> (Pod Security "restricted", labelled
 with their team so their team's ClusterQueue admits it), a LocalQueue `dev`, a ResourceQuota of
-servers, GPUs and home storage (the gp3 volumes of their servers, kept ones included), RBAC that
+servers, GPUs and home storage (the gp3 volumes of their servers, kept ones included; homes on
+the hybrid machines' own disks are not counted), RBAC that
 lets them manage DevServers and exec/port-forward there and nowhere else, and an EKS access
 entry mapping their IAM principal to that RBAC. The operator runs on the
 system nodes and may write only in the dev-* namespaces.
@@ -31,6 +32,7 @@ from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
 from infra.components.container_image import ecr_images
 from infra.components.context import ClusterContext
 from infra.components.gpu_metrics import NAMESPACE as DCGM_NAMESPACE
+from infra.components.hybrid_homes import STORAGE_CLASS as HYBRID_HOME_STORAGE_CLASS
 from infra.components.placement import node_selector, tolerations
 from infra.components.queues import (
     API_VERSION as KUEUE_API_VERSION,
@@ -41,7 +43,7 @@ from infra.components.queues import (
     team_cluster_queue,
 )
 from infra.components.system_nodes import SYSTEM_PLACEMENT
-from infra.config import DevServersConfig, NodePoolConfig, TeamConfig
+from infra.config import DevServersConfig, Pool, TeamConfig
 from infra.paths import PROJECT_DIR
 
 NAMESPACE = "devservers-system"
@@ -128,8 +130,10 @@ USER_RULES = [
 ]
 
 
-def flavor_manifest(flavor, pool: NodePoolConfig) -> dict:
-    """The DevServerFlavor for a config flavor: its pool's placement (placement.py)."""
+def flavor_manifest(flavor, pool: Pool) -> dict:
+    """The DevServerFlavor for a config flavor: its pool's placement (placement.py), and where
+    its servers' homes go: gp3 volumes on EC2 pools, directories on the hybrid machines' disks
+    (hybrid_homes.py), which mount no EFS either."""
     return flavor_object(
         flavor.name,
         pool.name,
@@ -138,6 +142,8 @@ def flavor_manifest(flavor, pool: NodePoolConfig) -> dict:
         flavor.gpus,
         flavor.cpu,
         flavor.memory_gib,
+        home_storage_class=HYBRID_HOME_STORAGE_CLASS if pool.hybrid else HOME_STORAGE_CLASS,
+        shared_file_system=not pool.hybrid,
     )
 
 
@@ -148,11 +154,12 @@ class DevServers(pulumi.ComponentResource):
         self,
         name: str,
         config: DevServersConfig,
-        pools: list[NodePoolConfig],
+        flavor_pools: dict[str, Pool],  # flavor name -> the pool it names
         teams: list[TeamConfig],
         cluster: ClusterContext,
         queues: list[pulumi.Resource],  # what a LocalQueue waits for: Kueue and the ClusterQueues
-        # What a user's pods need until they are gone: Kueue and the CSI drivers of their volumes.
+        # What a user's pods need until they are gone: Kueue and the provisioners of their volumes
+        # (the CSI drivers; on the hybrid machines, the local-path provisioner and the machines).
         namespace_prerequisites: list[pulumi.Resource],
         gpu_metrics: pulumi.Resource | None,
         opts: pulumi.ResourceOptions | None = None,
@@ -176,16 +183,18 @@ class DevServers(pulumi.ComponentResource):
             )
             for crd in crds()
         ]
-        by_pool = {p.name: p for p in pools}
+        flavors = []
         for flavor in config.flavors:
-            manifest = flavor_manifest(flavor, by_pool[flavor.node_pool])
-            k8s.apiextensions.CustomResource(
-                f"{name}-flavor-{flavor.name}",
-                api_version=API_VERSION,
-                kind="DevServerFlavor",
-                metadata=manifest["metadata"],
-                spec=manifest["spec"],
-                opts=after(*definitions),
+            manifest = flavor_manifest(flavor, flavor_pools[flavor.name])
+            flavors.append(
+                k8s.apiextensions.CustomResource(
+                    f"{name}-flavor-{flavor.name}",
+                    api_version=API_VERSION,
+                    kind="DevServerFlavor",
+                    metadata=manifest["metadata"],
+                    spec=manifest["spec"],
+                    opts=after(*definitions),
+                )
             )
 
         image = (
@@ -296,11 +305,12 @@ class DevServers(pulumi.ComponentResource):
                     after(namespace, namespaced_role, account),
                 ),
             ]
+        # After the flavors: the operator reads each one's home StorageClass.
         self._deployment(
             name,
             image,
             config,
-            after(account, *definitions, *bindings, *cluster.controller_prerequisites),
+            after(account, *definitions, *flavors, *bindings, *cluster.controller_prerequisites),
         )
         self.register_outputs({"operatorImage": image})
 
@@ -360,7 +370,6 @@ class DevServers(pulumi.ComponentResource):
     def _deployment(self, name, image, config: DevServersConfig, opts):
         """One replica (kopf --standalone: no peering) on the system nodes, restricted pod."""
         env = {
-            "DEVSERVERS_HOME_STORAGE_CLASS": HOME_STORAGE_CLASS,
             "DEVSERVERS_SSH_CIDRS": ",".join(str(c) for c in config.ssh_load_balancer_cidrs),
             "DEVSERVERS_DCGM_NAMESPACE": DCGM_NAMESPACE,
             "DEVSERVERS_IDLE_GPU_PERCENT": str(config.idle.gpu_percent),

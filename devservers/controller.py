@@ -255,7 +255,32 @@ def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool]:
     return replacing, scaled_up
 
 
-def _adopt_home_claims(cluster: Cluster, server: dict) -> None:
+def _homes_elsewhere(claims: list[dict], flavor: dict) -> str | None:
+    """Why the server cannot take `flavor`: homes of another StorageClass, or None.
+
+    A StatefulSet reuses the claims it finds by name, whatever its claim templates say, and a
+    home stays where it was made: a gp3 volume in its AZ, a hybrid-local directory on its
+    machine (its volume's node affinity). A flavor whose pods go elsewhere would never start.
+    """
+    wanted = flavor["spec"]["homeStorageClass"]
+    other = sorted(
+        (c["spec"].get("storageClassName"), c["metadata"]["name"])
+        for c in claims
+        if c["spec"].get("storageClassName") != wanted
+    )
+    if not other:
+        return None
+    classes = ", ".join(sorted({storage_class for storage_class, _ in other}))
+    names = ", ".join(name for _, name in other)
+    return (
+        f"flavor {flavor['metadata']['name']} keeps homes in {wanted}, and this server's are in "
+        f"{classes} ({names}), where its pods could not go; allowed: a flavor with homes in "
+        f"{classes}, or the server deleted with its homes (devctl delete --delete-home) and "
+        "created anew"
+    )
+
+
+def _adopt_home_claims(cluster: Cluster, server: dict, claims: list[dict]) -> None:
     """Homes belong to the server (deleted with it) only when it asks for that."""
     meta = server["metadata"]
     wanted = server["spec"].get("lifecycle", {}).get("deleteHomeOnDelete", False)
@@ -265,7 +290,7 @@ def _adopt_home_claims(cluster: Cluster, server: dict) -> None:
         "name": meta["name"],
         "uid": meta.get("uid", ""),
     }
-    for claim in cluster.list("v1", "PersistentVolumeClaim", meta["namespace"], _labels(server)):
+    for claim in claims:
         references = claim["metadata"].get("ownerReferences", [])
         owned = any(r.get("uid") == reference["uid"] for r in references)
         if owned != wanted:
@@ -343,10 +368,14 @@ def reconcile(
         desired = children(server, flavor, settings)
     except RenderError as e:
         return _failed(server, "InvalidSpec", str(e))
+    claims = cluster.list("v1", "PersistentVolumeClaim", meta["namespace"], _labels(server))
+    elsewhere = _homes_elsewhere(claims, flavor)
+    if elsewhere:
+        return _failed(server, "HomeElsewhere", elsewhere)
     # Before the pods, which mount it; its public half goes to the status for devctl to check.
     host_key = _host_key(cluster, server) if ssh_enabled(server) else None
     replacing, scaled_up = _sync_children(cluster, desired)
-    _adopt_home_claims(cluster, server)
+    _adopt_home_claims(cluster, server, claims)
 
     replicas = desired_replicas(server)
     pods = cluster.list("v1", "Pod", meta["namespace"], _labels(server))

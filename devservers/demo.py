@@ -19,7 +19,6 @@ from devservers.component import flavor_manifest
 from devservers.controller import WARN_BEFORE, idle_rule
 from devservers.render import Settings, children
 from devservers.stack_defaults import StackDefaults, StackDefaultsError
-from infra.components.block_storage import STORAGE_CLASS
 from infra.config import load_stack_for_command
 
 DEMO_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoKeyOnlyForTheOfflineDemo demo@example"
@@ -60,7 +59,6 @@ def main(argv: list[str] | None = None) -> int:
             f"Stack {args.stack} has no DevServers users (devServers in Pulumi.{args.stack}.yaml)"
         )
         return 0
-    pools = {p.name: p for p in config.node_pools}
     flavor = max(section.flavors, key=lambda f: (f.gpus, f.cpu))
     user = section.users[0]
     cli_args = parse_args(
@@ -73,11 +71,12 @@ def main(argv: list[str] | None = None) -> int:
     server = server_manifest(cli_args, user_namespace(user.name), [DEMO_KEY])
     server["metadata"]["uid"] = "<uid>"
     settings = Settings(
-        STORAGE_CLASS,
         idle_gpu_percent=section.idle.gpu_percent,
         idle_cpu_percent=section.idle.cpu_percent,
     )
-    objects = children(server, flavor_manifest(flavor, pools[flavor.node_pool]), settings)
+    objects = children(
+        server, flavor_manifest(flavor, config.pool_named(flavor.node_pool)), settings
+    )
     print(
         f"DevServer {user_namespace(user.name)}/demo (devctl create demo --flavor {flavor.name} "
         "--distributed --replicas 2):"

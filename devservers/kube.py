@@ -33,7 +33,6 @@ def settings_from_env() -> Settings:
     cidrs = os.environ.get("DEVSERVERS_SSH_CIDRS", "")
     defaults = Settings()
     return Settings(
-        home_storage_class=os.environ.get("DEVSERVERS_HOME_STORAGE_CLASS", "gp3"),
         ssh_cidrs=tuple(c for c in cidrs.split(",") if c),
         idle_gpu_percent=float(
             os.environ.get("DEVSERVERS_IDLE_GPU_PERCENT", defaults.idle_gpu_percent)

@@ -2,9 +2,10 @@
 
 Both modes are one StatefulSet (standalone: one pod; distributed: worldSize pods started together)
 behind a headless Service for stable pod DNS, with a home volume per pod from volumeClaimTemplates
-(kept when the server stops, is replaced or, unless asked, deleted), the owner's EFS claim, a
-memory-backed /dev/shm, and a ConfigMap with the entrypoint and the torchrun helper. Kueue admits
-the StatefulSet as one pod group (its `statefulset` integration): all pods or none.
+in the flavor's home StorageClass (kept when the server stops, is replaced or, unless asked,
+deleted), the owner's EFS claim where the flavor's nodes mount it, a memory-backed /dev/shm, and a
+ConfigMap with the entrypoint and the torchrun helper. Kueue admits the StatefulSet as one pod
+group (its `statefulset` integration): all pods or none.
 """
 
 import base64
@@ -116,7 +117,6 @@ class RenderError(ValueError):
 class Settings:
     """What the platform decides for every server (the operator's environment)."""
 
-    home_storage_class: str = "gp3"
     # Source ranges an SSH LoadBalancer may accept; empty: LoadBalancer SSH is refused.
     ssh_cidrs: tuple[str, ...] = field(default_factory=tuple)
     # Idle floors (devServers.idle), unless a server sets its own (lifecycle.idle*Percent).
@@ -165,7 +165,7 @@ def children(server: dict, flavor: dict, settings: Settings) -> list[dict]:
     rendered = [config_map(server), headless_service(server)]
     if ssh_enabled(server):
         rendered.append(ssh_service(server, settings))
-    rendered.append(stateful_set(server, flavor, settings))
+    rendered.append(stateful_set(server, flavor))
     return rendered
 
 
@@ -318,6 +318,8 @@ def pod_template(server: dict, flavor: dict) -> dict:
     resources = placement["resources"]
     memory_gib = int(resources["limits"]["memory"].removesuffix("Gi"))
     shared = {"enabled": True, "claimName": "efs-shared", **spec.get("shared", {})}
+    # The hybrid machines mount no EFS: their servers go without /shared, whatever they ask.
+    mount_shared = shared["enabled"] and placement["sharedFileSystem"]
     volumes = [
         {"name": "scripts", "configMap": {"name": scripts_name(server), "defaultMode": 0o555}},
         # Memory-backed: NCCL and DataLoader workers need more than the runtime's 64 MiB.
@@ -334,7 +336,7 @@ def pod_template(server: dict, flavor: dict) -> dict:
         secret = {"secretName": host_key_secret_name(server), "defaultMode": 0o440}
         volumes.append({"name": "host-key", "secret": secret})
         mounts.append({"name": "host-key", "mountPath": HOST_KEY_DIR, "readOnly": True})
-    if shared["enabled"]:
+    if mount_shared:
         volumes.append(
             {"name": "shared", "persistentVolumeClaim": {"claimName": shared["claimName"]}}
         )
@@ -395,7 +397,7 @@ def pod_shape(template: dict, claim_templates: list[dict]) -> str:
     return hashlib.sha256(text.encode()).hexdigest()[:16]
 
 
-def stateful_set(server: dict, flavor: dict, settings: Settings) -> dict:
+def stateful_set(server: dict, flavor: dict) -> dict:
     name, spec = server["metadata"]["name"], server["spec"]
     template = pod_template(server, flavor)
     claims = [
@@ -406,7 +408,7 @@ def stateful_set(server: dict, flavor: dict, settings: Settings) -> dict:
             },
             "spec": {
                 "accessModes": ["ReadWriteOnce"],
-                "storageClassName": settings.home_storage_class,
+                "storageClassName": flavor["spec"]["homeStorageClass"],
                 "resources": {"requests": {"storage": spec.get("persistentHomeSize", "100Gi")}},
             },
         }

@@ -77,6 +77,15 @@ TRAINING_OPERATOR_VERSION = "v1.9.4"
 # MPI operator (MPIJob kubeflow.org/v2beta1): upstream's standalone overlay at this tag, placed
 # by deploy/manifests/mpi-operator/kustomization.yaml.
 MPI_OPERATOR_VERSION = "v0.8.0"
+# The local-path provisioner (rancher/local-path-provisioner), which makes DevServer homes on the
+# hybrid machines' disks: upstream's deploy/ kustomization at this tag, patched by
+# deploy/manifests/local-path-provisioner/kustomization.yaml. That tag's manifest pins its own
+# image (docker.io/rancher/local-path-provisioner:v0.0.37).
+LOCAL_PATH_PROVISIONER_VERSION = "v0.0.37"
+# The image of its helper pods, which create and remove a home's directory on its machine (a
+# shell, mkdir, rm). Upstream's template names busybox with no tag; pinned here by tag (no
+# registry could be asked for a digest where this was written).
+LOCAL_PATH_HELPER_IMAGE = "docker.io/library/busybox:1.37.0"
 
 # Hybrid nodes (infra/components/hybrid_nodes.py). The WireGuard gateway boots the AL2023 AMI this
 # public SSM parameter names when it is created; a later AMI does not replace a running gateway.

@@ -78,12 +78,18 @@ def namespaces():
     spaces.close()
 
 
-@pytest.fixture
-def dev_cluster(dev_plan, tmp_path, monkeypatch):
-    """The dev stack's DevServers on a local Kubernetes API (tests.devservers_cluster)."""
+def local_cluster(plan: Plan, tmp_path: Path, monkeypatch):
+    """A plan's DevServers on a local Kubernetes API (tests.devservers_cluster), for a fixture
+    to yield from."""
     from tests.devservers_cluster import Cluster
 
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
-    found = Cluster(dev_plan, tmp_path)
+    found = Cluster(plan, tmp_path)
     yield found
     found.close()
+
+
+@pytest.fixture
+def dev_cluster(dev_plan, tmp_path, monkeypatch):
+    """The dev stack's DevServers on a local Kubernetes API."""
+    yield from local_cluster(dev_plan, tmp_path, monkeypatch)

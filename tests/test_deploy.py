@@ -27,6 +27,7 @@ from infra.versions import EFA_DEVICE_PLUGIN_CHART, KARPENTER_CHART, KARPENTER_C
 from tests.conftest import NO_DEV_SERVERS, ROOT, STACKS, plan_of, stack_values
 from tests.destroy_order import DestroyOrder
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
+from tests.test_hybrid_devservers import hybrid_dev_servers
 from workloads.manifests import TRAINER_UID
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -147,6 +148,14 @@ def test_controllers_wait_for_their_nodes_and_jobs_for_their_operators(stack, re
 #   IAM Role permissions are created before and deleted after EKS Node Group handling"; the
 #   aws.eks.NodeGroup docs are generated from it). Nodes reach AWS and image registries through
 #   the VPC's egress: NAT gateways and their routes, or VPC endpoints.
+# - The local-path provisioner (rancher/local-path-provisioner v0.0.37, provisioner.go deleteFor
+#   and createHelperPod): a deleted claim's PersistentVolume (reclaimPolicy Delete) is deleted by
+#   its controller, which runs on the system nodes and first removes the home's directory with a
+#   helper pod in its own namespace, pinned to the home's machine. That pod, like the servers'
+#   pods a namespace deletion waits for, runs only while the machine's kubelet authenticates (the
+#   hybrid node role's HYBRID_LINUX access entry: EKS user guide, "Prepare credentials for hybrid
+#   nodes"), reaches the API server (through the WireGuard gateway) and gets a pod network from
+#   Cilium, the one CNI on hybrid nodes.
 # The DevServer operator is not among them: issue 20.3 takes its finalizer away (its rights in a
 # user namespace are a RoleBinding inside that namespace, gone with it, so no order could help).
 # The GPU registration watcher (gpuwatch/watcher.py) is the other way round: it deletes the
@@ -179,6 +188,9 @@ FILE_SERVERS = {
 INGRESS_RULE = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 NAMESPACE = "kubernetes:core/v1:Namespace"
 CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+FLAVOR = "kubernetes:dev.training-platform.io/v1alpha1:DevServerFlavor"
+# main.go DefaultProvisionerName of rancher/local-path-provisioner v0.0.37.
+LOCAL_PATH = "rancher.io/local-path"
 
 
 def selects(selector: dict, labels: dict) -> bool:
@@ -354,6 +366,39 @@ class ControllerNeeds:
                     needs[rule.urn] = f"{driver}: the servers' port {rule.inputs['fromPort']}"
         return needs
 
+    def hybrid_kubelets(self) -> dict[str, str]:
+        """What a pod on the machines needs to start or stop: their kubelets' identity, the way
+        to the API server and the CNI."""
+        (access,) = self._where("aws:eks/accessEntry:AccessEntry", type="HYBRID_LINUX")
+        (gateway,) = self.plan.of_type("aws:ec2/instance:Instance")
+        return {
+            access.urn: "the machines' kubelets authenticate as the hybrid node role",
+            **self.role_grants(role_name(access.inputs["principalArn"]), "the machines' kubelets"),
+            gateway.urn: "the WireGuard gateway the machines reach the API server through",
+            self.plan.one(RELEASE, "cilium").urn: "Cilium, the pod network on the machines",
+        }
+
+    def local_path(self) -> dict[str, str]:
+        (install,) = [
+            d
+            for d in self.plan.of_type("kubernetes:kustomize/v2:Directory")
+            if any(
+                "/rancher/local-path-provisioner/" in resource
+                for resource in yaml.safe_load(
+                    (PROGRAM_DIR / d.inputs["directory"] / "kustomization.yaml").read_text()
+                )["resources"]
+            )
+        ]
+        return {
+            install.urn: "the local-path provisioner deletes the volume, its helper pod the home",
+            **self.system_nodes(),
+            **self.hybrid_kubelets(),
+        }
+
+    def provisioner(self, name: str) -> dict[str, str]:
+        """What a StorageClass's provisioner needs to delete and unmount its volumes."""
+        return self.local_path() if name == LOCAL_PATH else self.csi(name)
+
     def claim_driver(self, claim) -> str:
         """The CSI driver serving a PersistentVolumeClaim: its StorageClass's provisioner, or
         its pre-bound PersistentVolume's driver."""
@@ -393,7 +438,7 @@ def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
         drained.append((claim, needs.csi(needs.claim_driver(claim))))
     # Namespaces Kueue manages (its managedJobsNamespaceSelector): Kueue's finalizers on the
     # pods and Workloads in them, the drivers of their claims; DevServer namespaces (the ones
-    # the operator watches) also hold the servers' home volumes of the operator's StorageClass.
+    # the operator watches) also hold the servers' homes, of every flavor's home StorageClass.
     kueue = plan.one(RELEASE, "kueue").inputs["values"]["managerConfig"]
     selector = yaml.safe_load(kueue["controllerManagerConfigYaml"])["managedJobsNamespaceSelector"]
     operators = [
@@ -402,6 +447,7 @@ def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
         if d.name == "dev-servers-operator"
         for container in d.inputs["spec"]["template"]["spec"]["containers"]
     ]
+    home_classes = {f.inputs["spec"]["homeStorageClass"] for f in plan.of_type(FLAVOR)}
     for namespace in plan.of_type(NAMESPACE):
         metadata = namespace.inputs["metadata"]
         if not selects(selector, metadata.get("labels", {})):
@@ -415,9 +461,9 @@ def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
                 a.split("=", 1)[1] for a in container["args"] if a.startswith("--namespace=")
             ]
             if any(fnmatch.fnmatch(metadata["name"], pattern) for pattern in watched):
-                env = {e["name"]: e["value"] for e in container["env"]}
-                home = needs.storage_class_provisioner(env["DEVSERVERS_HOME_STORAGE_CLASS"])
-                namespace_needs.update(needs.csi(home))
+                for home in home_classes:
+                    provisioner = needs.storage_class_provisioner(home)
+                    namespace_needs.update(needs.provisioner(provisioner))
         drained.append((namespace, namespace_needs))
     for cronjob in plan.of_type(CRONJOB):
         if cronjob.name == "gpu-registration-watch":
@@ -484,9 +530,14 @@ def test_the_program_sets_no_deleted_with():
 
 @pytest.fixture(scope="module")
 def hybrid_fsx_plan():
-    """dev with hybrid nodes, DevServers and FSx on: every drain path at once."""
+    """dev with hybrid nodes, DevServers (homes on the machines too) and FSx on: every drain
+    path at once."""
     return plan_of(
-        "dev", hybrid=HYBRID, cluster=PRIVATE_ENDPOINT_OFF, storage={"fsx": {"enabled": True}}
+        "dev",
+        hybrid=HYBRID,
+        cluster=PRIVATE_ENDPOINT_OFF,
+        storage={"fsx": {"enabled": True}},
+        devServers=hybrid_dev_servers(),
     )
 
 

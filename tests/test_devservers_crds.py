@@ -4,7 +4,7 @@ import kubernetes_validate
 import pytest
 
 from devservers.api import API_VERSION, crds, flavor_object
-from tests.crd_schema import cel_violations, conformance_errors
+from tests.crd_schema import cel_violations, conformance_errors, with_defaults
 
 KUBERNETES = "1.34"
 GPU_TOLERATION = {
@@ -17,7 +17,15 @@ GPU_TOLERATION = {
 
 def gpu_flavor() -> dict:
     return flavor_object(
-        "gpu-1", "gpu-small", {"training-platform/pool": "gpu-small"}, [GPU_TOLERATION], 1, 8, 40
+        "gpu-1",
+        "gpu-small",
+        {"training-platform/pool": "gpu-small"},
+        [GPU_TOLERATION],
+        1,
+        8,
+        40,
+        home_storage_class="gp3",
+        shared_file_system=True,
     )
 
 
@@ -101,6 +109,18 @@ def test_transition_rules_keep_owner_and_home_size():
     changed = cel_violations(server(owner="bob", persistentHomeSize="200Gi"), old)
     assert any("owner is immutable" in v for v in changed)
     assert any("persistentHomeSize is immutable" in v for v in changed)
+
+
+def test_a_flavor_names_its_home_storage_class_and_defaults_to_mounting_shared():
+    flavor = gpu_flavor()
+    del flavor["spec"]["homeStorageClass"]
+    assert any("'homeStorageClass' is a required property" in e for e in conformance_errors(flavor))
+    flavor["spec"]["homeStorageClass"] = "Not A Class"
+    assert any("does not match" in e for e in conformance_errors(flavor))
+    # A flavor stored before the field existed reads as one whose nodes mount /shared.
+    flavor = gpu_flavor()
+    del flavor["spec"]["sharedFileSystem"]
+    assert with_defaults(flavor)["spec"]["sharedFileSystem"] is True
 
 
 def test_flavor_memory_limit_must_equal_its_request():

@@ -126,12 +126,10 @@ def test_an_exec_status_is_read_as_client_go_reads_it(status, found):
 
 def test_settings_come_from_the_operators_environment(monkeypatch):
     monkeypatch.setenv("DEVSERVERS_SSH_CIDRS", "203.0.113.0/24,198.51.100.0/24")
-    monkeypatch.setenv("DEVSERVERS_HOME_STORAGE_CLASS", "gp3-fast")
     monkeypatch.setenv("DEVSERVERS_IDLE_GPU_PERCENT", "15")
     monkeypatch.setenv("DEVSERVERS_IDLE_CPU_PERCENT", "25")
     settings = settings_from_env()
     assert settings.ssh_cidrs == ("203.0.113.0/24", "198.51.100.0/24")
-    assert settings.home_storage_class == "gp3-fast"
     assert (settings.idle_gpu_percent, settings.idle_cpu_percent) == (15.0, 25.0)
     monkeypatch.setenv("DEVSERVERS_SSH_CIDRS", "")
     assert settings_from_env().ssh_cidrs == ()

@@ -125,8 +125,8 @@ def test_distributed_is_world_size_pods_with_rendezvous_ports_and_torchrun_env()
 
 
 def test_stopped_scales_to_zero_and_keeps_the_pod_shape():
-    running = stateful_set(server(), gpu_flavor(), Settings())
-    stopped = stateful_set(server(stopped=True), gpu_flavor(), Settings())
+    running = stateful_set(server(), gpu_flavor())
+    stopped = stateful_set(server(stopped=True), gpu_flavor())
     assert stopped["spec"]["replicas"] == 0
     shape = SHAPE_ANNOTATION
     assert stopped["metadata"]["annotations"][shape] == running["metadata"]["annotations"][shape]
@@ -136,8 +136,8 @@ def test_a_bigger_flavor_changes_the_pod_shape():
     bigger = gpu_flavor()
     for amounts in bigger["spec"]["resources"].values():
         amounts["nvidia.com/gpu"] = "4"
-    one = stateful_set(server(), gpu_flavor(), Settings())["metadata"]["annotations"]
-    four = stateful_set(server(), bigger, Settings())["metadata"]["annotations"]
+    one = stateful_set(server(), gpu_flavor())["metadata"]["annotations"]
+    four = stateful_set(server(), bigger)["metadata"]["annotations"]
     assert one[SHAPE_ANNOTATION] != four[SHAPE_ANNOTATION]
 
 
@@ -177,7 +177,7 @@ def test_every_pod_serves_the_host_key_of_the_servers_secret(tmp_path):
         ["ssh-keygen", "-y", "-f", str(tmp_path / "key")], capture_output=True, text=True
     )
     assert derived.stdout.split()[:2] == public.split()[:2], derived.stderr
-    pod = stateful_set(server(**DISTRIBUTED), gpu_flavor(), Settings())["spec"]["template"]["spec"]
+    pod = stateful_set(server(**DISTRIBUTED), gpu_flavor())["spec"]["template"]["spec"]
     volumes = {v["name"]: v for v in pod["volumes"]}
     assert volumes["host-key"]["secret"] == {"secretName": "box-ssh-host-key", "defaultMode": 0o440}
     (container,) = pod["containers"]
@@ -194,12 +194,12 @@ def test_more_processes_than_gpus_is_an_error():
 
 
 def test_labels_select_the_servers_pods():
-    sts = stateful_set(server(), gpu_flavor(), Settings())
+    sts = stateful_set(server(), gpu_flavor())
     assert sts["spec"]["selector"]["matchLabels"] == {SERVER_LABEL: "box"}
     assert owner_of_namespace("dev-alice") == "alice"
     assert owner_of_namespace("team-a") is None
 
 
 def test_server_pods_get_no_kubernetes_credentials():
-    pod = stateful_set(server(), gpu_flavor(), Settings())["spec"]["template"]["spec"]
+    pod = stateful_set(server(), gpu_flavor())["spec"]["template"]["spec"]
     assert pod["automountServiceAccountToken"] is False

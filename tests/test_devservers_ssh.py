@@ -21,7 +21,6 @@ from devservers.controller import new_host_key
 from devservers.render import (
     ENTRYPOINT,
     TORCHRUN,
-    Settings,
     config_map,
     stateful_set,
 )
@@ -64,8 +63,18 @@ def pods():
         distributed["ncclEnv"] = {"NCCL_SOCKET_IFNAME": "lo", "NCCL_DEBUG_SUBSYS": AWKWARD}
         dev = server(mode="distributed", distributed=distributed, ssh={"authorizedKeys": [key]})
         files = config_map(dev)["data"]
-        cpu = flavor_object("cpu-4", "cpu", {"training-platform/pool": "cpu"}, [], 0, 4, 8)
-        template = stateful_set(dev, cpu, Settings())["spec"]["template"]
+        cpu = flavor_object(
+            "cpu-4",
+            "cpu",
+            {"training-platform/pool": "cpu"},
+            [],
+            0,
+            4,
+            8,
+            home_storage_class="gp3",
+            shared_file_system=True,
+        )
+        template = stateful_set(dev, cpu)["spec"]["template"]
         (container,) = template["spec"]["containers"]
         image_env = {
             "PATH": f"{site.image_bin()}:{SYSTEM_PATH}",

@@ -269,15 +269,6 @@ def one_job(**changes) -> list[dict]:
         ),
         (
             hybrid_values(
-                devServers={
-                    "flavors": [{"name": "box", "nodePool": "hybrid", "cpu": 4, "memoryGib": 8}]
-                }
-            ),
-            "devServers.flavors[box].nodePool: hybrid: a DevServer's home is an EBS volume, which "
-            "no machine outside AWS can attach",
-        ),
-        (
-            hybrid_values(
                 nodePools=[
                     *stack_values("dev")["training-platform:nodePools"],
                     {"name": "hybrid", "instanceTypes": ["m6i.large"], "maxNodes": 1},

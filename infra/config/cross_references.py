@@ -51,16 +51,25 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
             problems.append(((*loc, "nodePool"), _not_a_pool(flavor.node_pool, config)))
             continue
         if pool.hybrid:
-            # Every DevServer pod mounts an EBS home volume (devservers/render.py), which attaches
-            # to EC2 instances only; the EBS and EFS CSI node agents avoid hybrid nodes.
-            problems.append(
-                (
-                    (*loc, "nodePool"),
-                    f"{HYBRID_POOL}: a DevServer's home is an EBS volume, which no machine outside "
-                    "AWS can attach, so its pods would stay Pending; allowed: a pool from "
-                    "nodePools (jobs with checkpoint s3 may run on hybrid)",
+            # A server's pod may land on any machine that holds it, then stays on the one its
+            # home is on (infra/components/hybrid_homes.py): it must fit one machine at least,
+            # with the room a job pod gets there (pod_room).
+            rooms = {m.name: (m.gpus, *pod_room(m)) for m in pool.machines}
+            if not any(
+                flavor.gpus <= gpus and flavor.cpu <= vcpu and flavor.memory_gib <= memory
+                for gpus, vcpu, memory in rooms.values()
+            ):
+                problems.append(
+                    (
+                        loc,
+                        f"{flavor.gpus} GPUs, {flavor.cpu} vCPU, {flavor.memory_gib} GiB fits none "
+                        "of the hybrid machines; allowed: at most "
+                        + "; ".join(
+                            f"{gpus} GPUs, {vcpu} vCPU, {memory} GiB ({name})"
+                            for name, (gpus, vcpu, memory) in rooms.items()
+                        ),
+                    )
                 )
-            )
             continue
         if pool.topology:
             # Kueue admits onto a topology flavor only pods that ask for topology (the platform

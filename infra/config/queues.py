@@ -23,6 +23,7 @@ SYSTEM_NAMESPACES = (
     "kueue-system",
     "monitoring",
     "mpi-operator",
+    "local-path-storage",
 )
 
 
