@@ -180,6 +180,11 @@ class OpenSsh:
         """An sshd of this module's own: key-only login to the account with the client key.
         `inside`: a command prefix that runs it elsewhere, e.g. in a pod's namespaces."""
         home = self.mkdir(f"sshd-{name}")
+        # Each host stands for a machine of its own, and machines have their own /tmp: OpenMPI's
+        # orted keeps its session directory in $TMPDIR/ompi.<hostname>.<uid>
+        # (orte/util/session_dir.c), and hosts on one machine share the hostname, so with one
+        # /tmp two hosts' daemons would race on one directory (mkdir-failed, PMIx errors).
+        tmp = self.mkdir(f"sshd-{name}/tmp")
         host_key = home / "ssh_host_ed25519_key"
         self._keygen(host_key)
         authorized = self.write(
@@ -198,7 +203,8 @@ class OpenSsh:
                 "KbdInteractiveAuthentication no\n"
                 "UsePAM no\n"
                 # The temp dir's parents (/tmp) are world-writable; the images say no as well.
-                "StrictModes no\n",
+                "StrictModes no\n"
+                f"SetEnv TMPDIR={tmp}\n",
             )
             return [SSHD, "-D", "-e", "-f", str(config)]
 

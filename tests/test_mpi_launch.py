@@ -35,12 +35,14 @@ POD_IDENTITY = {
         "/var/run/secrets/pods.eks.amazonaws.com/serviceaccount/eks-pod-identity-token"
     ),
 }
-# Each rank says where it runs and what it has; JSON on one line, one write.
+# Each rank says where it runs and what it has, in a file of its own in the folder it is given
+# (two ranks' lines through mpirun's output forwarding may interleave).
 PROBE = """
-import ctypes, json, os, shutil, torch
+import ctypes, json, os, pathlib, shutil, sys, torch
 ctypes.CDLL("libnccl-net.so")  # as NCCL loads its net plugin: by name, through LD_LIBRARY_PATH
-print(json.dumps({"env": dict(os.environ), "python": shutil.which("python"),
-                  "torch": torch.__version__}), flush=True)
+rank = os.environ["OMPI_COMM_WORLD_RANK"]
+pathlib.Path(sys.argv[1], f"rank-{rank}.json").write_text(json.dumps(
+    {"env": dict(os.environ), "python": shutil.which("python"), "torch": torch.__version__}))
 """
 TINY = ["--model", "tiny", "--steps", "3", "--global-batch", "4", "--micro-batch", "2"]
 TINY += ["--log-every", "1", "--eval-every", "3", "--eval-samples", "2", "--threads", "1"]
@@ -135,9 +137,10 @@ def with_program(command: list[str], program: list[str]) -> list[str]:
 
 
 def test_remote_ranks_get_the_image_pod_and_identity_environment(launcher):
-    result = launcher.run(launcher.sized(with_program(launcher.command, ["-c", PROBE])))
+    found = launcher.site.mkdir("probe")
+    result = launcher.run(launcher.sized(with_program(launcher.command, ["-c", PROBE, str(found)])))
     assert result.returncode == 0, result.stderr
-    ranks = [json.loads(line) for line in result.stdout.splitlines() if line.startswith("{")]
+    ranks = [json.loads(path.read_text()) for path in sorted(found.glob("rank-*.json"))]
     # One rank on each worker, each reached through that worker's sshd.
     servers = sorted(r["env"]["SSH_CONNECTION"].split()[2] for r in ranks)
     assert servers == WORKERS

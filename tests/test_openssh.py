@@ -18,6 +18,7 @@ def test_sessions_get_sshds_default_environment_and_close_leaves_nothing():
         assert str(Path(sys.executable).parent) not in env["PATH"].split(":")
         assert env["USER"] == site.account.name and env["HOME"] == str(site.account.home)
         assert env["SSH_CONNECTION"].split()[2:] == ["127.0.0.2", str(site.hosts["a"].port)]
+        assert env["TMPDIR"] == str(site.dir / "sshd-a" / "tmp")  # a machine's own /tmp
         assert site.account.uid != 0 and (os.geteuid() != 0 or site.account.name == TEST_USER)
         sshd, directory = site.hosts["a"].process, site.dir
     assert sshd.poll() is not None and not directory.exists()
