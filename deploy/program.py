@@ -99,13 +99,23 @@ def build_platform(config: StackConfig) -> None:
         fsx = LustreFileSystem(
             "fsx", storage.fsx, platform, addons["aws-fsx-csi-driver"], bucket.name
         )
-    # Pods in team and DevServer namespaces carry Kueue's finalizers and mount volumes of these
-    # drivers: destroy deletes the namespaces while Kueue and the drivers still run.
+    hybrid = None
+    if config.hybrid:
+        hybrid = HybridNodes("hybrid", config.hybrid, platform, config.cluster.kubernetes_version)
+        pulumi.export("hybridGatewayIp", hybrid.gateway_public_ip)
+        pulumi.export("hybridPeerConfigs", hybrid.peer_configs)
+        pulumi.export("hybridBootstrap", hybrid.bootstraps)
+    # Pods in team and DevServer namespaces (and the jobs there) carry Kueue's finalizers, mount
+    # volumes of these drivers, and are deleted by the kubelets of the pools' nodes or of the
+    # machines: destroy deletes the namespaces while Kueue, the drivers and the nodes still run
+    # (a NodePool deleted first would drain nodes whose do-not-disrupt pods hold the drain).
     namespace_prerequisites = [
         kueue.release,
         ebs.addon,
         *(efs.driver if efs else []),
         *(fsx.driver if fsx else []),
+        *node_pools.node_pools.values(),
+        *([hybrid] if hybrid else []),
     ]
     queues = Queues(
         "queues",
@@ -116,21 +126,15 @@ def build_platform(config: StackConfig) -> None:
         platform,
         extra_flavors=(kueue_flavor(config.hybrid),) if config.hybrid else (),
     )
-    if config.hybrid:
-        hybrid = HybridNodes("hybrid", config.hybrid, platform, config.cluster.kubernetes_version)
-        pulumi.export("hybridGatewayIp", hybrid.gateway_public_ip)
-        pulumi.export("hybridPeerConfigs", hybrid.peer_configs)
-        pulumi.export("hybridBootstrap", hybrid.bootstraps)
-
     dev_namespaces = {}
     if config.dev_servers.enabled:
         flavor_pools = {f.name: config.pool_named(f.node_pool) for f in config.dev_servers.flavors}
         home_prerequisites = []
         if any(pool.hybrid for pool in flavor_pools.values()):
-            # Homes on the machines' disks: their provisioner, and the machines it works on,
-            # outlive the user namespaces whose claims it removes.
+            # Homes on the machines' disks: their provisioner outlives the user namespaces
+            # whose claims it removes (the machines already do: namespace_prerequisites).
             homes = HybridHomes("hybrid-homes", platform, OVERLAYS)
-            home_prerequisites = [homes, hybrid]
+            home_prerequisites = [homes]
         dev_namespaces = DevServers(
             "dev-servers",
             config.dev_servers,

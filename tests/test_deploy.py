@@ -17,7 +17,7 @@ import yaml
 from deploy.program import build_platform
 from infra.components.iam import CSI_CONTROLLER_NODE_SELECTOR
 from infra.components.kueue import EXCLUDED_RESOURCE_PREFIXES
-from infra.components.node_pools import EFA_NODE_LABELS
+from infra.components.node_pools import EFA_NODE_LABELS, POOL_LABEL
 from infra.components.queues import COVERED_RESOURCES
 from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_PLACEMENT, SYSTEM_TOLERATION
 from infra.config import parse_stack_config
@@ -28,6 +28,7 @@ from tests.conftest import NO_DEV_SERVERS, ROOT, STACKS, plan_of, stack_values
 from tests.destroy_order import DestroyOrder
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 from tests.test_hybrid_devservers import hybrid_dev_servers
+from tests.test_hybrid_jobs import HYBRID_JOBS
 from workloads.manifests import TRAINER_UID
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -395,6 +396,24 @@ class ControllerNeeds:
             **self.hybrid_kubelets(),
         }
 
+    def node_kubelets(self, pool: str) -> dict[str, str]:
+        """What a pod on `pool`'s nodes needs to be deleted: the kubelets there, which confirm
+        it. A NodePool (or its EC2NodeClass) deleted first has Karpenter drain nodes whose
+        pods carry karpenter.sh/do-not-disrupt, which blocks the drain up to the NodePool's
+        terminationGracePeriod (24h); on the hybrid machines, what their kubelets need."""
+        if pool == "hybrid":
+            return self.hybrid_kubelets()
+        return {
+            r.urn: f"the kubelets of pool {pool}'s nodes, which confirm the pods' deletion"
+            for r in self.plan.of_type(NODEPOOL) + self.plan.of_type(NODECLASS)
+            if r.inputs["metadata"]["name"] == pool
+        }
+
+    def pools(self) -> list[str]:
+        """Every pool a pod of a team or DevServer namespace may run on."""
+        names = [p.inputs["metadata"]["name"] for p in self.plan.of_type(NODEPOOL)]
+        return names + (["hybrid"] if self.plan.of_type("aws:ec2/instance:Instance") else [])
+
     def provisioner(self, name: str) -> dict[str, str]:
         """What a StorageClass's provisioner needs to delete and unmount its volumes."""
         return self.local_path() if name == LOCAL_PATH else self.csi(name)
@@ -428,10 +447,17 @@ def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
     # NodePools and EC2NodeClasses: Karpenter terminates their instances once volumes detach.
     for node_object in plan.of_type(NODEPOOL) + plan.of_type(NODECLASS):
         drained.append((node_object, {**needs.karpenter(), **needs.csi("ebs.csi.aws.com")}))
-    # Kueue's own objects and the jobs whose Workloads carry its finalizer.
+    # Kueue's own objects and the jobs whose Workloads carry its finalizer; a job's pods are
+    # deleted by the kubelets of its pool's nodes.
     for resource in plan.resources:
-        if resource.type.startswith("kubernetes:kueue.x-k8s.io/") or resource.type in JOBS:
+        if resource.type.startswith("kubernetes:kueue.x-k8s.io/"):
             drained.append((resource, needs.kueue()))
+        elif resource.type in JOBS:
+            pools = {t["spec"]["nodeSelector"][POOL_LABEL] for t in pod_templates(resource.inputs)}
+            job_needs = needs.kueue()
+            for pool in pools:
+                job_needs.update(needs.node_kubelets(pool))
+            drained.append((resource, job_needs))
     # Claims: their driver deletes the volume and unmounts it.
     claims = plan.of_type(CLAIM)
     for claim in claims:
@@ -453,6 +479,9 @@ def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
         if not selects(selector, metadata.get("labels", {})):
             continue
         namespace_needs = needs.kueue()
+        # Its pods may run on any pool's nodes (the platform queue admits every flavor).
+        for pool in needs.pools():
+            namespace_needs.update(needs.node_kubelets(pool))
         for claim in claims:
             if claim.inputs["metadata"]["namespace"] == metadata["name"]:
                 namespace_needs.update(needs.csi(needs.claim_driver(claim)))
@@ -538,6 +567,7 @@ def hybrid_fsx_plan():
         cluster=PRIVATE_ENDPOINT_OFF,
         storage={"fsx": {"enabled": True}},
         devServers=hybrid_dev_servers(),
+        jobs=[*stack_values("dev")["training-platform:jobs"], *HYBRID_JOBS],
     )
 
 
