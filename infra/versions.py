@@ -87,7 +87,7 @@ LOCAL_PATH_PROVISIONER_VERSION = "v0.0.37"
 # registry could be asked for a digest where this was written).
 LOCAL_PATH_HELPER_IMAGE = "docker.io/library/busybox:1.37.0"
 
-# Hybrid nodes (infra/components/hybrid_nodes.py). The WireGuard gateway boots the AL2023 AMI this
+# Hybrid nodes (infra/components/hybrid_gateway.py). The WireGuard gateway boots the AL2023 AMI this
 # public SSM parameter names when it is created; a later AMI does not replace a running gateway.
 WIREGUARD_GATEWAY_AMI_PARAMETER = (
     "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-6.1-x86_64"

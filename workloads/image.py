@@ -2,7 +2,8 @@
 
 import pulumi
 
-from infra.components.container_image import ecr_images, source_tag
+from infra.components.container_image import images, source_tag
+from infra.components.context import ClusterContext
 from infra.config import ImageConfig, StackConfig, image_target
 from infra.paths import PROJECT_DIR
 
@@ -42,20 +43,17 @@ class TrainerImage(pulumi.ComponentResource):
         name: str,
         config: ImageConfig,
         targets: list[str],
-        cluster_name: str,
-        tags: dict[str, str],
+        cluster: ClusterContext,
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:workloads:TrainerImage", name, None, opts)
-        if config.uri:
-            self.refs = {target: pulumi.Output.from_input(config.uri) for target in targets}
-        else:
-            self.refs = ecr_images(
-                name,
-                trainer_repository(cluster_name),
-                CONTEXT,
-                targets,
-                tags,
-                pulumi.ResourceOptions(parent=self),
-            )
+        self.refs = images(
+            config,
+            name,
+            trainer_repository(cluster.config_name),
+            CONTEXT,
+            targets,
+            cluster.tags,
+            pulumi.ResourceOptions(parent=self),
+        )
         self.register_outputs({"refs": self.refs})

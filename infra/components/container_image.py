@@ -10,6 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
+from infra.config import ImageConfig
 from infra.paths import provider_path
 
 PLATFORMS = ["linux/amd64"]
@@ -144,3 +145,19 @@ def ecr_images(
         )
         refs[target] = pulumi.Output.concat(repository.repository_url, "@", image.digest)
     return refs
+
+
+def images(
+    prebuilt: ImageConfig,
+    name: str,
+    repository_name: pulumi.Input[str],
+    context: Path,
+    targets: list[str],
+    tags: dict[str, str],
+    opts: pulumi.ResourceOptions,
+) -> dict[str, pulumi.Output[str]]:
+    """{target: image}: the prebuilt image by digest for every target when stack config names
+    one (nothing is built: a stack of prebuilt images needs no Docker), else ecr_images."""
+    if prebuilt.uri:
+        return {target: pulumi.Output.from_input(prebuilt.uri) for target in targets}
+    return ecr_images(name, repository_name, context, targets, tags, opts)

@@ -31,7 +31,7 @@ class ClusterContext:
     # The EKS cluster's name as the cluster reports it: whatever takes it waits for the cluster.
     name: pulumi.Output[str]
     # The same name from stack config, known before the cluster exists: for names derived from
-    # it (IAM roles, ECR repositories, discovery tags) that must not wait for the cluster.
+    # it (IAM roles, the trainer's ECR repository, discovery tags) that need not wait for it.
     config_name: str
     provider: k8s.Provider
     # What every in-cluster controller waits for on create and outlives on destroy (Cluster).

@@ -12,7 +12,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.cold_start import MARGIN, launch_seconds
-from infra.components.container_image import ecr_images
+from infra.components.container_image import images
 from infra.components.context import ClusterContext
 from infra.components.node_pools import GPU_NODE_LABELS
 from infra.components.system_nodes import SYSTEM_PLACEMENT
@@ -75,18 +75,15 @@ class GpuRegistrationWatch(pulumi.ComponentResource):
                 k8s_opts, pulumi.ResourceOptions(depends_on=list(resources))
             )
 
-        image = (
-            pulumi.Output.from_input(config.gpu_registration_watch_image.uri)
-            if config.gpu_registration_watch_image.uri
-            else ecr_images(
-                f"{name}-image",
-                pulumi.Output.concat(cluster.name, "/", NAME),
-                CONTEXT,
-                [IMAGE_TARGET],
-                cluster.tags,
-                pulumi.ResourceOptions(parent=self),
-            )[IMAGE_TARGET]
-        )
+        image = images(
+            config.gpu_registration_watch_image,
+            f"{name}-image",
+            pulumi.Output.concat(cluster.name, "/", NAME),
+            CONTEXT,
+            [IMAGE_TARGET],
+            cluster.tags,
+            pulumi.ResourceOptions(parent=self),
+        )[IMAGE_TARGET]
         account = k8s.core.v1.ServiceAccount(
             name, metadata={"name": NAME, "namespace": NAMESPACE}, opts=k8s_opts
         )
