@@ -44,31 +44,31 @@ class Model(BaseModel):
     )
 
 
-def _allowed(values: list[str] | tuple[str, ...], none: str) -> str:
+def allowed_list(values: list[str] | tuple[str, ...], none: str) -> str:
     """`allowed: a, b` or, with nothing to offer, what to do instead."""
     return f"allowed: {', '.join(values)}" if values else none
 
 
-def _did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
+def did_you_mean(value: str, choices: list[str] | tuple[str, ...]) -> str:
     close = difflib.get_close_matches(value, list(choices), n=1)
     return f"did you mean {close[0]!r}? " if close else ""
 
 
-def _known_region(value: str) -> str:
+def known_region(value: str) -> str:
     if value not in AWS_REGIONS:
         raise ValueError(
-            f"{value!r} is not a known AWS region; {_did_you_mean(value, AWS_REGIONS)}"
+            f"{value!r} is not a known AWS region; {did_you_mean(value, AWS_REGIONS)}"
             f"allowed: a region in infra/regions.py, e.g. us-west-2"
         )
     return value
 
 
-def _hours(duration: str) -> float:
+def hours(duration: str) -> float:
     units = {"s": 1 / 3600, "m": 1 / 60, "h": 1}
     return sum(int(n) * units[u] for n, u in re.findall(r"([0-9]+)([smh])", duration))
 
 
-def _ipv4_network(value: Any) -> ipaddress.IPv4Network:
+def ipv4_network(value: Any) -> ipaddress.IPv4Network:
     if not isinstance(value, str):
         raise ValueError("must be a string such as 10.0.0.0/16")
     try:
@@ -81,7 +81,7 @@ def _ipv4_network(value: Any) -> ipaddress.IPv4Network:
     return network
 
 
-Cidr = Annotated[Any, AfterValidator(_ipv4_network)]
+Cidr = Annotated[Any, AfterValidator(ipv4_network)]
 
 
 def _known_instance_type(gpu: bool | None):
@@ -147,12 +147,12 @@ class ImageConfig(Model):
     )
 
 
-def _one_line(message: str) -> str:
+def one_line(message: str) -> str:
     """Control characters from the config (a key, an argument) escaped: one error, one line."""
     return "".join(c if c.isprintable() else repr(c)[1:-1] for c in message)
 
 
-def _key_path(loc: tuple, raw: Any = None) -> str:
+def key_path(loc: tuple, raw: Any = None) -> str:
     """`training-platform:nodePools[gpu-small].maxNodes`: list items by name where they have one."""
     if loc[:1] == ("region",):
         return "aws:region"

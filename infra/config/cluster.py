@@ -18,8 +18,8 @@ from infra.config.base import (
     IamPrincipalArn,
     ImageConfig,
     Model,
-    _hours,
-    _ipv4_network,
+    hours,
+    ipv4_network,
 )
 from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
 
@@ -72,7 +72,7 @@ def _internet_range(network: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
     return network
 
 
-InternetCidr = Annotated[Any, AfterValidator(_ipv4_network), AfterValidator(_internet_range)]
+InternetCidr = Annotated[Any, AfterValidator(ipv4_network), AfterValidator(_internet_range)]
 
 
 class EndpointAccess(Model):
@@ -163,7 +163,7 @@ def _ami_release_day(alias: str) -> str:
 
 
 def _gpu_registration_timeout(value: str) -> str:
-    if not 1 / 60 <= _hours(value) <= 24:
+    if not 1 / 60 <= hours(value) <= 24:
         raise ValueError(
             f"{value} is out of range; allowed: 1m to 24h (a GPU node's device plugin needs "
             "minutes to register)"
@@ -195,4 +195,4 @@ class KarpenterConfig(Model):
     def gpu_registration_timeout_seconds(self) -> int | None:
         """gpuRegistrationTimeout in seconds; None when it is left to its default."""
         timeout = self.gpu_registration_timeout
-        return round(_hours(timeout) * 3600) if timeout else None
+        return round(hours(timeout) * 3600) if timeout else None

@@ -5,9 +5,9 @@ from infra.catalog import (
     UnpricedError,
     load_prices,
 )
-from infra.config.base import HYBRID_POOL, _allowed, _did_you_mean
+from infra.config.base import HYBRID_POOL, allowed_list, did_you_mean
 from infra.config.hybrid import eks_service_cidr
-from infra.config.jobs import _job_args_errors
+from infra.config.jobs import job_args_errors
 from infra.config.policy import HYBRID_GATEWAY, public_ingress_resources
 from infra.config.pools import NODE_RESERVE, job_pod_fits, pod_room
 from infra.config.queues import queue_shortfall
@@ -21,14 +21,14 @@ def _not_a_pool(name: str, config: "StackConfig") -> str:
     if name == HYBRID_POOL:
         return (
             f"{HYBRID_POOL} names the hybrid machines but the stack has no hybrid section; "
-            + _allowed(pools, "allowed: none yet")
+            + allowed_list(pools, "allowed: none yet")
             + ", or add a training-platform:hybrid section"
         )
     pools += [HYBRID_POOL] if config.hybrid else []
     return (
         f"{name!r} is not a node pool; "
-        + _did_you_mean(name, pools)
-        + _allowed(pools, "allowed: none yet, declare nodePools first")
+        + did_you_mean(name, pools)
+        + allowed_list(pools, "allowed: none yet, declare nodePools first")
     )
 
 
@@ -115,8 +115,8 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
                 (
                     ("devServers", "users", i, "team"),
                     f"{user.team!r} is not a team; "
-                    + _did_you_mean(user.team, [*teams])
-                    + _allowed([*teams], "allowed: none yet, declare queues.teams first"),
+                    + did_you_mean(user.team, [*teams])
+                    + allowed_list([*teams], "allowed: none yet, declare queues.teams first"),
                 )
             )
     if section.enabled and not section.flavors:
@@ -220,11 +220,11 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
             problems.append(
                 (
                     (*loc, "queue"),
-                    f"{job.queue!r} is not a team queue; {_did_you_mean(job.queue, [*teams])}"
-                    + _allowed([*teams], "allowed: none yet, declare queues.teams first"),
+                    f"{job.queue!r} is not a team queue; {did_you_mean(job.queue, [*teams])}"
+                    + allowed_list([*teams], "allowed: none yet, declare queues.teams first"),
                 )
             )
-        problems += [((*loc, "args"), message) for message in _job_args_errors(job)]
+        problems += [((*loc, "args"), message) for message in job_args_errors(job)]
         if pool is not None and pool.hybrid and job.checkpoint != "s3":
             # The EFS and FSx CSI node agents do not run on hybrid nodes (README, Cluster mode).
             problems.append(
@@ -273,8 +273,8 @@ def _public_ingress_errors(config: StackConfig) -> list[tuple[tuple, str]]:
         (
             ("policy", "allowedPublicIngress", i),
             f"{name!r} is not a resource this stack opens to the internet; "
-            + _did_you_mean(name, opened)
-            + _allowed(
+            + did_you_mean(name, opened)
+            + allowed_list(
                 opened,
                 f"allowed: none, nothing here faces the internet ({HYBRID_GATEWAY} "
                 "comes with a hybrid section)",

@@ -12,8 +12,8 @@ from infra.config.base import (
     ImageConfig,
     K8sName,
     Model,
-    _allowed,
-    _did_you_mean,
+    allowed_list,
+    did_you_mean,
 )
 
 
@@ -79,6 +79,6 @@ def _named(items: list, name: str, unknown: str):
     names = [item.name for item in items]
     if name not in names:
         raise ValueError(
-            f"{unknown}; {_did_you_mean(name, names)}" + _allowed(names, "none declared")
+            f"{unknown}; {did_you_mean(name, names)}" + allowed_list(names, "none declared")
         )
     return items[names.index(name)]

@@ -50,7 +50,7 @@ class JobConfig(Model):
         return self
 
 
-def _job_args_errors(job: "JobConfig") -> list[str]:
+def job_args_errors(job: "JobConfig") -> list[str]:
     """What the trainer would refuse in this job's arguments, by the trainer's own parser."""
     try:
         parse_options(job.args)

@@ -18,10 +18,10 @@ from infra.config.base import (
     NAMESPACE,
     PATTERN_HINTS,
     ConfigError,
-    _allowed,
-    _did_you_mean,
-    _key_path,
-    _one_line,
+    allowed_list,
+    did_you_mean,
+    key_path,
+    one_line,
 )
 from infra.config.cross_references import cross_reference_errors, price_errors
 from infra.config.policy import placeholder_errors
@@ -50,19 +50,19 @@ def parse_stack_config(values: Mapping[str, Any], source: str) -> StackConfig:
     bad_keys = list(_non_string_keys(raw))
     if bad_keys:
         lines = [
-            f"  {_key_path(loc, raw)}: key {key!r} is not a string; allowed: camelCase names"
+            f"  {key_path(loc, raw)}: key {key!r} is not a string; allowed: camelCase names"
             for loc, key in bad_keys
         ]
-        raise ConfigError(header + "\n".join(_one_line(line) for line in lines))
+        raise ConfigError(header + "\n".join(one_line(line) for line in lines))
     try:
         config = StackConfig.model_validate(raw)
     except ValidationError as e:
-        lines = [f"  {_key_path(err['loc'], raw)}: {_explain(err)}" for err in e.errors()]
-        raise ConfigError(header + "\n".join(_one_line(line) for line in lines)) from None
+        lines = [f"  {key_path(err['loc'], raw)}: {_explain(err)}" for err in e.errors()]
+        raise ConfigError(header + "\n".join(one_line(line) for line in lines)) from None
     problems = cross_reference_errors(config) + price_errors(config)
     if problems:
-        lines = [f"  {_key_path(loc, raw)}: {message}" for loc, message in problems]
-        raise ConfigError(header + "\n".join(_one_line(line) for line in lines))
+        lines = [f"  {key_path(loc, raw)}: {message}" for loc, message in problems]
+        raise ConfigError(header + "\n".join(one_line(line) for line in lines))
     return config
 
 
@@ -179,7 +179,7 @@ def _explain(err: dict) -> str:
     if err["type"] == "extra_forbidden":
         allowed = _allowed_keys(err["loc"][:-1])
         key = str(err["loc"][-1])
-        return f"unknown key; {_did_you_mean(key, allowed)}" + _allowed(
+        return f"unknown key; {did_you_mean(key, allowed)}" + allowed_list(
             allowed, "allowed: no keys here"
         ).replace("allowed:", "allowed keys here:")
     if err["type"] == "missing":

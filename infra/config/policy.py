@@ -9,7 +9,7 @@ from pydantic import (
     model_validator,
 )
 
-from infra.config.base import Model, _key_path
+from infra.config.base import Model, key_path
 
 if TYPE_CHECKING:  # stack.py builds on this module
     from infra.config.stack import StackConfig
@@ -74,4 +74,4 @@ def placeholder_errors(config: "StackConfig") -> list[str]:
         for i, arn in enumerate(config.cluster.admin_principal_arns)
         if f":{DOCUMENTATION_ACCOUNT}:" in arn
     ]
-    return [f"{_key_path(loc)}: {message}" for loc, message in problems]
+    return [f"{key_path(loc)}: {message}" for loc, message in problems]

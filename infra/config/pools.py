@@ -15,7 +15,7 @@ from infra.catalog import (
     load_catalog,
     load_published_busbw,
 )
-from infra.config.base import Duration, InstanceTypeName, K8sName, Model, _hours
+from infra.config.base import Duration, InstanceTypeName, K8sName, Model, hours
 from infra.config.fabric_check import (
     FABRIC_DEFAULT_MAX_BYTES,
     PUBLISHED_FLOOR_SHARE,
@@ -151,9 +151,9 @@ class NodePoolConfig(Model):
     @model_validator(mode="after")
     def _consistent(self) -> "NodePoolConfig":
         low, high = EXPIRE_AFTER_HOURS
-        if not low <= _hours(self.expire_after) <= high:
+        if not low <= hours(self.expire_after) <= high:
             raise ValueError(
-                f"expireAfter {self.expire_after} is {_hours(self.expire_after):g} hours; allowed: "
+                f"expireAfter {self.expire_after} is {hours(self.expire_after):g} hours; allowed: "
                 f"{low}h to {high}h (nodes must be replaced to pick up patched AMIs)"
             )
         if len(set(self.capacity_types)) != len(self.capacity_types):

@@ -8,7 +8,7 @@ from pydantic import (
     model_validator,
 )
 
-from infra.config.base import HYBRID_POOL, ImageConfig, Model, _known_region
+from infra.config.base import HYBRID_POOL, ImageConfig, Model, known_region
 from infra.config.cluster import ClusterConfig, KarpenterConfig
 from infra.config.dev_servers import DevServersConfig
 from infra.config.hybrid import HybridConfig, Pool
@@ -28,7 +28,7 @@ class MonitoringConfig(Model):
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
-    region: Annotated[str, AfterValidator(_known_region)]
+    region: Annotated[str, AfterValidator(known_region)]
     network: NetworkConfig = NetworkConfig()
     cluster: ClusterConfig = ClusterConfig()
     karpenter: KarpenterConfig = KarpenterConfig()
