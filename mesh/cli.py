@@ -161,7 +161,7 @@ def outcome(exit_codes: dict[str, int | None], low: int) -> int:
             how = (
                 f"no answer {remote.FINISH_GRACE_SECONDS:.0f} s after the run finished"
                 if code is None
-                else f"torchrun exited with {code}"
+                else remote.ending("torchrun", code)
             )
             print(f"{name}: {role} ({how})", file=sys.stderr)
     return 0 if len(finished) >= low else 1

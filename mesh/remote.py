@@ -88,6 +88,16 @@ def connect(mesh: Mesh, node: Node) -> paramiko.SSHClient:
     return client
 
 
+def ending(what: str, code: int) -> str:
+    """How a command ended, from paramiko's exit status: -1 when the server sent none. OpenSSH's
+    sshd sends exit-signal instead of exit-status for a command a signal ended (session.c
+    session_exit_message), which paramiko does not read (channel.py _handle_request), and
+    nothing when the connection dropped (the machine lost power)."""
+    if code == -1:
+        return f"{what} ended without an exit status (a signal, or the SSH connection dropped)"
+    return f"{what} exited with {code}"
+
+
 def unreachable(error: Exception) -> str:
     return f"{type(error).__name__}: {getattr(error, 'strerror', None) or error}"
 
@@ -420,7 +430,7 @@ class Launch:
         self.exit_codes[name] = code
         if code == 0 and self._finished_at is None:
             self._finished_at = time.monotonic()
-        self._print(name, f"{self.what} exited with {code}")
+        self._print(name, ending(self.what, code))
 
     def wait(self, timeout: float | None = None) -> bool:
         """True once every node's command has exited. Joins in short slices so Ctrl-C lands."""

@@ -107,15 +107,26 @@ class Host:
     process: subprocess.Popen
     log: Path
 
-    def stop(self) -> None:
-        """SIGKILL sshd and every session below it (their own sessions, from sshd's setsid)."""
+    def processes(self) -> list[int]:
+        """sshd and every process below it: its sessions (each its own session, from sshd's
+        setsid), what they run, and what that started in sessions of its own."""
         found, pending = [], [self.process.pid]
         while pending:
             pid = pending.pop()
             found.append(pid)
             pending.extend(children(pid))
-        signal_each(found, signal.SIGKILL)
+        return found
+
+    def power_off(self) -> None:
+        """SIGKILL every process of this host, as a machine that loses power: its connections
+        close (the kernel closes the sockets of a killed process) and nothing answers again."""
+        signal_each(self.processes(), signal.SIGKILL)
         self.process.wait()
+
+    def freeze(self) -> None:
+        """SIGSTOP every process of this host, as a machine that drops off the network: nothing
+        answers, yet none of its connections closes. power_off() ends it."""
+        signal_each(self.processes(), signal.SIGSTOP)
 
 
 class OpenSsh:
@@ -148,7 +159,7 @@ class OpenSsh:
 
     def close(self) -> None:
         for host in self.hosts.values():
-            host.stop()
+            host.power_off()
         shutil.rmtree(self.dir, ignore_errors=True)
 
     def mkdir(self, name: str) -> Path:
@@ -176,15 +187,24 @@ class OpenSsh:
             check=True,
         )
 
-    def serve(self, name: str, address: str, inside: tuple[str, ...] = ()) -> Host:
+    def serve(
+        self,
+        name: str,
+        address: str,
+        inside: tuple[str, ...] = (),
+        env: dict[str, str] | None = None,
+        port: int | None = None,
+    ) -> Host:
         """An sshd of this module's own: key-only login to the account with the client key.
-        `inside`: a command prefix that runs it elsewhere, e.g. in a pod's namespaces."""
+        `inside`: a command prefix that runs it elsewhere, e.g. in a pod's namespaces.
+        `env`: what this machine's sessions have besides sshd's defaults (a PATH with its own
+        programs), set by sshd's SetEnv as an admin would. `port`: see launch()."""
         home = self.mkdir(f"sshd-{name}")
         # Each host stands for a machine of its own, and machines have their own /tmp: OpenMPI's
         # orted keeps its session directory in $TMPDIR/ompi.<hostname>.<uid>
         # (orte/util/session_dir.c), and hosts on one machine share the hostname, so with one
         # /tmp two hosts' daemons would race on one directory (mkdir-failed, PMIx errors).
-        tmp = self.mkdir(f"sshd-{name}/tmp")
+        sessions_env = {"TMPDIR": self.mkdir(f"sshd-{name}/tmp"), **(env or {})}
         host_key = home / "ssh_host_ed25519_key"
         self._keygen(host_key)
         authorized = self.write(
@@ -204,13 +224,14 @@ class OpenSsh:
                 "UsePAM no\n"
                 # The temp dir's parents (/tmp) are world-writable; the images say no as well.
                 "StrictModes no\n"
-                f"SetEnv TMPDIR={tmp}\n",
+                # sshd honours only the first SetEnv line (servconf.c sSetEnv).
+                f"SetEnv {' '.join(f'{key}={value}' for key, value in sessions_env.items())}\n",
             )
             return [SSHD, "-D", "-e", "-f", str(config)]
 
         # sshd's own environment is the test's; a session's is sshd's default all the same.
         return self.launch(
-            name, address, command, dict(os.environ), Path(f"{host_key}.pub"), inside
+            name, address, command, dict(os.environ), Path(f"{host_key}.pub"), inside, port
         )
 
     def launch(
@@ -221,24 +242,26 @@ class OpenSsh:
         env: dict[str, str],
         host_public_key: Path,
         inside: tuple[str, ...] = (),
+        port: int | None = None,
     ) -> Host:
         """Run `command(port)` as the account (sshd, or a script that ends in `exec sshd`),
         after the prefix `inside` if any, until sshd says it listens on `address`, on a free
         port; then add it to the client's files (its host key read from `host_public_key` once
-        it listens)."""
+        it listens). `port`: that port instead, for an sshd `inside` a network namespace of
+        its own (where nothing else listens, and which a free port here says nothing of)."""
         log = self.dir / f"{name}.log"
-        for _ in range(PORT_ATTEMPTS):
-            port = free_port(address)
+        for _ in range(PORT_ATTEMPTS if port is None else 1):
+            chosen = port or free_port(address)
             with log.open("w") as out:
                 process = subprocess.Popen(
-                    [*inside, *self.account.command(command(port))],
+                    [*inside, *self.account.command(command(chosen))],
                     env=env,
                     stdin=subprocess.DEVNULL,
                     stdout=out,
                     stderr=subprocess.STDOUT,
                     start_new_session=True,
                 )
-            host = Host(name, address, port, process, log)
+            host = Host(name, address, chosen, process, log)
             if self._wait_listening(host):
                 self.hosts[name] = host
                 self._host_keys[name] = " ".join(host_public_key.read_text().split()[:2])
@@ -260,7 +283,7 @@ class OpenSsh:
                     return False
                 raise RuntimeError(f"sshd {host.name} exited {host.process.returncode}:\n{text}")
             time.sleep(0.05)
-        host.stop()
+        host.power_off()
         raise RuntimeError(f"sshd {host.name} not listening after {READY_SECONDS} s:\n{text}")
 
     def _write_client_files(self) -> None:

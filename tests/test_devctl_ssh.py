@@ -58,7 +58,7 @@ def test_ssh_config_entries_reach_every_pod_with_the_servers_host_key(dev_cluste
         assert (ssh_dir / "devctl" / "dev-alice.conf").read_text() == entries
 
         # Another host key behind pod 0's port (a replaced or spoofed sshd): refused.
-        site.hosts.pop("box-0").stop()
+        site.hosts.pop("box-0").power_off()
         serve_pod(site, dev_cluster, "box", 0, host_key=new_host_key(), name="impostor")
         refused = ssh(dev_cluster, "box", "true")
         assert refused.returncode == 255

@@ -6,6 +6,7 @@ import base64
 import ipaddress
 import json
 import shlex
+import shutil
 import socket
 import stat
 import subprocess
@@ -14,7 +15,6 @@ import threading
 import time
 from pathlib import Path
 
-import paramiko
 import pytest
 import yaml
 
@@ -22,10 +22,12 @@ from mesh import cli, remote
 from mesh.spec import MeshError, load_mesh
 from mesh.wireguard import decode_key, generate_private_key, public_key
 from mesh.workdir import pack
-from tests.sshd import LoopbackSshd, write_known_hosts
+from tests.openssh import SYSTEM_PATH, Host, OpenSsh
+from trainer.data import DEFAULT_TOKENS, ensure_default_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 HOSTS = ["127.0.0.2", "127.0.0.3"]
+NODES = ["hub", "peer"]
 
 
 def mesh_file(tmp_path: Path, document: dict) -> Path:
@@ -336,74 +338,80 @@ echo "NVIDIA GeForce RTX 4090, 24564, 1200"
 
 
 @pytest.fixture
-def hosts(tmp_path):
-    """Two SSH servers on 127.0.0.2 and 127.0.0.3; the second has a (fake) nvidia-smi."""
-    key = paramiko.ECDSAKey.generate()
-    key.write_private_key_file(str(tmp_path / "id_ecdsa"))
-    gpu_bin = tmp_path / "gpu-bin"
-    gpu_bin.mkdir()
-    (gpu_bin / "nvidia-smi").write_text(FAKE_NVIDIA_SMI)
-    (gpu_bin / "nvidia-smi").chmod(0o755)
-    # No nvidia-smi on this machine's PATH: the first host is CPU-only, as a GPU-less peer is.
-    cpu_env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    servers = [
-        LoopbackSshd(HOSTS[0], key, cpu_env),
-        LoopbackSshd(HOSTS[1], key, cpu_env | {"PATH": f"{gpu_bin}:/usr/bin:/bin"}),
-    ]
-    yield servers, tmp_path / "id_ecdsa", write_known_hosts(tmp_path / "known_hosts", servers)
-    for server in servers:
-        server.close()
+def site():
+    """Real OpenSSH (tests/openssh.py): the tp-mesh user's key and known_hosts, and its hosts."""
+    ensure_default_tokens(ROOT / DEFAULT_TOKENS)  # read by the trainer, which may not write there
+    with OpenSsh() as site:
+        yield site
 
 
-def loopback_mesh(tmp_path, hosts, extra_nodes=(), workdirs: dict[str, Path] | None = None) -> Path:
-    servers, key_file, known_hosts = hosts
+@pytest.fixture
+def hosts(site) -> list[Host]:
+    """Two CPU-only machines: sshd on 127.0.0.2 and 127.0.0.3."""
+    return [site.serve(name, address) for name, address in zip(NODES, HOSTS, strict=True)]
+
+
+def loopback_mesh(
+    site: OpenSsh, hosts: list[Host], extra_nodes=(), workdirs: dict[str, Path] | None = None
+) -> Path:
+    """A mesh file for `hosts` as a user writes it: the account as SSH user, the client key and
+    the known_hosts the fixture wrote (OpenSSH's format, which paramiko reads)."""
     with socket.create_server((HOSTS[0], 0)) as probe:
         rendezvous_port = probe.getsockname()[1]
     nodes = [
         {
             "name": name,
-            "address": server.address,
+            "address": host.address,
             "interface": "lo",
             "ssh": {
-                "host": server.address,
-                "port": server.port,
-                "user": "trainer",
-                "keyFile": str(key_file),
+                "host": host.address,
+                "port": host.port,
+                "user": site.account.name,
+                "keyFile": str(site.client_key),
             },
             "python": sys.executable,
             "workdir": str((workdirs or {}).get(name, ROOT)),
         }
-        for name, server in zip(["hub", "peer"], servers, strict=True)
+        for name, host in zip(NODES, hosts, strict=True)
     ]
     nodes[0]["endpoint"] = HOSTS[0]
     return mesh_file(
-        tmp_path,
+        site.mkdir("mesh"),
         {
             "network": "127.0.0.0/24",
             "coordinator": "hub",
             "rendezvousPort": rendezvous_port,
-            "knownHosts": str(known_hosts),
+            "knownHosts": str(site.known_hosts),
             "nodes": nodes + list(extra_nodes),
         },
     )
 
 
-def test_check_reports_gpus_cpu_only_and_unreachable_nodes(tmp_path, hosts):
+def test_check_reports_gpus_cpu_only_and_unreachable_nodes(site):
     import torch
 
-    servers, key_file, _ = hosts
-    stranger = LoopbackSshd("127.0.0.4", servers[0].client_key, servers[0].env)  # unknown key
-    try:
+    # The peer has GPUs: an nvidia-smi on its sessions' PATH.
+    gpu_bin = site.mkdir("gpu-bin")
+    site.write(gpu_bin / "nvidia-smi", FAKE_NVIDIA_SMI).chmod(0o755)
+    hosts = [
+        site.serve("hub", HOSTS[0]),
+        site.serve("peer", HOSTS[1], env={"PATH": f"{gpu_bin}:{SYSTEM_PATH}"}),
+    ]
+    with OpenSsh() as elsewhere:  # a host whose key this known_hosts has never seen
+        stranger = elsewhere.serve("stranger", "127.0.0.4")
         extra = [
             {"name": "closed", "ssh": {"host": "127.0.0.5", "port": 9}},
             {
-                "name": "stranger",
-                "ssh": {"host": "127.0.0.4", "port": stranger.port, "keyFile": str(key_file)},
+                "name": "stranger",  # let in but for its host key
+                "ssh": {
+                    "host": stranger.address,
+                    "port": stranger.port,
+                    "user": elsewhere.account.name,
+                    "keyFile": str(elsewhere.client_key),
+                },
             },
         ]
-        reports = remote.check_all(load_mesh(loopback_mesh(tmp_path, hosts, extra)))
-    finally:
-        stranger.close()
+        reports = remote.check_all(load_mesh(loopback_mesh(site, hosts, extra)))
     cpu, gpu, closed, unknown = reports
     assert cpu.reachable and cpu.ready and cpu.gpus == [] and cpu.procs == 1
     assert cpu.torch == torch.__version__ and cpu.cuda == torch.version.cuda
@@ -433,46 +441,48 @@ def workdir_source(tmp_path: Path) -> Path:
     return source
 
 
-def test_launch_copies_the_workdir_runs_setup_and_trains_across_two_hosts(tmp_path, hosts, capsys):
-    """The workdir copied to both hosts and the setup run on both before torchrun starts the
-    real trainer on each, meeting through c10d."""
-    servers = hosts[0]
-    for server in servers:  # both CPU-only: the trainer runs on gloo; from this checkout
-        server.env |= {"PATH": "/usr/bin:/bin", "PYTHONPATH": str(ROOT)}
-    workdirs = {name: tmp_path / f"{name}-tp" for name in ("hub", "peer")}
-    metrics = tmp_path / "metrics.jsonl"
-    argv = ["launch", str(loopback_mesh(tmp_path, hosts, workdirs=workdirs))]
+def test_launch_copies_the_workdir_runs_setup_and_trains_across_two_hosts(
+    tmp_path, site, hosts, capsys
+):
+    """The workdir (a project with the trainer in it) copied to both hosts and the setup run on
+    both before torchrun starts the copied trainer on each, meeting through c10d."""
+    source = workdir_source(tmp_path)
+    shutil.copytree(
+        ROOT / "trainer", source / "trainer", ignore=shutil.ignore_patterns("__pycache__")
+    )
+    left_behind = {".git/HEAD", "build/big.bin", "scratch.tmp"}
+    copied = {str(f.relative_to(source)) for f in source.rglob("*") if f.is_file()} - left_behind
+    workdirs = {name: site.dir / f"{name}-tp" for name in NODES}
+    run = site.mkdir("run")
+    argv = ["launch", str(loopback_mesh(site, hosts, workdirs=workdirs))]
     argv += ["--nnodes", "1:2", "--max-restarts", "0"]
-    argv += ["--workdir", str(workdir_source(tmp_path)), "--exclude", "*.tmp"]
+    argv += ["--workdir", str(source), "--exclude", "*.tmp"]
     argv += ["--setup", "sh setup.sh", "--", "-m", "trainer", "--steps", "6"]
     argv += ["--global-batch", "8", "--micro-batch", "4", "--log-every", "2"]
     argv += ["--checkpoint-every", "3", "--threads", "1"]
-    argv += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", str(metrics)]
+    argv += ["--checkpoint-dir", str(run / "ckpt"), "--metrics", str(run / "metrics.jsonl")]
     code = cli.main(argv)
     out = capsys.readouterr().out
     assert code == 0, out[-3000:]
     for name, workdir in workdirs.items():
-        assert f"{name}: copied 2 files, 0.0 MiB to {workdir}" in out
-        copied = {"setup.sh", "data/notes.txt"}
-        left_behind = {".git/HEAD", "build/big.bin", "scratch.tmp"}
+        assert f"{name}: copied {len(copied)} files, 0.1 MiB to {workdir}" in out
         assert {f for f in copied | left_behind if (workdir / f).exists()} == copied
         assert (workdir / "setup-done").read_text() == "notes\n"
         assert f"[{name}] setting up in {workdir}" in out
         assert f"[{name}] setup exited with 0" in out
     assert out.index("setup exited") < out.index("launching run")
     assert "[hub] torchrun exited with 0" in out and "[peer] torchrun exited with 0" in out
-    records = [json.loads(line) for line in metrics.read_text().splitlines()]
+    records = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     start = next(r for r in records if r.get("event") == "start")
     assert start["world_size"] == 2
     assert any(r.get("event") == "done" for r in records)
 
 
-def test_a_failing_setup_stops_the_launch_naming_the_node(tmp_path, hosts, capsys):
-    workdirs = {name: tmp_path / f"{name}-tp" for name in ("hub", "peer")}
-    workdirs["peer"].mkdir()
-    (workdirs["peer"] / "BROKEN").touch()
+def test_a_failing_setup_stops_the_launch_naming_the_node(site, hosts, capsys):
+    workdirs = {name: site.dir / f"{name}-tp" for name in NODES}
+    site.write(site.mkdir("peer-tp") / "BROKEN", "")
     setup = "if [ -e BROKEN ]; then echo 'no CUDA driver here' >&2; exit 3; fi; touch setup-done"
-    argv = ["launch", str(loopback_mesh(tmp_path, hosts, workdirs=workdirs)), "--nnodes", "2"]
+    argv = ["launch", str(loopback_mesh(site, hosts, workdirs=workdirs)), "--nnodes", "2"]
     assert cli.main([*argv, "--setup", setup, "--", "-m", "trainer"]) == 1
     out, err = capsys.readouterr()
     assert "[peer] no CUDA driver here" in out and "[peer] setup exited with 3" in out
@@ -481,11 +491,11 @@ def test_a_failing_setup_stops_the_launch_naming_the_node(tmp_path, hosts, capsy
     assert "launching run" not in out
 
 
-def test_stopping_a_setup_stops_what_it_started(tmp_path, hosts, monkeypatch):
+def test_stopping_a_setup_stops_what_it_started(site, hosts, monkeypatch):
     """Ctrl-C during the setup: each node's setup shell and its children (a pip install; here a
     sleep holding the output open) end, not the shell alone."""
     monkeypatch.setattr(remote, "STOP_GRACE_SECONDS", 5.0)
-    mesh = load_mesh(loopback_mesh(tmp_path, hosts))
+    mesh = load_mesh(loopback_mesh(site, hosts))
     commands = {n.name: remote.setup_command(n, "echo started; sleep 30") for n in mesh.nodes}
     log = _Lines()
     job = remote.Launch(mesh, commands, out=log, what="setup", group=True)
@@ -521,18 +531,17 @@ def test_workdir_over_the_size_limit_or_into_a_home_directory_is_refused(tmp_pat
 
 
 @pytest.mark.parametrize("how", ["power_off", "freeze"])
-def test_run_goes_on_without_a_node_that_leaves(tmp_path, hosts, capsys, monkeypatch, how):
+def test_run_goes_on_without_a_node_that_leaves(site, hosts, capsys, monkeypatch, how):
     """--nnodes 1:2: the peer loses power (its connections close) or drops off the network (it
     stops answering) mid-run; the hub re-forms alone, resumes from the last checkpoint and
     finishes, and tp-mesh reports success with the peer as having left."""
-    servers = hosts[0]
-    servers[1].env["PATH"] = "/usr/bin:/bin"
     monkeypatch.setattr(remote, "FINISH_GRACE_SECONDS", 3.0)
-    metrics = tmp_path / "metrics.jsonl"
-    argv = ["launch", str(loopback_mesh(tmp_path, hosts)), "--nnodes", "1:2"]
+    run = site.mkdir("run")
+    metrics = run / "metrics.jsonl"
+    argv = ["launch", str(loopback_mesh(site, hosts)), "--nnodes", "1:2"]
     argv += ["--max-restarts", "1", "--", "-m", "trainer", "--steps", "12", "--global-batch"]
     argv += ["4", "--micro-batch", "2", "--checkpoint-every", "3", "--eval-every", "100"]
-    argv += ["--threads", "1", "--checkpoint-dir", str(tmp_path / "ckpt")]
+    argv += ["--threads", "1", "--checkpoint-dir", str(run / "ckpt")]
     argv += ["--metrics", str(metrics), "--collective-timeout", "5"]
     result = {}
     launcher = threading.Thread(target=lambda: result.setdefault("code", cli.main(argv)))
@@ -546,14 +555,15 @@ def test_run_goes_on_without_a_node_that_leaves(tmp_path, hosts, capsys, monkeyp
         if metrics.exists() and any(r.get("event") == "checkpoint" for r in records()):
             break
         time.sleep(0.1)
-    getattr(servers[1], how)()
+    getattr(hosts[1], how)()  # every process of the peer: its sshd, torchrun and workers
     left_at = time.monotonic()
     launcher.join(timeout=180)
     out, err = capsys.readouterr()
     assert not launcher.is_alive() and result["code"] == 0, (out + err)[-4000:]
-    assert "peer: left the run" in err
-    if how == "freeze":
-        assert "no answer 3 s after the run finished" in err
+    if how == "power_off":  # its sshd gone, no exit status came
+        assert "peer: left the run (torchrun ended without an exit status" in err
+    else:
+        assert "peer: left the run (no answer 3 s after the run finished)" in err
 
     first, *rest = records()
     assert first["event"] == "start" and first["world_size"] == 2
@@ -566,10 +576,8 @@ def test_run_goes_on_without_a_node_that_leaves(tmp_path, hosts, capsys, monkeyp
     print(f"re-formed and finished {time.monotonic() - left_at:.1f} s after the peer left")
 
 
-def test_stop_ends_torchrun_on_every_host(tmp_path, hosts):
-    servers = hosts[0]
-    servers[1].env["PATH"] = "/usr/bin:/bin"
-    mesh = load_mesh(loopback_mesh(tmp_path, hosts))
+def test_stop_ends_torchrun_on_every_host(site, hosts):
+    mesh = load_mesh(loopback_mesh(site, hosts))
     script = [
         "-m",
         "trainer",
@@ -580,7 +588,7 @@ def test_stop_ends_torchrun_on_every_host(tmp_path, hosts):
         "--threads",
         "1",
         "--checkpoint-dir",
-        str(tmp_path / "ckpt"),
+        str(site.mkdir("ckpt")),
     ]
     commands = {
         n.name: remote.torchrun_command(mesh, n, "2:2", 1, "stop-test", 0, script)

@@ -3,20 +3,21 @@ with a node behind NAT (wireguard-go brought up by wg-quick from the configs `tp
 writes, with keys `tp-mesh keygen` made), and a launch over a tailnet. No Tailscale runs here: the
 tailnet is two namespaces joined by a link named tailscale0 on both sides, each holding its
 100.64.0.0/10 address as a /32 on it, as tailscaled gives a Linux machine, and a route for the
-range through it."""
+range through it. Each runs OpenSSH's sshd (tests/openssh.py) on a LAN it shares with a third
+namespace, the laptop, where tp-mesh runs."""
 
 import json
 import subprocess
 import sys
 from pathlib import Path
 
-import paramiko
 import pytest
 import yaml
 
 from mesh import cli
 from tests.netns import Namespaces
-from tests.sshd import LoopbackSshd, write_known_hosts
+from tests.openssh import OpenSsh
+from trainer.data import DEFAULT_TOKENS, ensure_default_tokens
 
 ROOT = Path(__file__).resolve().parent.parent
 
@@ -126,58 +127,61 @@ def test_full_mesh_goes_direct_between_endpoints_and_through_the_hub_behind_nat(
 
 
 TAILNET = {"hub": "100.101.0.1", "peer": "100.101.0.2"}
+LAN = {"hub": "192.0.2.1", "peer": "192.0.2.2", "laptop": "192.0.2.9"}
+SSH_PORT = 2222  # sshd runs as a user, who cannot bind port 22
 
 
 @pytest.fixture
-def tailnet(tmp_path, spaces):
-    """Two machines on a tailnet stand-in, each answering SSH (on loopback, as over a LAN) with
-    its commands run in its own namespace; and a mesh file for them, with network: tailnet."""
-    ns = {name: spaces.add(name) for name in TAILNET}
+def tailnet(spaces):
+    """Two machines on a tailnet stand-in, each with sshd in its namespace answering on a LAN
+    (the namespaces' bridge), and a laptop on the LAN; a mesh file for the two, with network:
+    tailnet, the client key and the known_hosts of their sshd."""
+    ensure_default_tokens(ROOT / DEFAULT_TOKENS)  # read by the trainer, which may not write there
+    ns = {name: spaces.add(name, underlay=f"{LAN[name]}/24") for name in TAILNET}
+    laptop = spaces.add("laptop", underlay=f"{LAN['laptop']}/24")
     link = ["ip", "link", "add", "tailscale0", "type", "veth", "peer", "name", "tailscale0"]
     spaces.run(ns["hub"], *link, "netns", ns["peer"])
     for name, address in TAILNET.items():
         spaces.run(ns[name], "ip", "addr", "add", f"{address}/32", "dev", "tailscale0")
         spaces.run(ns[name], "ip", "link", "set", "tailscale0", "up")
         spaces.run(ns[name], "ip", "route", "add", "100.64.0.0/10", "dev", "tailscale0")
-    key = paramiko.ECDSAKey.generate()
-    key.write_private_key_file(str(tmp_path / "id_ecdsa"))
-    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "HOME": str(tmp_path), "LANG": "C.UTF-8"}
-    servers = {
-        name: LoopbackSshd(host, key, env, prefix=tuple(spaces.exec_prefix(ns[name], env)))
-        for name, host in zip(TAILNET, ["127.0.0.2", "127.0.0.3"], strict=True)
-    }
-    known_hosts = write_known_hosts(tmp_path / "known_hosts", list(servers.values()))
-    document = {
-        "network": "tailnet",
-        "coordinator": "hub",
-        "knownHosts": str(known_hosts),
-        "nodes": [
-            {
-                "name": name,
-                "address": TAILNET[name],
-                "ssh": {
-                    "host": server.address,
-                    "port": server.port,
-                    "user": "trainer",
-                    "keyFile": str(tmp_path / "id_ecdsa"),
-                },
-                "python": sys.executable,
-                "workdir": str(ROOT),
-            }
-            for name, server in servers.items()
-        ],
-    }
-    mesh = tmp_path / "mesh.yaml"
-    mesh.write_text(yaml.safe_dump(document))
-    yield mesh, ns
-    for server in servers.values():
-        server.close()
+    with OpenSsh() as site:
+        for name in TAILNET:
+            inside = tuple(spaces.exec_prefix(ns[name]))
+            site.serve(name, LAN[name], inside=inside, port=SSH_PORT)
+        document = {
+            "network": "tailnet",
+            "coordinator": "hub",
+            "knownHosts": str(site.known_hosts),
+            "nodes": [
+                {
+                    "name": name,
+                    "address": TAILNET[name],
+                    "ssh": {
+                        "host": LAN[name],
+                        "port": SSH_PORT,
+                        "user": site.account.name,
+                        "keyFile": str(site.client_key),
+                    },
+                    "python": sys.executable,
+                    "workdir": str(ROOT),
+                }
+                for name in TAILNET
+            ],
+        }
+        mesh = site.write(site.dir / "mesh.yaml", yaml.safe_dump(document))
+        yield site, mesh, ns, laptop
+
+
+def tp_mesh(spaces, laptop: str, *argv: str) -> subprocess.CompletedProcess:
+    """`tp-mesh ARGV` run on the laptop."""
+    return spaces.run(laptop, sys.executable, "-m", "mesh.cli", *argv, check=False, cwd=ROOT)
 
 
 def test_launch_over_a_tailnet_needs_no_wireguard_and_probes_the_rendezvous_port(
     tmp_path, spaces, tailnet, capsys
 ):
-    mesh, ns = tailnet
+    site, mesh, ns, laptop = tailnet
     port = 29400  # the default: each machine has ports of its own
     assert cli.main(["wireguard", str(mesh), "--out", str(tmp_path / "out")]) == 0
     assert "no WireGuard" in capsys.readouterr().out
@@ -187,8 +191,9 @@ def test_launch_over_a_tailnet_needs_no_wireguard_and_probes_the_rendezvous_port
     # with the tailnet refusing the peer's connection (as an ACL would), the peer is not ready.
     reject = ["OUTPUT", "-o", "tailscale0", "-p", "tcp", "--dport", str(port), "-j", "REJECT"]
     spaces.run(ns["peer"], "iptables", "-A", *reject, "--reject-with", "tcp-reset")
-    assert cli.main(["check", str(mesh)]) == 1
-    out = capsys.readouterr().out
+    checked = tp_mesh(spaces, laptop, "check", str(mesh))
+    out = checked.stdout
+    assert checked.returncode == 1, out + checked.stderr
     assert "hub: CPU-only" in out and "hub: CPU-only (no nvidia-smi GPUs); torch" in out
     assert (
         "peer: CPU-only (no nvidia-smi GPUs); torch" in out
@@ -210,8 +215,9 @@ def test_launch_over_a_tailnet_needs_no_wireguard_and_probes_the_rendezvous_port
     )
     try:
         assert holder.stdout.readline() == b"up\n"
-        assert cli.main(["check", str(mesh)]) == 1
-        out = capsys.readouterr().out
+        checked = tp_mesh(spaces, laptop, "check", str(mesh))
+        out = checked.stdout
+        assert checked.returncode == 1, out + checked.stderr
         assert (
             f"cannot listen on its rendezvous address 100.101.0.1:{port}: OSError: [Errno 98]"
             in out
@@ -220,14 +226,15 @@ def test_launch_over_a_tailnet_needs_no_wireguard_and_probes_the_rendezvous_port
         holder.stdin.close()
         holder.wait(timeout=10)
 
-    metrics = tmp_path / "metrics.jsonl"
+    run = site.mkdir("run")
+    metrics = run / "metrics.jsonl"
     argv = ["launch", str(mesh), "--nnodes", "2", "--max-restarts", "0", "--", "-m", "trainer"]
     argv += ["--steps", "2", "--global-batch", "4", "--micro-batch", "2", "--threads", "1"]
     argv += ["--checkpoint-every", "2", "--eval-every", "100", "--log-every", "1"]
-    argv += ["--checkpoint-dir", str(tmp_path / "ckpt"), "--metrics", str(metrics)]
-    code = cli.main(argv)
-    out = capsys.readouterr().out
-    assert code == 0, out[-3000:]
+    argv += ["--checkpoint-dir", str(run / "ckpt"), "--metrics", str(metrics)]
+    launched = tp_mesh(spaces, laptop, *argv)
+    out = launched.stdout
+    assert launched.returncode == 0, (out + launched.stderr)[-3000:]
     assert "hub: CPU-only (no nvidia-smi GPUs); torch" in out and "; ready" in out
     assert "[hub] torchrun exited with 0" in out and "[peer] torchrun exited with 0" in out
     records = [json.loads(line) for line in metrics.read_text().splitlines()]
