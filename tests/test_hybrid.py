@@ -38,14 +38,16 @@ HYBRID = {
     "machines": [
         {
             "name": "alice-4090",
+            "address": "10.200.0.2",
             "gpus": 1,
             "gpuModel": "RTX 4090",
             "vcpu": 16,
             "memoryGib": 64,
         },
-        {"name": "bob-cpu", "gpus": 0, "vcpu": 8, "memoryGib": 32},
+        {"name": "bob-cpu", "address": "10.200.0.3", "gpus": 0, "vcpu": 8, "memoryGib": 32},
     ],
 }
+CAROL = {"name": "carol-3090", "address": "10.200.0.4", "gpus": 1, "vcpu": 8, "memoryGib": 32}
 PRIVATE_ENDPOINT_OFF = {"endpoint": {"privateAccess": False}}
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBofflineCA\n-----END CERTIFICATE-----\n"
 
@@ -131,7 +133,8 @@ def test_hybrid_node_role_access_entry_and_ssm_activation(plan):
     )
     assert any(d.endswith("::hybrid-node") for d in entry.dependencies)
     activation = plan.one("aws:ssm/activation:Activation", "hybrid-activation")
-    assert activation.inputs["registrationLimit"] == 2
+    # A ceiling of its own (10 unless told), not the machine count: see the next tests.
+    assert activation.inputs["registrationLimit"] == 10
     # Not SSM's silent 24 hours: start + days from the stack config, at 00:00 UTC.
     assert activation.inputs["expirationDate"] == "2026-11-29T00:00:00Z"
     assert not plan.of_type("aws:rolesanywhere/trustAnchor:TrustAnchor")
@@ -401,34 +404,69 @@ def test_gateway_may_read_its_peers_and_list_ciliumnodes_and_nothing_else(plan):
     ]
 
 
-def test_adding_a_machine_adds_a_peer_parameter_and_leaves_the_gateway_alone(plan):
-    """The gateway's user data is replace-on-change (it runs once, at boot): a new machine must
-    leave every input of the instance as it was, so the engine has nothing to change there and
-    no tunnel drops; the new peer arrives as one more SSM parameter the sync picks up."""
-    carol = {"name": "carol-3090", "gpus": 1, "vcpu": 8, "memoryGib": 32}
-    bigger = plan_of(
-        "dev",
-        hybrid={**HYBRID, "machines": [*HYBRID["machines"], carol]},
-        cluster=PRIVATE_ENDPOINT_OFF,
-    )
-    for type_, name in [
-        ("aws:ec2/instance:Instance", "hybrid-gateway"),
-        ("aws:ec2/eip:Eip", "hybrid-gateway"),
-        ("aws:ec2/securityGroup:SecurityGroup", "hybrid-gateway"),
-        ("aws:iam/rolePolicy:RolePolicy", "hybrid-gateway"),
-        ("aws:ssm/parameter:Parameter", "hybrid-gateway-key"),
-        ("aws:ssm/parameter:Parameter", "hybrid-peer-alice-4090"),
-    ]:
-        assert bigger.one(type_, name).inputs == plan.one(type_, name).inputs, name
+def hybrid_plan(machines: list[dict]):
+    return plan_of("dev", hybrid={**HYBRID, "machines": machines}, cluster=PRIVATE_ENDPOINT_OFF)
+
+
+# What a machine's tunnel and registration hang on besides its own parameter, page and config.
+# The gateway instance's user data is replace-on-change (it runs once, at boot); every argument
+# of an SSM activation is ForceNew (terraform-provider-aws internal/service/ssm/activation.go,
+# which pulumi-aws bridges: no update function), and a new activation puts a new code in every
+# bootstrap page. So any change of their inputs churns every machine.
+SHARED_BY_ALL_MACHINES = [
+    ("aws:ec2/instance:Instance", "hybrid-gateway"),
+    ("aws:ec2/eip:Eip", "hybrid-gateway"),
+    ("aws:ec2/securityGroup:SecurityGroup", "hybrid-gateway"),
+    ("aws:iam/rolePolicy:RolePolicy", "hybrid-gateway"),
+    ("aws:ssm/parameter:Parameter", "hybrid-gateway-key"),
+    ("aws:ssm/activation:Activation", "hybrid-activation"),
+]
+
+
+def assert_machines_unchanged(before, after, names: list[str]) -> None:
+    """`names` keep their gateway peer, tunnel config and bootstrap page; nothing they share
+    with the other machines changes."""
+    for type_, name in SHARED_BY_ALL_MACHINES:
+        assert after.one(type_, name).inputs == before.one(type_, name).inputs, name
+    for name in names:
+        peer = f"hybrid-peer-{name}"
+        kept = after.one("aws:ssm/parameter:Parameter", peer).inputs
+        assert kept == before.one("aws:ssm/parameter:Parameter", peer).inputs, name
+        # The value itself is compared (public: not redacted as a secret would be), and it
+        # routes to the address the machine's tunnel has.
+        address = sections(after.outputs["hybridPeerConfigs"][name])[0]["Address"].split("/")[0]
+        assert f"AllowedIPs = {address}/32" in kept["insecureValue"], kept
+        for output in ("hybridPeerConfigs", "hybridBootstrap"):
+            assert after.outputs[output][name] == before.outputs[output][name], (output, name)
+
+
+def test_adding_a_machine_adds_a_peer_parameter_and_leaves_the_others_alone(plan):
+    """A new machine leaves every input of the gateway instance and the activation as it was,
+    so the engine has nothing to change there and no tunnel drops, and the others' pages stand;
+    the new peer arrives as one more SSM parameter the sync picks up."""
+    bigger = hybrid_plan([*HYBRID["machines"], CAROL])
+    assert_machines_unchanged(plan, bigger, ["alice-4090", "bob-cpu"])
     added = bigger.one("aws:ssm/parameter:Parameter", "hybrid-peer-carol-3090")
     assert added.inputs["name"] == "/training-platform/dev/hybrid-wireguard-peers/carol-3090"
     assert set(bigger.outputs["hybridPeerConfigs"]) == {"alice-4090", "bob-cpu", "carol-3090"}
     carol_conf = sections(bigger.outputs["hybridPeerConfigs"]["carol-3090"])[0]
     assert carol_conf["Address"] == "10.200.0.4/24"
-    assert (
-        bigger.outputs["hybridPeerConfigs"]["alice-4090"]
-        == plan.outputs["hybridPeerConfigs"]["alice-4090"]
-    )
+
+
+def test_removing_the_first_machine_and_reordering_moves_no_other_machine(plan):
+    """Each machine keeps the address it declares: without the first machine, and with the
+    others in another order, every other machine's peer, tunnel and page are as they were (its
+    node IP and the gateway's peer for it must not move: the tunnel would drop and the node go
+    NotReady until bootstrapped again)."""
+    alice, bob = HYBRID["machines"]
+    with_carol = hybrid_plan([alice, bob, CAROL])
+    without_alice = hybrid_plan([CAROL, bob])
+    assert_machines_unchanged(with_carol, without_alice, ["bob-cpu", "carol-3090"])
+    assert not [
+        r for r in without_alice.of_type("aws:ssm/parameter:Parameter") if "alice" in r.name
+    ]
+    assert set(without_alice.outputs["hybridBootstrap"]) == {"bob-cpu", "carol-3090"}
+    assert "--node-ip=10.200.0.3" in without_alice.outputs["hybridBootstrap"]["bob-cpu"]
 
 
 NODEADM_STEP = re.compile(r"\nrelease=.*?\ninstall -m 755 [^\n]*\n", re.DOTALL)
@@ -510,6 +548,18 @@ def test_roles_anywhere_variant_without_gpu_pools():
     assert "--credential-provider iam-ra" in page and "nodeName: bob-cpu" in page
 
 
+def at(*addresses: str | None) -> list[dict]:
+    """HYBRID's machines at `addresses` (None: without one)."""
+    machines = [{k: v for k, v in m.items() if k != "address"} for m in HYBRID["machines"]]
+    return [m | ({"address": a} if a else {}) for m, a in zip(machines, addresses, strict=True)]
+
+
+ALLOWED_ADDRESSES = (
+    "allowed: a host address of remoteNodeCidrs[0] 10.200.0.0/24 other than the gateway's "
+    "10.200.0.1, one per machine: 10.200.0.2 to 10.200.0.254"
+)
+
+
 def hybrid_error(**overrides) -> str:
     values = stack_values("dev", cluster=PRIVATE_ENDPOINT_OFF)
     values["training-platform:hybrid"] = {**HYBRID, **overrides}
@@ -529,7 +579,7 @@ def hybrid_error(**overrides) -> str:
             "(172.20.0.0/16) and the other remote CIDRs",
         ),
         (
-            {"remoteNodeCidrs": ["10.20.5.0/24"]},
+            {"remoteNodeCidrs": ["10.20.5.0/24"], "machines": at("10.20.5.2", "10.20.5.3")},
             "hybrid.remoteNodeCidrs[0]: 10.20.5.0/24 overlaps the VPC cidr 10.20.0.0/16",
         ),
         # dev's VPC is in 10.0.0.0/8, so EKS gives services 172.20.0.0/16.
@@ -539,7 +589,60 @@ def hybrid_error(**overrides) -> str:
             "172.20.0.0/16",
         ),
         ({"credentialProvider": "iam-roles-anywhere"}, "caBundlePem goes with credentialProvider"),
-        ({"remoteNodeCidrs": ["10.200.0.0/30"]}, "holds fewer addresses than the gateway and 2"),
+        (
+            {"remoteNodeCidrs": ["10.200.0.0/30"]},
+            "hybrid: machines[bob-cpu].address 10.200.0.3 is the broadcast address of "
+            "10.200.0.0/30; allowed: a host address of remoteNodeCidrs[0] 10.200.0.0/30 other "
+            "than the gateway's 10.200.0.1, one per machine: 10.200.0.2 to 10.200.0.2",
+        ),
+        (
+            {"remoteNodeCidrs": ["10.200.0.0/31"]},
+            "remoteNodeCidrs[0] 10.200.0.0/31 has no room for the gateway and a machine; "
+            "allowed: a /30 or wider",
+        ),
+        (
+            {"machines": at("10.200.1.2", "10.200.0.3")},
+            "hybrid: machines[alice-4090].address 10.200.1.2 is outside remoteNodeCidrs[0] "
+            f"10.200.0.0/24; {ALLOWED_ADDRESSES}",
+        ),
+        (
+            {"machines": at("10.200.0.2", "10.200.0.1")},
+            f"hybrid: machines[bob-cpu].address 10.200.0.1 is the gateway's; {ALLOWED_ADDRESSES}",
+        ),
+        (
+            {"machines": at("10.200.0.0", "10.200.0.3")},
+            "hybrid: machines[alice-4090].address 10.200.0.0 is the network address of "
+            f"10.200.0.0/24; {ALLOWED_ADDRESSES}",
+        ),
+        (
+            {"machines": at("10.200.0.2", "10.200.0.255")},
+            "hybrid: machines[bob-cpu].address 10.200.0.255 is the broadcast address of "
+            f"10.200.0.0/24; {ALLOWED_ADDRESSES}",
+        ),
+        (
+            {"machines": at("10.200.0.7", "10.200.0.7")},
+            "hybrid: machines[bob-cpu].address 10.200.0.7 is machine alice-4090's too; "
+            f"{ALLOWED_ADDRESSES}",
+        ),
+        # Required: a derived address would move with the list.
+        (
+            {"machines": at(None, "10.200.0.3")},
+            "hybrid.machines[alice-4090].address: missing; this key is required",
+        ),
+        (
+            {"machines": at("10.200.0.300", "10.200.0.3")},
+            "hybrid.machines[alice-4090].address: '10.200.0.300' is not an IPv4 address; "
+            "allowed: a host address in remoteNodeCidrs[0]",
+        ),
+        (
+            {"ssmActivation": {"start": "2026-11-22", "registrationLimit": 1}},
+            "hybrid: ssmActivation.registrationLimit 1 admits fewer registrations than the 2 "
+            "machines need; allowed: at least 2",
+        ),
+        (
+            {"ssmActivation": {"start": "2026-11-22", "registrationLimit": 1001}},
+            "hybrid.ssmActivation.registrationLimit: Input should be less than or equal to 1000",
+        ),
         (
             {"machines": [{**HYBRID["machines"][0], "podCidr": "10.201.1.0/24"}]},
             "hybrid.machines[alice-4090]: podCidr is gone: Cilium's cluster-pool IPAM now gives "

@@ -19,7 +19,14 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from infra.components.hybrid_gateway_boot import KEY_PLACEHOLDER, SyncTarget, sync_script
+from infra.components.hybrid_gateway_boot import (
+    KEY_PLACEHOLDER,
+    SYNC_SECONDS,
+    SYNC_UNIT,
+    SyncTarget,
+    sync_script,
+    sync_units,
+)
 from mesh.wireguard import (
     Hub,
     Spoke,
@@ -313,3 +320,24 @@ def test_gateway_reloads_peers_in_place_and_routes_each_nodes_pod_cidr(tmp_path,
     sent, got = int(summary[1]), int(summary[2])
     # All answered but, at most, the one in flight when the ping was stopped.
     assert sent >= 5 and got >= sent - 1, summary[0]
+
+
+# systemd.timer(5) (systemd v252, AL2023's): a monotonic timer elapses up to AccuracySec after it
+# is due, default 1min; durations are systemd.time(7) spans.
+SYSTEMD_DEFAULT_ACCURACY_SECONDS = 60
+SPAN_UNITS = {"ms": 0.001, "s": 1, "sec": 1, "m": 60, "min": 60, "h": 3600}
+
+
+def span_seconds(span: str) -> float:
+    return sum(
+        float(number) * SPAN_UNITS[unit or "s"]
+        for number, unit in re.findall(r"(\d+(?:\.\d+)?)\s*([a-z]*)", span)
+    )
+
+
+def test_the_peer_sync_runs_every_interval_not_up_to_a_minute_later():
+    timer = sync_units()[f"{SYNC_UNIT}.timer"]
+    settings = dict(re.findall(r"^(\w+)=(.*)$", timer, re.MULTILINE))
+    assert span_seconds(settings["OnUnitActiveSec"]) == SYNC_SECONDS
+    accuracy = span_seconds(settings.get("AccuracySec", f"{SYSTEMD_DEFAULT_ACCURACY_SECONDS}s"))
+    assert accuracy <= SYNC_SECONDS / 10, f"each run may come {accuracy:.0f} s late"

@@ -49,9 +49,10 @@ TINY += ["--log-every", "1", "--eval-every", "3", "--eval-samples", "2", "--thre
 
 
 class Launcher:
-    """The launcher pod: its rendered command and the environment its container would have."""
+    """The launcher pod: its rendered command and the environment its container would have
+    (with Pod Identity's variables where its ServiceAccount has an association)."""
 
-    def __init__(self, site: OpenSsh, manifest: dict):
+    def __init__(self, site: OpenSsh, manifest: dict, pod_identity: bool = True):
         self.site = site
         spec, namespace = manifest["spec"], manifest["metadata"]["namespace"]
         job = manifest["metadata"]["name"]
@@ -92,7 +93,7 @@ class Launcher:
         self.env = {
             **self.image_env,
             **self.pod_env,
-            **POD_IDENTITY,
+            **(POD_IDENTITY if pod_identity else {}),
             **operator_env,
             "HOME": str(site.account.home),
             # The image's /etc/ssh/ssh_config (port 2222) is the fixture's config here; its orted

@@ -10,11 +10,13 @@ tests/test_mpi_launch.py launcher), with a CPU stand-in for all_reduce_perf
 
 import copy
 import re
+import time
 from pathlib import Path
 
 import kubernetes_validate
 import pytest
 import yaml
+from kubernetes.config import kube_config
 
 from infra.catalog import load_catalog, load_published_busbw
 from infra.config import (
@@ -27,16 +29,21 @@ from infra.config import (
 )
 from tests.conftest import NO_DEV_SERVERS, ROOT, stack_values
 from tests.crd_schema import conformance_errors
+from tests.kube_api import ADMIN, KubeAPI
+from tests.kube_api.rbac import Authorizer
+from tests.kube_api.server import BUILTIN
 from tests.nccl_stand_in import STAND_IN_LINE
 from tests.nccl_tests_output import Half, footer_lines, header_lines, row_line
 from tests.openssh import OpenSsh
 from tests.test_mpi_launch import Launcher
+from tests.test_workloads import job_of
 from workloads import nccl_check
 from workloads.nccl_check import (
     PREFIX,
     CheckError,
     check_manifests,
     judge,
+    launcher_log_source,
     parse_output,
     report,
     resolve,
@@ -201,6 +208,152 @@ def test_the_check_is_an_mpijob_of_the_jobs_renderer_that_conforms_to_the_crd():
     (worker,) = spec["mpiReplicaSpecs"]["Worker"]["template"]["spec"]["containers"]
     assert worker["resources"]["limits"]["vpc.amazonaws.com/efa"] == "4"
     assert launcher["serviceAccountName"] == "default"
+    # That ServiceAccount has no Pod Identity: EKS injects no AWS_CONTAINER_* into its pods, and
+    # mpirun would warn of each one it was told to forward, into the log the check parses.
+    assert not [name for name in forwarded if name.startswith("AWS_")]
+
+
+# mpi-operator v0.8.0 (pkg/controller/mpi_job_controller.go) runs an MPIJob's launcher as a Job:
+# newLauncherJob copies runPolicy.backoffLimit, setRestartPolicy gives the Job's pod template the
+# Launcher replica's restartPolicy (ExitCode becoming Never); pkg/apis/kubeflow/validation/
+# validation.go accepts Never and OnFailure only.
+VALID_RESTART_POLICIES = {"Never", "OnFailure"}
+
+
+def launcher_job(mpijob: dict) -> dict:
+    policy = mpijob["spec"]["mpiReplicaSpecs"]["Launcher"]["restartPolicy"]
+    return {
+        "backoffLimit": mpijob["spec"]["runPolicy"]["backoffLimit"],
+        "restartPolicy": "Never" if policy == "ExitCode" else policy,
+    }
+
+
+def after_first_failure(job: dict) -> tuple[bool, bool]:
+    """(the Job failed, its launcher pod kept) once the launcher's container exits non-zero.
+
+    kubernetes pkg/controller/job/job_controller.go, syncJob: with OnFailure the kubelet restarts
+    the container in its pod, which stays Running with restartCount 1; with Never the pod goes
+    Failed. The Job fails when its failed pods exceed backoffLimit, or (pastBackoffLimitOnFailure,
+    OnFailure only) when the restarts of its Running and Pending pods reach backoffLimit, or pass
+    0 where it is 0. A failed Job's active pods, neither Succeeded nor Failed
+    (controller.FilterActivePods), are deleted (deleteActivePods); a Failed pod is kept.
+    """
+    on_failure = job["restartPolicy"] == "OnFailure"
+    phase, restarts = ("Running", 1) if on_failure else ("Failed", 0)
+    limit = job["backoffLimit"]
+    counted = restarts if on_failure and phase in ("Running", "Pending") else 0
+    past_on_failure = counted > 0 if limit == 0 else counted >= limit
+    failed = int(phase == "Failed") > limit or past_on_failure
+    active = phase not in ("Succeeded", "Failed")
+    return failed, not (failed and active)
+
+
+def test_a_failed_check_ends_at_once_and_keeps_its_launcher_pod_and_log(dev_plan):
+    config = load_stack_file("dev")
+    _, mpijob = check_manifests(config, pool_of(config, "gpu-large"), "research", 2, IMAGE)
+    replicas = mpijob["spec"]["mpiReplicaSpecs"]
+    assert {r["restartPolicy"] for r in replicas.values()} <= VALID_RESTART_POLICIES
+    check = launcher_job(mpijob)
+    assert check == {"backoffLimit": 0, "restartPolicy": "Never"}
+    assert after_first_failure(check) == (True, True)
+    # Not vacuous: a launcher restarted OnFailure under backoffLimit 0 ends the Job as fast and
+    # loses its pod, the failed run's log with it.
+    assert after_first_failure({**check, "restartPolicy": "OnFailure"}) == (True, False)
+    # Jobs keep theirs: a failed run is restarted in its pod, up to maxRestarts (3).
+    job = launcher_job(job_of(dev_plan, "gpt-large-mpi").inputs)
+    assert job == {"backoffLimit": 3, "restartPolicy": "OnFailure"}
+    assert after_first_failure(job) == (False, True)
+
+
+def launcher_pod(name: str, created: str, restarts: int, state: dict, last: dict) -> dict:
+    """A launcher pod as the API lists it (core/v1 Pod), labelled as mpi-operator v0.8.0 labels
+    the launcher of MPIJob nccl-gpu-large (pkg/controller, defaultLabels)."""
+    return {
+        "metadata": {
+            "name": name,
+            "namespace": "research",
+            "creationTimestamp": created,
+            "labels": {
+                "training.kubeflow.org/job-name": "nccl-gpu-large",
+                "training.kubeflow.org/job-role": "launcher",
+            },
+        },
+        "spec": {"containers": [{"name": "launcher", "image": IMAGE}]},
+        "status": {
+            "phase": "Running" if "running" in state else "Failed",
+            "containerStatuses": [
+                {
+                    "name": "launcher",
+                    "restartCount": restarts,
+                    "containerID": f"containerd://{name}-{restarts}",
+                    "state": state,
+                    "lastState": last,
+                }
+            ],
+        },
+    }
+
+
+def ended(run: str) -> dict:
+    return {"terminated": {"exitCode": 1, "reason": "Error", "containerID": f"containerd://{run}"}}
+
+
+# A check that failed as it now runs (restartPolicy Never: one run, the pod Failed), one whose
+# launcher was restarted (OnFailure: the pod Running again, the failed run its lastState), and
+# the newer of two pods (a Job retrying with new pods).
+NEVER_RESTARTED = launcher_pod("l-never", "2026-11-22T10:00:00Z", 0, ended("l-never-0"), {})
+RESTARTED = launcher_pod(
+    "l-restarted", "2026-11-22T10:00:00Z", 1, {"running": {}}, ended("l-restarted-0")
+)
+OLDER = launcher_pod("l-older", "2026-11-22T09:00:00Z", 1, {"running": {}}, ended("l-older-0"))
+
+
+@pytest.mark.parametrize(
+    ("pods", "source"),
+    [
+        ([], None),
+        ([NEVER_RESTARTED], ("l-never", False)),
+        ([RESTARTED], ("l-restarted", True)),
+        ([NEVER_RESTARTED, OLDER], ("l-never", False)),
+        ([OLDER, RESTARTED], ("l-restarted", True)),
+    ],
+)
+def test_the_log_read_is_the_newest_launchers_last_whole_run(pods, source):
+    assert launcher_log_source(pods) == source
+
+
+def test_the_cli_reads_that_log_through_the_kubernetes_client(tmp_path, monkeypatch):
+    """KubeCluster.launcher_log with the real client against the local API, whose pods/log
+    picks the run as the kubelet does: the failed run, not the restarted container's start."""
+    api = KubeAPI(Authorizer([])).start()
+    try:
+        namespaces, pods = (
+            next(k for k in BUILTIN if k.plural == p) for p in ("namespaces", "pods")
+        )
+        api.call(api.create, namespaces, "", {"metadata": {"name": "research"}})
+        for pod in (OLDER, RESTARTED):
+            stored = api.call(
+                api.create, pods, "research", {k: pod[k] for k in ("metadata", "spec")}
+            )
+            api.call(api.replace, pods, stored, {**stored, "status": pod["status"]})
+            # The API server sets creationTimestamp, to the second: the second pod is newer.
+            time.sleep(1.05)
+        api.container_logs = {
+            "containerd://l-restarted-0": "the failed run: NCCL lines, table, error\n",
+            "containerd://l-restarted-1": "the restarted mpirun's first line\n",
+            "containerd://l-older-0": "an older check's run\n",
+        }
+        kubeconfig = tmp_path / "kubeconfig"
+        kubeconfig.write_text(yaml.safe_dump(api.kubeconfig(api.add_token(ADMIN))))
+        # The client reads $KUBECONFIG once, on import (kube_config.KUBE_CONFIG_DEFAULT_LOCATION).
+        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+        cluster = nccl_check.KubeCluster()
+        assert cluster.launcher_log("research", "nccl-gpu-large") == (
+            "the failed run: NCCL lines, table, error\n"
+        )
+        assert cluster.launcher_log("research", "nccl-other") == ""
+    finally:
+        api.stop()
 
 
 def test_the_check_on_a_pool_without_efa_has_no_efa_settings():
@@ -387,7 +540,8 @@ def stand_in_launcher():
     pool = pool_of(config, "gpu-large")
     _, mpijob = check_manifests(config, pool, "research", 2, IMAGE)
     with OpenSsh() as site:
-        launcher = Launcher(site, mpijob)
+        # The namespace's default ServiceAccount has no Pod Identity association.
+        launcher = Launcher(site, mpijob, pod_identity=False)
         # The stand-in where the image has all_reduce_perf: on the image's PATH only.
         conda = Path(launcher.image_env["PATH"].split(":")[0])
         stand_in = f'#!/bin/sh\nPYTHONPATH={ROOT} exec python -m tests.nccl_stand_in "$@"\n'
@@ -400,6 +554,8 @@ def test_the_rendered_command_runs_all_reduce_perf_on_two_hosts_and_is_judged(st
     result = launcher.run(launcher.sized(launcher.command))
     assert result.returncode == 0, result.stderr
     assert result.stdout.startswith(STAND_IN_LINE)
+    # Every variable mpirun forwards is there: no warning of a missing one in the log.
+    assert "could not find environment variable" not in result.stdout + result.stderr
     out = parse_output(result.stdout)
     assert [r.size for r in out.rows] == plan.sizes == [8 << i for i in range(16)]
     assert all(r.wrong == 0 for r in out.rows) and out.out_of_bounds == 0

@@ -21,7 +21,8 @@ RDZV_PORT = 29500
 GRACE_SECONDS = 120
 # The uid of the image's `trainer` user (trainer/Dockerfile).
 TRAINER_UID = 10001
-# What the MPI launcher (mpirun, no training) asks for.
+# The MPI launcher's container (mpirun, no training) and what it asks for.
+LAUNCHER = "launcher"
 LAUNCHER_REQUESTS = {"cpu": "1", "memory": "2Gi"}
 # Pod Security "restricted" for every trainer container: non-root, no privilege escalation, no
 # capabilities (MPI workers' sshd listens on 2222 as `trainer`, which needs none).
@@ -45,7 +46,9 @@ POD_SECURITY = {
 # that PATH (orte/util/context_fns.c). mpi-operator's examples pass `-x PATH -x LD_LIBRARY_PATH`.
 # From the image: python is in /opt/conda/bin, the efa target's aws-ofi-nccl plugin is found
 # through LD_LIBRARY_PATH. From EKS Pod Identity, which injects them into every pod of the job's
-# service account (workers mount the same token path): the credentials for S3 checkpoints.
+# service account (workers mount the same token path): the credentials for S3 checkpoints, only
+# where the pods have an identity: mpirun warns of every -x variable the launcher lacks, into
+# the log.
 IMAGE_ENV = ("PATH", "LD_LIBRARY_PATH")
 POD_IDENTITY_ENV = ("AWS_CONTAINER_CREDENTIALS_FULL_URI", "AWS_CONTAINER_AUTHORIZATION_TOKEN_FILE")
 # libfabric/NCCL settings for EFA (aws-ofi-nccl ships in the AWS and NVIDIA CUDA images).
@@ -139,6 +142,11 @@ class JobTarget:
     @property
     def service_account(self) -> str:
         return self.service_account_name or self.job.name
+
+    @property
+    def pod_identity(self) -> bool:
+        """Only a job's own ServiceAccount has a Pod Identity association (TrainingJob)."""
+        return self.service_account_name is None
 
 
 def pod_template(
@@ -268,10 +276,18 @@ def pytorch_job(target: JobTarget) -> dict:
 
 
 def mpi_job(
-    target: JobTarget, program: list[str] | None = None, env: dict[str, str] | None = None
+    target: JobTarget,
+    program: list[str] | None = None,
+    env: dict[str, str] | None = None,
+    launcher_restart_policy: str = "OnFailure",
 ) -> dict:
     """MPIJob: the launcher runs `program` (default: the job's trainer) through mpirun, `slots`
-    processes per worker, with `env` over the launcher's own variables (all forwarded to ranks)."""
+    processes per worker, with `env` over the launcher's own variables (all forwarded to ranks).
+
+    `launcher_restart_policy`: OnFailure restarts a failed mpirun in its pod, up to the run
+    policy's backoffLimit (a job's maxRestarts); Never leaves a failed launcher pod, and its log,
+    as it ended (the fabric check, whose log is its result).
+    """
     job, pool, namespace = target.job, target.pool, target.namespace
     slots = pool.procs_per_node
     # The MPI operator names workers <job>-worker-<i> behind the headless service <job>.
@@ -282,10 +298,11 @@ def mpi_job(
         **(EFA_ENV if pool.efa else {}),
         **(env or {}),
     }
-    launcher = pod_template(target, "launcher", [], with_resources=False)
+    launcher = pod_template(target, LAUNCHER, [], with_resources=False)
     container = launcher["spec"]["containers"][0]
     container["env"] += [{"name": k, "value": v} for k, v in env.items()]
-    exported = [*IMAGE_ENV, *POD_IDENTITY_ENV, *(e["name"] for e in container["env"])]
+    identity = POD_IDENTITY_ENV if target.pod_identity else ()
+    exported = [*IMAGE_ENV, *identity, *(e["name"] for e in container["env"])]
     container["command"] = [
         "mpirun",
         "-np",
@@ -312,7 +329,11 @@ def mpi_job(
             "sshAuthMountPath": "/home/trainer/.ssh",
             "runPolicy": _run_policy(job),
             "mpiReplicaSpecs": {
-                "Launcher": {"replicas": 1, "restartPolicy": "OnFailure", "template": launcher},
+                "Launcher": {
+                    "replicas": 1,
+                    "restartPolicy": launcher_restart_policy,
+                    "template": launcher,
+                },
                 "Worker": {
                     "replicas": job.max_nodes,
                     "restartPolicy": "OnFailure",

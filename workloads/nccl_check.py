@@ -12,6 +12,7 @@ The MPIJob (and its NetworkPolicy) is deleted afterwards unless --keep.
 """
 
 import argparse
+import json
 import re
 import sys
 import time
@@ -29,7 +30,7 @@ from infra.config import (
     load_stack_for_command,
     queue_shortfall,
 )
-from workloads.manifests import API_VERSIONS, JobTarget, mpi_job, network_policy
+from workloads.manifests import API_VERSIONS, LAUNCHER, JobTarget, mpi_job, network_policy
 
 CHECK_LABEL = "training-platform/fabric-check"
 # all_reduce_perf from nccl-tests, built into the trainer image (trainer/Dockerfile, stage
@@ -271,7 +272,10 @@ def check_manifests(
         job, pool, team.namespace_name, image, "", frozenset(), service_account_name="default"
     )
     program = [ALL_REDUCE_PERF, "-b", "8", "-e", str(plan.max_bytes), "-f", "2", "-g", "1"]
-    manifest = mpi_job(target, program, CHECK_ENV)
+    # Never, not the jobs' OnFailure: with backoffLimit 0 the launcher Job fails at the first
+    # restart of its container and deletes the pod that restarted it, the failed run's log with
+    # it; a failed pod that is not restarted is kept, log and all (README, Fabric check).
+    manifest = mpi_job(target, program, CHECK_ENV, launcher_restart_policy="Never")
     manifest["metadata"]["labels"][CHECK_LABEL] = pool.name
     policy = {"apiVersion": "networking.k8s.io/v1", "kind": "NetworkPolicy"}
     return policy | network_policy(job, team.namespace_name), manifest
@@ -305,6 +309,23 @@ def resolve(
     return pool, nodes
 
 
+def launcher_log_source(pods: list[dict]) -> tuple[str, bool] | None:
+    """(pod, previous) whose launcher log tells how the check ended, from the launcher's pods as
+    the API lists them: the newest pod, and its container's previous run if it was restarted.
+
+    A restarted container (restartPolicy OnFailure) holds at most a partial run, cut short when
+    its Job failed; the kubelet keeps the run before it, which `previous` reads (kubernetes
+    pkg/kubelet/kubelet_pods.go, validateContainerLogStatus: lastState.terminated). The check's
+    own launcher is never restarted (restartPolicy Never): its one run is the current log.
+    """
+    if not pods:
+        return None
+    newest = max(pods, key=lambda pod: pod["metadata"]["creationTimestamp"])
+    statuses = (newest.get("status") or {}).get("containerStatuses") or []
+    restarts = sum(s.get("restartCount", 0) for s in statuses if s["name"] == LAUNCHER)
+    return newest["metadata"]["name"], restarts > 0
+
+
 class KubeCluster:
     """The cluster calls the check makes, through the kubernetes client and the kubeconfig."""
 
@@ -333,11 +354,19 @@ class KubeCluster:
     def launcher_log(self, namespace: str, name: str) -> str:
         # mpi-operator v0.8.0 labels the launcher's pods (pkg/controller, defaultLabels).
         selector = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
-        pods = self.core.list_namespaced_pod(namespace, label_selector=selector).items
-        if not pods:
+        listed = self.core.list_namespaced_pod(
+            namespace, label_selector=selector, _preload_content=False
+        )
+        source = launcher_log_source(json.loads(listed.data)["items"])
+        if source is None:
             return ""
-        newest = max(pods, key=lambda p: p.metadata.creation_timestamp)
-        return self.core.read_namespaced_pod_log(newest.metadata.name, namespace)
+        pod, previous = source
+        # The raw body: client 36 returns a text response as the repr of its bytes ("b'...'",
+        # kubernetes-client/python#2596), which the parser would not recognise.
+        log = self.core.read_namespaced_pod_log(
+            pod, namespace, container=LAUNCHER, previous=previous, _preload_content=False
+        )
+        return log.data.decode("utf-8", errors="replace")
 
     def delete(self, policy: dict, mpijob: dict) -> None:
         namespace = mpijob["metadata"]["namespace"]

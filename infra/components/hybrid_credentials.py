@@ -114,7 +114,7 @@ def node_credentials(
             f"{name}-activation",
             description=f"EKS hybrid nodes of {name}",
             iam_role=role.name,
-            registration_limit=len(config.machines),
+            registration_limit=config.ssm_activation.registration_limit,
             expiration_date=config.ssm_activation.expiration_date(),
             tags=tags,
             opts=pulumi.ResourceOptions(parent=owner, depends_on=[role]),

@@ -36,7 +36,6 @@ def wireguard_gateway(
     gateway_key: random.RandomBytes,
 ) -> pulumi.Output[str]:
     """The WireGuard hub instance, its peers, address, firewall and the VPC's routes."""
-    gateway_address = config.addresses()[0]
     child = pulumi.ResourceOptions(parent=owner)
     group = aws.ec2.SecurityGroup(
         f"{name}-gateway",
@@ -84,7 +83,8 @@ def wireguard_gateway(
         opts=child,
     )
     # One parameter per machine, under one path: adding or removing a machine adds or
-    # removes a parameter, which the gateway picks up without being replaced.
+    # removes a parameter, which the gateway picks up without being replaced. A peer is public
+    # (key and address): not a secret, so previews show what changes in it.
     peers_path = f"/{pulumi.get_project()}/{pulumi.get_stack()}/{name}-wireguard-peers"
     for i, machine in enumerate(config.machines):
         aws.ssm.Parameter(
@@ -92,7 +92,9 @@ def wireguard_gateway(
             name=f"{peers_path}/{machine.name}",
             type="String",
             description=f"WireGuard peer of hybrid machine {machine.name} (public key only)",
-            value=machine_spokes.apply(lambda all_spokes, i=i: peer_section(all_spokes[i])),
+            insecure_value=pulumi.Output.unsecret(
+                machine_spokes.apply(lambda all_spokes, i=i: peer_section(all_spokes[i]))
+            ),
             tags=cluster.tags,
             opts=child,
         )
@@ -132,7 +134,7 @@ def wireguard_gateway(
 
     hub = Hub(
         KEY_PLACEHOLDER,
-        gateway_address,
+        config.gateway_address,
         "",
         WIREGUARD_PORT,
         behind_spokes=tuple(config.remote_pod_cidrs),

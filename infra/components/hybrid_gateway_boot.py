@@ -127,6 +127,8 @@ def sync_units() -> dict[str, str]:
         [Timer]
         OnActiveSec=0
         OnUnitActiveSec={SYNC_SECONDS}s
+        # systemd.timer(5): AccuracySec defaults to 1min, which lets each 30 s run slip to 90 s.
+        AccuracySec=1s
 
         [Install]
         WantedBy=timers.target

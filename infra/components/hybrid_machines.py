@@ -3,8 +3,6 @@ node registers with (and what tolerates them), its nodeadm NodeConfig, the one-p
 owner runs, and its WireGuard spoke.
 """
 
-import ipaddress
-
 import yaml
 
 from infra.components.hybrid_gateway import WIREGUARD_PORT
@@ -155,11 +153,8 @@ nodeadm init -c file:///etc/nodeadm/nodeConfig.yaml
 {gpu}"""
 
 
-def spokes(
-    config: HybridConfig, node_ips: dict[str, ipaddress.IPv4Address], private_keys: list[str]
-) -> list[Spoke]:
-    """The machines as WireGuard spokes, each at its node IP."""
+def spokes(config: HybridConfig, private_keys: list[str]) -> list[Spoke]:
+    """The machines as WireGuard spokes, each at its own address (its node IP)."""
     return [
-        Spoke(m.name, key, node_ips[m.name])
-        for m, key in zip(config.machines, private_keys, strict=True)
+        Spoke(m.name, key, m.address) for m, key in zip(config.machines, private_keys, strict=True)
     ]

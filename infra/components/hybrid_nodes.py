@@ -199,7 +199,6 @@ class HybridNodes(pulumi.ComponentResource):
                     opts=child,
                 )
 
-        gateway_address, node_ips = config.addresses()
         network = config.remote_node_cidrs[0]
         keys = {
             machine.name: random.RandomBytes(f"{name}-wg-{machine.name}", length=32, opts=child)
@@ -208,7 +207,7 @@ class HybridNodes(pulumi.ComponentResource):
         gateway_key = random.RandomBytes(f"{name}-wg-gateway", length=32, opts=child)
         # One list for both ends: each machine's config and the gateway's peer for it.
         machine_spokes = pulumi.Output.all(*[keys[m.name].base64 for m in config.machines]).apply(
-            lambda private_keys: spokes(config, node_ips, private_keys)
+            lambda private_keys: spokes(config, private_keys)
         )
         gateway_ip = wireguard_gateway(
             self,
@@ -226,7 +225,11 @@ class HybridNodes(pulumi.ComponentResource):
         def render(args: list) -> tuple[dict[str, str], dict[str, str]]:
             public_ip, gateway_private, credentials, all_spokes = args
             hub = Hub(
-                gateway_private, gateway_address, public_ip, WIREGUARD_PORT, (cluster.vpc.cidr,)
+                gateway_private,
+                config.gateway_address,
+                public_ip,
+                WIREGUARD_PORT,
+                (cluster.vpc.cidr,),
             )
             peers, pages = {}, {}
             for machine, spoke in zip(config.machines, all_spokes, strict=True):

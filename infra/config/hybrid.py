@@ -22,10 +22,23 @@ HYBRID_ALLOWED_RANGES = [
 ]
 
 
+def _ipv4_address(value: Any) -> ipaddress.IPv4Address:
+    try:
+        return ipaddress.IPv4Address(value)
+    except (ValueError, TypeError):
+        raise ValueError(
+            f"{value!r} is not an IPv4 address; allowed: a host address in remoteNodeCidrs[0], "
+            "e.g. 10.200.0.2"
+        ) from None
+
+
 class HybridMachine(Model):
     """A machine outside AWS joining the cluster as an EKS hybrid node."""
 
     name: K8sName
+    # Its WireGuard address and node IP, for good: the gateway's peer for it, its tunnel and its
+    # node's registration all name it, so it never follows the machine's place in the list.
+    address: Annotated[Any, AfterValidator(_ipv4_address)]
     gpus: int = Field(ge=0, le=16)
     gpu_model: str = Field(default="", pattern=r"^[A-Za-z0-9 ._-]{0,40}$")
     # What Kueue may admit onto it, with memoryGib and gpus, and what EKS bills per vCPU-hour
@@ -58,14 +71,22 @@ def _utc_date(value: Any) -> datetime.date:
 
 
 class SsmActivation(Model):
-    """The machines' SSM hybrid activation: usable until 00:00 UTC `days` days after `start`.
+    """The machines' SSM hybrid activation: usable until 00:00 UTC `days` days after `start`, for
+    at most `registrationLimit` registrations.
 
     Registered machines keep working once it expires; only a machine that joins later needs a
-    live one. Setting a new `start` and running `pulumi up` replaces it with a fresh one.
+    live one. Setting a new `start` and running `pulumi up` replaces it with a fresh one. Every
+    argument of an activation is replace-on-change (terraform-provider-aws, which pulumi-aws
+    bridges: internal/service/ssm/activation.go has no update, each argument is ForceNew), and a
+    new one gives every bootstrap page a new code: so the limit is a ceiling of its own, not the
+    number of machines, and adding or removing a machine leaves the activation as it is.
     """
 
     start: Annotated[Any, AfterValidator(_utc_date)]  # the day of the `pulumi up` creating it
     days: int = Field(default=7, ge=1, le=30)  # SSM takes an expiry at most 30 days ahead
+    # Each registration counts, a machine registering again too (after `nodeadm uninstall`);
+    # SSM's CreateActivation takes 1 to 1000.
+    registration_limit: int = Field(default=10, ge=1, le=1000)
 
     def expiration_date(self) -> str:
         """RFC 3339, as SSM's CreateActivation and the aws provider take it."""
@@ -75,8 +96,8 @@ class SsmActivation(Model):
 class HybridConfig(Model):
     """EKS Hybrid Nodes reached through a WireGuard gateway in a public subnet of the VPC.
 
-    remoteNodeCidrs[0] is the WireGuard network: the gateway takes its first host address, the
-    machines the next ones in order (their node IPs).
+    remoteNodeCidrs[0] is the WireGuard network: the gateway takes its first host address, each
+    machine the address it declares (its node IP).
     """
 
     remote_node_cidrs: list[Cidr] = Field(min_length=1, max_length=15)
@@ -109,15 +130,19 @@ class HybridConfig(Model):
                 "ssmActivation goes with credentialProvider ssm; allowed: {start: <UTC date of "
                 "the pulumi up>, days: 1..30} for ssm, none for iam-roles-anywhere"
             )
+        activation = self.ssm_activation
+        if activation is not None and activation.registration_limit < len(self.machines):
+            raise ValueError(
+                f"ssmActivation.registrationLimit {activation.registration_limit} admits fewer "
+                f"registrations than the {len(self.machines)} machines need; allowed: at least "
+                f"{len(self.machines)} (a new limit replaces the activation: every bootstrap "
+                "page gets a new code, registered machines keep working)"
+            )
         names = [m.name for m in self.machines]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
             raise ValueError(f"machine names {', '.join(repeated)} repeat; allowed: unique names")
-        if len(self.machines) + 1 > self.remote_node_cidrs[0].num_addresses - 2:
-            raise ValueError(
-                f"remoteNodeCidrs[0] {self.remote_node_cidrs[0]} holds fewer addresses than the "
-                f"gateway and {len(self.machines)} machines need"
-            )
+        self._check_addresses()
         widest = min(c.prefixlen for c in self.remote_pod_cidrs)
         if self.pod_cidr_mask_size < max(c.prefixlen for c in self.remote_pod_cidrs):
             raise ValueError(
@@ -134,11 +159,36 @@ class HybridConfig(Model):
             )
         return self
 
-    def addresses(self) -> tuple[ipaddress.IPv4Address, dict[str, ipaddress.IPv4Address]]:
-        """(gateway, machine name -> node IP) in the WireGuard network remoteNodeCidrs[0]."""
-        hosts = self.remote_node_cidrs[0].hosts()
-        gateway = next(hosts)
-        return gateway, {m.name: next(hosts) for m in self.machines}
+    @property
+    def gateway_address(self) -> ipaddress.IPv4Address:
+        """The hub's address: the first host of the WireGuard network remoteNodeCidrs[0]."""
+        return self.remote_node_cidrs[0].network_address + 1
+
+    def _check_addresses(self) -> None:
+        network, gateway = self.remote_node_cidrs[0], self.gateway_address
+        first, last = gateway + 1, network.broadcast_address - 1
+        allowed = (
+            f"allowed: a host address of remoteNodeCidrs[0] {network} other than the gateway's "
+            f"{gateway}, one per machine: {first} to {last}"
+        )
+        if network.prefixlen > 30:
+            raise ValueError(
+                f"remoteNodeCidrs[0] {network} has no room for the gateway and a machine; "
+                "allowed: a /30 or wider (a /24 holds the gateway and 253 machines)"
+            )
+        taken: dict[ipaddress.IPv4Address, str] = {}
+        for machine in self.machines:
+            address, key = machine.address, f"machines[{machine.name}].address {machine.address}"
+            if address not in network:
+                raise ValueError(f"{key} is outside remoteNodeCidrs[0] {network}; {allowed}")
+            if address == gateway:
+                raise ValueError(f"{key} is the gateway's; {allowed}")
+            if address in (network.network_address, network.broadcast_address):
+                kind = "network" if address == network.network_address else "broadcast"
+                raise ValueError(f"{key} is the {kind} address of {network}; {allowed}")
+            if address in taken:
+                raise ValueError(f"{key} is machine {taken[address]}'s too; {allowed}")
+            taken[address] = machine.name
 
     def pool(self, nodes: int = 1) -> "HybridPool":
         return HybridPool(tuple(self.machines), nodes)

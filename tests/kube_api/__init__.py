@@ -9,7 +9,8 @@ patch, status subresources, delete with finalizers and deletionTimestamp; the re
 `server.BUILTIN` (Nodes among them) plus every CustomResourceDefinition stored in it (defaulting,
 pruning and validating by its schema; cluster-scoped ones too); the system namespaces a cluster
 starts with; where a core/v1 Event may live; a namespace controller, an owner-reference garbage
-collector (background, foreground, orphan), and (tests.kube_api.kubelet) a StatefulSet
+collector (background, foreground, orphan), pods/log as the kubelet picks the run a log comes
+from (the text is the test's, per container ID), and (tests.kube_api.kubelet) a StatefulSet
 controller and a kubelet that runs pods as local processes in their own PID namespace, with
 pods/exec and pods/portforward over websockets. Who may do what (tests.kube_api.rbac):
 Kubernetes' request verbs and RBAC rule matching written down from upstream, over the Roles,

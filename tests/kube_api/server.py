@@ -33,6 +33,11 @@ Upstream behaviour followed here (kubernetes/kubernetes v1.35 unless said otherw
   2i+1 errors, each opened by a frame with the port) and their authorization: the upgrade is a
   GET (verb `get`) and also needs `create` (pkg/registry/core/pod/rest/authorize.go, on by
   default from 1.35)
+- pods/log: the container run whose log a GET returns, from the pod's status, as the kubelet
+  picks it (pkg/kubelet/kubelet_pods.go, validateContainerLogStatus): `previous` the last
+  terminated run (400 without one), else the running container, else the terminated one, else
+  (waiting to restart) the last terminated one; the
+  log text is what the test says each container ID wrote (`KubeAPI.container_logs`)
 """
 
 import asyncio
@@ -82,7 +87,7 @@ class Kind:
 BUILTIN = [
     Kind("", "v1", "Namespace", "namespaces", False, ("status", "finalize")),
     Kind("", "v1", "Node", "nodes", False, ("status",)),
-    Kind("", "v1", "Pod", "pods", True, ("status", "exec", "portforward")),
+    Kind("", "v1", "Pod", "pods", True, ("status", "exec", "portforward", "log")),
     Kind("", "v1", "Service", "services", True, ("status",)),
     Kind("", "v1", "ConfigMap", "configmaps", True),
     Kind("", "v1", "Secret", "secrets", True),
@@ -300,6 +305,14 @@ def _structural(schema: dict, value, root: bool = False):
     return value
 
 
+def query_bool(query: dict[str, list[str]], name: str) -> bool:
+    """A boolean query parameter as the API server reads it (apimachinery pkg/runtime,
+    Convert_Slice_string_To_bool): absent, "0" or any case of "false" is false, anything else
+    true (the Python client sends "True")."""
+    values = query.get(name)
+    return bool(values) and values[0] != "0" and values[0].lower() != "false"
+
+
 class KubeAPI:
     """A Kubernetes API server on 127.0.0.1 (see the package docstring).
 
@@ -324,6 +337,7 @@ class KubeAPI:
         # Mutating admission on create, as webhooks do: functions of (kind, object).
         self.admission = []
         self.runtime = None  # serves exec and port-forward (tests.kube_api.kubelet.Kubelet)
+        self.container_logs: dict[str, str] = {}  # containerID -> what that run wrote
         self.url = ""
         self._loop = asyncio.new_event_loop()
         self._dirty = asyncio.Event()
@@ -612,9 +626,47 @@ class KubeAPI:
                     return self._refuse(who, info, reason="")
                 pod = self.get(kind, info.namespace, info.name)
                 return await self.runtime.connect(request, info.subresource, pod)
+            if info.subresource == "log":
+                pod = self.get(kind, info.namespace, info.name)
+                return self._log(pod, parse_qs(request.query_string, keep_blank_values=True))
             return await self._rest(request, kind, info)
         except ApiError as e:
             return e.response()
+
+    def _log(self, pod: dict, query: dict) -> web.Response:
+        """validateContainerLogStatus: which run of the container the log is read from."""
+        name = pod["metadata"]["name"]
+        containers = [c["name"] for c in pod["spec"]["containers"]]
+        container = query.get("container", containers[:1] if len(containers) == 1 else [""])[0]
+        statuses = (pod.get("status") or {}).get("containerStatuses") or []
+        found = next((s for s in statuses if s["name"] == container), None)
+        if found is None:
+            raise ApiError(
+                400, "BadRequest", f'container "{container}" in pod "{name}" is not available'
+            )
+        state, last = found.get("state") or {}, found.get("lastState") or {}
+        if query_bool(query, "previous"):
+            run = (last.get("terminated") or {}).get("containerID")
+            if not run:
+                raise ApiError(
+                    400,
+                    "BadRequest",
+                    f'previous terminated container "{container}" in pod "{name}" not found',
+                )
+        elif "running" in state:
+            run = found.get("containerID")
+        elif "terminated" in state:
+            run = state["terminated"].get("containerID")
+        elif "terminated" in last:  # waiting to restart: the run before
+            run = last["terminated"].get("containerID")
+        else:
+            reason = (state.get("waiting") or {}).get("reason", "")
+            raise ApiError(
+                400,
+                "BadRequest",
+                f'container "{container}" in pod "{name}" is waiting to start: {reason}',
+            )
+        return web.Response(text=self.container_logs.get(run, ""), content_type="text/plain")
 
     def _refuse(self, who: User, info: RequestInfo, reason: str | None = None) -> web.Response:
         status = forbidden(who, info, reason)
@@ -667,6 +719,8 @@ class KubeAPI:
                         "kind": CONNECT.get(sub, k.kind),
                         "verbs": ["create", "get"]
                         if sub in CONNECT
+                        else ["get"]
+                        if sub == "log"
                         else ["get", "patch", "update"],
                     }
                 )
