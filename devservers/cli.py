@@ -37,7 +37,7 @@ from devservers.api import (
     STOP_WARNING,
     STORAGE_QUOTA_SUFFIX,
 )
-from devservers.controller import parse_timestamp, timestamp
+from devservers.controller import parse_timestamp, pod_ready, timestamp
 from devservers.render import home_claims, owner_of_namespace, world_size
 
 DURATION = r"^([0-9]+[hm])+$"  # as the CRD's idleTimeout: 2h, 45m, 1h30m
@@ -522,9 +522,10 @@ class Devctl:
             print(f"{key + ':':17}{value}", file=self.out)
 
     def pods(self, server: dict) -> list[str]:
+        """Every pod of the server, all ready (what `devctl run` needs)."""
         name = server["metadata"]["name"]
         ready = (server.get("status") or {}).get("replicasReady", 0)
-        count = server["spec"].get("distributed", {}).get("worldSize", 1)
+        count = world_size(server)
         if server["spec"].get("stopped") or ready < count:
             raise CliError(
                 f"devserver/{name} is not running ({ready}/{count} pods ready); "
@@ -533,10 +534,22 @@ class Devctl:
         return [f"{name}-{i}" for i in range(count)]
 
     def pod(self, server: dict, replica: int) -> str:
-        pods = self.pods(server)
-        if not 0 <= replica < len(pods):
-            raise CliError(f"--replica {replica}; allowed: 0 to {len(pods) - 1}")
-        return pods[replica]
+        """Pod `replica` of the server, ready (its siblings need not be: one SSH session needs
+        one pod)."""
+        name, count = server["metadata"]["name"], world_size(server)
+        if not 0 <= replica < count:
+            raise CliError(f"--replica {replica}; allowed: 0 to {count - 1}")
+        if server["spec"].get("stopped"):
+            raise CliError(f"devserver/{name} is stopped; `devctl start {name}`")
+        pod = f"{name}-{replica}"
+        found = self._call("read pods", self.cluster.get, "v1", "Pod", pod, self.namespace)
+        if found is None or not pod_ready(found):
+            phase = ((found or {}).get("status") or {}).get("phase", "not created yet")
+            raise CliError(
+                f"pod {pod} of devserver/{name} is not ready ({phase}); `devctl monitor {name}` "
+                "follows the server"
+            )
+        return pod
 
     def servers(self) -> list[dict]:
         return self._call(

@@ -164,7 +164,7 @@ def _failed(server: dict, reason: str, message: str) -> Outcome:
     )
 
 
-def _ready(pod: dict) -> bool:
+def pod_ready(pod: dict) -> bool:
     conditions = (pod.get("status") or {}).get("conditions", [])
     return not pod["metadata"].get("deletionTimestamp") and any(
         c["type"] == "Ready" and c["status"] == "True" for c in conditions
@@ -379,7 +379,7 @@ def reconcile(
 
     replicas = desired_replicas(server)
     pods = cluster.list("v1", "Pod", meta["namespace"], _labels(server))
-    ready = [p for p in pods if _ready(p)]
+    ready = [p for p in pods if pod_ready(p)]
     status = {
         "replicas": replicas,
         "replicasReady": len(ready),

@@ -128,8 +128,16 @@ def test_someone_elses_namespace_is_refused_clearly(cluster, key_file, capsys):
 
 
 def running(cluster: Cluster, key_file, *extra) -> None:
+    """Server box created by devctl, with its pods running and the status an operator gives it
+    (no operator runs here)."""
     assert devctl(*CREATE, "--ssh-key", str(key_file), *extra)[0] == 0
     replicas = 2 if "--distributed" in extra else 1
+    pods = cluster.client().resources.get(api_version="v1", kind="Pod")
+    for index in range(replicas):
+        container = {"name": "dev", "image": "repo/dev:1"}
+        pod = {"metadata": {"name": f"box-{index}"}, "spec": {"containers": [container]}}
+        pods.create(body=pod, namespace="dev-alice")
+    cluster.api.settle()  # the kubelet runs them
     status = {"phase": "Running", "replicas": replicas, "replicasReady": replicas}
     admin_status(cluster, "DevServer", "box", status | {"gpuUtilization": 42.0})
 
@@ -216,14 +224,16 @@ def test_ssh_to_a_replica_that_does_not_exist_is_refused(cluster, key_file, caps
 
 
 def test_ssh_without_exec_rights_says_so_in_one_line(cluster, key_file, capsys, monkeypatch):
-    """A reader of dev-alice (a role the stack does not have) may see the server, not enter."""
+    """A reader of dev-alice (a role the stack does not have) may see the server and its pods,
+    not enter."""
     running(cluster, key_file)
-    reader = {"apiGroups": [API_VERSION.split("/")[0]], "resources": ["devservers"]}
+    servers = {"apiGroups": [API_VERSION.split("/")[0]], "resources": ["devservers"]}
+    pods = {"apiGroups": [""], "resources": ["pods"]}
     cluster.api.authorizer.manifests += [
         {
             "kind": "Role",
             "metadata": {"name": "reader", "namespace": "dev-alice"},
-            "rules": [reader | {"verbs": ["get"]}],
+            "rules": [servers | {"verbs": ["get"]}, pods | {"verbs": ["get"]}],
         },
         {
             "kind": "RoleBinding",
