@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -39,6 +40,7 @@ from devservers.api import (
 )
 from devservers.controller import parse_timestamp, pod_ready, timestamp
 from devservers.render import home_claims, owner_of_namespace, world_size
+from mesh.workdir import DEFAULT_EXCLUDES, DEFAULT_MAX_MB
 
 DURATION = r"^([0-9]+[hm])+$"  # as the CRD's idleTimeout: 2h, 45m, 1h30m
 
@@ -47,8 +49,7 @@ class CliError(Exception):
     """A message for the user; devctl exits 1 with it, never with a traceback."""
 
 
-# `devctl run`: what is never synced, and which directory is by default.
-DEFAULT_EXCLUDES = (".git", "__pycache__", ".venv", "build")
+# `devctl run`: which directory is synced by default.
 WORKDIR_HELP = (
     "the directory to sync to every pod (~/devctl/<its name> there; the script runs from it); "
     "default: the script's directory, never more (e.g. --workdir . for scripts/train.py)"
@@ -138,9 +139,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument(
         "--max-size",
         type=int,
-        default=100,
+        default=DEFAULT_MAX_MB,
         metavar="MIB",
-        help="refuse a working directory bigger than this (default: 100)",
+        help=f"refuse a working directory bigger than this (default: {DEFAULT_MAX_MB})",
     )
     run.add_argument(
         "--dry-run", action="store_true", help="print what would be synced and run, do nothing"
@@ -611,6 +612,9 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     except (CliError, OSError) as e:
         print(f"devctl: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside `devctl run`'s own handling: no traceback
+        print("devctl: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

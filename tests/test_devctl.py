@@ -180,9 +180,9 @@ def test_run_dry_run_shows_what_is_synced_and_what_each_pod_runs(cluster, key_fi
     )
     assert code == 0
     lines = text.splitlines()
-    assert lines[:3] == ["lib", "train.py", "lib/model.py"]  # a directory before what it holds
+    assert lines[:3] == ["lib", "lib/model.py", "train.py"]  # a directory before what it holds
     assert lines[3] == (
-        f"would sync 2 files (30 B) from {root} to ~/devctl/project on box-0, box-1"
+        f"would sync 2 files, 0.0 MiB from {root} to ~/devctl/project on box-0, box-1"
     )
     assert lines[4:] == [
         f"box-{i}: cd ~/devctl/project && /etc/devserver/torchrun.sh train.py --steps 10"
@@ -196,9 +196,8 @@ def test_run_refuses_a_working_directory_over_its_size_guard(cluster, key_file, 
     code, _ = devctl("run", "--max-size", "1", "box", str(root / "train.py"))
     assert code == 1
     assert (
-        f"the working directory {root} holds 2.0 MiB in 3 files, over --max-size 1 MiB "
-        "(biggest: ckpt 2.0 MiB, src 20 B, train.py 10 B); leave out what the run does not "
-        "need with --exclude GLOB, or raise --max-size"
+        f"--workdir {root}: 2.0 MiB in 3 files, over the 1 MiB limit; largest: ckpt/ 2.0 MiB, "
+        "src/ 0.0 MiB, train.py 0.0 MiB. Leave parts out with --exclude NAME, or raise --max-size"
     ) in errors(capsys)
     code, _ = devctl(
         "run", "--max-size", "1", "--exclude", "ckpt", "--dry-run", "box", str(root / "train.py")
@@ -363,3 +362,14 @@ def test_a_dry_run_says_what_the_stack_does_not_have(monkeypatch, capsys, argv, 
     code, _ = devctl("create", "box", *flavor, *argv, "--image", "repo/dev:1", "--dry-run")
     assert code == 1
     assert message in errors(capsys)
+
+
+def test_ctrl_c_anywhere_ends_devctl_in_one_line(monkeypatch, capsys):
+    """Ctrl-C while devctl waits (monitor --watch, a sync, the API): exit 130, no traceback."""
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("devservers.cli.resolve_namespace", interrupted)
+    assert main(["monitor", "box", "--watch", "5"]) == 130
+    assert capsys.readouterr().err == "devctl: interrupted\n"
