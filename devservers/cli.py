@@ -18,6 +18,7 @@ import contextlib
 import json
 import os
 import re
+import signal
 import sys
 import time
 from datetime import UTC, datetime, timedelta
@@ -37,8 +38,9 @@ from devservers.api import (
     STOP_WARNING,
     STORAGE_QUOTA_SUFFIX,
 )
-from devservers.controller import parse_timestamp, timestamp
+from devservers.controller import parse_timestamp, pod_ready, timestamp
 from devservers.render import home_claims, owner_of_namespace, world_size
+from mesh.workdir import DEFAULT_EXCLUDES, DEFAULT_MAX_MB
 
 DURATION = r"^([0-9]+[hm])+$"  # as the CRD's idleTimeout: 2h, 45m, 1h30m
 
@@ -47,8 +49,7 @@ class CliError(Exception):
     """A message for the user; devctl exits 1 with it, never with a traceback."""
 
 
-# `devctl run`: what is never synced, and which directory is by default.
-DEFAULT_EXCLUDES = (".git", "__pycache__", ".venv", "build")
+# `devctl run`: which directory is synced by default.
 WORKDIR_HELP = (
     "the directory to sync to every pod (~/devctl/<its name> there; the script runs from it); "
     "default: the script's directory, never more (e.g. --workdir . for scripts/train.py)"
@@ -138,9 +139,9 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     run.add_argument(
         "--max-size",
         type=int,
-        default=100,
+        default=DEFAULT_MAX_MB,
         metavar="MIB",
-        help="refuse a working directory bigger than this (default: 100)",
+        help=f"refuse a working directory bigger than this (default: {DEFAULT_MAX_MB})",
     )
     run.add_argument(
         "--dry-run", action="store_true", help="print what would be synced and run, do nothing"
@@ -522,9 +523,10 @@ class Devctl:
             print(f"{key + ':':17}{value}", file=self.out)
 
     def pods(self, server: dict) -> list[str]:
+        """Every pod of the server, all ready (what `devctl run` needs)."""
         name = server["metadata"]["name"]
         ready = (server.get("status") or {}).get("replicasReady", 0)
-        count = server["spec"].get("distributed", {}).get("worldSize", 1)
+        count = world_size(server)
         if server["spec"].get("stopped") or ready < count:
             raise CliError(
                 f"devserver/{name} is not running ({ready}/{count} pods ready); "
@@ -533,10 +535,22 @@ class Devctl:
         return [f"{name}-{i}" for i in range(count)]
 
     def pod(self, server: dict, replica: int) -> str:
-        pods = self.pods(server)
-        if not 0 <= replica < len(pods):
-            raise CliError(f"--replica {replica}; allowed: 0 to {len(pods) - 1}")
-        return pods[replica]
+        """Pod `replica` of the server, ready (its siblings need not be: one SSH session needs
+        one pod)."""
+        name, count = server["metadata"]["name"], world_size(server)
+        if not 0 <= replica < count:
+            raise CliError(f"--replica {replica}; allowed: 0 to {count - 1}")
+        if server["spec"].get("stopped"):
+            raise CliError(f"devserver/{name} is stopped; `devctl start {name}`")
+        pod = f"{name}-{replica}"
+        found = self._call("read pods", self.cluster.get, "v1", "Pod", pod, self.namespace)
+        if found is None or not pod_ready(found):
+            phase = ((found or {}).get("status") or {}).get("phase", "not created yet")
+            raise CliError(
+                f"pod {pod} of devserver/{name} is not ready ({phase}); `devctl monitor {name}` "
+                "follows the server"
+            )
+        return pod
 
     def servers(self) -> list[dict]:
         return self._call(
@@ -598,6 +612,9 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     except (CliError, OSError) as e:
         print(f"devctl: {e}", file=sys.stderr)
         return 1
+    except KeyboardInterrupt:  # Ctrl-C outside `devctl run`'s own handling: no traceback
+        print("devctl: interrupted", file=sys.stderr)
+        return 128 + signal.SIGINT
 
 
 if __name__ == "__main__":

@@ -45,7 +45,12 @@ KUEUE_GATE = "kueue.x-k8s.io/admission"
 # JobUIDLabel in pkg/controller/constants/constants.go).
 WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
-# How long before an idle stop its users are warned (status condition STOP_WARNING).
+# How long before an idle stop its users are warned (status condition STOP_WARNING), and so how
+# long at least a warning stands before the stop: a check that first finds a server idle in the
+# last WARN_BEFORE before its stop, or past it (the operator was down across that window, a pass
+# was slow, idleTimeout was shortened), warns and moves the stop to WARN_BEFORE later. A stop thus
+# comes up to one check (60 s) after idleTimeout: the price of a warning that always gives its
+# full time, which a shorter notice for a late warning would not.
 WARN_BEFORE = timedelta(minutes=10)
 # Writes its first argument to every terminal a process of the pod has open: SSH sessions, shells
 # in tmux or screen, `kubectl exec -t` shells. wall(1) reaches only the logins utmp records, and
@@ -164,7 +169,7 @@ def _failed(server: dict, reason: str, message: str) -> Outcome:
     )
 
 
-def _ready(pod: dict) -> bool:
+def pod_ready(pod: dict) -> bool:
     conditions = (pod.get("status") or {}).get("conditions", [])
     return not pod["metadata"].get("deletionTimestamp") and any(
         c["type"] == "Ready" and c["status"] == "True" for c in conditions
@@ -346,8 +351,9 @@ def reconcile(
     measure: CpuSamples | None = None,
 ) -> Outcome:
     """Bring `server`'s children in line with its spec; with `measure` (the CPU samples of earlier
-    checks), also check its activity (devservers.activity), warn its users WARN_BEFORE an idle
-    stop, and ask to stop it (spec.stopped) once idle past its idleTimeout and keepUntil."""
+    checks), also check its activity (devservers.activity), warn its users of an idle stop, and
+    ask to stop it (spec.stopped) once idle past its idleTimeout and keepUntil and warned
+    WARN_BEFORE earlier."""
     meta, spec = server["metadata"], server["spec"]
     previous = server.get("status") or {}
     if owner_of_namespace(meta["namespace"]) != spec["owner"]:
@@ -379,7 +385,7 @@ def reconcile(
 
     replicas = desired_replicas(server)
     pods = cluster.list("v1", "Pod", meta["namespace"], _labels(server))
-    ready = [p for p in pods if _ready(p)]
+    ready = [p for p in pods if pod_ready(p)]
     status = {
         "replicas": replicas,
         "replicasReady": len(ready),
@@ -440,14 +446,22 @@ def reconcile(
         stop_at = last + timedelta(seconds=parse_duration(lifecycle["idleTimeout"]))
         if lifecycle.get("keepUntil"):
             stop_at = max(stop_at, parse_timestamp(lifecycle["keepUntil"]))
-    status["idleStopAt"] = timestamp(stop_at) if stop_at else None
     warning = None
     if stop_at is not None and now >= stop_at - WARN_BEFORE:
+        given = _condition(server, STOP_WARNING)
+        promised = parse_timestamp(previous["idleStopAt"]) if previous.get("idleStopAt") else None
+        if given is not None and promised is not None and promised >= stop_at:
+            stop_at = promised  # what the warning said, even if the timeout was shortened since
+        else:
+            given = None  # none given yet, or the stop moved later than it said
         if verdict is None:  # not measured now: a warning given stands until the next check
-            warning = _condition(server, STOP_WARNING)
+            warning = given
         elif verdict.in_use is None:
             idle = f"idle ({verdict.rule.describe(verdict.gpu_measured)}) since {timestamp(last)}"
-            if now > stop_at:
+            if given is None:
+                stop_at = max(stop_at, now + WARN_BEFORE)
+                warning = _warn(cluster, server, ready, idle, stop_at, now)
+            elif now >= stop_at:
                 outcome.spec = {"stopped": True}
                 status |= {
                     "reason": "Idle",
@@ -455,7 +469,8 @@ def reconcile(
                     f"devctl start {meta['name']}",
                 }
             else:
-                warning = _warn(cluster, server, ready, idle, stop_at, now)
+                warning = given
+    status["idleStopAt"] = timestamp(stop_at) if stop_at else None
     status["conditions"] = [warning] if warning else None
     status["lastActivity"] = timestamp(last)
     return outcome
@@ -518,16 +533,13 @@ def _warn(
     stop_at: datetime,
     now: datetime,
 ) -> dict:
-    """The warning condition; its message goes to the pods' terminals once, when it is new."""
+    """A new warning condition, its message written to the pods' terminals."""
     name = server["metadata"]["name"]
     minutes = max(round((stop_at - now).total_seconds() / 60), 1)
     message = (
         f"{idle}: stops at {timestamp(stop_at)} (in {minutes}m), home kept; "
         f"devctl keep {name} 2h postpones it"
     )
-    given = _condition(server, STOP_WARNING)
-    if given is not None and given["message"].startswith(f"{idle}: stops at {timestamp(stop_at)}"):
-        return given
     for pod in ready:
         cluster.exec(
             server["metadata"]["namespace"],

@@ -68,6 +68,9 @@ ENTRYPOINT = f"""#!/bin/sh
 # DevServer entrypoint: install the owner's SSH keys, then serve SSH as the container's user
 # (an image without sshd still runs, reachable with kubectl exec). SSH sessions get the
 # container's environment, HOME included: the persistent home, whatever the image's passwd says.
+# SFTP (scp since OpenSSH 9.0, sftp, editors' file transfers) is sshd's in-process server, which
+# needs no sftp-server binary in the image (sshd_config(5), Subsystem), started in the persistent
+# home (-d, sftp-server(8)), not the passwd one.
 set -eu
 mkdir -p "$HOME/.ssh"
 chmod 700 "$HOME/.ssh"
@@ -91,6 +94,7 @@ KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
 AllowTcpForwarding yes
+Subsystem sftp internal-sftp -d $HOME
 EOF
   awk '{SESSION_ENV_AWK}' >> "$HOME/.ssh/sshd_config"
   )

@@ -2,9 +2,10 @@
 pod at once, all through the API server's exec (no kubectl, no SSH).
 
 - Sync: the directory (--workdir, else the script's own, never a guess that could take in a
-  home directory and its keys), less DEFAULT_EXCLUDES and --exclude, as one tar archive (refused
-  over --max-size, naming what is big), extracted into ~/devctl/<its name> on every pod. Files
-  there that the archive lacks stay: they may be what an earlier run wrote.
+  home directory and its keys), less mesh.workdir's DEFAULT_EXCLUDES and --exclude, as one tar
+  archive packed as tp-mesh packs it (refused over --max-size, naming what is big), extracted
+  into ~/devctl/<its name> on every pod. Files there that the archive lacks stay: they may be
+  what an earlier run wrote.
 - Run: the pod's torchrun.sh (render.TORCHRUN) from that directory on every pod, in a process
   group of its own (setsid) whose id it leaves in a file, with unbuffered Python output. Every
   line of every pod is printed as it comes, prefixed with the pod: `[box-0] ...`.
@@ -16,28 +17,24 @@ pod at once, all through the API server's exec (no kubectl, no SSH).
 """
 
 import argparse
-import io
-import os
 import queue
 import secrets
 import shlex
 import signal
 import sys
-import tarfile
 import threading
-from collections import Counter
+import time
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass
-from fnmatch import fnmatch
-from pathlib import Path
 
-from devservers.cli import DEFAULT_EXCLUDES, CliError, Devctl
+from devservers.cli import CliError, Devctl
 from devservers.render import CONTAINER, SCRIPTS
+from mesh.spec import MeshError
+from mesh.workdir import DEFAULT_EXCLUDES, pack
 
 REMOTE_DIR = "devctl"  # under the pod's home: ~/devctl/<the working directory's name>
-MIB = 1 << 20
 POLL_SECONDS = 0.5
 LOST = 255  # a pod whose command's exit status never came (as ssh's own failures)
+STOP_SECONDS = 15  # for the stops to reach every pod (STOP waits up to 10 s for the group's id)
 # $1: the directory's name, $2: the archive's size. head reads exactly the archive, so tar ends
 # without the end of stdin, which the exec websocket can signal only from protocol v5.
 SYNC = 'mkdir -p "$HOME/devctl/$1" && head -c "$2" | tar -xof - -C "$HOME/devctl/$1"'
@@ -59,74 +56,6 @@ i=0
 while [ ! -s "$pidfile" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
 if [ -s "$pidfile" ]; then kill -TERM "-$(cat "$pidfile")"; fi
 """
-
-
-@dataclass
-class Workdir:
-    path: Path
-    entries: list[tuple[str, int]]  # (path relative to it, bytes if a regular file else 0)
-
-    @property
-    def size(self) -> int:
-        return sum(size for _, size in self.entries)
-
-    @property
-    def files(self) -> int:
-        return sum(1 for relative, _ in self.entries if (self.path / relative).is_file())
-
-
-def _size(size: int) -> str:
-    for unit, scale in (("MiB", MIB), ("KiB", 1024)):
-        if size >= scale:
-            return f"{size / scale:.1f} {unit}"
-    return f"{size} B"
-
-
-def collect(path: Path, excludes: list[str]) -> Workdir:
-    """What of `path` is synced: everything but names or relative paths matching a pattern."""
-    patterns = [*DEFAULT_EXCLUDES, *excludes]
-    entries = []
-    for root, dirs, files in os.walk(path):
-        here = Path(root)
-        kept = []
-        for name in sorted(dirs + files):
-            relative = (here / name).relative_to(path).as_posix()
-            if any(fnmatch(name, p) or fnmatch(relative, p) for p in patterns):
-                continue
-            found = os.lstat(here / name)
-            regular = (here / name).is_file() and not (here / name).is_symlink()
-            entries.append((relative, found.st_size if regular else 0))
-            if name in dirs and not (here / name).is_symlink():
-                kept.append(name)
-        dirs[:] = kept
-    return Workdir(path, entries)
-
-
-def check_size(tree: Workdir, max_mib: int) -> None:
-    if tree.size <= max_mib * MIB:
-        return
-    tops = Counter()
-    for relative, size in tree.entries:
-        tops[relative.split("/")[0]] += size
-    biggest = ", ".join(f"{name} {_size(size)}" for name, size in tops.most_common(3))
-    raise CliError(
-        f"the working directory {tree.path} holds {_size(tree.size)} in {tree.files} files, over "
-        f"--max-size {max_mib} MiB (biggest: {biggest}); leave out what the run does not need "
-        "with --exclude GLOB, or raise --max-size"
-    )
-
-
-def archive(tree: Workdir) -> bytes:
-    def anonymous(info: tarfile.TarInfo) -> tarfile.TarInfo:
-        info.uid = info.gid = 0
-        info.uname = info.gname = ""
-        return info
-
-    buffer = io.BytesIO()
-    with tarfile.open(fileobj=buffer, mode="w") as tar:
-        for relative, _ in tree.entries:
-            tar.add(tree.path / relative, arcname=relative, recursive=False, filter=anonymous)
-    return buffer.getvalue()
 
 
 def _finish(process) -> tuple[int, bytes]:
@@ -177,8 +106,10 @@ class Lines:
             self.streams[index].flush()
 
 
-def _stop(devctl: Devctl, pods: list[str], run_id: str, lines: Lines) -> None:
-    """SIGTERM to the run's process group on each of `pods`, in the background."""
+def _stop(devctl: Devctl, pods: list[str], run_id: str, lines: Lines) -> list[threading.Thread]:
+    """SIGTERM to the run's process group on each of `pods`, in the background: the threads
+    doing it, which must be joined before devctl exits (daemon threads die with it, and a
+    torchrun they had not reached yet would go on running)."""
 
     def stop(pod: str) -> None:
         command = ["sh", "-c", STOP, "stop", run_id]
@@ -190,8 +121,16 @@ def _stop(devctl: Devctl, pods: list[str], run_id: str, lines: Lines) -> None:
         if code:
             lines.say(f"could not stop torchrun on {pod} ({code}): {output.decode().strip()}")
 
-    for pod in pods:
-        threading.Thread(target=stop, args=(pod,), daemon=True).start()
+    threads = [threading.Thread(target=stop, args=(pod,), daemon=True) for pod in pods]
+    for thread in threads:
+        thread.start()
+    return threads
+
+
+def _joined(threads: list[threading.Thread]) -> None:
+    deadline = time.monotonic() + STOP_SECONDS
+    for thread in threads:
+        thread.join(max(deadline - time.monotonic(), 0))
 
 
 def launch(devctl: Devctl, pods: list[str], command: list[str], run_id: str) -> int:
@@ -204,8 +143,8 @@ def launch(devctl: Devctl, pods: list[str], command: list[str], run_id: str) -> 
         with devctl.allowed("exec into pods"):
             for pod in pods:
                 started[pod] = devctl.cluster.start(devctl.namespace, pod, CONTAINER, command)
-    except BaseException:
-        _stop(devctl, list(started), run_id, lines)
+    except BaseException:  # Ctrl-C or an API error halfway: stop what did start
+        _joined(_stop(devctl, list(started), run_id, lines))
         raise
     events: queue.Queue = queue.Queue()  # (pod, exit code), or (None, a signal's number)
 
@@ -224,7 +163,7 @@ def launch(devctl: Devctl, pods: list[str], command: list[str], run_id: str) -> 
         threading.Thread(target=follow, args=(pod, process), daemon=True).start()
     signals = (signal.SIGINT, signal.SIGTERM)
     previous = {s: signal.signal(s, lambda number, _: events.put((None, number))) for s in signals}
-    running, failure, interrupted = set(pods), None, None
+    running, failure, interrupted, stopping = set(pods), None, None, []
     try:
         while running:
             try:
@@ -234,10 +173,10 @@ def launch(devctl: Devctl, pods: list[str], command: list[str], run_id: str) -> 
             if pod is None:
                 if interrupted is not None:
                     lines.say("interrupted again: not waiting for the pods")
-                    break
+                    return 128 + interrupted
                 interrupted = value
                 lines.say(f"stopping torchrun on {', '.join(sorted(running))}")
-                _stop(devctl, sorted(running), run_id, lines)
+                stopping += _stop(devctl, sorted(running), run_id, lines)
                 continue
             running.discard(pod)
             # What fails once the run is being stopped is the stop's doing, not a cause.
@@ -245,10 +184,11 @@ def launch(devctl: Devctl, pods: list[str], command: list[str], run_id: str) -> 
                 failure = value
                 others = ", ".join(sorted(running)) or "no other pod"
                 lines.say(f"torchrun on {pod} exited {value}: stopping it on {others}")
-                _stop(devctl, sorted(running), run_id, lines)
+                stopping += _stop(devctl, sorted(running), run_id, lines)
     finally:
         for number, handler in previous.items():
             signal.signal(number, handler)
+    _joined(stopping)
     if failure is not None:
         return failure
     return 0 if interrupted is None else 128 + interrupted
@@ -263,8 +203,10 @@ def run(devctl: Devctl, args: argparse.Namespace) -> int:
         raise CliError(f"no directory {args.workdir}")
     if not script.resolve().is_relative_to(directory):
         raise CliError(f"{script} is not inside the working directory {directory}: see --workdir")
-    tree = collect(directory, args.exclude)
-    check_size(tree, args.max_size)
+    try:
+        tree = pack(directory, (*DEFAULT_EXCLUDES, *args.exclude), args.max_size, "--max-size")
+    except MeshError as e:
+        raise CliError(str(e)) from None
     pods = devctl.pods(devctl.server(args.name))
     name, where = directory.name, f"~/{REMOTE_DIR}/{directory.name}"
     torchrun = [
@@ -273,19 +215,16 @@ def run(devctl: Devctl, args: argparse.Namespace) -> int:
         *args.script_args,
         *args.passthrough,
     ]
-    summary = (
-        f"{tree.files} files ({_size(tree.size)}) from {directory} to {where} on {', '.join(pods)}"
-    )
+    summary = f"{tree.summary()} from {directory} to {where} on {', '.join(pods)}"
     if args.dry_run:
-        for relative, _ in tree.entries:
+        for relative in tree.entries:
             print(relative, file=devctl.out)
         print(f"would sync {summary}", file=devctl.out)
         for pod in pods:
             print(f"{pod}: cd {where} && {shlex.join(torchrun)}", file=devctl.out)
         return 0
-    data = archive(tree)
     with ThreadPoolExecutor(len(pods)) as pool:
-        list(pool.map(lambda pod: sync(devctl, pod, name, data), pods))
+        list(pool.map(lambda pod: sync(devctl, pod, name, tree.data), pods))
     print(f"devctl: synced {summary}", file=sys.stderr)
     run_id = secrets.token_hex(6)
     return launch(devctl, pods, ["sh", "-c", LAUNCH, "launch", name, run_id, *torchrun], run_id)

@@ -149,10 +149,10 @@ def write_ssh_config(devctl: Devctl) -> None:
             continue
         name = server["metadata"]["name"]
         try:
-            pods = devctl.pods(server)
+            first = devctl.pod(server, 0)
         except CliError:
-            pods = None  # not running: no pod to ask for its user
-        user = pod_user(devctl, pods[0]) if pods else before.get(name)
+            first = None  # stopped or pod 0 not ready: no pod to ask for its user
+        user = pod_user(devctl, first) if first else before.get(name)
         if user is None:
             notes.append(
                 f"{name}: not running, so its entries have no User: start it and run "

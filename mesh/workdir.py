@@ -1,5 +1,6 @@
 """The local working directory as one tar, unpacked into every node's workdir before a launch (as
 SkyPilot's workdir): the same bytes for the same files, whatever order the disk lists them in.
+`tp-mesh launch --workdir` and `devctl run` both pack with it.
 
 Names matching an exclude (a glob against each file or folder name, or its path from the top)
 stay behind, with everything under them; a directory over the size limit is refused, naming its
@@ -26,6 +27,7 @@ class Archive:
     data: bytes
     files: int
     size: int  # bytes of file content
+    entries: tuple[str, ...]  # every file, folder and link in it, sorted
 
     def summary(self) -> str:
         return f"{self.files} files, {self.size / MIB:.1f} MiB"
@@ -52,7 +54,11 @@ def _entries(root: Path, excludes: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
-def pack(root: Path, excludes: tuple[str, ...], max_mb: int) -> Archive:
+def pack(
+    root: Path, excludes: tuple[str, ...], max_mb: int, limit_option: str = "--max-workdir-mb"
+) -> Archive:
+    """`root` less `excludes`, refused over `max_mb` (the error names `limit_option`, the
+    command's own option for it)."""
     if not root.is_dir():
         raise MeshError(f"--workdir {root}: not a directory")
     entries = _entries(root, excludes)
@@ -69,7 +75,7 @@ def pack(root: Path, excludes: tuple[str, ...], max_mb: int) -> Archive:
             f"--workdir {root}: {size / MIB:.1f} MiB in {len(sizes)} files, over the "
             f"{max_mb} MiB limit; largest: "
             + ", ".join(f"{name} {bytes_ / MIB:.1f} MiB" for name, bytes_ in largest)
-            + ". Leave parts out with --exclude NAME, or raise --max-workdir-mb"
+            + f". Leave parts out with --exclude NAME, or raise {limit_option}"
         )
     buffer = io.BytesIO()
     with tarfile.open(fileobj=buffer, mode="w", format=tarfile.PAX_FORMAT) as tar:
@@ -84,4 +90,4 @@ def pack(root: Path, excludes: tuple[str, ...], max_mb: int) -> Archive:
                     tar.addfile(info, content)
             else:
                 tar.addfile(info)
-    return Archive(buffer.getvalue(), len(sizes), size)
+    return Archive(buffer.getvalue(), len(sizes), size, tuple(entries))

@@ -128,8 +128,16 @@ def test_someone_elses_namespace_is_refused_clearly(cluster, key_file, capsys):
 
 
 def running(cluster: Cluster, key_file, *extra) -> None:
+    """Server box created by devctl, with its pods running and the status an operator gives it
+    (no operator runs here)."""
     assert devctl(*CREATE, "--ssh-key", str(key_file), *extra)[0] == 0
     replicas = 2 if "--distributed" in extra else 1
+    pods = cluster.client().resources.get(api_version="v1", kind="Pod")
+    for index in range(replicas):
+        container = {"name": "dev", "image": "repo/dev:1"}
+        pod = {"metadata": {"name": f"box-{index}"}, "spec": {"containers": [container]}}
+        pods.create(body=pod, namespace="dev-alice")
+    cluster.api.settle()  # the kubelet runs them
     status = {"phase": "Running", "replicas": replicas, "replicasReady": replicas}
     admin_status(cluster, "DevServer", "box", status | {"gpuUtilization": 42.0})
 
@@ -172,9 +180,9 @@ def test_run_dry_run_shows_what_is_synced_and_what_each_pod_runs(cluster, key_fi
     )
     assert code == 0
     lines = text.splitlines()
-    assert lines[:3] == ["lib", "train.py", "lib/model.py"]  # a directory before what it holds
+    assert lines[:3] == ["lib", "lib/model.py", "train.py"]  # a directory before what it holds
     assert lines[3] == (
-        f"would sync 2 files (30 B) from {root} to ~/devctl/project on box-0, box-1"
+        f"would sync 2 files, 0.0 MiB from {root} to ~/devctl/project on box-0, box-1"
     )
     assert lines[4:] == [
         f"box-{i}: cd ~/devctl/project && /etc/devserver/torchrun.sh train.py --steps 10"
@@ -188,9 +196,8 @@ def test_run_refuses_a_working_directory_over_its_size_guard(cluster, key_file, 
     code, _ = devctl("run", "--max-size", "1", "box", str(root / "train.py"))
     assert code == 1
     assert (
-        f"the working directory {root} holds 2.0 MiB in 3 files, over --max-size 1 MiB "
-        "(biggest: ckpt 2.0 MiB, src 20 B, train.py 10 B); leave out what the run does not "
-        "need with --exclude GLOB, or raise --max-size"
+        f"--workdir {root}: 2.0 MiB in 3 files, over the 1 MiB limit; largest: ckpt/ 2.0 MiB, "
+        "src/ 0.0 MiB, train.py 0.0 MiB. Leave parts out with --exclude NAME, or raise --max-size"
     ) in errors(capsys)
     code, _ = devctl(
         "run", "--max-size", "1", "--exclude", "ckpt", "--dry-run", "box", str(root / "train.py")
@@ -216,14 +223,16 @@ def test_ssh_to_a_replica_that_does_not_exist_is_refused(cluster, key_file, caps
 
 
 def test_ssh_without_exec_rights_says_so_in_one_line(cluster, key_file, capsys, monkeypatch):
-    """A reader of dev-alice (a role the stack does not have) may see the server, not enter."""
+    """A reader of dev-alice (a role the stack does not have) may see the server and its pods,
+    not enter."""
     running(cluster, key_file)
-    reader = {"apiGroups": [API_VERSION.split("/")[0]], "resources": ["devservers"]}
+    servers = {"apiGroups": [API_VERSION.split("/")[0]], "resources": ["devservers"]}
+    pods = {"apiGroups": [""], "resources": ["pods"]}
     cluster.api.authorizer.manifests += [
         {
             "kind": "Role",
             "metadata": {"name": "reader", "namespace": "dev-alice"},
-            "rules": [reader | {"verbs": ["get"]}],
+            "rules": [servers | {"verbs": ["get"]}, pods | {"verbs": ["get"]}],
         },
         {
             "kind": "RoleBinding",
@@ -353,3 +362,14 @@ def test_a_dry_run_says_what_the_stack_does_not_have(monkeypatch, capsys, argv, 
     code, _ = devctl("create", "box", *flavor, *argv, "--image", "repo/dev:1", "--dry-run")
     assert code == 1
     assert message in errors(capsys)
+
+
+def test_ctrl_c_anywhere_ends_devctl_in_one_line(monkeypatch, capsys):
+    """Ctrl-C while devctl waits (monitor --watch, a sync, the API): exit 130, no traceback."""
+
+    def interrupted(*_):
+        raise KeyboardInterrupt
+
+    monkeypatch.setattr("devservers.cli.resolve_namespace", interrupted)
+    assert main(["monitor", "box", "--watch", "5"]) == 130
+    assert capsys.readouterr().err == "devctl: interrupted\n"

@@ -7,12 +7,19 @@ the 2 nodes x 1 process meet over gloo through MASTER_ADDR and MASTER_PORT as re
 DNS name: the kubelet's /etc/hosts; 29500, below the ephemeral range that free ports come from).
 """
 
+import io
 import signal
 import subprocess
 import sys
 
+import pytest
+from kubernetes import config
+
+from devservers import run as devctl_run
+from devservers.cli import Devctl
+from devservers.kube import KubeCluster
 from devservers.render import HOME
-from tests.devservers_cluster import Cluster
+from tests.devservers_cluster import Cluster, wait_for
 
 PODS = ["box-0", "box-1"]
 SCRIPT = """
@@ -56,7 +63,9 @@ def processes(cluster: Cluster, pod: str) -> list[str]:
     return cluster.api.runtime.processes(cluster.api.read("pods", "dev-alice", pod))
 
 
-def test_run_syncs_the_workdir_streams_every_node_and_stops_them_all(dev_cluster, tmp_path):
+def test_run_syncs_the_workdir_streams_every_node_and_stops_them_all(
+    dev_cluster, tmp_path, monkeypatch
+):
     dev_cluster.start_operator()
     dev_cluster.create_server("--distributed", "--replicas", "2", "--backend", "gloo")
     project = tmp_path / "project"
@@ -107,3 +116,21 @@ def test_run_syncs_the_workdir_streams_every_node_and_stops_them_all(dev_cluster
     for pod in PODS:  # the operator's activity probe (sh, cat) may be looking meanwhile
         assert [n for n in processes(dev_cluster, pod) if n not in ("sh", "cat")] == ["sleep"]
     assert dev_cluster.api.refusals == []
+
+    # Ctrl-C while the pods' runs are being started: what did start is stopped before devctl
+    # exits. Red when the stops ran in daemon threads devctl did not wait for.
+    cluster = KubeCluster(config.new_client_from_config(str(dev_cluster.kubeconfigs["alice"])))
+    start = cluster.start
+
+    def interrupted_at_box_1(namespace, pod, *args, **kwargs):
+        if pod == "box-1":  # box-0's run is going
+            wait_for(lambda: "python" in processes(dev_cluster, "box-0"), "box-0's run")
+            raise KeyboardInterrupt
+        return start(namespace, pod, *args, **kwargs)
+
+    monkeypatch.setattr(cluster, "start", interrupted_at_box_1)
+    sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
+    launch = ["sh", "-c", devctl_run.LAUNCH, "launch", "project", "ctrl-c", *sleeper]
+    with pytest.raises(KeyboardInterrupt):
+        devctl_run.launch(Devctl(cluster, "dev-alice", io.StringIO()), PODS, launch, "ctrl-c")
+    assert "python" not in processes(dev_cluster, "box-0")

@@ -15,16 +15,20 @@ from tests.devservers_cluster import Cluster
 from tests.openssh import OpenSsh
 
 
-def ssh(dev_cluster: Cluster, host: str, command: str) -> subprocess.CompletedProcess:
-    """The system ssh with the user's ~/.ssh/config, as an editor runs it (ssh reads the config
-    of the home in /etc/passwd, not $HOME's, so the test names it)."""
+def client(dev_cluster: Cluster, program: str, *argv: str) -> subprocess.CompletedProcess:
+    """An OpenSSH client program (ssh, scp) with the user's ~/.ssh/config, as an editor runs it
+    (they read the config of the home in /etc/passwd, not $HOME's, so the test names it)."""
     config = dev_cluster.home / ".ssh" / "config"
     env = {**os.environ, "HOME": str(dev_cluster.home), "PYTHONPATH": str(ROOT)}
     env.pop("KUBECONFIG", None)  # the entry's ProxyCommand names the kubeconfig itself
     return subprocess.run(
-        ["ssh", "-F", str(config), "-o", "BatchMode=yes", host, command],
+        [program, "-F", str(config), "-o", "BatchMode=yes", *argv],
         capture_output=True, text=True, timeout=120, env=env,
     )  # fmt: skip
+
+
+def ssh(dev_cluster: Cluster, host: str, command: str) -> subprocess.CompletedProcess:
+    return client(dev_cluster, "ssh", host, command)
 
 
 def test_ssh_config_entries_reach_every_pod_with_the_servers_host_key(dev_cluster):
@@ -50,6 +54,32 @@ def test_ssh_config_entries_reach_every_pod_with_the_servers_host_key(dev_cluste
             session = ssh(dev_cluster, host, "echo $RANK of $WORLD_SIZE")
             assert session.returncode == 0, session.stderr
             assert session.stdout == f"{rank} of 2\n"
+
+        # scp in and out: OpenSSH 9.0+'s scp speaks SFTP (scp(1), -O for the old protocol), as
+        # editors do; relative paths are in the persistent home, where sessions start too.
+        sent = dev_cluster.dir / "notes.txt"
+        sent.write_text("lr=0.1\n")
+        copied = client(dev_cluster, "scp", str(sent), "box.1:notes.txt")
+        assert copied.returncode == 0, copied.stderr
+        assert ssh(dev_cluster, "box.1", "cat $HOME/notes.txt").stdout == "lr=0.1\n"
+        back = dev_cluster.dir / "back.txt"
+        copied = client(dev_cluster, "scp", "box.1:notes.txt", str(back))
+        assert copied.returncode == 0, copied.stderr
+        assert back.read_text() == "lr=0.1\n"
+
+        # Pod 1 fails its readiness (as the kubelet reports it): pod 0 stays reachable, pod 1's
+        # entry is refused naming it.
+        dev_cluster.client().resources.get(api_version="v1", kind="Pod").status.patch(
+            name="box-1",
+            namespace="dev-alice",
+            body={"status": {"conditions": [{"type": "Ready", "status": "False"}]}},
+            content_type="application/merge-patch+json",
+        )
+        dev_cluster.wait(lambda: dev_cluster.status()["replicasReady"] == 1, "1 of 2 pods ready")
+        assert ssh(dev_cluster, "box", "echo $RANK").stdout == "0\n"
+        refused = ssh(dev_cluster, "box.1", "true")
+        assert refused.returncode == 255
+        assert "devctl: pod box-1 of devserver/box is not ready" in refused.stderr
 
         # Idempotent: the Include once, the same entries.
         config = (ssh_dir / "config").read_text()

@@ -92,27 +92,33 @@ def test_a_started_command_streams_and_exits_with_its_code(dev_cluster):
     assert done.exit_code() == 0
 
 
+# client-go's rules for the Status an exec's error channel ends with
+# (tools/remotecommand/v4.go, errorDecoderV4.decode), each case ours: not JSON is a protocol
+# error; Success is exit 0; a Failure is its message, unless its reason is NonZeroExitCode,
+# whose ExitCode cause must be there and hold an integer, the exit code; a Status of neither
+# kind is an unknown error.
 @pytest.mark.parametrize(
     ("status", "found"),
-    [  # the cases of client-go's tools/remotecommand/v4_test.go, TestV4ErrorDecoder
-        ("{}", "unknown error"),
-        ("{", "protocol error"),
-        ('{"status": "Success" }', 0),
-        ('{"status": "Failure", "message": "foobar" }', "foobar"),
+    [
+        ('{"kind": "Status"}', "unknown error"),
+        ('{"status": "Succ', "protocol error"),
+        ('{"kind": "Status", "apiVersion": "v1", "status": "Success", "metadata": {}}', 0),
+        ('{"status": "Failure", "message": "container not found (\\"dev\\")"}', "container not"),
         (
-            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
-            '"details": {"causes": [{"reason": "foo"}] } }',
+            '{"status": "Failure", "message": "command terminated with non-zero exit code", '
+            '"reason": "NonZeroExitCode", "details": {"causes": [{"reason": "Signal"}]}}',
             "no ExitCode cause given",
         ),
         (
-            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
-            '"details": {"causes": [{"reason": "ExitCode"}] } }',
-            "invalid exit code value ''",
+            '{"status": "Failure", "reason": "NonZeroExitCode", '
+            '"details": {"causes": [{"reason": "ExitCode", "message": "two"}]}}',
+            "invalid exit code value 'two'",
         ),
         (
-            '{"status": "Failure", "message": "foobar", "reason": "NonZeroExitCode", '
-            '"details": {"causes": [{"reason": "ExitCode", "message": "42"}] } }',
-            42,
+            '{"status": "Failure", "message": "command terminated with non-zero exit code", '
+            '"reason": "NonZeroExitCode", '
+            '"details": {"causes": [{"reason": "ExitCode", "message": "137"}]}}',
+            137,
         ),
     ],
 )
@@ -135,29 +141,24 @@ def test_settings_come_from_the_operators_environment(monkeypatch):
     assert settings_from_env().ssh_cidrs == ()
 
 
-# What the DCGM exporter serves, as NVIDIA publishes it: the README's Kubernetes example
-# (NVIDIA/dcgm-exporter README.md at tag 4.5.3-4.8.2, "curl -sL http://127.0.0.1:8080/metrics":
-# GPUs no pod holds have empty pod labels), and DCGM_FI_DEV_GPU_UTIL lines in the format that
-# tag's exporter renders them (internal/pkg/rendermetrics/render_metrics.go, gpuMetricsFormat:
-# gpu, UUID, pci_bus_id, device, modelName, Hostname, then the pod attributes container,
-# namespace, pod in key order), for GPUs the pod mapper gave to pods.
-PUBLISHED = """\
-# HELP DCGM_FI_DEV_SM_CLOCK SM clock frequency (in MHz).
-# TYPE DCGM_FI_DEV_SM_CLOCK gauge
-# HELP DCGM_FI_DEV_MEM_CLOCK Memory clock frequency (in MHz).
-# TYPE DCGM_FI_DEV_MEM_CLOCK gauge
-# HELP DCGM_FI_DEV_MEMORY_TEMP Memory temperature (in C).
-# TYPE DCGM_FI_DEV_MEMORY_TEMP gauge
-...
-DCGM_FI_DEV_SM_CLOCK{gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",container="",namespace="",pod=""} 139
-DCGM_FI_DEV_MEM_CLOCK{gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",container="",namespace="",pod=""} 405
-DCGM_FI_DEV_MEMORY_TEMP{gpu="0", UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",container="",namespace="",pod=""} 9223372036854775794
-...
-"""  # noqa: E501 (the exporter's lines, as published)
+# What the DCGM exporter serves besides GPU utilization, in the format of its tag 4.5.3-4.8.2
+# (internal/pkg/rendermetrics/render_metrics.go, gpuMetricsFormat: gpu, UUID, pci_bus_id, device,
+# modelName, Hostname, then the pod attributes container, namespace, pod in key order, empty for
+# GPUs no pod holds); the lines and figures are ours.
+OTHER_METRICS = """\
+# HELP DCGM_FI_DEV_POWER_USAGE Power draw (in W).
+# TYPE DCGM_FI_DEV_POWER_USAGE gauge
+DCGM_FI_DEV_POWER_USAGE{gpu="0",UUID="GPU-0f0e0d0c-1111-4a2b-8c3d-aabbccddeeff",pci_bus_id="00000000:00:1B.0",device="nvidia0",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-alice",pod="box-0"} 61.5
+DCGM_FI_DEV_POWER_USAGE{gpu="3",UUID="GPU-3d3c3b3a-1111-4a2b-8c3d-aabbccddeeff",pci_bus_id="00000000:00:1E.0",device="nvidia3",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="",namespace="",pod=""} 24.0
+# HELP DCGM_FI_DEV_FB_USED Framebuffer memory used (in MiB).
+# TYPE DCGM_FI_DEV_FB_USED gauge
+DCGM_FI_DEV_FB_USED{gpu="0",UUID="GPU-0f0e0d0c-1111-4a2b-8c3d-aabbccddeeff",pci_bus_id="00000000:00:1B.0",device="nvidia0",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-alice",pod="box-0"} 18240
+DCGM_FI_DEV_FB_USED{gpu="3",UUID="GPU-3d3c3b3a-1111-4a2b-8c3d-aabbccddeeff",pci_bus_id="00000000:00:1E.0",device="nvidia3",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="",namespace="",pod=""} 0
+"""  # noqa: E501
 GPU_UTIL = """\
 # HELP DCGM_FI_DEV_GPU_UTIL GPU utilization (in %).
 # TYPE DCGM_FI_DEV_GPU_UTIL gauge
-DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-604ac76c-d9cf-fef3-62e9-d92044ab6e52",pci_bus_id="00000000:00:1B.0",device="nvidia0",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-alice",pod="box-0"} 3
+DCGM_FI_DEV_GPU_UTIL{gpu="0",UUID="GPU-0f0e0d0c-1111-4a2b-8c3d-aabbccddeeff",pci_bus_id="00000000:00:1B.0",device="nvidia0",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-alice",pod="box-0"} 3
 DCGM_FI_DEV_GPU_UTIL{gpu="1",UUID="GPU-1c1e2d3f-0000-4e5a-9b8c-7d6e5f4a3b2c",pci_bus_id="00000000:00:1C.0",device="nvidia1",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-alice",pod="box-0"} 71
 DCGM_FI_DEV_GPU_UTIL{gpu="2",UUID="GPU-2a3b4c5d-0000-4e5a-9b8c-7d6e5f4a3b2c",pci_bus_id="00000000:00:1D.0",device="nvidia2",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="dev",namespace="dev-bob",pod="box-0"} 99
 DCGM_FI_DEV_GPU_UTIL{gpu="3",UUID="GPU-3b4c5d6e-0000-4e5a-9b8c-7d6e5f4a3b2c",pci_bus_id="00000000:00:1E.0",device="nvidia3",modelName="NVIDIA A10G",Hostname="ip-10-20-1-5",container="",namespace="",pod=""} 100
@@ -165,11 +166,11 @@ DCGM_FI_DEV_GPU_UTIL{gpu="3",UUID="GPU-3b4c5d6e-0000-4e5a-9b8c-7d6e5f4a3b2c",pci
 
 
 def test_dcgm_utilization_is_the_busiest_gpu_of_the_servers_pods():
-    metrics = PUBLISHED + GPU_UTIL
+    metrics = OTHER_METRICS + GPU_UTIL
     assert gpu_utilization(metrics, "dev-alice", {"box-0"}) == 71.0
     assert gpu_utilization(metrics, "dev-bob", {"box-0"}) == 99.0
     assert gpu_utilization(metrics, "dev-alice", {"other-0"}) is None
-    assert gpu_utilization(PUBLISHED, "", {""}) is None  # other metrics, GPUs of no pod
+    assert gpu_utilization(OTHER_METRICS, "dev-alice", {"box-0"}) is None  # no utilization line
 
 
 def test_idle_timeouts_parse_like_the_crd_pattern():

@@ -20,7 +20,7 @@ from kubernetes import config
 from devservers import cli, operator
 from devservers.activity import pod_activity
 from devservers.api import API_VERSION, GPU, QUEUE_LABEL
-from devservers.controller import KUEUE_GATE, WARN, CpuSamples, parse_timestamp
+from devservers.controller import KUEUE_GATE, WARN, WARN_BEFORE, CpuSamples, parse_timestamp
 from devservers.kube import KubeCluster
 from devservers.render import CONTAINER, SHAPE_ANNOTATION, Settings, host_public_key
 from tests.devservers_cluster import Cluster, wait_for
@@ -180,14 +180,24 @@ def test_a_resized_flavor_replaces_the_pods_and_keeps_the_home(world):
     assert world.status()["phase"] == "Running"
 
 
+def stops_when_checked(world: World) -> bool:
+    """Whether a check now finds the server idle past its stop: it warns first, and the check
+    WARN_BEFORE later (the server still idle) stops it."""
+    world.refresh(measure=True)
+    if world.status().get("conditions"):
+        assert not world.server()["spec"].get("stopped")
+        world.clock += WARN_BEFORE
+        world.refresh(measure=True)
+    return bool(world.server()["spec"].get("stopped"))
+
+
 def test_an_idle_server_stops_to_zero_and_keeps_its_home(world):
     world.create(lifecycle={"idleTimeout": "30m"})
     world.clock = START + timedelta(minutes=20)
     world.refresh(measure=True)
     assert not world.server()["spec"].get("stopped")  # not idle long enough yet
     world.clock = START + timedelta(minutes=31)
-    world.refresh(measure=True)
-    assert world.server()["spec"]["stopped"] is True
+    assert stops_when_checked(world)
     assert world.status()["reason"] == "Idle"
     world.refresh()  # kopf: the spec changed
     assert world.api.read("statefulsets", "dev-alice", "box", group="apps")["spec"]["replicas"] == 0
@@ -287,11 +297,12 @@ def test_what_is_left_running_does_not_keep_an_idle_gpu_server(world, monkeypatc
         started = run_in_pod(world, [sys.executable, "-c", "import time; time.sleep(300)"])
     gpu_at(world, monkeypatch, 2.0)
     world.clock = START + timedelta(minutes=31)
-    world.refresh(measure=True)
-    for process in started:
-        process.kill()
-        process.wait()
-    assert world.server()["spec"]["stopped"] is True
+    try:
+        assert stops_when_checked(world)
+    finally:
+        for process in started:
+            process.kill()
+            process.wait()
     message = world.status()["message"]
     assert message.startswith("idle (no SSH session and GPUs at or below 5%) since 2026-11-22T09")
 
@@ -301,8 +312,8 @@ def test_processes_the_owner_names_keep_it(world, monkeypatch, tmux):
     tmux(world)
     gpu_at(world, monkeypatch, 2.0)
     world.clock = START + timedelta(minutes=31)
-    world.refresh(measure=True)
-    assert not world.server()["spec"].get("stopped")
+    assert not stops_when_checked(world)
+    assert "conditions" not in world.status()
 
 
 @pytest.mark.parametrize(
@@ -317,8 +328,7 @@ def test_the_gpu_floor_is_the_servers_or_the_platforms(
     world.create(lifecycle={"idleTimeout": "30m", **lifecycle})
     gpu_at(world, monkeypatch, 30.0)
     world.clock = START + timedelta(minutes=31)
-    world.refresh(measure=True)
-    assert bool(world.server()["spec"].get("stopped")) is stopped
+    assert stops_when_checked(world) is stopped
 
 
 def cpu_seconds(started: subprocess.Popen) -> float:
@@ -348,10 +358,16 @@ def test_a_cpu_server_is_judged_by_its_cpu_use_between_checks(world, tmux, busy)
         for process in started:
             process.kill()
             process.wait()
-    assert bool(world.server()["spec"].get("stopped")) is not busy
+    assert not world.server()["spec"].get("stopped")
     if busy:
         assert world.status()["lastActivityReason"] == "CPU above 10% of a core"
-    else:
+        assert "conditions" not in world.status()
+    else:  # idle past its timeout: warned first, stopped WARN_BEFORE later
+        (warning,) = world.status()["conditions"]
+        assert "CPU at or below 10% of a core" in warning["message"]
+        world.clock += timedelta(minutes=10)
+        world.refresh(measure=True)
+        assert world.server()["spec"]["stopped"] is True
         assert "CPU at or below 10% of a core" in world.status()["message"]
 
 
@@ -470,12 +486,12 @@ def test_users_are_warned_ten_minutes_before_an_idle_stop(world, monkeypatch, tm
     assert (warning["type"], warning["status"]) == ("IdleStopSoon", "True")
     assert warning["message"] == (
         "idle (no SSH session and GPUs at or below 5%) since 2026-11-22T09:00:00Z: stops at "
-        "2026-11-22T09:30:00Z (in 9m), home kept; devctl keep box 2h postpones it"
-    )
+        "2026-11-22T09:31:00Z (in 10m), home kept; devctl keep box 2h postpones it"
+    )  # a full 10 minutes from the first warning: the stop moves from 09:30 to 09:31
     assert f"[devserver box] {warning['message']}" in pane(socket)  # the shell left in tmux
-    assert "in 9m (warned)" in world.devctl("list")
+    assert "in 10m (warned)" in world.devctl("list")
     monitor = world.devctl("monitor", "box")
-    assert "idle stop:       in 9m (warned)" in monitor
+    assert "idle stop:       in 10m (warned)" in monitor
     assert f"warning:         {warning['message']}" in monitor
 
     world.clock = START + timedelta(minutes=25)
@@ -487,6 +503,31 @@ def test_users_are_warned_ten_minutes_before_an_idle_stop(world, monkeypatch, tm
     assert world.server()["spec"]["stopped"] is True
     world.refresh()
     assert "conditions" not in world.status() and "idleStopAt" not in world.status()
+
+
+def test_a_server_found_idle_past_its_stop_unwarned_is_warned_before_it_stops(world, monkeypatch):
+    """No check saw the warning window (the operator down across it, or a slow pass): the first
+    check warns and gives the full 10 minutes. Failed before: it stopped the server at once."""
+    world.create(lifecycle={"idleTimeout": "30m"})
+    gpu_at(world, monkeypatch, 1.0)
+    world.clock = START + timedelta(minutes=31)
+    world.refresh(measure=True)
+    assert not world.server()["spec"].get("stopped")
+    (warning,) = world.status()["conditions"]
+    assert (
+        "since 2026-11-22T09:00:00Z: stops at 2026-11-22T09:41:00Z (in 10m)" in (warning["message"])
+    )
+    assert world.status()["idleStopAt"] == "2026-11-22T09:41:00Z"
+    # A shorter idleTimeout now does not bring the stop before what the warning said.
+    world.patch("DevServer", "box", {"spec": {"lifecycle": {"idleTimeout": "15m"}}})
+    world.refresh()  # kopf: the spec changed
+    world.clock = START + timedelta(minutes=40, seconds=59)
+    world.refresh(measure=True)
+    assert not world.server()["spec"].get("stopped")
+    assert world.status()["conditions"] == [warning]
+    world.clock = START + timedelta(minutes=41)
+    world.refresh(measure=True)
+    assert world.server()["spec"]["stopped"] is True
 
 
 def test_devctl_keep_postpones_the_stop(world, monkeypatch):
@@ -506,7 +547,7 @@ def test_devctl_keep_postpones_the_stop(world, monkeypatch):
     assert not world.server()["spec"].get("stopped")
     world.clock = START + timedelta(hours=2, minutes=12)
     world.refresh(measure=True)
-    assert "stops at 2026-11-22T11:21:00Z" in world.status()["conditions"][0]["message"]
+    assert "stops at 2026-11-22T11:22:00Z" in world.status()["conditions"][0]["message"]
     world.clock = START + timedelta(hours=2, minutes=22)
     world.refresh(measure=True)
     assert world.server()["spec"]["stopped"] is True
