@@ -16,7 +16,7 @@ from tests.openssh import OpenSsh
 FLAVOR = "cpu-small"
 
 
-def hours_ago(hours: int) -> str:
+def hours_ago(hours: float) -> str:
     return (datetime.now(UTC) - timedelta(hours=hours)).strftime("%Y-%m-%dT%H:%M:%SZ")
 
 
@@ -92,6 +92,19 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
     )
     servers.status.patch(
         name="box", namespace="dev-alice", body={"status": {"lastActivity": hours_ago(3)}},
+        content_type="application/merge-patch+json",
+    )  # fmt: skip
+    # First a warning (its message written to the pod's terminals through exec), never a stop.
+    dev_cluster.wait(
+        lambda: (
+            [c["type"] for c in dev_cluster.status().get("conditions") or []] == ["IdleStopSoon"]
+        ),
+        "an idle-stop warning",
+    )
+    assert not dev_cluster.server()["spec"].get("stopped")
+    # The ten minutes it gave have passed: the stop it promised is due.
+    servers.status.patch(
+        name="box", namespace="dev-alice", body={"status": {"idleStopAt": hours_ago(0.01)}},
         content_type="application/merge-patch+json",
     )  # fmt: skip
     dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Stopped", "an idle stop")
