@@ -144,6 +144,7 @@ def build_platform(config: StackConfig) -> None:
             [kueue.release, queues],
             [*namespace_prerequisites, *home_prerequisites],
             gpu_metrics,
+            efs=efs is not None,
         ).namespaces
 
     if efs:

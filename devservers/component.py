@@ -130,10 +130,12 @@ USER_RULES = [
 ]
 
 
-def flavor_manifest(flavor, pool: Pool) -> dict:
-    """The DevServerFlavor for a config flavor: its pool's placement (placement.py), and where
-    its servers' homes go: gp3 volumes on EC2 pools, directories on the hybrid machines' disks
-    (hybrid_homes.py), which mount no EFS either."""
+def flavor_manifest(flavor, pool: Pool, efs: bool) -> dict:
+    """The DevServerFlavor for a config flavor: its pool's placement (placement.py), where its
+    servers' homes go (gp3 volumes on EC2 pools, directories on the hybrid machines' disks:
+    hybrid_homes.py), and whether they mount the shared EFS claim: only where the stack has EFS
+    (`efs`: storage.efs.enabled) and never on the hybrid machines, which cannot reach it. A pod
+    naming a claim that does not exist is never scheduled."""
     return flavor_object(
         flavor.name,
         pool.name,
@@ -143,7 +145,7 @@ def flavor_manifest(flavor, pool: Pool) -> dict:
         flavor.cpu,
         flavor.memory_gib,
         home_storage_class=HYBRID_HOME_STORAGE_CLASS if pool.hybrid else HOME_STORAGE_CLASS,
-        shared_file_system=not pool.hybrid,
+        shared_file_system=efs and not pool.hybrid,
     )
 
 
@@ -162,6 +164,7 @@ class DevServers(pulumi.ComponentResource):
         # (the CSI drivers; on the hybrid machines, the local-path provisioner and the machines).
         namespace_prerequisites: list[pulumi.Resource],
         gpu_metrics: pulumi.Resource | None,
+        efs: bool,  # the stack has EFS, whose claim (efs-shared) is in every user's namespace
         opts: pulumi.ResourceOptions | None = None,
     ):
         # The type token is part of every child's URN: it keeps the `infra` it had before the
@@ -185,7 +188,7 @@ class DevServers(pulumi.ComponentResource):
         ]
         flavors = []
         for flavor in config.flavors:
-            manifest = flavor_manifest(flavor, flavor_pools[flavor.name])
+            manifest = flavor_manifest(flavor, flavor_pools[flavor.name], efs)
             flavors.append(
                 k8s.apiextensions.CustomResource(
                     f"{name}-flavor-{flavor.name}",

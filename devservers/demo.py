@@ -75,7 +75,9 @@ def main(argv: list[str] | None = None) -> int:
         idle_cpu_percent=section.idle.cpu_percent,
     )
     objects = children(
-        server, flavor_manifest(flavor, config.pool_named(flavor.node_pool)), settings
+        server,
+        flavor_manifest(flavor, config.pool_named(flavor.node_pool), config.storage.efs.enabled),
+        settings,
     )
     print(
         f"DevServer {user_namespace(user.name)}/demo (devctl create demo --flavor {flavor.name} "

@@ -10,6 +10,8 @@ import yaml
 
 from deploy.plan import cost_rows
 from devservers.api import crds
+from devservers.cli import parse_args, server_manifest
+from devservers.render import stateful_set
 from infra.catalog import HOURS_PER_MONTH, load_prices
 from infra.cost import STORAGE_CLASS, plan_cost, stack_cost
 from infra.declared import declared_in
@@ -239,3 +241,48 @@ def test_a_quota_of_a_storage_class_without_a_price_is_named_not_priced(dev_plan
     cost = stack_cost(load_prices("us-west-2"), stack)
     assert not cost.quotas
     assert any(m.startswith("dev-servers-quota-alice: EBS io2 has no price") for m in cost.unpriced)
+
+
+def claims_of_missing(plan) -> set[str]:
+    """`<flavor>: <namespace>/<claim>` for every claim a server of each flavor, created with
+    devctl's defaults by each user, would mount (as the operator renders it) that the plan does
+    not create in that user's namespace; the home claims come from the StatefulSet's own
+    templates. The kubelet never starts a pod whose claim does not exist."""
+    claims = {
+        (r.inputs["metadata"]["namespace"], r.inputs["metadata"]["name"])
+        for r in plan.of_type("kubernetes:core/v1:PersistentVolumeClaim")
+    }
+    users = [
+        r.inputs["metadata"]["name"]
+        for r in plan.of_type("kubernetes:core/v1:Namespace")
+        if r.name.startswith("dev-servers-ns-")
+    ]
+    missing = set()
+    for flavor in named(
+        plan, "kubernetes:dev.training-platform.io/v1alpha1:DevServerFlavor"
+    ).values():
+        name = flavor["metadata"]["name"]
+        args = parse_args(["create", "box", "--flavor", name, "--image", "repo/dev:1"])
+        for namespace in users:
+            server = server_manifest(args, namespace, ["ssh-ed25519 AAAA alice@laptop"])
+            server["metadata"]["uid"] = "uid"
+            pod = stateful_set(server, flavor)["spec"]["template"]["spec"]
+            missing |= {
+                f"{name}: {namespace}/{v['persistentVolumeClaim']['claimName']}"
+                for v in pod["volumes"]
+                if "persistentVolumeClaim" in v
+                and (namespace, v["persistentVolumeClaim"]["claimName"]) not in claims
+            }
+    assert users  # there are namespaces to check
+    return missing
+
+
+@pytest.mark.parametrize("efs", [True, False], ids=["with EFS", "without EFS"])
+def test_every_claim_a_servers_pod_mounts_exists_in_its_namespace(efs):
+    """Red before: without EFS the flavors still mounted efs-shared, which no namespace had, and
+    every DevServer stayed Pending."""
+    # The stack's jobs keep checkpoints on EFS: none here.
+    plan = plan_of("dev", storage={"efs": {"enabled": efs}}, jobs=[])
+    assert claims_of_missing(plan) == set()
+    flavors = named(plan, "kubernetes:dev.training-platform.io/v1alpha1:DevServerFlavor")
+    assert {f["spec"]["sharedFileSystem"] for f in flavors.values()} == {efs}
