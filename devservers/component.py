@@ -201,14 +201,9 @@ class DevServers(pulumi.ComponentResource):
             )
 
         image = images(
-            config.operator_image,
-            f"{name}-operator-image",
-            pulumi.Output.concat(cluster.name, "/", OPERATOR),
-            CONTEXT,
-            [IMAGE_TARGET],
-            cluster.tags,
-            pulumi.ResourceOptions(parent=self),
-        )[IMAGE_TARGET]
+            config.operator_image, f"{name}-operator-image", cluster, OPERATOR, CONTEXT,
+            [IMAGE_TARGET], self,
+        )[IMAGE_TARGET]  # fmt: skip
         operator_namespace = k8s.core.v1.Namespace(
             f"{name}-system", metadata={"name": NAMESPACE, "labels": RESTRICTED}, opts=k8s_opts
         )

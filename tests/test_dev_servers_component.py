@@ -286,3 +286,16 @@ def test_every_claim_a_servers_pod_mounts_exists_in_its_namespace(efs):
     assert claims_of_missing(plan) == set()
     flavors = named(plan, "kubernetes:dev.training-platform.io/v1alpha1:DevServerFlavor")
     assert {f["spec"]["sharedFileSystem"] for f in flavors.values()} == {efs}
+
+
+def test_every_image_repository_is_named_for_the_cluster_and_needs_nothing_of_it(dev_plan):
+    """The trainer's, the operator's and the watcher's ECR repositories: `<cluster>/<image>`
+    from stack config, so neither they nor the builds into them wait for the EKS cluster."""
+    repositories = {r.inputs["name"]: r for r in dev_plan.of_type("aws:ecr/repository:Repository")}
+    assert set(repositories) == {
+        "tp-dev/trainer",
+        "tp-dev/devserver-operator",
+        "tp-dev/gpu-registration-watch",
+    }
+    for repository in repositories.values():
+        assert repository.dependencies == [], repository.name

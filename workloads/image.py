@@ -2,7 +2,7 @@
 
 import pulumi
 
-from infra.components.container_image import images, source_tag
+from infra.components.container_image import images, repository_name, source_tag
 from infra.components.context import ClusterContext
 from infra.config import ImageConfig, StackConfig, image_target
 from infra.paths import PROJECT_DIR
@@ -11,6 +11,7 @@ from infra.paths import PROJECT_DIR
 # pulumi-docker-build rebuilds whenever anything in its context changes.
 CONTEXT = PROJECT_DIR / "trainer"
 DOCKERFILE = CONTEXT / "Dockerfile"
+TRAINER = "trainer"  # its ECR repository: <cluster>/trainer
 
 
 def trainer_tag(target: str) -> str:
@@ -20,7 +21,7 @@ def trainer_tag(target: str) -> str:
 
 def trainer_repository(cluster_name: str) -> str:
     """The trainer's ECR repository name."""
-    return f"{cluster_name}/trainer"
+    return repository_name(cluster_name, TRAINER)
 
 
 def stack_targets(config: StackConfig) -> list[str]:
@@ -47,13 +48,5 @@ class TrainerImage(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:workloads:TrainerImage", name, None, opts)
-        self.refs = images(
-            config,
-            name,
-            trainer_repository(cluster.config_name),
-            CONTEXT,
-            targets,
-            cluster.tags,
-            pulumi.ResourceOptions(parent=self),
-        )
+        self.refs = images(config, name, cluster, TRAINER, CONTEXT, targets, self)
         self.register_outputs({"refs": self.refs})

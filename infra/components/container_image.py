@@ -10,6 +10,7 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_docker_build as docker_build
 
+from infra.components.context import ClusterContext
 from infra.config import ImageConfig
 from infra.paths import provider_path
 
@@ -147,17 +148,26 @@ def ecr_images(
     return refs
 
 
+def repository_name(cluster_name: str, image: str) -> str:
+    """An image's ECR repository: `<cluster>/<image>`, from the cluster's configured name, so
+    the repository (and a build into it) need not wait for the cluster."""
+    return f"{cluster_name}/{image}"
+
+
 def images(
     prebuilt: ImageConfig,
     name: str,
-    repository_name: pulumi.Input[str],
+    cluster: ClusterContext,
+    image: str,
     context: Path,
     targets: list[str],
-    tags: dict[str, str],
-    opts: pulumi.ResourceOptions,
+    parent: pulumi.Resource,
 ) -> dict[str, pulumi.Output[str]]:
     """{target: image}: the prebuilt image by digest for every target when stack config names
-    one (nothing is built: a stack of prebuilt images needs no Docker), else ecr_images."""
+    one (nothing is built: a stack of prebuilt images needs no Docker), else ecr_images into
+    repository_name(cluster, image)."""
     if prebuilt.uri:
         return {target: pulumi.Output.from_input(prebuilt.uri) for target in targets}
-    return ecr_images(name, repository_name, context, targets, tags, opts)
+    repository = repository_name(cluster.config_name, image)
+    opts = pulumi.ResourceOptions(parent=parent)
+    return ecr_images(name, repository, context, targets, cluster.tags, opts)

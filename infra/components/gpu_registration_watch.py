@@ -76,14 +76,9 @@ class GpuRegistrationWatch(pulumi.ComponentResource):
             )
 
         image = images(
-            config.gpu_registration_watch_image,
-            f"{name}-image",
-            pulumi.Output.concat(cluster.name, "/", NAME),
-            CONTEXT,
-            [IMAGE_TARGET],
-            cluster.tags,
-            pulumi.ResourceOptions(parent=self),
-        )[IMAGE_TARGET]
+            config.gpu_registration_watch_image, f"{name}-image", cluster, NAME, CONTEXT,
+            [IMAGE_TARGET], self,
+        )[IMAGE_TARGET]  # fmt: skip
         account = k8s.core.v1.ServiceAccount(
             name, metadata={"name": NAME, "namespace": NAMESPACE}, opts=k8s_opts
         )
