@@ -3,9 +3,11 @@ namespaces for tests that run real WireGuard, and the dev stack's DevServers on 
 Kubernetes API."""
 
 import copy
+import os
 import shutil
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -20,6 +22,22 @@ ROOT = Path(__file__).resolve().parent.parent
 STACKS = ["dev", "prod"]
 # For stack edits that drop the node pools the stack's DevServer flavors live on.
 NO_DEV_SERVERS = {"enabled": False, "flavors": [], "users": []}
+
+
+@pytest.fixture(scope="session", autouse=True)
+def suite_temp_dir():
+    """One temp dir for the suite and every process it starts, removed at the end: torchrun
+    leaves a torchelastic_* log dir in the temp dir at every start (torch.distributed.elastic's
+    default logs spec), about 70 a run. A short path beside /tmp's own (AF_UNIX socket paths
+    under it, OpenMPI's and tmux's, stay short), sticky and world-writable like /tmp for the
+    users the SSH tests run sshd as."""
+    path = tempfile.mkdtemp(prefix="tp-test-")
+    os.chmod(path, 0o1777)
+    with pytest.MonkeyPatch.context() as patch:
+        patch.setenv("TMPDIR", path)
+        patch.setattr(tempfile, "tempdir", None)  # gettempdir() reads TMPDIR again
+        yield Path(path)
+    shutil.rmtree(path, ignore_errors=True)
 
 
 def deep_merge(base: Any, patch: Any) -> Any:
