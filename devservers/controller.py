@@ -52,6 +52,9 @@ JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
 # comes up to one check (60 s) after idleTimeout: the price of a warning that always gives its
 # full time, which a shorter notice for a late warning would not.
 WARN_BEFORE = timedelta(minutes=10)
+# A warning whose stop passed longer ago than this, with no check to carry it out (the operator
+# was down), no longer stands: what the users did meanwhile went unseen, so they are warned anew.
+WARNING_LAPSES = timedelta(minutes=5)
 # Writes its first argument to every terminal a process of the pod has open: SSH sessions, shells
 # in tmux or screen, `kubectl exec -t` shells. wall(1) reaches only the logins utmp records, and
 # sshd running as the image's user records none. A terminal nobody reads must not hang the check.
@@ -450,10 +453,18 @@ def reconcile(
     if stop_at is not None and now >= stop_at - WARN_BEFORE:
         given = _condition(server, STOP_WARNING)
         promised = parse_timestamp(previous["idleStopAt"]) if previous.get("idleStopAt") else None
-        if given is not None and promised is not None and promised >= stop_at:
+        if (
+            given is not None
+            and promised is not None
+            and stop_at <= promised
+            and now <= promised + WARNING_LAPSES
+            and (verdict is None or verdict.in_use is None)
+        ):
             stop_at = promised  # what the warning said, even if the timeout was shortened since
         else:
-            given = None  # none given yet, or the stop moved later than it said
+            # None given yet, the stop moved later than it said, the server is in use, or the
+            # stop it named passed long ago unchecked (the operator was down): warn anew.
+            given = None
         if verdict is None:  # not measured now: a warning given stands until the next check
             warning = given
         elif verdict.in_use is None:

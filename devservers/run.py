@@ -138,15 +138,37 @@ def launch(devctl: Devctl, pods: list[str], command: list[str], run_id: str) -> 
     others stopped), else 128 + the number of a SIGINT or SIGTERM that stopped them all, else 0.
     A second signal returns at once, without waiting for the pods."""
     lines = Lines(devctl.out, sys.stderr)
+    events: queue.Queue = queue.Queue()  # (pod, exit code), or (None, a signal's number)
+    # From here a Ctrl-C is an event the loop below answers, not an exception that could land
+    # between an exec's start and devctl knowing of it.
+    signals = (signal.SIGINT, signal.SIGTERM)
+    previous = {s: signal.signal(s, lambda number, _: events.put((None, number))) for s in signals}
+    try:
+        return _follow(devctl, pods, command, run_id, lines, events)
+    finally:
+        for number, handler in previous.items():
+            signal.signal(number, handler)
+
+
+def _follow(
+    devctl: Devctl,
+    pods: list[str],
+    command: list[str],
+    run_id: str,
+    lines: Lines,
+    events: queue.Queue,
+) -> int:
     started = {}
     try:
         with devctl.allowed("exec into pods"):
             for pod in pods:
+                # A pod counts as started before its exec is asked for: the exec may begin even
+                # when the call fails (STOP on a pod where nothing began does nothing).
+                started[pod] = None
                 started[pod] = devctl.cluster.start(devctl.namespace, pod, CONTAINER, command)
-    except BaseException:  # Ctrl-C or an API error halfway: stop what did start
+    except BaseException:  # an API error halfway: stop what may have started
         _joined(_stop(devctl, list(started), run_id, lines))
         raise
-    events: queue.Queue = queue.Queue()  # (pod, exit code), or (None, a signal's number)
 
     def follow(pod: str, process) -> None:
         try:
@@ -161,33 +183,27 @@ def launch(devctl: Devctl, pods: list[str], command: list[str], run_id: str) -> 
 
     for pod, process in started.items():
         threading.Thread(target=follow, args=(pod, process), daemon=True).start()
-    signals = (signal.SIGINT, signal.SIGTERM)
-    previous = {s: signal.signal(s, lambda number, _: events.put((None, number))) for s in signals}
     running, failure, interrupted, stopping = set(pods), None, None, []
-    try:
-        while running:
-            try:
-                pod, value = events.get(timeout=POLL_SECONDS)
-            except queue.Empty:
-                continue
-            if pod is None:
-                if interrupted is not None:
-                    lines.say("interrupted again: not waiting for the pods")
-                    return 128 + interrupted
-                interrupted = value
-                lines.say(f"stopping torchrun on {', '.join(sorted(running))}")
-                stopping += _stop(devctl, sorted(running), run_id, lines)
-                continue
-            running.discard(pod)
-            # What fails once the run is being stopped is the stop's doing, not a cause.
-            if value and failure is None and interrupted is None:
-                failure = value
-                others = ", ".join(sorted(running)) or "no other pod"
-                lines.say(f"torchrun on {pod} exited {value}: stopping it on {others}")
-                stopping += _stop(devctl, sorted(running), run_id, lines)
-    finally:
-        for number, handler in previous.items():
-            signal.signal(number, handler)
+    while running:
+        try:
+            pod, value = events.get(timeout=POLL_SECONDS)
+        except queue.Empty:
+            continue
+        if pod is None:
+            if interrupted is not None:
+                lines.say("interrupted again: not waiting for the pods")
+                return 128 + interrupted
+            interrupted = value
+            lines.say(f"stopping torchrun on {', '.join(sorted(running))}")
+            stopping += _stop(devctl, sorted(running), run_id, lines)
+            continue
+        running.discard(pod)
+        # What fails once the run is being stopped is the stop's doing, not a cause.
+        if value and failure is None and interrupted is None:
+            failure = value
+            others = ", ".join(sorted(running)) or "no other pod"
+            lines.say(f"torchrun on {pod} exited {value}: stopping it on {others}")
+            stopping += _stop(devctl, sorted(running), run_id, lines)
     _joined(stopping)
     if failure is not None:
         return failure

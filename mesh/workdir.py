@@ -28,9 +28,15 @@ class Archive:
     files: int
     size: int  # bytes of file content
     entries: tuple[str, ...]  # every file, folder and link in it, sorted
+    # Sockets, named pipes and devices found (a notebook kernel's socket, say): tar has no use
+    # for them, and their contents are not files to copy.
+    left_out: tuple[str, ...] = ()
 
     def summary(self) -> str:
-        return f"{self.files} files, {self.size / MIB:.1f} MiB"
+        text = f"{self.files} files, {self.size / MIB:.1f} MiB"
+        if self.left_out:
+            text += f" (left out, not files: {', '.join(self.left_out)})"
+        return text
 
 
 def _excluded(relative: str, excludes: tuple[str, ...]) -> bool:
@@ -54,6 +60,10 @@ def _entries(root: Path, excludes: tuple[str, ...]) -> list[str]:
     return sorted(found)
 
 
+def _copied(mode: int) -> bool:
+    return stat.S_ISREG(mode) or stat.S_ISDIR(mode) or stat.S_ISLNK(mode)
+
+
 def pack(
     root: Path, excludes: tuple[str, ...], max_mb: int, limit_option: str = "--max-workdir-mb"
 ) -> Archive:
@@ -61,8 +71,10 @@ def pack(
     command's own option for it)."""
     if not root.is_dir():
         raise MeshError(f"--workdir {root}: not a directory")
-    entries = _entries(root, excludes)
-    stats = {e: (root / e).lstat() for e in entries}
+    found = _entries(root, excludes)
+    stats = {e: (root / e).lstat() for e in found}
+    entries = [e for e in found if _copied(stats[e].st_mode)]
+    stats = {e: stats[e] for e in entries}
     sizes = {e: st.st_size for e, st in stats.items() if stat.S_ISREG(st.st_mode)}
     size = sum(sizes.values())
     if size > max_mb * MIB:
@@ -90,4 +102,5 @@ def pack(
                     tar.addfile(info, content)
             else:
                 tar.addfile(info)
-    return Archive(buffer.getvalue(), len(sizes), size, tuple(entries))
+    left_out = tuple(e for e in found if e not in stats)
+    return Archive(buffer.getvalue(), len(sizes), size, tuple(entries), left_out)

@@ -8,6 +8,7 @@ DNS name: the kubelet's /etc/hosts; 29500, below the ephemeral range that free p
 """
 
 import io
+import os
 import signal
 import subprocess
 import sys
@@ -117,20 +118,34 @@ def test_run_syncs_the_workdir_streams_every_node_and_stops_them_all(
         assert [n for n in processes(dev_cluster, pod) if n not in ("sh", "cat")] == ["sleep"]
     assert dev_cluster.api.refusals == []
 
-    # Ctrl-C while the pods' runs are being started: what did start is stopped before devctl
-    # exits. Red when the stops ran in daemon threads devctl did not wait for.
+    # While the runs are being started, a Ctrl-C, or an API error once box-1's exec began:
+    # every pod's run is stopped before devctl returns. Red when the stops ran in daemon
+    # threads devctl did not wait for, when box-1 counted as started only once its call
+    # returned, or when a Ctrl-C raised in the middle of the starts.
     cluster = KubeCluster(config.new_client_from_config(str(dev_cluster.kubeconfigs["alice"])))
     start = cluster.start
-
-    def interrupted_at_box_1(namespace, pod, *args, **kwargs):
-        if pod == "box-1":  # box-0's run is going
-            wait_for(lambda: "python" in processes(dev_cluster, "box-0"), "box-0's run")
-            raise KeyboardInterrupt
-        return start(namespace, pod, *args, **kwargs)
-
-    monkeypatch.setattr(cluster, "start", interrupted_at_box_1)
     sleeper = [sys.executable, "-c", "import time; time.sleep(300)"]
-    launch = ["sh", "-c", devctl_run.LAUNCH, "launch", "project", "ctrl-c", *sleeper]
-    with pytest.raises(KeyboardInterrupt):
-        devctl_run.launch(Devctl(cluster, "dev-alice", io.StringIO()), PODS, launch, "ctrl-c")
-    assert "python" not in processes(dev_cluster, "box-0")
+    launch = ["sh", "-c", devctl_run.LAUNCH, "launch", "project", "starts", *sleeper]
+
+    def running(pod: str) -> bool:
+        return "python" in processes(dev_cluster, pod)
+
+    for interruption in ("ctrl-c", "api error"):
+
+        def box_1_interrupted(namespace, pod, *args, interruption=interruption, **kwargs):
+            process = start(namespace, pod, *args, **kwargs)
+            if pod == "box-1":
+                wait_for(lambda: running("box-0") and running("box-1"), "both runs")
+                if interruption == "api error":
+                    raise OSError("the API server closed the connection")
+                os.kill(os.getpid(), signal.SIGINT)
+            return process
+
+        monkeypatch.setattr(cluster, "start", box_1_interrupted)
+        devctl = Devctl(cluster, "dev-alice", io.StringIO())
+        if interruption == "api error":
+            with pytest.raises(OSError):
+                devctl_run.launch(devctl, PODS, launch, "starts")
+        else:
+            assert devctl_run.launch(devctl, PODS, launch, "starts") == 128 + signal.SIGINT
+        assert not running("box-0") and not running("box-1"), interruption

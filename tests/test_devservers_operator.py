@@ -181,11 +181,15 @@ def test_a_resized_flavor_replaces_the_pods_and_keeps_the_home(world):
 
 
 def stops_when_checked(world: World) -> bool:
-    """Whether a check now finds the server idle past its stop: it warns first, and the check
-    WARN_BEFORE later (the server still idle) stops it."""
+    """Whether a check now finds the server idle past its stop: it warns first (a stop at this
+    check only if a warning stood before it), and the check WARN_BEFORE later (the server still
+    idle) stops it."""
+    warned = bool(world.status().get("conditions"))
     world.refresh(measure=True)
+    if world.server()["spec"].get("stopped"):
+        assert warned, "stopped without a warning"
+        return True
     if world.status().get("conditions"):
-        assert not world.server()["spec"].get("stopped")
         world.clock += WARN_BEFORE
         world.refresh(measure=True)
     return bool(world.server()["spec"].get("stopped"))
@@ -526,6 +530,24 @@ def test_a_server_found_idle_past_its_stop_unwarned_is_warned_before_it_stops(wo
     assert not world.server()["spec"].get("stopped")
     assert world.status()["conditions"] == [warning]
     world.clock = START + timedelta(minutes=41)
+    world.refresh(measure=True)
+    assert world.server()["spec"]["stopped"] is True
+
+
+def test_a_warning_whose_stop_passed_unchecked_is_given_again(world, monkeypatch):
+    """Warned at 09:21 of a stop at 09:31, then no check until 12:00 (the operator down): the
+    users may have worked meanwhile, unseen, so the first check warns again rather than stop."""
+    world.create(lifecycle={"idleTimeout": "30m"})
+    gpu_at(world, monkeypatch, 1.0)
+    world.clock = START + timedelta(minutes=21)
+    world.refresh(measure=True)
+    assert world.status()["idleStopAt"] == "2026-11-22T09:31:00Z"
+    world.clock = START + timedelta(hours=3)
+    world.refresh(measure=True)
+    assert not world.server()["spec"].get("stopped")
+    (warning,) = world.status()["conditions"]
+    assert "stops at 2026-11-22T12:10:00Z (in 10m)" in warning["message"]
+    world.clock = START + timedelta(hours=3, minutes=10)
     world.refresh(measure=True)
     assert world.server()["spec"]["stopped"] is True
 

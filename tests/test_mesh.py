@@ -3,14 +3,17 @@ setup, and a torchrun launch of the real trainer against two SSH servers on loop
 standing in for two machines. Real networks in namespaces: tests/test_mesh_netns.py."""
 
 import base64
+import io
 import ipaddress
 import json
+import os
 import shlex
 import shutil
 import socket
 import stat
 import subprocess
 import sys
+import tarfile
 import threading
 import time
 from pathlib import Path
@@ -528,6 +531,21 @@ def test_workdir_over_the_size_limit_or_into_a_home_directory_is_refused(tmp_pat
     assert "nodes hub, alice, bob have the home directory as workdir" in capsys.readouterr().err
     # The same files make the same archive.
     assert pack(source, (".git",), 10).data == pack(source, (".git",), 10).data
+
+
+def test_sockets_and_pipes_in_the_workdir_are_left_out_and_named(tmp_path):
+    """A notebook kernel's socket or a named pipe beside the code: not files, and not copied
+    (red before: tarfile has no member for them, and packing failed with AttributeError)."""
+    source = workdir_source(tmp_path)
+    os.mkfifo(source / "data" / "feed")
+    with socket.socket(socket.AF_UNIX) as kernel:
+        kernel.bind(str(source / "kernel.sock"))
+        archive = pack(source, (".git", "build"), 10)
+    assert archive.left_out == ("data/feed", "kernel.sock")
+    assert archive.summary().endswith("(left out, not files: data/feed, kernel.sock)")
+    with tarfile.open(fileobj=io.BytesIO(archive.data)) as tar:
+        assert set(tar.getnames()) == set(archive.entries)
+    assert "kernel.sock" not in archive.entries and "data/notes.txt" in archive.entries
 
 
 @pytest.mark.parametrize("how", ["power_off", "freeze"])

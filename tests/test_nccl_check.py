@@ -43,7 +43,7 @@ from workloads.nccl_check import (
     CheckError,
     check_manifests,
     judge,
-    launcher_log_source,
+    newest_pod,
     parse_output,
     report,
     resolve,
@@ -265,7 +265,7 @@ def test_a_failed_check_ends_at_once_and_keeps_its_launcher_pod_and_log(dev_plan
     assert after_first_failure(job) == (False, True)
 
 
-def launcher_pod(name: str, created: str, restarts: int, state: dict, last: dict) -> dict:
+def launcher_pod(name: str, created: str, state: dict) -> dict:
     """A launcher pod as the API lists it (core/v1 Pod), labelled as mpi-operator v0.8.0 labels
     the launcher of MPIJob nccl-gpu-large (pkg/controller, defaultLabels)."""
     return {
@@ -280,78 +280,87 @@ def launcher_pod(name: str, created: str, restarts: int, state: dict, last: dict
         },
         "spec": {"containers": [{"name": "launcher", "image": IMAGE}]},
         "status": {
-            "phase": "Running" if "running" in state else "Failed",
+            "phase": "Failed" if "terminated" in state else "Pending",
             "containerStatuses": [
                 {
                     "name": "launcher",
-                    "restartCount": restarts,
-                    "containerID": f"containerd://{name}-{restarts}",
+                    "restartCount": 0,
+                    "containerID": f"containerd://{name}" if "terminated" in state else "",
                     "state": state,
-                    "lastState": last,
+                    "lastState": {},
                 }
             ],
         },
     }
 
 
-def ended(run: str) -> dict:
-    return {"terminated": {"exitCode": 1, "reason": "Error", "containerID": f"containerd://{run}"}}
-
-
-# A check that failed as it now runs (restartPolicy Never: one run, the pod Failed), one whose
-# launcher was restarted (OnFailure: the pod Running again, the failed run its lastState), and
-# the newer of two pods (a Job retrying with new pods).
-NEVER_RESTARTED = launcher_pod("l-never", "2026-11-22T10:00:00Z", 0, ended("l-never-0"), {})
-RESTARTED = launcher_pod(
-    "l-restarted", "2026-11-22T10:00:00Z", 1, {"running": {}}, ended("l-restarted-0")
-)
-OLDER = launcher_pod("l-older", "2026-11-22T09:00:00Z", 1, {"running": {}}, ended("l-older-0"))
+# The check's launcher as it fails (restartPolicy Never: one run, the pod Failed), an older
+# check's of the same name, and one still waiting for its image.
+FAILED = {"terminated": {"exitCode": 1, "reason": "Error", "containerID": "containerd://l-new"}}
+NEW = launcher_pod("l-new", "2026-11-22T10:00:00Z", FAILED)
+OLD = launcher_pod("l-old", "2026-11-22T09:00:00Z", {**FAILED, "terminated": {
+    **FAILED["terminated"], "containerID": "containerd://l-old"}})  # fmt: skip
+WAITING = launcher_pod("l-waiting", "2026-11-22T10:00:00Z", {"waiting": {"reason": "ErrImagePull"}})
 
 
 @pytest.mark.parametrize(
-    ("pods", "source"),
-    [
-        ([], None),
-        ([NEVER_RESTARTED], ("l-never", False)),
-        ([RESTARTED], ("l-restarted", True)),
-        ([NEVER_RESTARTED, OLDER], ("l-never", False)),
-        ([OLDER, RESTARTED], ("l-restarted", True)),
-    ],
+    ("pods", "newest"), [([], None), ([NEW], "l-new"), ([NEW, OLD], "l-new"), ([OLD, NEW], "l-new")]
 )
-def test_the_log_read_is_the_newest_launchers_last_whole_run(pods, source):
-    assert launcher_log_source(pods) == source
+def test_the_log_read_is_the_newest_launchers(pods, newest):
+    assert newest_pod(pods) == newest
 
 
-def test_the_cli_reads_that_log_through_the_kubernetes_client(tmp_path, monkeypatch):
-    """KubeCluster.launcher_log with the real client against the local API, whose pods/log
-    picks the run as the kubelet does: the failed run, not the restarted container's start."""
+def local_api_with(pods: list[dict], logs: dict[str, str], tmp_path, monkeypatch):
+    """The local API holding `pods` (created in that order, each a second after the one before:
+    the API server sets creationTimestamp, to the second), each container ID's log, and a
+    KubeCluster of the real client on it."""
     api = KubeAPI(Authorizer([])).start()
-    try:
-        namespaces, pods = (
-            next(k for k in BUILTIN if k.plural == p) for p in ("namespaces", "pods")
-        )
-        api.call(api.create, namespaces, "", {"metadata": {"name": "research"}})
-        for pod in (OLDER, RESTARTED):
-            stored = api.call(
-                api.create, pods, "research", {k: pod[k] for k in ("metadata", "spec")}
-            )
-            api.call(api.replace, pods, stored, {**stored, "status": pod["status"]})
-            # The API server sets creationTimestamp, to the second: the second pod is newer.
+    namespaces, pod_kind = (
+        next(k for k in BUILTIN if k.plural == p) for p in ("namespaces", "pods")
+    )
+    api.call(api.create, namespaces, "", {"metadata": {"name": "research"}})
+    for index, pod in enumerate(pods):
+        if index:
             time.sleep(1.05)
-        api.container_logs = {
-            "containerd://l-restarted-0": "the failed run: NCCL lines, table, error\n",
-            "containerd://l-restarted-1": "the restarted mpirun's first line\n",
-            "containerd://l-older-0": "an older check's run\n",
-        }
-        kubeconfig = tmp_path / "kubeconfig"
-        kubeconfig.write_text(yaml.safe_dump(api.kubeconfig(api.add_token(ADMIN))))
-        # The client reads $KUBECONFIG once, on import (kube_config.KUBE_CONFIG_DEFAULT_LOCATION).
-        monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
-        cluster = nccl_check.KubeCluster()
-        assert cluster.launcher_log("research", "nccl-gpu-large") == (
-            "the failed run: NCCL lines, table, error\n"
+        stored = api.call(
+            api.create, pod_kind, "research", {k: pod[k] for k in ("metadata", "spec")}
         )
+        api.call(api.replace, pod_kind, stored, {**stored, "status": pod["status"]})
+    api.container_logs = logs
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(api.kubeconfig(api.add_token(ADMIN))))
+    # The client reads $KUBECONFIG once, on import (kube_config.KUBE_CONFIG_DEFAULT_LOCATION).
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    return api, nccl_check.KubeCluster()
+
+
+def test_the_cli_reads_the_newest_launchers_log_through_the_kubernetes_client(
+    tmp_path, monkeypatch
+):
+    """KubeCluster.launcher_log with the real client against the local API, whose pods/log picks
+    the run as the kubelet does."""
+    logs = {"containerd://l-new": "the failed run: NCCL lines, table, error\n"}
+    api, cluster = local_api_with(
+        [OLD, NEW], logs | {"containerd://l-old": "older\n"}, tmp_path, monkeypatch
+    )
+    try:
+        assert cluster.launcher_log("research", "nccl-gpu-large") == logs["containerd://l-new"]
         assert cluster.launcher_log("research", "nccl-other") == ""
+    finally:
+        api.stop()
+
+
+def test_a_launcher_that_never_ran_is_a_failed_check_in_one_line(tmp_path, monkeypatch):
+    """The MPIJob failed (a worker evicted) while its launcher waited for its image: the API
+    refuses its log (400, waiting to start), and the check says so rather than a traceback."""
+    api, cluster = local_api_with([WAITING], {}, tmp_path, monkeypatch)
+    try:
+        with pytest.raises(
+            CheckError,
+            match=r"the launcher's log \(pod l-waiting\) cannot be read: "
+            r'container "launcher" in pod "l-waiting" is waiting to start: ErrImagePull',
+        ):
+            cluster.launcher_log("research", "nccl-gpu-large")
     finally:
         api.stop()
 

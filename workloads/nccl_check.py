@@ -309,21 +309,13 @@ def resolve(
     return pool, nodes
 
 
-def launcher_log_source(pods: list[dict]) -> tuple[str, bool] | None:
-    """(pod, previous) whose launcher log tells how the check ended, from the launcher's pods as
-    the API lists them: the newest pod, and its container's previous run if it was restarted.
-
-    A restarted container (restartPolicy OnFailure) holds at most a partial run, cut short when
-    its Job failed; the kubelet keeps the run before it, which `previous` reads (kubernetes
-    pkg/kubelet/kubelet_pods.go, validateContainerLogStatus: lastState.terminated). The check's
-    own launcher is never restarted (restartPolicy Never): its one run is the current log.
-    """
+def newest_pod(pods: list[dict]) -> str | None:
+    """The name of the newest of the launcher's pods as the API lists them: the check's launcher
+    is one pod (restartPolicy Never, backoffLimit 0) whose one run is its log, and a pod left by
+    an earlier check of the same name is older."""
     if not pods:
         return None
-    newest = max(pods, key=lambda pod: pod["metadata"]["creationTimestamp"])
-    statuses = (newest.get("status") or {}).get("containerStatuses") or []
-    restarts = sum(s.get("restartCount", 0) for s in statuses if s["name"] == LAUNCHER)
-    return newest["metadata"]["name"], restarts > 0
+    return max(pods, key=lambda pod: pod["metadata"]["creationTimestamp"])["metadata"]["name"]
 
 
 class KubeCluster:
@@ -352,20 +344,25 @@ class KubeCluster:
         return {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
 
     def launcher_log(self, namespace: str, name: str) -> str:
+        from kubernetes.client.exceptions import ApiException
+
         # mpi-operator v0.8.0 labels the launcher's pods (pkg/controller, defaultLabels).
         selector = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
         listed = self.core.list_namespaced_pod(
             namespace, label_selector=selector, _preload_content=False
         )
-        source = launcher_log_source(json.loads(listed.data)["items"])
-        if source is None:
+        pod = newest_pod(json.loads(listed.data)["items"])
+        if pod is None:
             return ""
-        pod, previous = source
-        # The raw body: client 36 returns a text response as the repr of its bytes ("b'...'",
-        # kubernetes-client/python#2596), which the parser would not recognise.
-        log = self.core.read_namespaced_pod_log(
-            pod, namespace, container=LAUNCHER, previous=previous, _preload_content=False
-        )
+        try:
+            # The raw body: client 36 returns a text response as the repr of its bytes
+            # ("b'...'", kubernetes-client/python#2596), which the parser would not recognise.
+            log = self.core.read_namespaced_pod_log(
+                pod, namespace, container=LAUNCHER, _preload_content=False
+            )
+        except ApiException as e:  # e.g. 400: the launcher is still waiting to start
+            reason = (json.loads(e.body or "{}") if e.body else {}).get("message") or e.reason
+            raise CheckError(f"the launcher's log (pod {pod}) cannot be read: {reason}") from None
         return log.data.decode("utf-8", errors="replace")
 
     def delete(self, policy: dict, mpijob: dict) -> None:
@@ -444,14 +441,16 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     cluster.submit(policy, mpijob)
     print(f"submitted MPIJob {namespace}/{name} to queue {args.queue}", file=out, flush=True)
     try:
-        ended = wait(cluster, namespace, name, args.timeout, out)
+        if wait(cluster, namespace, name, args.timeout, out) is None:
+            print(f"FAILED: {name} did not finish within {args.timeout:g} s", file=out)
+            return 1
         log = cluster.launcher_log(namespace, name)
+    except CheckError as e:
+        print(f"FAILED: {e}", file=out)
+        return 1
     finally:
         if not args.keep:
             cluster.delete(policy, mpijob)
-    if ended is None:
-        print(f"FAILED: {name} did not finish within {args.timeout:g} s", file=out)
-        return 1
     run = parse_output(log)
     verdict = judge(run, plan, pool.efa)
     print(report(run, plan, verdict), file=out)
