@@ -403,6 +403,7 @@ class Launch:
         self._lock = threading.Lock()
         self._threads: list[threading.Thread] = []
         self._finished_at: float | None = None
+        self._closed = False
 
     def start(self) -> None:
         for name in self.commands:
@@ -427,6 +428,8 @@ class Launch:
             else:
                 self._print(name, line)
         code = channel.recv_exit_status()
+        if self._closed:  # given up on (silent): closing its connection ended the read
+            return
         self.exit_codes[name] = code
         if code == 0 and self._finished_at is None:
             self._finished_at = time.monotonic()
@@ -457,6 +460,7 @@ class Launch:
         self.wait(STOP_GRACE_SECONDS)
 
     def close(self) -> None:
+        self._closed = True
         for client in self._clients.values():
             client.close()
 
