@@ -149,7 +149,7 @@ IMAGE_ENV = {"PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}"}
 HOST_PATHS = ("/dev", "/sys", "/tmp")
 POD_IP = "127.0.0.1"  # every pod's address: they share this machine's network
 CLUSTER_DOMAIN = "cluster.local"
-START_SECONDS = 20  # a loaded 2-core machine can take a while to set up a container
+START_SECONDS = 60  # a loaded 2-core machine can take a while to set up a container
 
 
 @dataclass

@@ -391,11 +391,15 @@ class KubeAPI:
 
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(60)
 
-    def settle(self, timeout: float = 30) -> None:
-        """Wait until the controllers have nothing left to do."""
+    def settle(self, timeout: float = 90) -> None:
+        """Wait until the controllers have nothing left to do. The kubelet starts containers on
+        the loop, each in seconds here and in tens of them on a 2-core machine under load: the
+        timeout is for a hang, not a measure."""
 
         async def settled():
             while self._dirty.is_set():
+                if self._controllers_task.done():  # a controller raised: say what, not a timeout
+                    self._controllers_task.result()
                 await asyncio.sleep(0.02)
 
         asyncio.run_coroutine_threadsafe(asyncio.wait_for(settled(), timeout), self._loop).result()
