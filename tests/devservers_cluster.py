@@ -32,8 +32,9 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def wait_for(check, what: str, timeout: float = 30):
-    """Poll `check` until it returns something truthy; fail naming `what` after `timeout`."""
+def wait_for(check, what: str, timeout: float = 60):
+    """Poll `check` until it returns something truthy; fail naming `what` after `timeout`, which
+    is for a hang (the operator and its pods start in seconds, in tens of them under load)."""
     deadline = time.monotonic() + timeout
     while True:
         found = check()
@@ -80,7 +81,7 @@ class Cluster:
     def client(self, who: str = "admin") -> dynamic.DynamicClient:
         return dynamic.DynamicClient(config.new_client_from_config(str(self.kubeconfigs[who])))
 
-    def wait(self, check, what: str, timeout: float = 30):
+    def wait(self, check, what: str, timeout: float = 60):
         """wait_for, failing with what the API refused and what the operator logged."""
         try:
             return wait_for(check, what, timeout)
