@@ -28,9 +28,9 @@ NO_DEV_SERVERS = {"enabled": False, "flavors": [], "users": []}
 def suite_temp_dir():
     """One temp dir for the suite and every process it starts, removed at the end: torchrun
     leaves a torchelastic_* log dir in the temp dir at every start (torch.distributed.elastic's
-    default logs spec), dozens a run. A short path beside /tmp's own (AF_UNIX socket paths
-    under it, OpenMPI's and tmux's, stay short), sticky and world-writable like /tmp for the
-    users the SSH tests run sshd as."""
+    default logs spec), and the suite starts it many times. A short path beside /tmp's own
+    (AF_UNIX socket paths under it, OpenMPI's and tmux's, stay short), sticky and
+    world-writable like /tmp for the users the SSH tests run sshd as."""
     path = tempfile.mkdtemp(prefix="tp-test-")
     os.chmod(path, 0o1777)
     with pytest.MonkeyPatch.context() as patch:
