@@ -201,7 +201,9 @@ def _start_container(script: str, env: dict[str, str]) -> _Running:
                 found = f.read().split()
             with open(f"/proc/{found[0]}/comm") as f:
                 started = f.read().strip() == "sleep"
-        except (FileNotFoundError, IndexError):
+        # A child of the setup script (mount, setpriv) can end between listing and reading it:
+        # its /proc entry then gives ENOENT, or ESRCH once opened.
+        except (FileNotFoundError, ProcessLookupError, IndexError):
             started = False
         if started:  # past its setup: the container's own process
             return _Running(process, int(found[0]), env)
