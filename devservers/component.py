@@ -170,19 +170,13 @@ class DevServers(pulumi.ComponentResource):
         # The type token is part of every child's URN: it keeps the `infra` it had before the
         # component moved here, or `pulumi up` would replace every resource of a running stack.
         super().__init__("training-platform:infra:DevServers", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
-
-        def after(*resources) -> pulumi.ResourceOptions:
-            return pulumi.ResourceOptions.merge(
-                k8s_opts, pulumi.ResourceOptions(depends_on=list(resources))
-            )
 
         definitions = [
             k8s.apiextensions.v1.CustomResourceDefinition(
                 f"{name}-crd-{crd['spec']['names']['plural']}",
                 metadata=crd["metadata"],
                 spec=crd["spec"],
-                opts=k8s_opts,
+                opts=cluster.in_cluster(self),
             )
             for crd in crds()
         ]
@@ -196,7 +190,7 @@ class DevServers(pulumi.ComponentResource):
                     kind="DevServerFlavor",
                     metadata=manifest["metadata"],
                     spec=manifest["spec"],
-                    opts=after(*definitions),
+                    opts=cluster.in_cluster(self, *definitions),
                 )
             )
 
@@ -205,19 +199,21 @@ class DevServers(pulumi.ComponentResource):
             [IMAGE_TARGET], self,
         )[IMAGE_TARGET]  # fmt: skip
         operator_namespace = k8s.core.v1.Namespace(
-            f"{name}-system", metadata={"name": NAMESPACE, "labels": RESTRICTED}, opts=k8s_opts
+            f"{name}-system",
+            metadata={"name": NAMESPACE, "labels": RESTRICTED},
+            opts=cluster.in_cluster(self),
         )
         account = k8s.core.v1.ServiceAccount(
             f"{name}-operator",
             metadata={"name": OPERATOR, "namespace": NAMESPACE},
-            opts=after(operator_namespace),
+            opts=cluster.in_cluster(self, operator_namespace),
         )
         subject = [{"kind": "ServiceAccount", "name": OPERATOR, "namespace": NAMESPACE}]
         cluster_role = k8s.rbac.v1.ClusterRole(
             f"{name}-operator-cluster",
             metadata={"name": f"{OPERATOR}-cluster"},
             rules=OPERATOR_CLUSTER_RULES,
-            opts=k8s_opts,
+            opts=cluster.in_cluster(self),
         )
         binding(
             k8s.rbac.v1.ClusterRoleBinding,
@@ -225,22 +221,25 @@ class DevServers(pulumi.ComponentResource):
             {"name": f"{OPERATOR}-cluster"},
             ("ClusterRole", f"{OPERATOR}-cluster"),
             subject,
-            after(cluster_role, account),
+            cluster.in_cluster(self, cluster_role, account),
         )
         namespaced_role = k8s.rbac.v1.ClusterRole(
             f"{name}-operator-namespaced",
             metadata={"name": f"{OPERATOR}-namespaced"},
             rules=OPERATOR_NAMESPACED_RULES,
-            opts=k8s_opts,
+            opts=cluster.in_cluster(self),
         )
         user_role = k8s.rbac.v1.ClusterRole(
-            f"{name}-user", metadata={"name": "devserver-user"}, rules=USER_RULES, opts=k8s_opts
+            f"{name}-user",
+            metadata={"name": "devserver-user"},
+            rules=USER_RULES,
+            opts=cluster.in_cluster(self),
         )
         flavor_reader = k8s.rbac.v1.ClusterRole(
             f"{name}-flavor-reader",
             metadata={"name": "devserver-flavor-reader"},
             rules=[rule([GROUP], [FLAVORS], ["get", "list"])],
-            opts=k8s_opts,
+            opts=cluster.in_cluster(self),
         )
         binding(
             k8s.rbac.v1.ClusterRoleBinding,
@@ -248,7 +247,7 @@ class DevServers(pulumi.ComponentResource):
             {"name": "devserver-flavor-reader"},
             ("ClusterRole", "devserver-flavor-reader"),
             [group(USERS_GROUP)],
-            after(flavor_reader),
+            cluster.in_cluster(self, flavor_reader),
         )
         if gpu_metrics is not None:
             # The operator finds each node's DCGM exporter to read its servers' GPU use.
@@ -256,7 +255,7 @@ class DevServers(pulumi.ComponentResource):
                 f"{name}-operator-dcgm",
                 metadata={"name": f"{OPERATOR}-dcgm", "namespace": DCGM_NAMESPACE},
                 rules=[rule([""], ["pods"], ["list"])],
-                opts=after(gpu_metrics),
+                opts=cluster.in_cluster(self, gpu_metrics),
             )
             binding(
                 k8s.rbac.v1.RoleBinding,
@@ -264,7 +263,7 @@ class DevServers(pulumi.ComponentResource):
                 {"name": f"{OPERATOR}-dcgm", "namespace": DCGM_NAMESPACE},
                 ("Role", f"{OPERATOR}-dcgm"),
                 subject,
-                after(dcgm_role, account),
+                cluster.in_cluster(self, dcgm_role, account),
             )
 
         teams_by_name = {t.name: t for t in teams}
@@ -275,13 +274,11 @@ class DevServers(pulumi.ComponentResource):
                 name,
                 user,
                 teams_by_name[user.team],
-                cluster.name,
+                cluster,
                 queues,
                 namespace_prerequisites,
-                after,
-                cluster.tags,
             )
-            bind = after(namespace, user_role)
+            bind = cluster.in_cluster(self, namespace, user_role)
             bindings += [
                 binding(
                     k8s.rbac.v1.RoleBinding,
@@ -297,7 +294,7 @@ class DevServers(pulumi.ComponentResource):
                     {"name": OPERATOR, "namespace": user_namespace(user.name)},
                     ("ClusterRole", f"{OPERATOR}-namespaced"),
                     subject,
-                    after(namespace, namespaced_role, account),
+                    cluster.in_cluster(self, namespace, namespaced_role, account),
                 ),
             ]
         # After the flavors: the operator reads each one's home StorageClass.
@@ -305,11 +302,13 @@ class DevServers(pulumi.ComponentResource):
             name,
             image,
             config,
-            after(account, *definitions, *flavors, *bindings, *cluster.controller_prerequisites),
+            cluster.in_cluster(
+                self, account, *definitions, *flavors, *bindings, *cluster.controller_prerequisites
+            ),
         )
         self.register_outputs({"operatorImage": image})
 
-    def _user(self, name, user, team: TeamConfig, cluster_name, queues, prerequisites, after, tags):
+    def _user(self, name, user, team: TeamConfig, cluster: ClusterContext, queues, prerequisites):
         """dev-<user>: the namespace, its queue and quota, and the IAM principal's way in."""
         namespace_name = user_namespace(user.name)
         namespace = k8s.core.v1.Namespace(
@@ -325,7 +324,7 @@ class DevServers(pulumi.ComponentResource):
                 },
                 "annotations": {f"{GROUP}/email": user.email},
             },
-            opts=after(*prerequisites),
+            opts=cluster.in_cluster(self, *prerequisites),
         )
         k8s.apiextensions.CustomResource(
             f"{name}-lq-{user.name}",
@@ -333,7 +332,7 @@ class DevServers(pulumi.ComponentResource):
             kind="LocalQueue",
             metadata={"name": LOCAL_QUEUE, "namespace": namespace_name},
             spec={"clusterQueue": team_cluster_queue(team)},
-            opts=after(namespace, *queues),
+            opts=cluster.in_cluster(self, namespace, *queues),
         )
         k8s.core.v1.ResourceQuota(
             f"{name}-quota-{user.name}",
@@ -348,16 +347,16 @@ class DevServers(pulumi.ComponentResource):
                     storage_quota(HOME_STORAGE_CLASS): f"{user.quota.home_gib}Gi",
                 }
             },
-            opts=after(namespace),
+            opts=cluster.in_cluster(self, namespace),
         )
         # No access policy: the user's rights are the RBAC bound to these groups, nothing more.
         aws.eks.AccessEntry(
             f"{name}-access-{user.name}",
-            cluster_name=cluster_name,
+            cluster_name=cluster.name,
             principal_arn=user.iam_principal_arn,
             kubernetes_groups=[user_group(user.name), USERS_GROUP],
             type="STANDARD",
-            tags=tags,
+            tags=cluster.tags,
             opts=pulumi.ResourceOptions(parent=self),
         )
         return namespace

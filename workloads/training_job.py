@@ -36,7 +36,7 @@ class TrainingJob(pulumi.ComponentResource):
     ):
         super().__init__("training-platform:workloads:TrainingJob", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        k8s_child = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
+        k8s_child = cluster.in_cluster(self)
         namespace_name = namespace.metadata.name
         # The job's pods may read and write its own checkpoint prefix, and nothing else in S3.
         prefix = namespace_name.apply(lambda ns: f"checkpoints/{ns}/{job.name}")

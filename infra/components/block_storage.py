@@ -45,6 +45,6 @@ class BlockStorage(pulumi.ComponentResource):
             volume_binding_mode="WaitForFirstConsumer",
             allow_volume_expansion=True,
             reclaim_policy="Delete",
-            opts=pulumi.ResourceOptions(parent=self, provider=cluster.provider, depends_on=[addon]),
+            opts=cluster.in_cluster(self, addon),
         )
         self.register_outputs({"storageClass": STORAGE_CLASS})

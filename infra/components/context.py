@@ -38,3 +38,10 @@ class ClusterContext:
     controller_prerequisites: list[pulumi.Resource]
     tags: dict[str, str]
     vpc: VpcPlacement
+
+    def in_cluster(
+        self, parent: pulumi.Resource, *after: pulumi.Resource
+    ) -> pulumi.ResourceOptions:
+        """Options for a Kubernetes object of `parent` that waits for `after` (and outlives it
+        on destroy)."""
+        return pulumi.ResourceOptions(parent=parent, provider=self.provider, depends_on=list(after))

@@ -25,6 +25,6 @@ class EfaDevicePlugin(pulumi.ComponentResource):
                 "nodeSelector": EFA_NODE_LABELS,
                 "tolerations": [GPU_TOLERATION],
             },
-            pulumi.ResourceOptions(parent=self, provider=cluster.provider),
+            cluster.in_cluster(self),
         )
         self.register_outputs({})

@@ -33,7 +33,7 @@ class GpuMetrics(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:GpuMetrics", name, None, opts)
-        child = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
+        child = cluster.in_cluster(self)
         depends: list[pulumi.Resource] = []
         if prometheus_stack:
             depends.append(

@@ -68,42 +68,36 @@ class GpuRegistrationWatch(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:GpuRegistrationWatch", name, None, opts)
-        k8s_opts = pulumi.ResourceOptions(parent=self, provider=cluster.provider)
-
-        def after(*resources) -> pulumi.ResourceOptions:
-            return pulumi.ResourceOptions.merge(
-                k8s_opts, pulumi.ResourceOptions(depends_on=list(resources))
-            )
 
         image = images(
             config.gpu_registration_watch_image, f"{name}-image", cluster, NAME, CONTEXT,
             [IMAGE_TARGET], self,
         )[IMAGE_TARGET]  # fmt: skip
         account = k8s.core.v1.ServiceAccount(
-            name, metadata={"name": NAME, "namespace": NAMESPACE}, opts=k8s_opts
+            name, metadata={"name": NAME, "namespace": NAMESPACE}, opts=cluster.in_cluster(self)
         )
         subject = [{"kind": "ServiceAccount", "name": NAME, "namespace": NAMESPACE}]
         role_ref = {"apiGroup": "rbac.authorization.k8s.io", "name": NAME}
         cluster_role = k8s.rbac.v1.ClusterRole(
-            name, metadata={"name": NAME}, rules=CLUSTER_RULES, opts=k8s_opts
+            name, metadata={"name": NAME}, rules=CLUSTER_RULES, opts=cluster.in_cluster(self)
         )
         cluster_binding = k8s.rbac.v1.ClusterRoleBinding(
             name,
             metadata={"name": NAME},
             role_ref={**role_ref, "kind": "ClusterRole"},
             subjects=subject,
-            opts=after(cluster_role, account),
+            opts=cluster.in_cluster(self, cluster_role, account),
         )
         event_meta = {"name": NAME, "namespace": EVENT_NAMESPACE}
         event_role = k8s.rbac.v1.Role(
-            f"{name}-events", metadata=event_meta, rules=EVENT_RULES, opts=k8s_opts
+            f"{name}-events", metadata=event_meta, rules=EVENT_RULES, opts=cluster.in_cluster(self)
         )
         event_binding = k8s.rbac.v1.RoleBinding(
             f"{name}-events",
             metadata=event_meta,
             role_ref={**role_ref, "kind": "Role"},
             subjects=subject,
-            opts=after(event_role, account),
+            opts=cluster.in_cluster(self, event_role, account),
         )
         labels = {"app.kubernetes.io/name": NAME}
         k8s.batch.v1.CronJob(
@@ -151,6 +145,6 @@ class GpuRegistrationWatch(pulumi.ComponentResource):
             },
             # Created after, and deleted before, its rights and the NodePools whose claims it
             # deletes (and so before Karpenter, which they depend on).
-            opts=after(cluster_binding, event_binding, *node_pools),
+            opts=cluster.in_cluster(self, cluster_binding, event_binding, *node_pools),
         )
         self.register_outputs({"image": image})

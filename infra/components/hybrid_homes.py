@@ -57,9 +57,7 @@ class HybridHomes(pulumi.ComponentResource):
         install = k8s.kustomize.v2.Directory(
             "local-path-provisioner",
             directory=provider_path(overlays / OVERLAY),
-            opts=pulumi.ResourceOptions(
-                parent=self, provider=cluster.provider, depends_on=cluster.controller_prerequisites
-            ),
+            opts=cluster.in_cluster(self, *cluster.controller_prerequisites),
         )
         k8s.storage.v1.StorageClass(
             STORAGE_CLASS,
@@ -69,8 +67,6 @@ class HybridHomes(pulumi.ComponentResource):
             reclaim_policy="Delete",
             # A directory has no size to grow.
             allow_volume_expansion=False,
-            opts=pulumi.ResourceOptions(
-                parent=self, provider=cluster.provider, depends_on=[install]
-            ),
+            opts=cluster.in_cluster(self, install),
         )
         self.register_outputs({"storageClass": STORAGE_CLASS})

@@ -178,11 +178,7 @@ class HybridNodes(pulumi.ComponentResource):
             CILIUM_CHART,
             "kube-system",
             cilium_values(config),
-            pulumi.ResourceOptions(
-                parent=self,
-                provider=cluster.provider,
-                depends_on=[*cluster.controller_prerequisites, access_entry],
-            ),
+            cluster.in_cluster(self, *cluster.controller_prerequisites, access_entry),
         )
         # The machines and their pods reach the API server's ENIs and CoreDNS in the VPC
         # through the gateway.

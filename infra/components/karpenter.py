@@ -371,7 +371,7 @@ class Karpenter(pulumi.ComponentResource):
             KARPENTER_CRD_CHART,
             NAMESPACE,
             {},
-            pulumi.ResourceOptions(parent=self, provider=cluster.provider),
+            cluster.in_cluster(self),
         )
         self.release = helm_release(
             "karpenter",
@@ -400,19 +400,16 @@ class Karpenter(pulumi.ComponentResource):
             # remove its nodes: its nodes to run on, its credentials and permissions, its
             # interruption queue. NodePools depend on this release, so they (and the instances
             # they launched) go first.
-            pulumi.ResourceOptions(
-                parent=self,
-                provider=cluster.provider,
-                depends_on=[
-                    crds,
-                    *cluster.controller_prerequisites,
-                    *controller_role.ready,
-                    identity,
-                    node_access,
-                    *nodes.ready,
-                    profile,
-                    queue_policy,
-                ],
+            cluster.in_cluster(
+                self,
+                crds,
+                *cluster.controller_prerequisites,
+                *controller_role.ready,
+                identity,
+                node_access,
+                *nodes.ready,
+                profile,
+                queue_policy,
             ),
             skip_crds=True,
         )

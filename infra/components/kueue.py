@@ -117,10 +117,6 @@ class Kueue(pulumi.ComponentResource):
             },
             # The job CRDs must exist before Kueue starts watching them; on destroy Kueue stays
             # until the queues and workloads (and their finalizers) are gone.
-            pulumi.ResourceOptions(
-                parent=self,
-                provider=cluster.provider,
-                depends_on=[*job_operators, *cluster.controller_prerequisites],
-            ),
+            cluster.in_cluster(self, *job_operators, *cluster.controller_prerequisites),
         )
         self.register_outputs({})

@@ -122,9 +122,7 @@ class LustreFileSystem(pulumi.ComponentResource):
             inline_policy=csi_policy(),
         )
         self.driver = [addon, file_system]
-        self._k8s_opts = pulumi.ResourceOptions(
-            parent=self, provider=cluster.provider, depends_on=[addon]
-        )
+        self._k8s_opts = cluster.in_cluster(self, addon)
         self._name = name
         self._file_system = file_system
         self._capacity = f"{config.storage_capacity_gib}Gi"

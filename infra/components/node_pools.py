@@ -213,9 +213,7 @@ class NodePools(pulumi.ComponentResource):
         # The Karpenter chart brings the CRDs: nothing here can be created before it. Karpenter
         # terminates a node only once its volumes are detached (termination controller
         # awaitVolumeDetachment), which the EBS CSI driver does: both outlive the pools.
-        child = pulumi.ResourceOptions(
-            parent=self, provider=cluster.provider, depends_on=[karpenter_release, volume_driver]
-        )
+        child = cluster.in_cluster(self, karpenter_release, volume_driver)
         self.node_pools = {}
         for pool in pools:
             zone = placement_group = None

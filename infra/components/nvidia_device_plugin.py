@@ -29,6 +29,6 @@ class NvidiaDevicePlugin(pulumi.ComponentResource):
                 "gfd": {"enabled": False},
                 "nfd": {"enabled": False},
             },
-            pulumi.ResourceOptions(parent=self, provider=cluster.provider),
+            cluster.in_cluster(self),
         )
         self.register_outputs({})

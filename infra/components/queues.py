@@ -142,9 +142,7 @@ class Queues(pulumi.ComponentResource):
     ):
         super().__init__("training-platform:infra:Queues", name, None, opts)
         # The Kueue chart brings the CRDs: nothing here can be created before it.
-        child = pulumi.ResourceOptions(
-            parent=self, provider=cluster.provider, depends_on=[kueue_release]
-        )
+        child = cluster.in_cluster(self, kueue_release)
 
         def custom(resource_name: str, kind: str, metadata: dict, spec: dict, depends=()):
             return k8s.apiextensions.CustomResource(
@@ -220,9 +218,7 @@ class Queues(pulumi.ComponentResource):
                         **POD_SECURITY_LABELS,
                     },
                 },
-                opts=pulumi.ResourceOptions(
-                    parent=self, provider=cluster.provider, depends_on=namespace_prerequisites
-                ),
+                opts=cluster.in_cluster(self, *namespace_prerequisites),
             )
             self.local_queues[team.name] = custom(
                 f"{name}-lq-{team.name}",

@@ -75,9 +75,7 @@ class SharedFileSystem(pulumi.ComponentResource):
             managed_policies=[EFS_CSI_POLICY],
         )
         self.driver = [addon, *targets, nfs]
-        k8s_opts = pulumi.ResourceOptions(
-            parent=self, provider=cluster.provider, depends_on=self.driver
-        )
+        k8s_opts = cluster.in_cluster(self, *self.driver)
         storage_class = k8s.storage.v1.StorageClass(
             STORAGE_CLASS,
             metadata={"name": STORAGE_CLASS},

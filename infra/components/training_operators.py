@@ -32,9 +32,7 @@ class TrainingOperators(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:TrainingOperators", name, None, opts)
-        child = pulumi.ResourceOptions(
-            parent=self, provider=cluster.provider, depends_on=cluster.controller_prerequisites
-        )
+        child = cluster.in_cluster(self, *cluster.controller_prerequisites)
         mpi_operator = k8s.kustomize.v2.Directory(
             "mpi-operator", directory=provider_path(overlays / MPI_OPERATOR), opts=child
         )
