@@ -226,6 +226,22 @@ def run_in_pod(world: World, *commands: list[str]) -> list[subprocess.Popen]:
     return [world.api.runtime.run_in(pod, command) for command in commands]
 
 
+@pytest.fixture
+def in_pod(world):
+    """run_in_pod for a test: what it starts is killed when the test ends."""
+    started = []
+
+    def start(*commands: list[str]) -> list[subprocess.Popen]:
+        new = run_in_pod(world, *commands)
+        started.extend(new)
+        return new
+
+    yield start
+    for process in started:
+        process.kill()
+        process.wait()
+
+
 def gpu_at(world: World, monkeypatch, percent: float) -> None:
     """No GPU and no DCGM exporter here: the figure is given at the boundary that reads it
     (KubeCluster.gpu_utilization; its parsing is tested on the exporter's text elsewhere)."""
@@ -261,7 +277,7 @@ def pane(socket: str) -> str:
 
 
 @pytest.mark.parametrize("use", ["ssh session", "kept process", "gpu"])
-def test_activity_keeps_a_server_running(world, use, session_program, monkeypatch):
+def test_activity_keeps_a_server_running(world, in_pod, use, session_program, monkeypatch):
     keep = {"keepAliveProcesses": ["python"]} if use == "kept process" else {}
     world.create(lifecycle={"idleTimeout": "30m", **keep})
     commands = {
@@ -269,15 +285,10 @@ def test_activity_keeps_a_server_running(world, use, session_program, monkeypatc
         "kept process": [[sys.executable, "-c", "import time; time.sleep(300)"]],
         "gpu": [],
     }[use]
-    started = run_in_pod(world, *commands)
+    in_pod(*commands)
     gpu_at(world, monkeypatch, 87.0 if use == "gpu" else 1.0)
     world.clock = START + timedelta(hours=3)
-    try:
-        world.refresh(measure=True)
-    finally:
-        for process in started:
-            process.kill()
-            process.wait()
+    world.refresh(measure=True)
     assert not world.server()["spec"].get("stopped")
     assert world.status()["lastActivity"] == "2026-11-22T12:00:00Z"
     assert world.status()["activeSessions"] == (1 if use == "ssh session" else 0)
@@ -291,22 +302,18 @@ def test_activity_keeps_a_server_running(world, use, session_program, monkeypatc
 
 
 @pytest.mark.parametrize("left", ["shell in tmux", "idle python"])
-def test_what_is_left_running_does_not_keep_an_idle_gpu_server(world, monkeypatch, tmux, left):
+def test_what_is_left_running_does_not_keep_an_idle_gpu_server(
+    world, in_pod, monkeypatch, tmux, left
+):
     """Failed before this rule: any process the server had not started kept it running."""
     world.create(lifecycle={"idleTimeout": "30m"})
     if left == "shell in tmux":
         tmux(world)
-        started = []
     else:  # an idle notebook kernel
-        started = run_in_pod(world, [sys.executable, "-c", "import time; time.sleep(300)"])
+        in_pod([sys.executable, "-c", "import time; time.sleep(300)"])
     gpu_at(world, monkeypatch, 2.0)
     world.clock = START + timedelta(minutes=31)
-    try:
-        assert stops_when_checked(world)
-    finally:
-        for process in started:
-            process.kill()
-            process.wait()
+    assert stops_when_checked(world)
     message = world.status()["message"]
     assert message.startswith("idle (no SSH session and GPUs at or below 5%) since 2026-11-22T09")
 
@@ -343,25 +350,20 @@ def cpu_seconds(started: subprocess.Popen) -> float:
 
 
 @pytest.mark.parametrize("busy", [True, False], ids=["computing", "shell in tmux"])
-def test_a_cpu_server_is_judged_by_its_cpu_use_between_checks(world, tmux, busy):
+def test_a_cpu_server_is_judged_by_its_cpu_use_between_checks(world, in_pod, tmux, busy):
     """The clock is the test's, the CPU seconds are real: the test waits until the busy process
     has used a second of CPU between two checks one (test) second apart."""
     world.create(flavor="cpu-small", lifecycle={"idleTimeout": "30m"})
     tmux(world)
-    started = run_in_pod(world, [sys.executable, "-c", "while True: pass"]) if busy else []
-    try:
-        world.clock = START + timedelta(minutes=30, seconds=59)
-        world.refresh(measure=True)  # the first CPU sample: nothing to compare with yet
-        assert not world.server()["spec"].get("stopped")
-        if busy:
-            before = cpu_seconds(started[0])
-            wait_for(lambda: cpu_seconds(started[0]) > before + 1, "a second of CPU")
-        world.clock += timedelta(seconds=1)
-        world.refresh(measure=True)
-    finally:
-        for process in started:
-            process.kill()
-            process.wait()
+    started = in_pod([sys.executable, "-c", "while True: pass"]) if busy else []
+    world.clock = START + timedelta(minutes=30, seconds=59)
+    world.refresh(measure=True)  # the first CPU sample: nothing to compare with yet
+    assert not world.server()["spec"].get("stopped")
+    if busy:
+        before = cpu_seconds(started[0])
+        wait_for(lambda: cpu_seconds(started[0]) > before + 1, "a second of CPU")
+    world.clock += timedelta(seconds=1)
+    world.refresh(measure=True)
     assert not world.server()["spec"].get("stopped")
     if busy:
         assert world.status()["lastActivityReason"] == "CPU above 10% of a core"
