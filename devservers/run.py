@@ -158,16 +158,16 @@ def _follow(
     lines: Lines,
     events: queue.Queue,
 ) -> int:
-    started = {}
+    asked, started = [], {}
     try:
         with devctl.allowed("exec into pods"):
             for pod in pods:
-                # A pod counts as started before its exec is asked for: the exec may begin even
-                # when the call fails (STOP on a pod where nothing began does nothing).
-                started[pod] = None
+                # Counted before the call: the exec may begin even when the call fails (STOP on
+                # a pod where nothing began does nothing).
+                asked.append(pod)
                 started[pod] = devctl.cluster.start(devctl.namespace, pod, CONTAINER, command)
     except BaseException:  # an API error halfway: stop what may have started
-        _joined(_stop(devctl, list(started), run_id, lines))
+        _joined(_stop(devctl, asked, run_id, lines))
         raise
 
     def follow(pod: str, process) -> None:
