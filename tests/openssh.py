@@ -6,7 +6,9 @@ Sessions get the environment sshd builds (its compiled-in default PATH, HOME fro
 never the test's: that is what the MPI launcher's remote ranks and DevServer users get.
 
 Run as root, sshd and its sessions run as TEST_USER, a system account created here once (and kept)
-with a real shell. They keep one ambient capability, CAP_DAC_READ_SEARCH: reading (never writing)
+with a real shell and a home of its own, TEST_HOME, outside any temp dir: the account outlives the
+test run that created it, so its home must too (an older version put it in the suite's temp dir,
+which the run removes; such an account is moved to TEST_HOME). They keep one ambient capability, CAP_DAC_READ_SEARCH: reading (never writing)
 what that user could not, such as this test's interpreter under a 0700 /root; environments are
 unaffected. With it sshd can read /etc/shadow, which the unprivileged sshd of an image cannot, so
 the account's password field is `*` (no password, not "locked", which sshd would refuse).
@@ -32,6 +34,7 @@ SSHD = "/usr/sbin/sshd"
 # What an image's PATH ends with, after its own directories.
 SYSTEM_PATH = "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 TEST_USER = "tp-test-ssh"
+TEST_HOME = Path("/var/lib") / TEST_USER
 READY_SECONDS = 60  # a loaded 2-core machine can take a while to start sshd
 PORT_ATTEMPTS = 5  # a free port can be taken before sshd binds it: pick another
 
@@ -66,27 +69,33 @@ class Account:
 
 
 def account() -> Account:
-    """TEST_USER when root (created if missing, its home made if missing), else the caller."""
+    """TEST_USER when root (created if missing, its home TEST_HOME made if missing), else the
+    caller."""
     if os.geteuid() != 0:
         entry = pwd.getpwuid(os.geteuid())
         return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-    home = Path(tempfile.gettempdir()) / TEST_USER
     try:
         entry = pwd.getpwnam(TEST_USER)
     except KeyError:
         created = subprocess.run(
             # --system: no mail spool, no aging; --password '*': see the module docstring.
             ["useradd", "--system", "--user-group", "--shell", "/bin/bash", "--password", "*"]
-            + ["--home-dir", str(home), "--no-create-home", TEST_USER],
+            + ["--home-dir", str(TEST_HOME), "--no-create-home", TEST_USER],
             capture_output=True,
             text=True,
         )
         if created.returncode not in (0, 9):  # 9: created meanwhile by another test session
             raise RuntimeError(f"useradd {TEST_USER}: {created.stderr}") from None
         entry = pwd.getpwnam(TEST_USER)
+    if Path(entry.pw_dir) != TEST_HOME:
+        moved = subprocess.run(
+            ["usermod", "--home", str(TEST_HOME), TEST_USER], capture_output=True, text=True
+        )
+        if moved.returncode != 0:
+            raise RuntimeError(f"usermod --home {TEST_HOME} {TEST_USER}: {moved.stderr}")
+        entry = pwd.getpwnam(TEST_USER)
     found = Account(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
-    # Sessions start in the home; a temp dir can be cleaned away between runs.
-    found.home.mkdir(mode=0o755, exist_ok=True)
+    found.home.mkdir(mode=0o755, parents=True, exist_ok=True)
     found.own(found.home)
     return found
 
