@@ -8,10 +8,11 @@ never the test's: that is what the MPI launcher's remote ranks and DevServer use
 Run as root, sshd and its sessions run as TEST_USER, a system account created here once (and kept)
 with a real shell and a home of its own, TEST_HOME, outside any temp dir: the account outlives the
 test run that created it, so its home must too (an older version put it in the suite's temp dir,
-which the run removes; such an account is moved to TEST_HOME). They keep one ambient capability, CAP_DAC_READ_SEARCH: reading (never writing)
-what that user could not, such as this test's interpreter under a 0700 /root; environments are
-unaffected. With it sshd can read /etc/shadow, which the unprivileged sshd of an image cannot, so
-the account's password field is `*` (no password, not "locked", which sshd would refuse).
+which the run removes; such an account is moved to TEST_HOME). They keep one ambient capability,
+CAP_DAC_READ_SEARCH: reading (never writing) what that user could not, such as this test's
+interpreter under a 0700 /root; environments are unaffected. With it sshd can read /etc/shadow,
+which the unprivileged sshd of an image cannot, so the account's password field is `*` (no
+password, not "locked", which sshd would refuse).
 Run as anyone else, everything runs as that user.
 """
 
