@@ -2,10 +2,12 @@
 
     python -m deploy.plan --stack dev [--out build/plan/dev] [--against DIR | --against-ref REF]
 
-writes `plan.json` (one object per registered resource), `manifests/` (one YAML file per
-Kubernetes object), `facts.json` (limits, quotas, sizes, cost) and `changes.txt` (those facts
-against the previous plan in the out folder, DIR, or the stack file at git REF), then prints a
-summary led by NodePools and cost. Invalid stack config exits 2 with the config message.
+writes `plan.json` (one object per registered resource), `outputs.json` (the stack's outputs),
+`manifests/` (one YAML file per Kubernetes object), `facts.json` (limits, quotas, sizes, cost) and
+`changes.txt`, then prints a summary led by NodePools and cost, and what the change does to what
+exists: against the previous plan in the out folder, the plan in DIR, or the stack as git REF
+would deploy it (its code and stack file). Data lost without the stack file's acknowledgement
+fails the plan (exit 1), as a mandatory policy does; invalid stack config exits 2.
 """
 
 import argparse
@@ -15,13 +17,17 @@ import subprocess
 import sys
 import tempfile
 from collections import Counter
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
 import yaml
 
+from deploy.day_two import consequences
 from deploy.plan_changes import Facts, changes, plan_facts
+from deploy.policy_config import policy_config
 from deploy.program import build_platform
+from deploy.steps import plan_steps
 from devservers.api import user_namespace
 from infra.catalog import HOURS_PER_MONTH
 from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
@@ -37,12 +43,18 @@ from infra.config import (
 )
 from infra.cost import StackCost, money, plan_cost
 from infra.declared import dig, listed
-from infra.offline import Plan, run_offline
+from infra.offline import Plan, RecordedResource, run_offline
 from infra.paths import PROJECT_DIR
 from policies.offline import check
 
 FACTS_FILE = "facts.json"
 CHANGES_FILE = "changes.txt"
+PLAN_FILE = "plan.json"
+OUTPUTS_FILE = "outputs.json"
+STACK_FILE = "stack.json"
+# In the out folder: the last plan that passed, which the next plan there is compared with (a
+# refused plan is written beside it, but never becomes the base: its refusal stands).
+BASE_DIR = "base"
 
 # Kubernetes types that are not objects in the cluster (providers, Helm wrappers).
 _NOT_MANIFESTS = (
@@ -53,10 +65,16 @@ _NOT_MANIFESTS = (
 )
 
 
-def make_plan(stack: str, project_dir: Path = PROJECT_DIR) -> tuple[StackConfig, Plan]:
-    """Validate the stack's config, then run the program offline. Raises ConfigError."""
+def make_plan(
+    stack: str, project_dir: Path = PROJECT_DIR, deployed_outputs: dict | None = None
+) -> tuple[StackConfig, Plan]:
+    """Validate the stack's config, then run the program offline, as an update of a stack whose
+    outputs are `deployed_outputs` (none: a new stack). Raises ConfigError."""
     config = load_stack_file(stack, project_dir)
-    plan = run_offline(lambda: build_platform(config), stack, read_stack_file(stack, project_dir))
+    values = read_stack_file(stack, project_dir)
+    plan = run_offline(
+        lambda: build_platform(config), stack, values, deployed_outputs=deployed_outputs
+    )
     return config, plan
 
 
@@ -77,7 +95,9 @@ def kubernetes_manifests(plan: Plan) -> list[dict[str, Any]]:
 def write_plan(plan: Plan, out: Path) -> None:
     out.mkdir(parents=True, exist_ok=True)
     entries = [r.as_plan_entry() for r in plan.resources]
-    (out / "plan.json").write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+    (out / PLAN_FILE).write_text(json.dumps(entries, indent=2, sort_keys=True) + "\n")
+    (out / OUTPUTS_FILE).write_text(json.dumps(plan.outputs, indent=2, sort_keys=True) + "\n")
+    (out / STACK_FILE).write_text(json.dumps({"stack": plan.stack, "region": plan.region}) + "\n")
     manifest_dir = out / "manifests"
     shutil.rmtree(manifest_dir, ignore_errors=True)
     manifest_dir.mkdir()
@@ -342,34 +362,79 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
     return "\n".join(lines)
 
 
-def base_facts(stack: str, ref: str, project_dir: Path) -> Facts:
-    """Facts of the stack file as it was at git `ref`, planned by this checkout's program.
+@dataclass
+class Base:
+    """What the plan is compared with: a plan of the stack as deployed (or as it was)."""
 
-    A stack file the ref does not have yet (a new stack) has no facts: everything is new.
-    """
+    name: str
+    plan: Plan | None
+    facts: Facts | None
 
-    def git(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run(
-            ["git", "-C", str(project_dir), *args], capture_output=True, text=True
-        )
+    @property
+    def outputs(self) -> dict | None:
+        return self.plan.outputs if self.plan else None
+
+
+def read_plan(folder: Path, stack: str) -> Plan | None:
+    """The plan written to `folder`, or None where there is none."""
+    entries = folder / PLAN_FILE
+    if not entries.is_file():
+        return None
+    outputs, meta = folder / OUTPUTS_FILE, folder / STACK_FILE
+    return Plan(
+        stack=stack,
+        resources=[RecordedResource.from_plan_entry(e) for e in json.loads(entries.read_text())],
+        outputs=json.loads(outputs.read_text()) if outputs.is_file() else {},
+        region=json.loads(meta.read_text())["region"] if meta.is_file() else "",
+    )
+
+
+def read_base(folder: Path, stack: str) -> Base:
+    facts = folder / FACTS_FILE
+    return Base(
+        f"the plan in {folder}",
+        read_plan(folder, stack),
+        json.loads(facts.read_text()) if facts.is_file() else None,
+    )
+
+
+def base_at_ref(stack: str, ref: str, project_dir: Path) -> Base:
+    """The stack as git `ref` would deploy it: its code and its stack file, planned in a copy of
+    the ref's tree. Where the ref has no plan command (the project folder holds only stack files,
+    or the ref predates it), its stack file planned by this checkout's code. A stack file the ref
+    lacks (a new stack) has no base: everything is new."""
+
+    def git(*args: str, **kwargs) -> subprocess.CompletedProcess:
+        return subprocess.run(["git", "-C", str(project_dir), *args], capture_output=True, **kwargs)
 
     if git("rev-parse", "--verify", "--quiet", f"{ref}^{{commit}}").returncode != 0:
         raise ConfigError(f"--against-ref: {ref!r} is not a commit in {project_dir}")
-    shown = git("show", f"{ref}:./Pulumi.{stack}.yaml")
+    name = f"Pulumi.{stack}.yaml at {ref}"
+    shown = git("show", f"{ref}:./Pulumi.{stack}.yaml", text=True)
     if shown.returncode != 0:
-        return {}
+        return Base(name, None, {})
     with tempfile.TemporaryDirectory() as tmp:
+        tree, out = Path(tmp) / "tree", Path(tmp) / "plan"
+        if git("cat-file", "-e", f"{ref}:./deploy/plan.py").returncode == 0:
+            tree.mkdir()
+            archive = git("archive", ref, "./")
+            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            ran = subprocess.run(
+                [sys.executable, "-m", "deploy.plan", "--stack", stack, "--out", str(out)],
+                cwd=tree,
+                capture_output=True,
+                text=True,
+            )
+            if ran.returncode == 2 or not (out / PLAN_FILE).is_file():
+                raise ConfigError(f"{name} does not plan with its own code: {ran.stderr.strip()}")
+            planned = read_base(out, stack)
+            return Base(f"{name} (its code and stack file)", planned.plan, planned.facts)
         (Path(tmp) / f"Pulumi.{stack}.yaml").write_text(shown.stdout)
         try:
             config, plan = make_plan(stack, Path(tmp))
         except ConfigError as e:
-            raise ConfigError(f"Pulumi.{stack}.yaml at {ref} does not plan: {e}") from None
-    return plan_facts(config, plan)
-
-
-def read_facts(folder: Path) -> Facts | None:
-    path = folder / FACTS_FILE
-    return json.loads(path.read_text()) if path.is_file() else None
+            raise ConfigError(f"{name} does not plan: {e}") from None
+        return Base(f"{name} (planned by this checkout's code)", plan, plan_facts(config, plan))
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -391,40 +456,52 @@ def main(argv: list[str] | None = None) -> int:
     against.add_argument(
         "--against-ref",
         metavar="GITREF",
-        help="compare with the stack file at a git ref (e.g. origin/main), planned by this code",
+        help="compare with the stack as git ref GITREF would deploy it (e.g. origin/main)",
     )
     parser.add_argument("--resources", action="store_true", help="also count the resources by type")
     args = parser.parse_args(argv)
     out = args.out or Path("build/plan") / args.stack
-    base = args.against or out
     try:
-        config, plan = make_plan(args.stack, args.project_dir)
         if args.against_ref:
-            old = base_facts(args.stack, args.against_ref, args.project_dir)
-            base_name = f"Pulumi.{args.stack}.yaml at {args.against_ref}"
+            base = base_at_ref(args.stack, args.against_ref, args.project_dir)
         else:
-            old, base_name = read_facts(base), f"the plan in {base}"
+            base = read_base(args.against or out / BASE_DIR, args.stack)
+        config, plan = make_plan(args.stack, args.project_dir, base.outputs)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
     new = plan_facts(config, plan)
-    if old is None:
-        changed = [f"no earlier plan in {base} to compare with"]
+    if base.facts is None:
+        changed = [f"no earlier plan in {args.against or out / BASE_DIR} to compare with"]
     else:
-        changed = changes(old, new) or ["no change"]
+        changed = changes(base.facts, new) or ["no change"]
+    effects = None
+    if base.plan:
+        steps = plan_steps(base.plan, plan)
+        effects = consequences(steps, config, args.stack, plan.outputs.get("jobs"))
     write_plan(plan, out)
     (out / FACTS_FILE).write_text(json.dumps(new, indent=2) + "\n")
     (out / CHANGES_FILE).write_text("\n".join(changed) + "\n")
     print(summary(config, plan, resource_counts=args.resources))
-    print(f"\nChanges against {base_name}:" if old is not None else "\nChanges:")
+    print(f"\nChanges against {base.name}:" if base.facts is not None else "\nChanges:")
     print("\n".join(f"  {line}" for line in changed))
-    print(f"\nWrote {out / 'plan.json'}, {out / CHANGES_FILE} and {out / 'manifests'}/")
-    policy_config = {**config.policy.model_dump(by_alias=True), "region": config.region}
-    violations = check(plan, policy_config)
-    print(f"\nPolicies: {len(violations)} violations")
+    if effects is not None:
+        print(f"\nWhat this change does to what exists (against {base.name}):")
+        print("\n".join(effects.lines()))
+    print(f"\nWrote {out / PLAN_FILE}, {out / CHANGES_FILE} and {out / 'manifests'}/")
+    violations = check(plan, policy_config(config))
+    refusals = effects.refusals if effects else []
+    print(f"\nPolicies: {len(violations) + len(refusals)} violations")
+    for refusal in refusals:
+        print(f"  [mandatory] data-loss: {refusal}")
     for violation in violations:
         print(f"  {violation}")
-    return 1 if any(v.enforcement == "mandatory" for v in violations) else 0
+    mandatory = refusals or any(v.enforcement == "mandatory" for v in violations)
+    if not mandatory:
+        (out / BASE_DIR).mkdir(exist_ok=True)
+        for name in (PLAN_FILE, OUTPUTS_FILE, STACK_FILE, FACTS_FILE):
+            shutil.copy(out / name, out / BASE_DIR / name)
+    return 1 if mandatory else 0
 
 
 if __name__ == "__main__":

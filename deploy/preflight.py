@@ -7,7 +7,9 @@ the caller's credentials) four things before `pulumi up` schedules pools and job
 - instance type offerings in the stack's availability zones;
 - recent spot prices for spot pools (a type with no spot price in any zone has no spot market);
 - the pools' capacity reservations: they exist, are active (a Capacity Block may still be
-  scheduled), and hold the instance type, count and zone the stack file says.
+  scheduled), and hold the instance type, count and zone the stack file says;
+- the EKS add-on builds pinned for the stack's Kubernetes version (infra/versions.py): offered
+  for that version, and whether each is EKS's default there.
 It prints one line per finding and exits 1 when something is not satisfiable.
 """
 
@@ -23,6 +25,7 @@ from botocore.exceptions import BotoCoreError, ClientError
 
 from infra.catalog import load_catalog, load_prices
 from infra.config import CapacityReservation, ConfigError, StackConfig, load_stack_file
+from infra.versions import KUBERNETES_VERSIONS
 
 
 @dataclass(frozen=True)
@@ -316,7 +319,44 @@ def _day(value) -> str:
     return value.date().isoformat() if isinstance(value, datetime) else "?"
 
 
-def preflight(config: StackConfig, ec2, quotas) -> Report:
+def stack_addons(config: StackConfig) -> dict[str, str]:
+    """The EKS add-ons the stack installs, at their pinned builds."""
+    pinned = KUBERNETES_VERSIONS[config.cluster.kubernetes_version].addons
+    skipped = {
+        "aws-efs-csi-driver": not config.storage.efs.enabled,
+        "aws-fsx-csi-driver": not config.storage.fsx.enabled,
+    }
+    return {name: build for name, build in pinned.items() if not skipped.get(name)}
+
+
+def check_addons(config: StackConfig, eks, report: Report) -> None:
+    version = config.cluster.kubernetes_version
+    pages = eks.get_paginator("describe_addon_versions")
+    for name, pinned in sorted(stack_addons(config).items()):
+        offered: dict[str, bool] = {}  # build -> EKS's default for this version
+        for page in pages.paginate(addonName=name, kubernetesVersion=version):
+            for addon in page["addons"]:
+                for build in addon["addonVersions"]:
+                    offered[build["addonVersion"]] = any(
+                        c.get("clusterVersion") == version and c.get("defaultVersion")
+                        for c in build.get("compatibilities") or []
+                    )
+        default = next((b for b, is_default in offered.items() if is_default), None)
+        if pinned not in offered:
+            report.problems.append(
+                f"add-on {name} {pinned} is not offered for Kubernetes {version}"
+                + (f" (EKS's default there is {default})" if default else "")
+                + "; pin an offered build in infra/versions.py"
+            )
+        elif default and pinned != default:
+            report.notes.append(
+                f"add-on {name}: pinned {pinned}; EKS's default for Kubernetes {version} is "
+                f"{default}"
+            )
+
+
+def preflight(config: StackConfig, ec2, quotas, eks=None) -> Report:
+    """The checks against AWS; the add-ons' only where an EKS client is given."""
     report = Report()
     zones = stack_zones(config, ec2)
     report.notes.append(f"availability zones: {', '.join(zones)}")
@@ -324,12 +364,14 @@ def preflight(config: StackConfig, ec2, quotas) -> Report:
     check_offerings(config, ec2, zones, report)
     check_spot(config, ec2, zones, report)
     check_reservations(config, ec2, zones, report)
+    if eks is not None:
+        check_addons(config, eks, report)
     return report
 
 
 def aws_clients(region: str):
     session = boto3.Session(region_name=region)
-    return session.client("ec2"), session.client("service-quotas")
+    return session.client("ec2"), session.client("service-quotas"), session.client("eks")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -24,9 +24,10 @@ from infra.components.queues import Queues
 from infra.components.shared_file_system import SharedFileSystem
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi, image_target
-from infra.versions import EKS_ADDONS
+from infra.data_holders import DataGuard
+from infra.versions import KUBERNETES_VERSIONS
 from workloads.image import TrainerImage, stack_targets
-from workloads.training_job import TrainingJob
+from workloads.training_job import JOBS_OUTPUT, TrainingJob, deployed_jobs
 
 # Kustomize overlays (the job operators, the hybrid homes' provisioner), handed to the provider
 # relative to this folder, the program's working directory under `pulumi up`.
@@ -38,14 +39,18 @@ def build_platform(config: StackConfig) -> None:
     tags = {"training-platform:stack": stack, "training-platform:cluster": config.cluster.name}
 
     network = Network("network", config.network, cluster_name=config.cluster.name, tags=tags)
-    cluster = Cluster("cluster", config.cluster, network=network, tags=tags, hybrid=config.hybrid)
+    # Every data holder is protected but those the stack file acknowledges losing.
+    data = DataGuard(config.released)
+    cluster = Cluster(
+        "cluster", config.cluster, network=network, tags=tags, data=data, hybrid=config.hybrid
+    )
     platform = cluster.context
     karpenter = Karpenter(
         "karpenter",
         platform,
         gates=feature_gates(config.node_pools, config.karpenter.node_repair),
     )
-    addons = EKS_ADDONS[config.cluster.kubernetes_version]
+    addons = KUBERNETES_VERSIONS[config.cluster.kubernetes_version].addons
     # Node conditions for Karpenter's NodeRepair, and the GPU nodes' DCGM host engine.
     node_monitoring = NodeMonitoringAgent(
         "node-monitoring-agent", platform, addons["eks-node-monitoring-agent"]
@@ -91,6 +96,7 @@ def build_platform(config: StackConfig) -> None:
         storage.bucket,
         f"alias/{config.cluster.name}-training-bucket",
         tags=tags,
+        data=data,
     )
     efs = fsx = None
     if storage.efs.enabled:
@@ -160,9 +166,11 @@ def build_platform(config: StackConfig) -> None:
     if targets:
         image = TrainerImage("trainer-image", config.image, targets, platform)
         pulumi.export("trainerImages", image.refs)
+        deployed = deployed_jobs() if config.jobs else None
+        jobs = {}
         for job in config.jobs:
             pool = job_pools[job.name]
-            TrainingJob(
+            jobs[job.name] = TrainingJob(
                 f"job-{job.name}",
                 job,
                 pool,
@@ -173,7 +181,20 @@ def build_platform(config: StackConfig) -> None:
                 # The EFS and FSx CSI node agents do not run on hybrid machines.
                 set() if pool.hybrid else enabled_storage,
                 [*operators.installs, kueue.release, queues.local_queues[job.queue]],
+                deployed,
             )
+        # Read back by the next update (deployed_jobs): what each job runs, at which revision.
+        pulumi.export(
+            JOBS_OUTPUT,
+            {
+                job.name: {
+                    "revision": job.revision,
+                    "manifest": jobs[job.name].manifest,
+                    "heldBack": jobs[job.name].held_back,
+                }
+                for job in config.jobs
+            },
+        )
     pulumi.export("bucketName", bucket.name)
     pulumi.export("checkpointPrefixPolicy", bucket.prefix_policy(CHECKPOINT_PREFIX))
 

@@ -28,7 +28,7 @@ from devservers.api import (
     storage_quota,
     user_namespace,
 )
-from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
+from infra.components.block_storage import HOME_STORAGE_CLASS
 from infra.components.container_image import images
 from infra.components.context import ClusterContext
 from infra.components.gpu_metrics import NAMESPACE as DCGM_NAMESPACE
@@ -44,6 +44,7 @@ from infra.components.queues import (
 )
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import DevServersConfig, Pool, TeamConfig
+from infra.data_holders import annotated, user_holder
 from infra.paths import PROJECT_DIR
 
 NAMESPACE = "devservers-system"
@@ -171,12 +172,15 @@ class DevServers(pulumi.ComponentResource):
         # component moved here, or `pulumi up` would replace every resource of a running stack.
         super().__init__("training-platform:infra:DevServers", name, None, opts)
 
+        # Deleting the DevServer CRD deletes every server, whose pods carry Kueue's finalizers
+        # and are confirmed gone by the kubelets of the pools' nodes: on destroy the CRDs go
+        # while Kueue, the drivers and the nodes still run.
         definitions = [
             k8s.apiextensions.v1.CustomResourceDefinition(
                 f"{name}-crd-{crd['spec']['names']['plural']}",
                 metadata=crd["metadata"],
                 spec=crd["spec"],
-                opts=cluster.in_cluster(self),
+                opts=cluster.in_cluster(self, *queues, *namespace_prerequisites),
             )
             for crd in crds()
         ]
@@ -311,20 +315,26 @@ class DevServers(pulumi.ComponentResource):
     def _user(self, name, user, team: TeamConfig, cluster: ClusterContext, queues, prerequisites):
         """dev-<user>: the namespace, its queue and quota, and the IAM principal's way in."""
         namespace_name = user_namespace(user.name)
+        # Deleting it stops her servers and deletes their claims; the homes' volumes are kept
+        # (HOME_STORAGE_CLASS retains them) for an administrator to release (docs: day two).
+        holder = user_holder(user.name)
         namespace = k8s.core.v1.Namespace(
             f"{name}-ns-{user.name}",
-            metadata={
-                "name": namespace_name,
-                "labels": {
-                    **RESTRICTED,
-                    OWNER_LABEL: user.name,
-                    # The team's ClusterQueue selects its namespaces by these labels.
-                    TEAM_LABEL: team.name,
-                    QUEUE_ACCESS_LABEL: str(not team.own_cluster_queue).lower(),
+            metadata=annotated(
+                {
+                    "name": namespace_name,
+                    "labels": {
+                        **RESTRICTED,
+                        OWNER_LABEL: user.name,
+                        # The team's ClusterQueue selects its namespaces by these labels.
+                        TEAM_LABEL: team.name,
+                        QUEUE_ACCESS_LABEL: str(not team.own_cluster_queue).lower(),
+                    },
+                    "annotations": {f"{GROUP}/email": user.email},
                 },
-                "annotations": {f"{GROUP}/email": user.email},
-            },
-            opts=cluster.in_cluster(self, *prerequisites),
+                holder,
+            ),
+            opts=cluster.holding(holder, self, *prerequisites),
         )
         k8s.apiextensions.CustomResource(
             f"{name}-lq-{user.name}",

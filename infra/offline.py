@@ -27,6 +27,8 @@ from pulumi.runtime.sync_await import _sync_await
 from infra.paths import PROGRAM_DIR
 
 PROJECT = "training-platform"
+# What `pulumi.get_organization()` returns on a DIY backend (the Pulumi Cloud: your org's name).
+ORGANIZATION = "organization"
 ACCOUNT_ID = "123456789012"
 
 # Special signatures of the Pulumi wire format (sdk/go/common/resource/sig).
@@ -47,6 +49,11 @@ class RecordedResource:
     dependencies: list[str]
     inputs: dict[str, Any]
     custom: bool
+    protect: bool = False
+    # What the resource's dependents may read of it: its id and the string outputs the provider
+    # computes (arn, dnsName, ...). A dependent whose inputs hold one of them changes when this
+    # resource is replaced (deploy/steps.py).
+    outputs: dict[str, str] = field(default_factory=dict)
 
     def as_plan_entry(self) -> dict[str, Any]:
         return {
@@ -57,7 +64,25 @@ class RecordedResource:
             "provider": self.provider,
             "dependencies": self.dependencies,
             "inputs": self.inputs,
+            "custom": self.custom,
+            "protect": self.protect,
+            "outputs": self.outputs,
         }
+
+    @classmethod
+    def from_plan_entry(cls, entry: dict[str, Any]) -> "RecordedResource":
+        return cls(
+            urn=entry["urn"],
+            type=entry["type"],
+            name=entry["name"],
+            parent=entry["parent"],
+            provider=entry["provider"],
+            dependencies=entry["dependencies"],
+            inputs=entry["inputs"],
+            custom=entry["custom"],
+            protect=entry.get("protect", False),
+            outputs=entry.get("outputs", {}),
+        )
 
 
 @dataclass
@@ -65,6 +90,7 @@ class Plan:
     stack: str
     resources: list[RecordedResource] = field(default_factory=list)
     outputs: dict[str, Any] = field(default_factory=dict)
+    region: str = ""  # aws:region, which every AWS resource's provider is configured with
 
     def of_type(self, type_: str) -> list[RecordedResource]:
         return [r for r in self.resources if r.type == type_]
@@ -129,9 +155,16 @@ def partition_of(region: str) -> str:
 class PlatformMocks(mocks.Mocks):
     """Outputs shaped like the real providers' for the properties the program reads back."""
 
-    def __init__(self, region: str, partition: str | None = None):
+    def __init__(
+        self,
+        region: str,
+        partition: str | None = None,
+        deployed_outputs: Mapping[str, Any] | None = None,
+    ):
         self.region = region
         self.partition = partition or partition_of(region)
+        # What a StackReference to the stack itself reads: the outputs of its last update.
+        self.deployed_outputs = dict(deployed_outputs or {})
         self.extra_registrations: list[tuple[str, str, dict]] = []
 
     def call(self, args: mocks.MockCallArgs):
@@ -179,6 +212,10 @@ class PlatformMocks(mocks.Mocks):
         raise NotImplementedError(f"offline plan has no mock for invoke {args.token}")
 
     def new_resource(self, args: mocks.MockResourceArgs):
+        if args.typ == "pulumi:pulumi:StackReference":
+            name = args.inputs.get("name") or args.resource_id
+            state = {"name": name, "outputs": self.deployed_outputs, "secretOutputNames": []}
+            return name, state
         id_ = _fake_id(args.typ, args.name)
         outputs = dict(args.inputs)
         outputs.setdefault("arn", self._arn(args.typ, args.name))
@@ -331,6 +368,12 @@ class RecordingMonitor(mocks.MockMonitor):
             )
         )
         self.resources[urn] = mocks.MockMonitor.ResourceRegistration(urn, id_, state)
+        recorded = self.recorded[-1]
+        recorded.protect = request.protect
+        recorded.outputs = {
+            "id": id_,
+            **{k: v for k, v in state.items() if isinstance(v, str) and inputs.get(k) != v},
+        }
         while self.mocks.extra_registrations:
             extra_urn, extra_id, extra_state = self.mocks.extra_registrations.pop()
             self.resources[extra_urn] = mocks.MockMonitor.ResourceRegistration(
@@ -346,18 +389,27 @@ def run_offline(
     stack: str,
     config: Mapping[str, Any],
     partition: str | None = None,
+    deployed_outputs: Mapping[str, Any] | None = None,
 ) -> Plan:
     """Run `program` as `pulumi up` would, against mocks, with `config` as the stack's config,
     in the working directory the engine gives it (Pulumi.yaml's `main:`).
 
     `config` is the flat `config:` map of a stack file; structured values are passed as JSON
-    strings, as the Pulumi engine does.
+    strings, as the Pulumi engine does. `deployed_outputs` are the stack's outputs as its last
+    update left them (what a StackReference to the stack itself reads); none: a new stack.
     """
     region = str(config.get("aws:region", "us-east-1"))
-    monitor = RecordingMonitor(PlatformMocks(region, partition))
+    monitor = RecordingMonitor(PlatformMocks(region, partition, deployed_outputs))
     settings.ROOT.set(None)
     set_all_config({k: v if isinstance(v, str) else json.dumps(v) for k, v in config.items()}, [])
-    mocks.set_mocks(monitor.mocks, project=PROJECT, stack=stack, preview=False, monitor=monitor)
+    mocks.set_mocks(
+        monitor.mocks,
+        project=PROJECT,
+        stack=stack,
+        preview=False,
+        monitor=monitor,
+        organization=ORGANIZATION,
+    )
     settings.SETTINGS.rpc_manager.clear()
     settings.SETTINGS.outputs.clear()
 
@@ -374,4 +426,4 @@ def run_offline(
     exports = settings.get_root_resource().outputs
     outputs = _sync_await(pulumi.Output.from_input(exports).future(with_unknowns=True))
     resources = sorted(monitor.recorded, key=lambda r: r.urn)
-    return Plan(stack=stack, resources=resources, outputs=outputs or {})
+    return Plan(stack=stack, resources=resources, outputs=outputs or {}, region=region)

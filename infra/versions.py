@@ -5,27 +5,91 @@ cluster is pinned here, so an upgrade is one reviewed diff. Refresh EKS add-on b
 `aws eks describe-addon-versions --kubernetes-version <k8s> --addon-name <name>`.
 """
 
+import datetime
 from dataclasses import dataclass
 
-# EKS managed add-on builds per supported Kubernetes version; the first key is the default, and
-# `cluster.kubernetesVersion` in stack config may name only these.
-EKS_ADDONS = {
-    "1.34": {
-        "vpc-cni": "v1.20.4-eksbuild.1",
-        "coredns": "v1.12.4-eksbuild.1",
-        "kube-proxy": "v1.34.0-eksbuild.4",
-        "eks-pod-identity-agent": "v1.3.9-eksbuild.3",
-        "aws-ebs-csi-driver": "v1.51.1-eksbuild.1",
-        "aws-efs-csi-driver": "v2.1.13-eksbuild.1",
-        "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
-        # Not confirmed against AWS (no AWS access where this was written): the agent's own chart
-        # at tag v1.7.0 (aws/eks-node-monitoring-agent, charts/eks-node-monitoring-agent/
-        # values.yaml) runs image v1.7.0-eksbuild.1, and add-on builds carry the image's name.
-        # Check: aws eks describe-addon-versions --addon-name eks-node-monitoring-agent
-        #   --kubernetes-version 1.34 --query 'addons[0].addonVersions[].addonVersion'
-        "eks-node-monitoring-agent": "v1.7.0-eksbuild.1",
-    },
+
+@dataclass(frozen=True)
+class KubernetesVersion:
+    """An EKS Kubernetes minor version the platform supports: the EKS managed add-on builds it
+    installs with it, the first AL2023 AMI release that has AMIs for it, and EKS's support dates.
+
+    EKS dates: the EKS "Kubernetes release calendar" as scraped by endoflife.date
+    (endoflife-date/endoflife.date@a70eca3, products/amazon-eks.md, 2026-08-22), which agrees with
+    aws-samples' calendar for 1.34 and 1.35. After `standard_support_ends` a cluster on this
+    version pays extended support (EKS_EXTENDED_SUPPORT_PER_HOUR) unless upgraded; after
+    `extended_support_ends` EKS upgrades it itself.
+    """
+
+    addons: dict[str, str]
+    # awslabs/amazon-eks-ami CHANGELOG.md: the first release listing amazon-eks-node-al2023-*-<v>.
+    # Karpenter resolves `al2023@<release>` through an SSM parameter named after the cluster's
+    # Kubernetes version and the release (karpenter-provider-aws v1.14.1,
+    # pkg/providers/amifamily/al2023.go resolvePath): an older release has no AMI for the version.
+    first_al2023_release: str
+    standard_support_ends: datetime.date
+    extended_support_ends: datetime.date
+    # Add-on builds not confirmed as EKS's default for this version (no AWS access where this was
+    # written): deploy.preflight checks every pin against `aws eks describe-addon-versions`.
+    unconfirmed_addons: tuple[str, ...] = ()
+
+
+# Supported versions, newest first; the first is the default of `cluster.kubernetesVersion`.
+# Refresh add-on builds with
+#   aws eks describe-addon-versions --kubernetes-version <v> --addon-name <name> \
+#     --query 'addons[].addonVersions[?compatibilities[?defaultVersion]].addonVersion'
+# (python -m deploy.preflight runs this check against the account before `pulumi up`).
+KUBERNETES_VERSIONS = {
+    "1.35": KubernetesVersion(
+        # vpc-cni, coredns, kube-proxy, pod identity agent and EBS CSI: the 1.35 entries of
+        # awslabs/cdk-eks-blueprints' add-on version maps ("the default version" per cluster
+        # version; lib/addons/*/index.ts at 05d3dbd, 2026-07-01).
+        addons={
+            "vpc-cni": "v1.21.1-eksbuild.1",
+            "coredns": "v1.13.2-eksbuild.3",
+            "kube-proxy": "v1.35.0-eksbuild.2",
+            "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
+            "aws-ebs-csi-driver": "v1.57.1-eksbuild.1",
+            # The 1.34 builds: no source found for these add-ons' 1.35 compatibility.
+            "aws-efs-csi-driver": "v2.1.13-eksbuild.1",
+            "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+            "eks-node-monitoring-agent": "v1.7.0-eksbuild.1",
+        },
+        first_al2023_release="v20260114",
+        standard_support_ends=datetime.date(2027, 3, 27),
+        extended_support_ends=datetime.date(2028, 3, 27),
+        unconfirmed_addons=(
+            "vpc-cni",
+            "coredns",
+            "kube-proxy",
+            "eks-pod-identity-agent",
+            "aws-ebs-csi-driver",
+            "aws-efs-csi-driver",
+            "aws-fsx-csi-driver",
+            "eks-node-monitoring-agent",
+        ),
+    ),
+    "1.34": KubernetesVersion(
+        addons={
+            "vpc-cni": "v1.20.4-eksbuild.1",
+            "coredns": "v1.12.4-eksbuild.1",
+            "kube-proxy": "v1.34.0-eksbuild.4",
+            "eks-pod-identity-agent": "v1.3.9-eksbuild.3",
+            "aws-ebs-csi-driver": "v1.51.1-eksbuild.1",
+            "aws-efs-csi-driver": "v2.1.13-eksbuild.1",
+            "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+            # The agent's own chart at tag v1.7.0 (aws/eks-node-monitoring-agent,
+            # charts/eks-node-monitoring-agent/values.yaml) runs image v1.7.0-eksbuild.1, and
+            # add-on builds carry the image's name.
+            "eks-node-monitoring-agent": "v1.7.0-eksbuild.1",
+        },
+        first_al2023_release="v20250915",
+        standard_support_ends=datetime.date(2026, 12, 2),
+        extended_support_ends=datetime.date(2027, 12, 2),
+        unconfirmed_addons=("eks-node-monitoring-agent",),
+    ),
 }
+DEFAULT_KUBERNETES_VERSION = next(iter(KUBERNETES_VERSIONS))
 
 
 @dataclass(frozen=True)
@@ -57,13 +121,6 @@ EFA_DEVICE_PLUGIN_CHART = ChartPin(
 # instance types by the same alias. A stack may pin another with `karpenter.amiAlias`. List them:
 # aws ssm get-parameters-by-path --path /aws/service/eks/optimized-ami/1.34/amazon-linux-2023/
 KARPENTER_AMI_ALIAS = "al2023@v20261020"
-# The first AL2023 release with AMIs for each Kubernetes version (awslabs/amazon-eks-ami
-# CHANGELOG.md, "AMI Release v20250915" is the first to list amazon-eks-node-al2023-*-1.34-*).
-# Karpenter resolves `al2023@<release>` through an SSM parameter named after the cluster's
-# Kubernetes version and the release (karpenter-provider-aws v1.14.1,
-# pkg/providers/amifamily/al2023.go resolvePath): an older release has no AMI for the version.
-AL2023_FIRST_RELEASE = {"1.34": "v20250915"}
-
 KUEUE_CHART = ChartPin("oci://registry.k8s.io/kueue/charts/kueue", "0.19.2")
 DCGM_EXPORTER_CHART = ChartPin(
     "dcgm-exporter", "4.8.3", repo="https://nvidia.github.io/dcgm-exporter/helm-charts"

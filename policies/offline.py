@@ -4,7 +4,9 @@ from dataclasses import dataclass
 from typing import Any
 
 from pulumi_policy import (
+    PolicyCustomTimeouts,
     PolicyResource,
+    PolicyResourceOptions,
     ResourceValidationArgs,
     StackValidationArgs,
     StackValidationPolicy,
@@ -27,6 +29,11 @@ class Violation:
         return f"[{self.enforcement}] {self.policy}: {name}: {self.message}"
 
 
+def options(protect: bool) -> PolicyResourceOptions:
+    """The resource options a real preview hands the rules; the plan records `protect`."""
+    return PolicyResourceOptions(protect, [], None, [], PolicyCustomTimeouts(0, 0, 0), [])
+
+
 def check(plan: Plan, config: dict[str, Any] | None = None) -> list[Violation]:
     """Every violation of every rule in `plan`, with `config` as the policy pack config."""
     config = config or {}
@@ -43,8 +50,9 @@ def check(plan: Plan, config: dict[str, Any] | None = None) -> list[Violation]:
     # The same read-only proxies the policy server wraps inputs in, so rules meet here what they
     # meet in a real preview (a Mapping, not a dict; unknown values raise UnknownValueError).
     props = {r.urn: unknown_checking_proxy(r.inputs) for r in plan.resources}
+    opts = {r.urn: options(r.protect) for r in plan.resources}
     policy_resources = {
-        r.urn: PolicyResource(r.type, props[r.urn], r.urn, r.name, None, None, None, [], {})
+        r.urn: PolicyResource(r.type, props[r.urn], r.urn, r.name, opts[r.urn], None, None, [], {})
         for r in plan.resources
     }
     for resource in plan.resources:
@@ -60,7 +68,13 @@ def check(plan: Plan, config: dict[str, Any] | None = None) -> list[Violation]:
             continue
         for resource in plan.resources:
             args = ResourceValidationArgs(
-                resource.type, props[resource.urn], resource.urn, resource.name, None, None, config
+                resource.type,
+                props[resource.urn],
+                resource.urn,
+                resource.name,
+                opts[resource.urn],
+                None,
+                config,
             )
             policy.validate(args, reporter(policy, resource.urn))
     return violations

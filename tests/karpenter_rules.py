@@ -58,3 +58,20 @@ RESERVATION_STATEMENTS = {
         "resources": ["*"],
     },
 }
+
+
+# kubernetes-sigs/karpenter v1.14.1 (commit 6e7eab7a), which provider v1.14.1 builds on:
+# pkg/controllers/disruption/types.go NewCandidate. A node whose pods may not be disrupted is no
+# candidate (state/statenode.go ValidatePodsDisruptable: an active `karpenter.sh/do-not-disrupt`
+# on a running pod, pkg/utils/pod/scheduling.go IsDoNotDisruptActive: "true", or a duration not yet
+# elapsed since the pod started), except for an eventual method, Drift among them
+# (disruption/drift.go Class), when its NodeClaim has a terminationGracePeriod: then the pods are
+# deleted when the period runs out.
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+
+
+def drift_may_disrupt(node_pool_spec: dict, pod_annotations: dict) -> bool:
+    """Whether Karpenter's drift may take a node of this NodePool from under such a pod."""
+    blocks = pod_annotations.get(DO_NOT_DISRUPT) == "true"
+    grace = (node_pool_spec.get("template") or {}).get("spec", {}).get("terminationGracePeriod")
+    return not blocks or grace is not None

@@ -4,7 +4,7 @@ import json
 
 from infra.components.cluster import CONTROL_PLANE_LOG_TYPES
 from infra.offline import SECRET
-from infra.versions import EKS_ADDONS
+from infra.versions import KUBERNETES_VERSIONS
 from tests.conftest import plan_of
 
 
@@ -65,9 +65,8 @@ def test_admins_get_cluster_admin_access_entries(prod_plan):
 
 
 def test_core_addons_pinned(stack_plan):
-    pins = EKS_ADDONS["1.34"]
     cluster = eks_inputs(stack_plan)
-    assert cluster["version"] == "1.34"
+    pins = KUBERNETES_VERSIONS[cluster["version"]].addons
     assert cluster["vpcCniOptions"]["addonVersion"] == pins["vpc-cni"]
     assert cluster["kubeProxyAddonOptions"]["version"] == pins["kube-proxy"]
     agent = stack_plan.one("aws:eks/addon:Addon", "cluster-eks-pod-identity-agent").inputs
@@ -82,7 +81,8 @@ def test_coredns_is_a_managed_addon_at_the_pin_created_once_nodes_exist(stack_pl
     assert eks_inputs(stack_plan)["corednsAddonOptions"]["enabled"] is False
     coredns = stack_plan.one("aws:eks/addon:Addon", "cluster-coredns")
     assert coredns.inputs["addonName"] == "coredns"
-    assert coredns.inputs["addonVersion"] == EKS_ADDONS["1.34"]["coredns"]
+    pins = KUBERNETES_VERSIONS[eks_inputs(stack_plan)["version"]].addons
+    assert coredns.inputs["addonVersion"] == pins["coredns"]
     assert coredns.inputs["resolveConflictsOnCreate"] == "OVERWRITE"
     nodes = stack_plan.one("aws:eks/nodeGroup:NodeGroup", "cluster-system")
     assert nodes.urn in coredns.dependencies

@@ -12,7 +12,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from infra.config import ConfigError, load_stack_file, parse_stack_config, read_stack_file
-from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
+from infra.versions import KARPENTER_AMI_ALIAS
 from tests.conftest import STACKS, stack_values
 
 
@@ -99,7 +99,7 @@ def error_for(**sections) -> str:
         (
             {"cluster": {"kubernetesVersion": "1.20"}},
             "training-platform:cluster.kubernetesVersion",
-            "'1.34'",
+            "'1.35' or '1.34'",
         ),
         (
             {"cluster": {"adminPrincipalArns": ["bob"]}},
@@ -110,7 +110,8 @@ def error_for(**sections) -> str:
         (
             {"clusterr": {}},
             "training-platform:clusterr",
-            "allowed keys here: cluster, devServers, hybrid, image, jobs, karpenter, monitoring, "
+            "allowed keys here: acknowledgeDataLoss, cluster, devServers, hybrid, image, jobs, "
+            "karpenter, monitoring, "
             "network, nodePools, policy, queues, storage",
         ),
     ],
@@ -449,8 +450,8 @@ def alias(day: datetime.date) -> str:
         ("al2023@v20260230", "not a calendar date"),
         (alias(PINNED_RELEASE + datetime.timedelta(days=2)), "after tomorrow"),
         ("al2023@v20990101", "after tomorrow"),
-        # Karpenter looks the alias up per Kubernetes version: no 1.34 AMI is older than this.
-        ("al2023@v20250914", "first AL2023 release for Kubernetes 1.34 is v20250915"),
+        # Karpenter looks the alias up per Kubernetes version: no 1.35 AMI is older than this.
+        ("al2023@v20260113", "first AL2023 release for Kubernetes 1.35 is v20260114"),
     ],
 )
 def test_ami_alias_names_a_release_that_can_exist(today_is_the_pinned_release, value, allowed):
@@ -459,17 +460,11 @@ def test_ami_alias_names_a_release_that_can_exist(today_is_the_pinned_release, v
 
 
 @pytest.mark.parametrize(
-    "day", [PINNED_RELEASE, PINNED_RELEASE + datetime.timedelta(days=1), datetime.date(2025, 9, 15)]
+    "day", [PINNED_RELEASE, PINNED_RELEASE + datetime.timedelta(days=1), datetime.date(2026, 1, 14)]
 )
 def test_ami_alias_of_a_release_up_to_tomorrow_is_accepted(today_is_the_pinned_release, day):
     values = stack_values("dev", karpenter={"amiAlias": alias(day)})
     assert parse_stack_config(values, "Pulumi.dev.yaml").karpenter.ami_alias == alias(day)
-
-
-def test_every_kubernetes_version_knows_its_first_al2023_release():
-    from infra.versions import AL2023_FIRST_RELEASE
-
-    assert set(AL2023_FIRST_RELEASE) == set(EKS_ADDONS)
 
 
 @pytest.mark.parametrize(

@@ -24,6 +24,7 @@ from infra.config import parse_stack_config
 from infra.offline import Plan, RecordedResource, run_offline
 from infra.paths import PROGRAM_DIR
 from infra.versions import EFA_DEVICE_PLUGIN_CHART, KARPENTER_CHART, KARPENTER_CRD_CHART
+from tests import karpenter_rules
 from tests.conftest import NO_DEV_SERVERS, ROOT, STACKS, plan_of, stack_values
 from tests.destroy_order import DestroyOrder
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
@@ -126,8 +127,8 @@ def test_controllers_wait_for_their_nodes_and_jobs_for_their_operators(stack, re
 # - Karpenter v1.14.1 (kubernetes-sigs/karpenter pkg/controllers/node/termination/controller.go
 #   `finalize`): a NodePool's NodeClaims are drained (`awaitDrain`), then their VolumeAttachments
 #   must be gone (`awaitVolumeDetachment`: only the EBS CSI controller's external-attacher
-#   detaches them, aws-ebs-csi-driver v1.51.1 docs/faq.md; otherwise it waits out the 24 h
-#   terminationGracePeriod), then the instance is terminated (ec2:TerminateInstances); the
+#   detaches them, aws-ebs-csi-driver v1.51.1 docs/faq.md; otherwise it waits for them, the pools
+#   having no terminationGracePeriod), then the instance is terminated (ec2:TerminateInstances); the
 #   EC2NodeClass finalizer waits for its NodeClaims and deletes launch templates. It polls the
 #   interruption queue (SQS) throughout, gets its credentials from Pod Identity (the agent calls
 #   eks-auth with the node's role: EKS user guide service-accounts.adoc, "For private clusters,
@@ -399,8 +400,9 @@ class ControllerNeeds:
     def node_kubelets(self, pool: str) -> dict[str, str]:
         """What a pod on `pool`'s nodes needs to be deleted: the kubelets there, which confirm
         it. A NodePool (or its EC2NodeClass) deleted first has Karpenter drain nodes whose
-        pods carry karpenter.sh/do-not-disrupt, which blocks the drain up to the NodePool's
-        terminationGracePeriod (24h); on the hybrid machines, what their kubelets need."""
+        pods carry karpenter.sh/do-not-disrupt, which blocks the drain for as long as they run
+        (the pools have no terminationGracePeriod); on the hybrid machines, what their kubelets
+        need."""
         if pool == "hybrid":
             return self.hybrid_kubelets()
         return {
@@ -438,6 +440,11 @@ class ControllerNeeds:
             if s.inputs["metadata"]["name"] == name
         ]
         return storage_class.inputs["provisioner"]
+
+
+CRD = "kubernetes:apiextensions.k8s.io/v1:CustomResourceDefinition"
+# The DevServer operator renders a StatefulSet (Kueue's statefulset integration) per server.
+POD_OWNING_CRDS = {"devservers.dev.training-platform.io"}
 
 
 def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
@@ -494,6 +501,14 @@ def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
                     provisioner = needs.storage_class_provisioner(home)
                     namespace_needs.update(needs.provisioner(provisioner))
         drained.append((namespace, namespace_needs))
+    # CRDs whose objects own pods Kueue manages: deleting the CRD deletes every DevServer, and
+    # the garbage collector their StatefulSets and pods (Kueue's finalizers, the kubelets).
+    for crd in plan.of_type(CRD):
+        if crd.inputs["metadata"]["name"] in POD_OWNING_CRDS:
+            crd_needs = needs.kueue()
+            for pool in needs.pools():
+                crd_needs.update(needs.node_kubelets(pool))
+            drained.append((crd, crd_needs))
     for cronjob in plan.of_type(CRONJOB):
         if cronjob.name == "gpu-registration-watch":
             drained.append((cronjob, needs.gpu_registration_watch(cronjob)))
@@ -576,7 +591,15 @@ def test_destroy_deletes_what_is_drained_before_what_the_drain_needs(stack, requ
     plan = request.getfixturevalue(f"{stack}_plan")
     drained = must_outlive(plan)
     kinds = {resource.type for resource, _ in drained}
-    assert {NODEPOOL, NODECLASS, NAMESPACE, CLAIM, CRONJOB, "aws:eks/nodeGroup:NodeGroup"} <= kinds
+    assert {
+        NODEPOOL,
+        NODECLASS,
+        NAMESPACE,
+        CLAIM,
+        CRONJOB,
+        CRD,
+        "aws:eks/nodeGroup:NodeGroup",
+    } <= kinds
     problems = destroy_cuts_while_draining(plan)
     assert not problems, "may be deleted before what needs it:\n" + "\n".join(problems)
 
@@ -698,11 +721,33 @@ def test_karpenter_controller_policy_has_what_v1_14_calls(dev_plan):
     assert any(r.endswith(":placement-group/*") for r in launch["Resource"])
 
 
+def server_pod_annotations(plan: Plan) -> dict:
+    """A DevServer pod's annotations, as the operator renders it for the plan's first flavor."""
+    from devservers.render import pod_template
+    from tests.test_devservers_render import server
+
+    flavor = plan.of_type("kubernetes:dev.training-platform.io/v1alpha1:DevServerFlavor")[0]
+    name = flavor.inputs["metadata"]["name"]
+    return pod_template(server(flavor=name), flavor.inputs)["metadata"]["annotations"]
+
+
 @pytest.mark.parametrize("stack", STACKS)
-def test_nodepools_bound_drains_of_do_not_disrupt_pods(stack, request):
+def test_drift_never_takes_a_node_from_under_a_job_or_a_devserver(stack, request):
+    """An upgrade or a template edit drifts nodes; a running job's or server's pod keeps its node
+    (tests/karpenter_rules.py drift_may_disrupt) until it ends or deploy.roll moves it."""
     plan = request.getfixturevalue(f"{stack}_plan")
+    pods = [
+        replica["template"]["metadata"]["annotations"]
+        for job in plan.resources
+        if job.type.startswith("kubernetes:kubeflow.org/")
+        for key in ("pytorchReplicaSpecs", "mpiReplicaSpecs")
+        for replica in (job.inputs["spec"].get(key) or {}).values()
+    ]
+    server = server_pod_annotations(plan)
+    assert pods and server
     for pool in plan.of_type(NODEPOOL):
-        assert pool.inputs["spec"]["template"]["spec"]["terminationGracePeriod"] == "24h"
+        for annotations in [*pods, server]:
+            assert not karpenter_rules.drift_may_disrupt(pool.inputs["spec"], annotations)
 
 
 def test_efa_pools_get_one_az_a_cluster_placement_group_and_the_efa_device_plugin(dev_plan):

@@ -66,7 +66,7 @@ def test_the_operator_runs_on_system_nodes_as_a_restricted_pod_of_its_own_image(
     assert deployment["spec"]["replicas"] == 1
     repository = dev_plan.one("aws:ecr/repository:Repository", "dev-servers-operator-image").inputs
     assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
-    assert repository["forceDelete"] is True
+    assert repository["forceDelete"] is False
     image = dev_plan.one("docker-build:index:Image", "dev-servers-operator-image-operator").inputs
     # Paths as the engine resolves them, from the program's working directory (infra/).
     assert image["context"] == {"location": "../devservers"}
@@ -134,7 +134,7 @@ def test_each_user_gets_a_restricted_namespace_queue_quota_claim_and_access_entr
         "requests.nvidia.com/gpu": "16",
         # The storage of gp3 claims (homes), by kubernetes' quota key for a storage class
         # (pkg/quota/v1/evaluator/core/persistent_volume_claims.go, V1ResourceByStorageClass).
-        "gp3.storageclass.storage.k8s.io/requests.storage": "500Gi",
+        "gp3-home.storageclass.storage.k8s.io/requests.storage": "500Gi",
     }
     claims = named(dev_plan, "kubernetes:core/v1:PersistentVolumeClaim")
     assert claims["efs-dev-alice"]["metadata"]["name"] == "efs-shared"
@@ -218,7 +218,7 @@ def test_each_users_home_storage_quota_is_a_line_of_the_cost_table(dev_plan):
     cost = plan_cost("us-west-2", dev_plan)
     quotas = {line.item: line for line in cost.quotas}
     alice = quotas["storage quota dev-alice/devservers"]
-    assert alice.detail == "up to 1000 GiB of gp3 claims, in use or kept"
+    assert alice.detail == "up to 1000 GiB of gp3-home claims, in use or kept"
     assert alice.usd_per_hour == pytest.approx(
         1000 * prices.ebs_gp3_per_gib_month / HOURS_PER_MONTH
     )

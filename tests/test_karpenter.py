@@ -108,9 +108,9 @@ def test_gpu_root_volume_fits_cuda_images_and_ami_alias_follows_config(dev_plan)
         spec_of(dev_plan, NODECLASS, "cpu")["blockDeviceMappings"][0]["ebs"]["volumeSize"]
         == "100Gi"
     )
-    plan = plan_of("dev", karpenter={"amiAlias": "al2023@v20260101"})
+    plan = plan_of("dev", karpenter={"amiAlias": "al2023@v20260201"})
     assert spec_of(plan, NODECLASS, "gpu-small")["amiSelectorTerms"] == [
-        {"alias": "al2023@v20260101"}
+        {"alias": "al2023@v20260201"}
     ]
 
 

@@ -14,7 +14,7 @@ import pytest
 from infra.catalog import load_catalog
 from infra.components.gpu_registration_watch import registration_timeout
 from infra.config import ConfigError, parse_stack_config
-from infra.versions import EKS_ADDONS
+from infra.versions import KUBERNETES_VERSIONS
 from tests import karpenter_rules as karpenter
 from tests import node_monitoring_agent_rules as agent
 from tests.conftest import NO_DEV_SERVERS, ROOT, deep_merge, hadolint, plan_of, stack_values
@@ -71,7 +71,9 @@ def test_the_node_monitoring_agent_is_a_pinned_addon_configured_as_its_schema_al
     (addon,) = [
         a for a in plan.of_type(ADDON) if a.inputs["addonName"] == "eks-node-monitoring-agent"
     ]
-    assert addon.inputs["addonVersion"] == EKS_ADDONS["1.34"]["eks-node-monitoring-agent"]
+    version = plan.one("eks:index:Cluster").inputs["version"]
+    pins = KUBERNETES_VERSIONS[version].addons
+    assert addon.inputs["addonVersion"] == pins["eks-node-monitoring-agent"]
     configuration = json.loads(addon.inputs["configurationValues"])
     # CreateAddon validates configurationValues against the add-on's schema
     # (describe-addon-configuration).

@@ -27,7 +27,9 @@ def test_plan_writes_plan_json_with_the_foundation(stack, tmp_path, capsys):
     assert main(["--stack", stack, "--out", str(tmp_path)]) == 0
     entries = json.loads((tmp_path / "plan.json").read_text())
     assert all(
-        set(e) == {"urn", "type", "name", "parent", "provider", "dependencies", "inputs"}
+        set(e)
+        == {"urn", "type", "name", "parent", "provider", "dependencies", "inputs"}
+        | {"custom", "protect", "outputs"}
         for e in entries
     )
     types = {e["type"] for e in entries}

@@ -53,13 +53,13 @@ def test_max_nodes_edit_against_the_previous_plan_lists_exactly_what_moves(tmp_p
     out = tmp_path / "build/plan/dev"
     shutil.copy(ROOT / "Pulumi.dev.yaml", tmp_path)
     assert main(["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(out)]) == 0
-    assert (out / CHANGES_FILE).read_text() == f"no earlier plan in {out} to compare with\n"
+    assert (out / CHANGES_FILE).read_text() == f"no earlier plan in {out}/base to compare with\n"
     write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(12))
     capsys.readouterr()
     assert main(["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(out)]) == 0
     assert (out / CHANGES_FILE).read_text().splitlines() == MAX_NODES_4_TO_12
     printed = capsys.readouterr().out
-    assert f"Changes against the plan in {out}:\n  NodePool gpu-small limits.cpu" in printed
+    assert f"Changes against the plan in {out}/base:\n  NodePool gpu-small limits.cpu" in printed
     # Planning again with nothing edited: nothing changed.
     assert main(["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(out)]) == 0
     assert (out / CHANGES_FILE).read_text() == "no change\n"
@@ -77,7 +77,8 @@ def test_against_a_git_ref_plans_the_stack_file_as_it_was_there(tmp_path, capsys
     args = ["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(tmp_path / "out")]
     assert main([*args, "--against-ref", "HEAD"]) == 0
     assert (tmp_path / "out" / CHANGES_FILE).read_text().splitlines() == MAX_NODES_4_TO_12
-    assert "Changes against Pulumi.dev.yaml at HEAD:" in capsys.readouterr().out
+    printed = capsys.readouterr().out
+    assert "Changes against Pulumi.dev.yaml at HEAD (planned by this checkout's code):" in printed
     assert main([*args, "--against-ref", "no-such-ref"]) == 2
     assert "--against-ref: 'no-such-ref' is not a commit" in capsys.readouterr().err
     # A stack the ref does not have yet: every fact is new.

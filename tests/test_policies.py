@@ -25,7 +25,10 @@ def plan_with(*resources: tuple[str, dict], stack: str = "dev") -> Plan:
     for i, (type_, inputs) in enumerate(resources):
         urn = f"urn:pulumi:{stack}::training-platform::{type_}::r{i}"
         deps = [recorded[d].urn for d in inputs.pop("_deps", [])]
-        recorded.append(RecordedResource(urn, type_, f"r{i}", "", "", deps, inputs, True))
+        protect = inputs.pop("_protect", False)  # a resource option, not an input
+        recorded.append(
+            RecordedResource(urn, type_, f"r{i}", "", "", deps, inputs, True, protect=protect)
+        )
     return Plan(stack=stack, resources=recorded)
 
 
@@ -158,7 +161,12 @@ def deployment(**pod) -> dict:
 
 # rule -> (breaking resource, keeping resource); stack rules and production-only rules run on
 # the stack named in PROD_RULES.
+FSX_HOLDER = {"tags": {"training-platform:data": "storage.fsx"}}
 CASES = {
+    "data-holders-protected": (
+        ("aws:fsx/lustreFileSystem:LustreFileSystem", dict(FSX_HOLDER)),
+        ("aws:fsx/lustreFileSystem:LustreFileSystem", {**FSX_HOLDER, "_protect": True}),
+    ),
     "storage-encrypted": (
         ("aws:efs/fileSystem:FileSystem", {"encrypted": False}),
         ("aws:efs/fileSystem:FileSystem", {"encrypted": True}),
@@ -340,6 +348,17 @@ def test_rule_fails_the_breaking_resource_and_passes_the_good_one(rule):
     )
     good_plan = plan_with(*context, (good[0], copy.deepcopy(good[1])), stack=stack)
     assert violations_of(good_plan, rule, config) == []
+
+
+def test_a_data_holder_is_named_and_unprotected_only_when_acknowledged():
+    bucket = "aws:s3/bucket:Bucket"
+    assert violations_of(plan_with((bucket, {"_protect": True})), "data-holders-protected")
+    fsx = CASES["data-holders-protected"][0]
+    acknowledged = {"acknowledgedDataLoss": ["storage.fsx"]}
+    plan = plan_with((fsx[0], copy.deepcopy(fsx[1])))
+    assert violations_of(plan, "data-holders-protected", acknowledged) == []
+    team = {"metadata": {"name": "t", "labels": {"training-platform/team": "t"}}, "_protect": True}
+    assert violations_of(plan_with(("kubernetes:core/v1:Namespace", team)), "data-holders-protected")
 
 
 def test_public_endpoint_is_fine_outside_production():
@@ -648,6 +667,8 @@ def test_a_key_arn_unknown_in_preview_still_counts_as_set():
         "encryptionConfigKeyArn": UNKNOWN_STRING_VALUE,
         "enabledClusterLogTypes": ALL_LOGS,
         "skipDefaultNodeGroup": True,
+        "clusterTags": {"training-platform:data": "cluster"},
+        "_protect": True,
     }
     assert check(plan_with(("eks:index:Cluster", cluster)), {"region": "us-east-1"}) == []
     prod_sse = (SSE_V2, sse("aws:kms", UNKNOWN_STRING_VALUE))

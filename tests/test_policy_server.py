@@ -78,7 +78,11 @@ def serve_plan(plan) -> set[tuple[str, str]]:
     for r in plan.resources:
         properties = struct_pb2.Struct()
         json_format.ParseDict(json.loads(json.dumps(r.inputs)), properties)
-        request = proto.AnalyzeRequest(type=r.type, properties=properties, urn=r.urn, name=r.name)
+        # The engine hands the options too: `protect` is what data-holders-protected reads.
+        options = proto.AnalyzerResourceOptions(protect=r.protect)
+        request = proto.AnalyzeRequest(
+            type=r.type, properties=properties, urn=r.urn, name=r.name, options=options
+        )
         found |= {(d.policyName, r.urn) for d in analyzer.Analyze(request, None).diagnostics}
         resources.append(
             proto.AnalyzerResource(
@@ -86,6 +90,7 @@ def serve_plan(plan) -> set[tuple[str, str]]:
                 properties=properties,
                 urn=r.urn,
                 name=r.name,
+                options=options,
                 parent=r.parent,
                 dependencies=r.dependencies,
             )

@@ -235,3 +235,59 @@ def test_cli_exit_code_and_output(aws, monkeypatch, capsys):
 def test_cli_names_a_missing_stack(capsys):
     assert preflight.main(["--stack", "nope"]) == 2
     assert "allowed stacks: dev, prod" in capsys.readouterr().err
+
+
+def addon_versions(name: str, version: str, builds: dict[str, bool]) -> dict:
+    """DescribeAddonVersions' answer as EKS shapes it: each build with its compatibilities."""
+    return {
+        "addons": [
+            {
+                "addonName": name,
+                "type": "networking",
+                "addonVersions": [
+                    {
+                        "addonVersion": build,
+                        "architecture": ["amd64", "arm64"],
+                        "compatibilities": [
+                            {
+                                "clusterVersion": version,
+                                "platformVersions": ["*"],
+                                "defaultVersion": default,
+                            }
+                        ],
+                    }
+                    for build, default in builds.items()
+                ],
+            }
+        ]
+    }
+
+
+def test_pinned_add_on_builds_are_checked_against_what_eks_offers():
+    config = parse_stack_config(stack_values("dev"), "Pulumi.dev.yaml")
+    version = config.cluster.kubernetes_version
+    pinned = preflight.stack_addons(config)
+    assert "aws-fsx-csi-driver" not in pinned and "aws-efs-csi-driver" in pinned
+    eks = boto3.client(
+        "eks", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    stubber = Stubber(eks)
+    for name, build in sorted(pinned.items()):
+        builds = {"v9.9.9-eksbuild.1": True}
+        if name == "coredns":
+            builds = {build: False, "v9.9.9-eksbuild.1": True}  # offered, not the default
+        elif name != "kube-proxy":
+            builds = {build: True}
+        stubber.add_response(
+            "describe_addon_versions",
+            addon_versions(name, version, builds),
+            {"addonName": name, "kubernetesVersion": version},
+        )
+    stubber.activate()
+    report = preflight.Report()
+    preflight.check_addons(config, eks, report)
+    stubber.assert_no_pending_responses()
+    (problem,) = report.problems
+    assert problem.startswith(f"add-on kube-proxy {pinned['kube-proxy']} is not offered")
+    assert "(EKS's default there is v9.9.9-eksbuild.1)" in problem
+    assert f"add-on coredns: pinned {pinned['coredns']}; EKS's default" in " ".join(report.notes)

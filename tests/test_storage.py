@@ -7,10 +7,11 @@ import pytest
 
 from infra.components.bucket import prefix_read_write_policy
 from infra.config import ConfigError, parse_stack_config
-from infra.versions import EKS_ADDONS
+from infra.versions import DEFAULT_KUBERNETES_VERSION, KUBERNETES_VERSIONS
 from tests.conftest import stack_values
 
-ADDONS = EKS_ADDONS["1.34"]
+# The stacks run the default version.
+ADDONS = KUBERNETES_VERSIONS[DEFAULT_KUBERNETES_VERSION].addons
 INGRESS = "aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule"
 EGRESS = "aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule"
 
@@ -165,9 +166,9 @@ def test_efs_encrypted_with_a_mount_target_per_private_subnet_and_nfs_from_nodes
         2049,
     )
     assert rule.inputs["referencedSecurityGroupId"] == cluster_sg(plan)
-    efs = storage_class(plan, "efs")
-    assert efs["parameters"]["provisioningMode"] == "efs-ap"
-    assert efs["parameters"]["fileSystemId"].startswith("fs-")
+    # Backed up daily by AWS Backup; recovery points outlive the file system.
+    (backup,) = plan.of_type("aws:efs/backupPolicy:BackupPolicy")
+    assert backup.inputs["backupPolicy"] == {"status": "ENABLED"}
 
 
 def test_no_security_group_rule_is_open_to_the_world(stack_plan):
@@ -211,25 +212,39 @@ def test_lustre_ports_between_nodes_and_the_file_system_only(prod_plan):
         assert all(r["ipProtocol"] == "tcp" for r in rules)
 
 
-def test_data_repository_association_syncs_both_ways(prod_plan):
-    dra = prod_plan.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation").inputs
+DRA = "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation"
+
+
+def test_datasets_and_checkpoints_sync_both_ways_with_the_bucket(prod_plan):
+    """No checkpoint lives only on the file system: /checkpoints is exported to the bucket (and
+    imported again by a new file system), as the datasets are."""
     bucket = prod_plan.one("aws:s3/bucket:Bucket")
-    assert dra["dataRepositoryPath"].startswith("s3://training-bucket-") and dra[
-        "dataRepositoryPath"
-    ].endswith("/datasets")
-    assert dra["fileSystemPath"] == "/datasets"
-    assert dra["s3"]["autoImportPolicy"]["events"] == ["NEW", "CHANGED", "DELETED"]
-    assert dra["s3"]["autoExportPolicy"]["events"] == ["NEW", "CHANGED", "DELETED"]
-    assert (
-        bucket.urn
-        in prod_plan.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation").dependencies
-    )
+    paths = {}
+    for dra in prod_plan.of_type(DRA):
+        inputs = dra.inputs
+        assert inputs["dataRepositoryPath"].startswith("s3://training-bucket-")
+        paths[inputs["fileSystemPath"]] = inputs["dataRepositoryPath"].split("/", 3)[3]
+        assert inputs["s3"]["autoImportPolicy"]["events"] == ["NEW", "CHANGED", "DELETED"]
+        assert inputs["s3"]["autoExportPolicy"]["events"] == ["NEW", "CHANGED", "DELETED"]
+        assert inputs["batchImportMetaDataOnCreate"] is True
+        assert bucket.urn in dra.dependencies
+    assert paths == {"/datasets": "datasets", "/checkpoints": "checkpoints/_fsx"}
+    # Jobs checkpointing to FSx write under the exported path.
+    job = prod_plan.one("kubernetes:kubeflow.org/v1:PyTorchJob").inputs
+    command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
+    checkpoint = command["command"][command["command"].index("--checkpoint-dir") + 1]
+    assert checkpoint.startswith("/fsx/checkpoints/")
+
+
+def test_fsx_is_backed_up_daily_and_on_deletion(prod_plan):
+    fsx = prod_plan.one("aws:fsx/lustreFileSystem:LustreFileSystem").inputs
+    assert fsx["automaticBackupRetentionDays"] == 7
+    # The provider skips the final backup unless told not to.
+    assert fsx["skipFinalBackup"] is False
 
 
 def fsx_id(plan):
-    return plan.one("aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation").inputs[
-        "fileSystemId"
-    ]
+    return plan.of_type(DRA)[0].inputs["fileSystemId"]
 
 
 def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod_plan):
@@ -246,12 +261,22 @@ def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod
     assert set(claims) == {
         (ns, c) for ns in namespaces for c in ("fsx-training-data", "efs-shared")
     } | {("dev-carol", "efs-shared")}
-    for (_, name), spec in claims.items():
+    access_points = {
+        a.inputs["rootDirectory"]["path"]: a
+        for a in prod_plan.of_type("aws:efs/accessPoint:AccessPoint")
+    }
+    for (namespace, name), spec in claims.items():
         assert spec["accessModes"] == ["ReadWriteMany"]
-        if name == "efs-shared":
-            assert spec["storageClassName"] == "efs"
-            continue
         volume = volumes[spec["volumeName"]]
+        assert volume["persistentVolumeReclaimPolicy"] == "Retain"
+        if name == "efs-shared":
+            # Its own access point, rooted in the namespace's own directory, as one user.
+            point = access_points[f"/namespaces/{namespace}"]
+            assert volume["claimRef"] == {"namespace": namespace, "name": "efs-shared"}
+            assert volume["csi"]["volumeHandle"] == f"{efs_id(prod_plan)}::{point.outputs['id']}"
+            assert point.inputs["posixUser"] == {"uid": 10001, "gid": 10001}
+            assert point.inputs["rootDirectory"]["creationInfo"]["permissions"] == "750"
+            continue
         assert spec["storageClassName"] == "" and volume["storageClassName"] == ""
         assert spec["resources"]["requests"]["storage"] == volume["capacity"]["storage"] == "4800Gi"
         assert volume["csi"]["driver"] == "fsx.csi.aws.com"
@@ -260,8 +285,13 @@ def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod
             and volume["persistentVolumeReclaimPolicy"] == "Retain"
         )
         assert set(volume["csi"]["volumeAttributes"]) == {"dnsname", "mountname"}
-    assert len(volumes) == 3
-    assert {v["csi"]["volumeHandle"] for v in volumes.values()} == {fsx_id(prod_plan)}
+    fsx_volumes = [v for v in volumes.values() if v["csi"]["driver"] == "fsx.csi.aws.com"]
+    assert len(fsx_volumes) == 3 and len(access_points) == 4
+    assert {v["csi"]["volumeHandle"] for v in fsx_volumes} == {fsx_id(prod_plan)}
+
+
+def efs_id(plan):
+    return plan.one("aws:efs/fileSystem:FileSystem").outputs["id"]
 
 
 @pytest.mark.parametrize(

@@ -181,12 +181,13 @@ def test_jobs_wait_for_operators_identity_and_its_permissions(dev_plan):
     assert grant.urn in identity.dependencies
 
 
-def test_trainer_image_is_built_into_a_scanned_immutable_deletable_repository(dev_plan):
-    repository = dev_plan.one("aws:ecr/repository:Repository", "trainer-image").inputs
+def test_trainer_image_is_built_into_a_scanned_immutable_protected_repository(dev_plan):
+    resource = dev_plan.one("aws:ecr/repository:Repository", "trainer-image")
+    repository = resource.inputs
     assert repository["imageScanningConfiguration"] == {"scanOnPush": True}
     assert repository["imageTagMutability"] == "IMMUTABLE"
-    # `pulumi destroy` must be able to delete a repository that holds images.
-    assert repository["forceDelete"] is True
+    # Running jobs pull from it: never emptied by a deletion, protected (tests/test_day_two.py).
+    assert repository["forceDelete"] is False and resource.protect
     rules = json.loads(
         dev_plan.one("aws:ecr/lifecyclePolicy:LifecyclePolicy", "trainer-image").inputs["policy"]
     )["rules"]

@@ -1,4 +1,9 @@
-"""BlockStorage: the EBS CSI driver and the default gp3 StorageClass."""
+"""BlockStorage: the EBS CSI driver, the default gp3 StorageClass, and gp3-home for DevServer homes.
+
+Homes outlive their claims: gp3-home retains the volume when the claim goes (a user removed from
+stack config, a namespace deleted), where gp3 deletes it. A StorageClass's reclaimPolicy cannot
+change once created (the API server refuses the update), hence a class of its own.
+"""
 
 import pulumi
 import pulumi_kubernetes as k8s
@@ -8,6 +13,9 @@ from infra.components.iam import csi_driver_addon
 
 EBS_CSI_POLICY = "service-role/AmazonEBSCSIDriverPolicy"
 STORAGE_CLASS = "gp3"
+HOME_STORAGE_CLASS = "gp3-home"
+# The EBS CSI driver's parameters of both classes (aws-ebs-csi-driver docs/parameters.md).
+GP3_PARAMETERS = {"type": "gp3", "encrypted": "true", "fsType": "ext4"}
 
 
 class BlockStorage(pulumi.ComponentResource):
@@ -33,18 +41,19 @@ class BlockStorage(pulumi.ComponentResource):
             child,
             managed_policies=[EBS_CSI_POLICY],
         )
-        k8s.storage.v1.StorageClass(
-            STORAGE_CLASS,
-            metadata={
-                "name": STORAGE_CLASS,
-                "annotations": {"storageclass.kubernetes.io/is-default-class": "true"},
-            },
-            provisioner="ebs.csi.aws.com",
-            parameters={"type": "gp3", "encrypted": "true", "fsType": "ext4"},
-            # Create the volume in the AZ the pod lands in, not before.
-            volume_binding_mode="WaitForFirstConsumer",
-            allow_volume_expansion=True,
-            reclaim_policy="Delete",
-            opts=cluster.in_cluster(self, addon),
-        )
-        self.register_outputs({"storageClass": STORAGE_CLASS})
+        for class_name, reclaim, annotations in (
+            (STORAGE_CLASS, "Delete", {"storageclass.kubernetes.io/is-default-class": "true"}),
+            (HOME_STORAGE_CLASS, "Retain", {}),
+        ):
+            k8s.storage.v1.StorageClass(
+                class_name,
+                metadata={"name": class_name, "annotations": annotations},
+                provisioner="ebs.csi.aws.com",
+                parameters=GP3_PARAMETERS,
+                # Create the volume in the AZ the pod lands in, not before.
+                volume_binding_mode="WaitForFirstConsumer",
+                allow_volume_expansion=True,
+                reclaim_policy=reclaim,
+                opts=cluster.in_cluster(self, addon),
+            )
+        self.register_outputs({"storageClass": STORAGE_CLASS, "homes": HOME_STORAGE_CLASS})

@@ -7,6 +7,7 @@ import pulumi_aws as aws
 
 from infra.components.iam import partition
 from infra.config import CHECKPOINT_PREFIX, BucketConfig
+from infra.data_holders import BUCKET, DataGuard
 
 
 def prefix_read_write_policy(
@@ -126,12 +127,20 @@ class TrainingBucket(pulumi.ComponentResource):
         config: BucketConfig,
         key_alias: str,
         tags: dict[str, str],
+        data: DataGuard,
         opts: pulumi.ResourceOptions | None = None,
     ):
         """`key_alias` (alias/...) names the SSE-KMS key, when the bucket has one."""
         super().__init__("training-platform:infra:TrainingBucket", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        bucket = aws.s3.Bucket(name, force_destroy=config.force_destroy, tags=tags, opts=child)
+        # The bucket and its key hold the data: protected (infra/data_holders.py).
+        holding = pulumi.ResourceOptions.merge(child, data.protect(BUCKET))
+        bucket = aws.s3.Bucket(
+            name,
+            force_destroy=config.force_destroy,
+            tags=data.tags(BUCKET, tags),
+            opts=holding,
+        )
         # The ARN from the bucket's name (known in a preview, the `arn` output is not), so the
         # policy pack can read the policies below before the bucket exists.
         aws_partition = partition()
@@ -164,8 +173,8 @@ class TrainingBucket(pulumi.ComponentResource):
                         )
                     )
                 ),
-                tags=tags,
-                opts=child,
+                tags=data.tags(BUCKET, tags),
+                opts=holding,
             )
             alias = aws.kms.Alias(
                 f"{name}-sse", name=key_alias, target_key_id=key.key_id, opts=child

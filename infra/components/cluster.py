@@ -11,7 +11,8 @@ from infra.components.iam import node_role, partition
 from infra.components.network import Network, discovery_tag
 from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.config import ClusterConfig, HybridConfig
-from infra.versions import EKS_ADDONS
+from infra.data_holders import CLUSTER, DataGuard
+from infra.versions import KUBERNETES_VERSIONS
 
 CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
 
@@ -33,20 +34,22 @@ class Cluster(pulumi.ComponentResource):
         config: ClusterConfig,
         network: Network,
         tags: dict[str, str],
+        data: DataGuard,
         opts: pulumi.ResourceOptions | None = None,
         hybrid: HybridConfig | None = None,
     ):
         super().__init__("training-platform:infra:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
-        addons = EKS_ADDONS[config.kubernetes_version]
+        addons = KUBERNETES_VERSIONS[config.kubernetes_version].addons
 
         secrets_key = aws.kms.Key(
             f"{name}-secrets",
             description=f"Envelope encryption of Kubernetes secrets in EKS cluster {config.name}",
             enable_key_rotation=True,
             deletion_window_in_days=30,
-            tags=tags,
-            opts=child,
+            # Its loss makes every Kubernetes secret of the cluster unreadable.
+            tags=data.tags(CLUSTER, tags),
+            opts=pulumi.ResourceOptions.merge(child, data.protect(CLUSTER)),
         )
         aws.kms.Alias(
             f"{name}-secrets",
@@ -93,6 +96,7 @@ class Cluster(pulumi.ComponentResource):
             enabled_cluster_log_types=CONTROL_PLANE_LOG_TYPES,
             encryption_config_key_arn=secrets_key.arn,
             deletion_protection=config.deletion_protection,
+            upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=config.upgrade_policy),
             # Network policy enforcement: job pods accept traffic only from their own job.
             vpc_cni_options=eks.VpcCniOptionsArgs(
                 addon_version=addons["vpc-cni"], enable_network_policy=True
@@ -102,12 +106,17 @@ class Cluster(pulumi.ComponentResource):
             coredns_addon_options=eks.CoreDnsAddonOptionsArgs(enabled=False),
             kube_proxy_addon_options=eks.KubeProxyAddonOptionsArgs(version=addons["kube-proxy"]),
             tags=tags,
-            # Hybrid nodes: the cluster's remote node and pod networks (see hybrid_nodes.py).
+            cluster_tags=data.tags(CLUSTER, {}),
+            # Protected, with its children (the engine hands `protect` to the component's
+            # provider, whose children inherit it). Hybrid nodes: the cluster's remote node and
+            # pod networks (see hybrid_nodes.py).
             opts=pulumi.ResourceOptions.merge(
-                child, pulumi.ResourceOptions(transforms=[remote_network_transform(hybrid)])
-            )
-            if hybrid
-            else child,
+                child,
+                pulumi.ResourceOptions(
+                    protect=data.protect(CLUSTER).protect,
+                    transforms=[remote_network_transform(hybrid)] if hybrid else None,
+                ),
+            ),
         )
         cluster_name = cluster.eks_cluster.name
         cluster_sg_id = cluster.eks_cluster.vpc_config.cluster_security_group_id
@@ -157,6 +166,7 @@ class Cluster(pulumi.ComponentResource):
             provider=self.provider,
             controller_prerequisites=self.controller_prerequisites,
             tags=tags,
+            data=data,
             vpc=VpcPlacement(
                 cidr=network.cidr,
                 vpc_id=network.vpc_id,
@@ -213,6 +223,10 @@ class Cluster(pulumi.ComponentResource):
             instance_types=[group.instance_type],
             ami_type="AL2023_x86_64_STANDARD",
             capacity_type="ON_DEMAND",
+            # Upgraded with the control plane (EKS's managed rolling update, after the cluster's
+            # own upgrade: the group depends on it). Without a version the group stays on the
+            # one it was created with, and EKS refuses the control plane's next minor upgrade.
+            version=config.kubernetes_version,
             scaling_config=aws.eks.NodeGroupScalingConfigArgs(
                 min_size=group.min_size, desired_size=group.desired_size, max_size=group.max_size
             ),

@@ -12,6 +12,7 @@ import pulumi_docker_build as docker_build
 
 from infra.components.context import ClusterContext
 from infra.config import ImageConfig
+from infra.data_holders import IMAGES, DataGuard
 from infra.paths import provider_path
 
 PLATFORMS = ["linux/amd64"]
@@ -98,6 +99,7 @@ def ecr_images(
     targets: list[str],
     tags: dict[str, str],
     opts: pulumi.ResourceOptions,
+    data: DataGuard,
 ) -> dict[str, pulumi.Output[str]]:
     """Build `context`/Dockerfile for each target and push it to a new ECR repository (scan on
     push, immutable tags that change exactly when the build would, lifecycle policy).
@@ -107,13 +109,14 @@ def ecr_images(
         name,
         name=repository_name,
         image_tag_mutability="IMMUTABLE",
-        # `pulumi destroy` deletes the repository with the images in it; they are rebuilt
-        # from the sources on the next `pulumi up`.
-        force_delete=True,
+        # The images running jobs and servers pull, those pinned by older job revisions
+        # included (workloads/training_job.py): a data holder, protected, never emptied by a
+        # deletion (AWS refuses to delete a repository that still holds images).
+        force_delete=False,
         image_scanning_configuration={"scan_on_push": True},
         encryption_configurations=[{"encryption_type": "AES256"}],
-        tags=tags,
-        opts=opts,
+        tags=data.tags(IMAGES, tags),
+        opts=pulumi.ResourceOptions.merge(opts, data.protect(IMAGES)),
     )
     aws.ecr.LifecyclePolicy(
         name, repository=repository.name, policy=json.dumps(LIFECYCLE), opts=opts
@@ -170,4 +173,4 @@ def images(
         return {target: pulumi.Output.from_input(prebuilt.uri) for target in targets}
     repository = repository_name(cluster.config_name, image)
     opts = pulumi.ResourceOptions(parent=parent)
-    return ecr_images(name, repository, context, targets, cluster.tags, opts)
+    return ecr_images(name, repository, context, targets, cluster.tags, opts, cluster.data)

@@ -11,6 +11,8 @@ from dataclasses import dataclass
 import pulumi
 import pulumi_kubernetes as k8s
 
+from infra.data_holders import DataGuard
+
 
 @dataclass(frozen=True)
 class VpcPlacement:
@@ -38,6 +40,7 @@ class ClusterContext:
     controller_prerequisites: list[pulumi.Resource]
     tags: dict[str, str]
     vpc: VpcPlacement
+    data: DataGuard  # which data holders are protected (all but those acknowledgeDataLoss names)
 
     def in_cluster(
         self, parent: pulumi.Resource, *after: pulumi.Resource
@@ -45,3 +48,11 @@ class ClusterContext:
         """Options for a Kubernetes object of `parent` that waits for `after` (and outlives it
         on destroy)."""
         return pulumi.ResourceOptions(parent=parent, provider=self.provider, depends_on=list(after))
+
+    def holding(
+        self, holder: str, parent: pulumi.Resource, *after: pulumi.Resource
+    ) -> pulumi.ResourceOptions:
+        """in_cluster() for a Kubernetes object that holds data (a namespace): protected."""
+        return pulumi.ResourceOptions.merge(
+            self.in_cluster(parent, *after), self.data.protect(holder)
+        )

@@ -1,7 +1,11 @@
 """LustreFileSystem: FSx for Lustre PERSISTENT_2 linked to the bucket, its CSI driver and claims.
 
-Jobs read datasets and write checkpoints at Lustre speed; the data repository association imports
-new, changed and deleted S3 objects and exports the file system's changes back.
+Jobs read datasets and write checkpoints at Lustre speed. Two data repository associations link
+it to the bucket, each importing new, changed and deleted S3 objects and exporting the file
+system's changes back: the datasets (`storage.fsx.datasetPrefix`) and the checkpoints (/checkpoints
+with s3://<bucket>/checkpoints/_fsx/), so that no checkpoint lives only on a file system one edit
+can replace: a new file system imports them again. The file system holds data
+(infra/data_holders.py): protected, backed up daily, and backed up once more when deleted.
 """
 
 import json
@@ -12,14 +16,19 @@ import pulumi_kubernetes as k8s
 
 from infra.components.context import ClusterContext
 from infra.components.iam import csi_driver_addon
-from infra.config import FsxConfig
+from infra.config import CHECKPOINT_PREFIX, FsxConfig
+from infra.data_holders import FSX
 from infra.versions import LUSTRE_VERSION
 
 # Lustre clients talk to the file system servers on 988 and 1018-1023.
 LUSTRE_PORTS = [(988, 988), (1018, 1023)]
 SYNC_EVENTS = ["NEW", "CHANGED", "DELETED"]
-MOUNT_PATH = "/data"
 CLAIM = "fsx-training-data"
+# Where jobs' checkpoints go on the file system (workloads/manifests.py mounts it at /fsx), and
+# where in the bucket they are exported to: under the bucket's checkpoint retention, beside the S3
+# jobs' checkpoints/<namespace>/<job>; no namespace name has a `_`, so none collides.
+CHECKPOINT_PATH = "/checkpoints"
+CHECKPOINT_EXPORT_PREFIX = f"{CHECKPOINT_PREFIX}_fsx"
 
 
 def csi_policy() -> str:
@@ -93,25 +102,36 @@ class LustreFileSystem(pulumi.ComponentResource):
             security_group_ids=[group.id],
             file_system_type_version=LUSTRE_VERSION,
             data_compression_type="LZ4",
-            tags=cluster.tags,
+            # Daily backups, kept `backupRetentionDays`; and one on deletion (the provider's
+            # default skips it: terraform-provider-aws aws_fsx_lustre_file_system,
+            # skip_final_backup Default true). copy_tags_to_backups is left at its default: a
+            # change to it replaces the file system.
+            automatic_backup_retention_days=config.backup_retention_days,
+            skip_final_backup=False,
+            final_backup_tags={**cluster.tags, "training-platform:final-backup": "true"},
+            tags=cluster.data.tags(FSX, cluster.tags),
             # FSx refuses to create a file system whose security group does not yet open 988.
-            opts=pulumi.ResourceOptions(parent=self, depends_on=rules),
-        )
-        aws.fsx.DataRepositoryAssociation(
-            name,
-            file_system_id=file_system.id,
-            file_system_path=f"/{config.dataset_prefix}",
-            data_repository_path=pulumi.Output.concat(
-                "s3://", bucket_name, "/", config.dataset_prefix
+            opts=pulumi.ResourceOptions(
+                parent=self, depends_on=rules, protect=cluster.data.protect(FSX).protect
             ),
-            batch_import_meta_data_on_create=True,
-            s3={
-                "auto_import_policy": {"events": SYNC_EVENTS},
-                "auto_export_policy": {"events": SYNC_EVENTS},
-            },
-            tags=cluster.tags,
-            opts=child,
         )
+        for suffix, path, prefix in (
+            ("", f"/{config.dataset_prefix}", config.dataset_prefix),
+            ("-checkpoints", CHECKPOINT_PATH, CHECKPOINT_EXPORT_PREFIX),
+        ):
+            aws.fsx.DataRepositoryAssociation(
+                f"{name}{suffix}",
+                file_system_id=file_system.id,
+                file_system_path=path,
+                data_repository_path=pulumi.Output.concat("s3://", bucket_name, "/", prefix),
+                batch_import_meta_data_on_create=True,
+                s3={
+                    "auto_import_policy": {"events": SYNC_EVENTS},
+                    "auto_export_policy": {"events": SYNC_EVENTS},
+                },
+                tags=cluster.tags,
+                opts=child,
+            )
         addon = csi_driver_addon(
             f"{name}-csi",
             cluster,

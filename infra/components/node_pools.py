@@ -31,9 +31,13 @@ FAST_IMAGE_PULL_NODE_CONFIG = {
     "kind": "NodeConfig",
     "spec": {"featureGates": {"FastImagePull": True}},
 }
-# Job pods carry karpenter.sh/do-not-disrupt, which blocks draining forever; past this, a node
-# that drifted or expired is drained anyway (the trainer checkpoints on SIGTERM and resumes).
-TERMINATION_GRACE_PERIOD = "24h"
+# No terminationGracePeriod on any pool: with one, Karpenter picks nodes whose pods carry
+# karpenter.sh/do-not-disrupt as drift candidates and deletes those pods when it runs out
+# (kubernetes-sigs/karpenter v1.14.1 pkg/controllers/disruption/types.go NewCandidate: an
+# EventualDisruptionClass method, which Drift is, ignores the pods' blocking when the NodeClaim
+# has a terminationGracePeriod). Without one, drift (an AMI or Kubernetes upgrade, a template
+# edit) replaces only nodes that run no job or DevServer pod; `python -m deploy.roll` moves
+# running jobs off drifted nodes on purpose, each restarting once from its checkpoint.
 
 
 def ec2_node_class_spec(
@@ -154,7 +158,6 @@ def node_pool_spec(pool: NodePoolConfig, zone: str | None = None) -> dict:
             {"key": "kubernetes.io/os", "operator": "In", "values": ["linux"]},
         ],
         "expireAfter": pool.expire_after,
-        "terminationGracePeriod": TERMINATION_GRACE_PERIOD,
     }
     if zone:
         template_spec["requirements"].append(

@@ -13,6 +13,7 @@ import pulumi_kubernetes as k8s
 from infra.components.context import ClusterContext
 from infra.components.node_pools import GPU_TAINT, POOL_LABEL
 from infra.config import NodePoolConfig, QueuesConfig, TeamConfig
+from infra.data_holders import annotated, team_holder
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 PLATFORM_QUEUE = "platform"
@@ -208,17 +209,22 @@ class Queues(pulumi.ComponentResource):
         self.namespaces = {}
         self.local_queues = {}
         for team in queues.teams:
+            # Deleting a namespace deletes everything in it, the running jobs included.
+            holder = team_holder(team.name)
             namespace = self.namespaces[team.name] = k8s.core.v1.Namespace(
                 f"{name}-ns-{team.name}",
-                metadata={
-                    "name": team.namespace_name,
-                    "labels": {
-                        QUEUE_ACCESS_LABEL: str(not team.own_cluster_queue).lower(),
-                        TEAM_LABEL: team.name,
-                        **POD_SECURITY_LABELS,
+                metadata=annotated(
+                    {
+                        "name": team.namespace_name,
+                        "labels": {
+                            QUEUE_ACCESS_LABEL: str(not team.own_cluster_queue).lower(),
+                            TEAM_LABEL: team.name,
+                            **POD_SECURITY_LABELS,
+                        },
                     },
-                },
-                opts=cluster.in_cluster(self, *namespace_prerequisites),
+                    holder,
+                ),
+                opts=cluster.holding(holder, self, *namespace_prerequisites),
             )
             self.local_queues[team.name] = custom(
                 f"{name}-lq-{team.name}",

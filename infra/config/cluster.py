@@ -21,7 +21,7 @@ from infra.config.base import (
     hours,
     ipv4_network,
 )
-from infra.versions import EKS_ADDONS, KARPENTER_AMI_ALIAS
+from infra.versions import DEFAULT_KUBERNETES_VERSION, KARPENTER_AMI_ALIAS, KUBERNETES_VERSIONS
 
 IAM_ROLE_NAME_MAX = 64
 
@@ -112,7 +112,15 @@ class ClusterConfig(Model):
     # Lowercase words joined by single hyphens: the ECR repository `<name>/trainer` allows
     # nothing else (no uppercase, no `--`, no trailing `-`).
     name: str = Field(default="training-platform", pattern=CLUSTER_NAME, max_length=100)
-    kubernetes_version: Literal[tuple(EKS_ADDONS)] = next(iter(EKS_ADDONS))  # type: ignore[valid-type]
+    kubernetes_version: Literal[tuple(KUBERNETES_VERSIONS)] = (  # type: ignore[valid-type]
+        DEFAULT_KUBERNETES_VERSION
+    )
+    # What EKS does when the version leaves standard support (EKS upgrade policy): EXTENDED (EKS's
+    # API default) keeps the version and bills extended support from that day; STANDARD has EKS
+    # upgrade the control plane to the next version that day, ahead of this stack's add-ons,
+    # nodes and state (the next `pulumi up` must then name the new version). The plan shows the
+    # date and what each choice costs.
+    upgrade_policy: Literal["EXTENDED", "STANDARD"] = "EXTENDED"
     endpoint: EndpointAccess = EndpointAccess()
     # IAM principals given cluster-admin through EKS access entries.
     admin_principal_arns: list[IamPrincipalArn] = Field(default_factory=list)

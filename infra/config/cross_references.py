@@ -12,7 +12,7 @@ from infra.config.policy import HYBRID_GATEWAY, public_ingress_resources
 from infra.config.pools import NODE_RESERVE, job_pod_fits, pod_room
 from infra.config.queues import queue_shortfall
 from infra.config.stack import StackConfig
-from infra.versions import AL2023_FIRST_RELEASE
+from infra.versions import KUBERNETES_VERSIONS
 
 
 def _not_a_pool(name: str, config: "StackConfig") -> str:
@@ -254,7 +254,7 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
 def _ami_release_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     """Karpenter finds AMIs of a release for the cluster's Kubernetes version only."""
     version = config.cluster.kubernetes_version
-    first = f"al2023@{AL2023_FIRST_RELEASE[version]}"
+    first = f"al2023@{KUBERNETES_VERSIONS[version].first_al2023_release}"
     if config.karpenter.ami_alias >= first:  # one format, al2023@vYYYYMMDD: text order is time
         return []
     return [

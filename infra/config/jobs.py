@@ -31,6 +31,10 @@ class JobConfig(Model):
     args: list[str] = Field(default_factory=list)  # trainer arguments (python -m trainer --help)
     checkpoint: Literal["s3", "fsx", "efs"] = "s3"
     max_restarts: int = Field(default=3, ge=0, le=100)
+    # The job runs what it was given at this revision: the trainer image built then and its
+    # manifest. A later trainer/ edit, args edit or program change reaches the running job only
+    # when this number goes up, and then restarts it once (from its newest checkpoint).
+    revision: int = Field(default=1, ge=1)
 
     @model_validator(mode="after")
     def _range(self) -> "JobConfig":

@@ -123,7 +123,10 @@ class NodePoolConfig(Model):
     # gp3 throughput of the root volume in MiB/s; Karpenter's EC2NodeClass takes 125 to 1000.
     # Default: ROOT_THROUGHPUT_MIBPS by whether image pulls land on it (see root_throughput_mibps).
     disk_throughput_mibps: int | None = Field(default=None, ge=125, le=1000)
-    expire_after: Duration = "720h"
+    # How long a node lives (Karpenter expireAfter; Never: until drift or emptiness removes it).
+    # Expiration is forceful: it ignores disruption budgets, but without a terminationGracePeriod
+    # (node_pools.py) a node's running jobs and DevServers finish before it goes.
+    expire_after: Duration | Literal["Never"] = "720h"
     fabric_check: FabricCheckConfig = FabricCheckConfig()
 
     @model_validator(mode="after")
@@ -151,10 +154,10 @@ class NodePoolConfig(Model):
     @model_validator(mode="after")
     def _consistent(self) -> "NodePoolConfig":
         low, high = EXPIRE_AFTER_HOURS
-        if not low <= hours(self.expire_after) <= high:
+        if self.expire_after != "Never" and not low <= hours(self.expire_after) <= high:
             raise ValueError(
                 f"expireAfter {self.expire_after} is {hours(self.expire_after):g} hours; allowed: "
-                f"{low}h to {high}h (nodes must be replaced to pick up patched AMIs)"
+                f"{low}h to {high}h, or Never (nodes must be replaced to pick up patched AMIs)"
             )
         if len(set(self.capacity_types)) != len(self.capacity_types):
             raise ValueError(

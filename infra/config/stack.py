@@ -10,6 +10,7 @@ from pydantic import (
 
 from infra.config.base import HYBRID_POOL, ImageConfig, Model, known_region
 from infra.config.cluster import ClusterConfig, KarpenterConfig
+from infra.config.data_loss import DataLossAcknowledgement, holders_once
 from infra.config.dev_servers import DevServersConfig
 from infra.config.hybrid import HybridConfig, Pool
 from infra.config.jobs import JobConfig
@@ -42,6 +43,14 @@ class StackConfig(Model):
     jobs: list[JobConfig] = Field(default_factory=list)
     dev_servers: DevServersConfig = DevServersConfig()
     hybrid: HybridConfig | None = None  # GPUs outside AWS as EKS hybrid nodes
+    acknowledge_data_loss: Annotated[
+        list[DataLossAcknowledgement], AfterValidator(holders_once)
+    ] = Field(default_factory=list)
+
+    @property
+    def released(self) -> frozenset[str]:
+        """The data holders whose loss this stack file accepts (infra/data_holders.py)."""
+        return frozenset(a.holder for a in self.acknowledge_data_loss)
 
     def pool_named(self, name: str, nodes: int = 1) -> Pool | None:
         """The pool a job or DevServer flavor names: a NodePool, or the hybrid machines sized

@@ -32,6 +32,8 @@ class FsxConfig(Model):
     dataset_prefix: str = Field(
         default="datasets", pattern=r"^[a-zA-Z0-9!_.*'()-]+(/[a-zA-Z0-9!_.*'()-]+)*$"
     )
+    # Days FSx keeps its daily automatic backups (0 turns them off; FSx allows up to 90).
+    backup_retention_days: int = Field(default=7, ge=0, le=90)
 
     @model_validator(mode="after")
     def _capacity(self) -> "FsxConfig":

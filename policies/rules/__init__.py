@@ -22,6 +22,7 @@ from policies.rules.base import (
     stack_rule,
 )
 from policies.rules.cost import cost_budget
+from policies.rules.data import protected
 from policies.rules.iam import (
     broad_managed,
     no_star,
@@ -64,6 +65,14 @@ POLICIES = [
         "EBS, EFS, FSx, S3, SQS, launch templates, node classes and EKS secrets are encrypted",
         lambda t: True,
         encrypted,
+    ),
+    resource_rule(
+        "data-holders-protected",
+        "File systems, buckets, keys, image repositories, the cluster and tenants' namespaces name "
+        "their data holder and are protected unless acknowledgeDataLoss lists it",
+        lambda t: True,
+        protected,
+        {"acknowledgedDataLoss": LIST},
     ),
     resource_rule(
         "bucket-kms-in-production",

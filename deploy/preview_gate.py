@@ -1,0 +1,63 @@
+"""The pull-request gate over a real preview: what it would do to what exists, and the data it
+would lose without the stack file's acknowledgement, by the same rule as the offline plan.
+
+    pulumi preview --stack prod --json > preview.json
+    .venv/bin/python -m deploy.preview_gate --stack prod preview.json
+
+Needs a preview made with cloud credentials and the Pulumi CLI. Exits 1 when data would be lost
+unacknowledged (or the engine reported errors, such as a protected resource it refuses to
+delete), 2 when the stack config is invalid or the file is not a preview.
+"""
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+from deploy.day_two import consequences
+from deploy.steps import preview_steps
+from infra.config import ConfigError, load_stack_file
+from infra.paths import PROJECT_DIR
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.preview_gate", description=__doc__.splitlines()[0]
+    )
+    parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
+    parser.add_argument("preview", type=Path, help="the output of `pulumi preview --json`")
+    parser.add_argument(
+        "--project-dir", type=Path, default=PROJECT_DIR, help="folder of the stack files"
+    )
+    args = parser.parse_args(argv)
+    try:
+        config = load_stack_file(args.stack, args.project_dir)
+        preview = json.loads(args.preview.read_text())
+    except ConfigError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except (OSError, json.JSONDecodeError) as e:
+        print(
+            f"error: {args.preview} is not a `pulumi preview --json` output: {e}", file=sys.stderr
+        )
+        return 2
+    if not isinstance(preview, dict) or not isinstance(preview.get("steps", []), list):
+        print(f"error: {args.preview} has no steps list", file=sys.stderr)
+        return 2
+    effects = consequences(preview_steps(preview), config, args.stack)
+    errors = [
+        d["message"].strip()
+        for d in preview.get("diagnostics") or []
+        if d.get("severity") == "error"
+    ]
+    print(f"What this change does to what exists ({args.stack}, from the real preview):")
+    print("\n".join(effects.lines()))
+    for refusal in effects.refusals:
+        print(f"[mandatory] data-loss: {refusal}")
+    for error in errors:
+        print(f"[engine] {error}")
+    return 1 if effects.refusals or errors else 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,130 @@
+"""What edits do to running work: the nodes that drift, the jobs that restart or keep running,
+and an upgrade to each supported Kubernetes version, in the order EKS requires."""
+
+import pytest
+
+from deploy.day_two import consequences
+from deploy.program import build_platform
+from deploy.steps import plan_steps
+from infra.config import parse_stack_config
+from infra.offline import run_offline
+from infra.versions import KUBERNETES_VERSIONS
+from tests.config_edits import PREBUILT_IMAGE
+from tests.conftest import stack_values
+
+STACK = "prod"
+EKS = "eks:index:Cluster"
+NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+
+
+def planned(**sections):
+    values = stack_values(STACK, **sections)
+    config = parse_stack_config(values, f"Pulumi.{STACK}.yaml")
+    return config, values
+
+
+@pytest.fixture(scope="module")
+def base():
+    config, values = planned()
+    return run_offline(lambda: build_platform(config), STACK, values)
+
+
+def effects_of(base, **sections):
+    config, values = planned(**sections)
+    after = run_offline(lambda: build_platform(config), STACK, values, None, base.outputs)
+    return consequences(plan_steps(base, after), config, STACK, after.outputs.get("jobs")), after
+
+
+def pools_with(name: str, **changes) -> list[dict]:
+    return [
+        {**p, **changes} if p["name"] == name else p
+        for p in stack_values(STACK)["training-platform:nodePools"]
+    ]
+
+
+def test_an_ami_bump_drifts_every_pool_and_moves_no_running_job(base):
+    effects, _ = effects_of(base, karpenter={"amiAlias": "al2023@v20261101"})
+    assert {line.split(":")[0] for line in effects.drifts} == {"gpu-small", "gpu-large", "cpu"}
+    assert all("a new AMI" in line for line in effects.drifts)
+    assert not effects.losses and not effects.refusals
+    kept = [r for r in effects.restarts if "keeps its gpu-large nodes while it runs" in r]
+    assert len(kept) == 2 and all("deploy.roll --stack prod --pool gpu-large" in r for r in kept)
+    assert not [r for r in effects.restarts if "restarts (" in r]
+
+
+def test_a_shorter_expire_after_drifts_its_pool(base):
+    effects, _ = effects_of(base, nodePools=pools_with("gpu-large", expireAfter="168h"))
+    assert effects.drifts == ["gpu-large: every node (template spec.expireAfter); up to 16 nodes"]
+
+
+def test_an_instance_type_removed_drifts_only_its_nodes(base):
+    effects, _ = effects_of(base, nodePools=pools_with("cpu", instanceTypes=["m6i.2xlarge"]))
+    (line,) = effects.drifts
+    assert "node.kubernetes.io/instance-type m6i.4xlarge" in line and "(no longer allowed)" in line
+
+
+def test_a_new_trainer_image_waits_for_the_jobs_revision(base):
+    effects, after = effects_of(base, image={"uri": PREBUILT_IMAGE})
+    held = [r for r in effects.restarts if "keeps revision 1" in r]
+    assert len(held) == 2 and all("changes to its image wait for" in r for r in held)
+    # Nothing of theirs changes: their manifests are the ones they run.
+    jobs = [r for r in after.resources if r.type.startswith("kubernetes:kubeflow.org/")]
+    kept = {r.urn: r.inputs for r in base.resources if r.urn in {j.urn for j in jobs}}
+    assert all(kept[j.urn] == j.inputs for j in jobs)
+
+
+def test_a_revision_bump_restarts_its_job_once_on_what_the_stack_says(base):
+    jobs = [
+        {**j, "revision": 2} if j["name"] == "gpt-large" else j
+        for j in stack_values(STACK)["training-platform:jobs"]
+    ]
+    effects, after = effects_of(base, image={"uri": PREBUILT_IMAGE}, jobs=jobs)
+    (restart,) = [r for r in effects.restarts if r.startswith("job gpt-large restarts")]
+    assert "Worker containers image" in restart and "initContainers image" in restart
+    (job,) = [r for r in after.resources if r.name == "job-gpt-large" and "PyTorchJob" in r.type]
+    template = job.inputs["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]
+    assert template["spec"]["containers"][0]["image"] == PREBUILT_IMAGE
+    assert any("gpt-large-mpi keeps revision 1" in r for r in effects.restarts)
+
+
+def test_an_args_edit_is_held_back_until_the_revision_moves(base):
+    jobs = stack_values(STACK)["training-platform:jobs"]
+    edited = [{**j, "args": [*j["args"], "--seed", "3"]} for j in jobs]
+    effects, _ = effects_of(base, jobs=edited)
+    assert sum("changes to its trainer arguments wait" in r for r in effects.restarts) == 2
+    bumped = [{**j, "revision": 2} for j in edited]
+    effects, _ = effects_of(base, jobs=bumped)
+    restarts = [r for r in effects.restarts if " restarts (" in r]
+    assert len(restarts) == 2 and all("containers command" in r for r in restarts)
+
+
+@pytest.mark.parametrize("version", sorted(KUBERNETES_VERSIONS))
+def test_each_supported_version_plans_with_its_add_ons_and_the_node_group_follows(version):
+    values = stack_values(STACK, cluster={"kubernetesVersion": version})
+    config = parse_stack_config(values, f"Pulumi.{STACK}.yaml")
+    plan = run_offline(lambda: build_platform(config), STACK, values)
+    cluster = plan.one(EKS)
+    group = plan.one(NODE_GROUP)
+    pins = KUBERNETES_VERSIONS[version].addons
+    assert cluster.inputs["version"] == version and group.inputs["version"] == version
+    assert cluster.inputs["kubeProxyAddonOptions"]["version"] == pins["kube-proxy"]
+    addons = {a.inputs["addonName"]: a for a in plan.of_type("aws:eks/addon:Addon")}
+    for name, addon in addons.items():
+        assert addon.inputs["addonVersion"] == pins[name], name
+        # EKS upgrades add-ons after the control plane: each waits for the cluster.
+        assert cluster.urn in addon.dependencies, name
+    # The node group is upgraded after the control plane (EKS refuses nodes ahead of it).
+    assert cluster.urn in group.dependencies
+    assert cluster.inputs["upgradePolicy"] == {"supportType": "EXTENDED"}
+
+
+def test_an_upgrade_rolls_every_pool_and_the_system_nodes_without_losing_data():
+    old_config, old_values = planned(cluster={"kubernetesVersion": "1.34"})
+    old = run_offline(lambda: build_platform(old_config), STACK, old_values)
+    effects, _ = effects_of(old)  # the stack file's own version: 1.35
+    assert not effects.losses and not effects.refusals
+    assert all("AMI for Kubernetes 1.34 -> 1.35" in line for line in effects.drifts)
+    assert len(effects.drifts) == 3
+    notes = " ".join(effects.notes)
+    assert "control plane upgrades 1.34 -> 1.35 first" in notes
+    assert "node group cluster-system: EKS replaces its nodes one at a time" in notes
