@@ -84,7 +84,8 @@ def test_a_previewed_user_removal_and_engine_errors_fail_the_gate(tmp_path, caps
         {
             "urn": deleted[0]["urn"],
             "prefix": "error: ",
-            "message": f'resource "{deleted[0]["urn"]}" cannot be deleted\nbecause it is protected.',
+            "message": f'resource "{deleted[0]["urn"]}" cannot be deleted\n'
+            "because it is protected.",
             "severity": "error",
         }
     ]

@@ -358,7 +358,8 @@ def test_a_data_holder_is_named_and_unprotected_only_when_acknowledged():
     plan = plan_with((fsx[0], copy.deepcopy(fsx[1])))
     assert violations_of(plan, "data-holders-protected", acknowledged) == []
     team = {"metadata": {"name": "t", "labels": {"training-platform/team": "t"}}, "_protect": True}
-    assert violations_of(plan_with(("kubernetes:core/v1:Namespace", team)), "data-holders-protected")
+    namespace = plan_with(("kubernetes:core/v1:Namespace", team))
+    assert violations_of(namespace, "data-holders-protected")
 
 
 def test_public_endpoint_is_fine_outside_production():
