@@ -267,7 +267,7 @@ CHARTS: dict[str, list[ChartPods]] = {
             f"{KPS}: prometheus.prometheusSpec.resources {{}}",
             replicas="prometheus.prometheusSpec.replicas",
             # The operator adds its config-reloader container: 10m, 50Mi (prometheus-operator
-            # defaults, --config-reloader-cpu-request/--config-reloader-memory-request).
+            # defaults --config-reloader-cpu-request/-memory-request, read from memory).
             extra=Requests(0.01, 50),
         ),
         ChartPods(
