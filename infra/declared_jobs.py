@@ -20,6 +20,7 @@ REPLICA_SPECS = {PYTORCH_JOB: "pytorchReplicaSpecs", MPI_JOB: "mpiReplicaSpecs"}
 # The MPI launcher runs mpirun beside the workers; it asks for one CPU, not a node.
 LAUNCHER = "Launcher"
 CLAIM_STORES = {EFS_CLAIM: "efs", FSX_CLAIM: "fsx"}
+GPU = "nvidia.com/gpu"
 
 
 @dataclass(frozen=True)
@@ -28,6 +29,7 @@ class DeclaredJob:
     namespace: str
     pool: str
     nodes: int  # its workers at their most, one to a node
+    ranks: int  # trainer processes: one per GPU of its workers (one per CPU worker)
     options: TrainConfig
     store: str  # where checkpoints go: s3, efs, fsx or local
 
@@ -73,12 +75,18 @@ def declared_jobs(stack: Sequence[Declared]) -> list[DeclaredJob]:
         if r.type not in REPLICA_SPECS:
             continue
         specs = dig(r.props, "spec", REPLICA_SPECS[r.type]) or {}
-        nodes, pool, options = 0, None, None
+        nodes, ranks, pool, options = 0, 0, None, None
         pods = [dig(spec, "template", "spec") for spec in specs.values()]
         for (role, spec), pod in zip(specs.items(), pods, strict=True):
             pool = pool or dig(pod, "nodeSelector", POOL_LABEL)
             if role != LAUNCHER:
-                nodes += int(dig(spec, "replicas") or 1)
+                replicas = int(dig(spec, "replicas") or 1)
+                gpus = sum(
+                    int(dig(c, "resources", "limits", GPU) or 0)
+                    for c in listed(dig(pod, "containers"))
+                )
+                nodes += replicas
+                ranks += replicas * max(gpus, 1)
             for container in listed(dig(pod, "containers")):
                 command = [str(c) for c in listed(dig(container, "command"))]
                 args = _trainer_args(command + [str(a) for a in listed(dig(container, "args"))])
@@ -95,6 +103,7 @@ def declared_jobs(stack: Sequence[Declared]) -> list[DeclaredJob]:
                 str(dig(r.props, "metadata", "namespace")),
                 str(pool),
                 nodes,
+                ranks,
                 options,
                 _store(options.checkpoint_dir, pods),
             )

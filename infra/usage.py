@@ -63,12 +63,12 @@ def _checkpoints(job: DeclaredJob, book: PriceBook) -> list[UsageLine]:
         put = book.usd("s3PutPer1000")
         storage = book.usd("s3StandardPerGibMonth")
         # One PUT a part, and a create and a complete for each rank's file and the metadata.
-        requests = count * (math.ceil(size / S3_PART_BYTES) + 3 * (job.nodes + 1))
+        requests = count * (math.ceil(size / S3_PART_BYTES) + 3 * (job.ranks + 1))
         return [
             UsageLine(
                 name,
-                f"S3 requests: {count} x ({_gb(size)} / 8 MiB parts + 3 per file) = {requests:,} "
-                f"PUTs x ${put}/1000",
+                f"S3 requests: {count} x ({_gb(size)} / 8 MiB parts + 3 per file of "
+                f"{job.ranks} ranks and metadata) = {requests:,} PUTs x ${put}/1000",
                 requests / 1000 * put,
                 "run",
             ),
