@@ -77,7 +77,7 @@ def test_every_type_the_stacks_create_is_priced_free_or_usage_priced(stack, requ
     kinds = {r.type for r in plan.resources}
     assert {k: classify(k) for k in kinds if classify(k) == "unpriced"} == {}
     for kind in kinds:
-        if classify(kind) == "free" and not kind.startswith("training-platform:"):
+        if classify(kind) == "free" and not kind.startswith(("training-platform:", "pulumi:")):
             assert len(FREE[kind]) > 15, kind
     usage = [u.item for u in usage_lines(plan_cost("us-west-2", plan), declared_in(plan))]
     assert {"S3 other storage", "control plane logs", "ECR images"} <= set(usage)
