@@ -42,9 +42,12 @@ from infra.config import (
     read_stack_file,
 )
 from infra.cost import StackCost, money, plan_cost
-from infra.declared import dig, listed
+from infra.declared import Declared, declared_in, dig, listed
+from infra.expected import Expected, expected_cost
 from infra.offline import Plan, RecordedResource, run_offline
 from infra.paths import PROJECT_DIR
+from infra.system_capacity import SystemFit, system_fit
+from infra.usage import UsageLine, usage_lines
 from policies.offline import check
 
 FACTS_FILE = "facts.json"
@@ -234,24 +237,136 @@ def cold_start_rows(config: StackConfig) -> list[str]:
     ]
 
 
-def cost_rows(cost: StackCost) -> list[str]:
-    def row(item: str, detail: str, per_hour: float) -> list[str]:
-        return [item, detail, money(per_hour, 3), money(per_hour * HOURS_PER_MONTH, 0)]
+def cost_rows(cost: StackCost, stack: list[Declared]) -> list[str]:
+    """Floor, ceiling and expected figure; usage estimates; what is unpriced; every price's
+    source (infra/cost.py, infra/expected.py, infra/usage.py)."""
 
-    rows = [row(line.item, line.detail, line.usd_per_hour) for line in cost.baseline]
-    rows.append(row("baseline", "always on, billed from pulumi up", cost.baseline_per_hour))
+    def row(item: str, detail: str, per_hour: float, per_month: float | None = None) -> list[str]:
+        month = per_hour * HOURS_PER_MONTH if per_month is None else per_month
+        return [item, detail, money(per_hour, 3), money(month, 0)]
+
+    rows = [
+        row(line.item, line.detail, line.usd_per_hour, line.usd_per_month) for line in cost.baseline
+    ]
+    rows.append(
+        row(
+            "floor",
+            "always on, billed from pulumi up",
+            cost.baseline_per_hour,
+            cost.baseline_per_month,
+        )
+    )
     rows.append(row("NodePools", "dynamic pools at their ceilings", cost.pools_per_hour))
-    rows += [row(line.item, line.detail, line.usd_per_hour) for line in cost.quotas]
-    rows.append(row("total", "most this stack can cost", cost.total_per_hour))
+    rows += [row(line.item, line.detail, line.usd_per_hour) for line in cost.headroom + cost.quotas]
+    rows.append(row("ceiling", "most this stack can cost", cost.total_per_hour))
     prices = cost.prices
-    return [
+    lines = [
         "",
-        f"Cost (USD, on-demand list prices in {prices.region}; month = {HOURS_PER_MONTH} h):",
+        f"Cost (USD, list prices in {prices.region}; month = {HOURS_PER_MONTH} h):",
         *table(["item", "detail", "$/hour", "$/month"], rows),
         *[f"  not priced, so not included: {message}" for message in cost.unpriced],
-        f"  usage-priced, not included: {', '.join(cost.usage_priced)}",
-        f"  instance prices: {prices.instance_source}, as of {prices.instance_as_of}",
-        f"  service prices: {prices.service_source}, as of {prices.service_as_of}",
+        *[f"  unpriced type, not counted: {kind}" for kind in cost.unpriced_types],
+    ]
+    lines += expected_rows(expected_cost(cost, stack)) + system_rows(system_fit(stack))
+    lines += usage_rows(usage_lines(cost, stack)) + price_source_rows(cost)
+    return lines
+
+
+def expected_rows(expected: Expected) -> list[str]:
+    rows = []
+    for run in expected.pools:
+        rate = (
+            f"{money(run.spot, 4)} spot"
+            if run.spot is not None
+            else "On-Demand" + (" (no spot figure)" if run.spot_allowed else "")
+        )
+        rows.append(
+            [
+                run.pool,
+                ", ".join(run.jobs),
+                f"{run.nodes} of {run.asked}" if run.nodes < run.asked else run.nodes,
+                run.billed,
+                run.instance_type,
+                rate,
+                money(run.per_hour, 3),
+                money(run.on_demand_per_hour, 3),
+            ]
+        )
+    rows.append(["floor", "", "", "", "", "", money(expected.floor, 3), money(expected.floor, 3)])
+    rows.append(
+        [
+            "expected",
+            "declared jobs running",
+            "",
+            "",
+            "",
+            "",
+            money(expected.per_hour, 3),
+            money(expected.on_demand_per_hour, 3),
+        ]
+    )
+    header = ["pool", "jobs", "nodes", "billed", "type", "node price", "$/hour", "On-Demand $/hour"]
+    return [
+        "",
+        "Expected (the declared jobs running, one node per worker up to the pool's ceiling; idle "
+        "pools empty; reserved and static nodes are in the floor):",
+        *table(header, rows),
+    ]
+
+
+def system_rows(fit: SystemFit | None) -> list[str]:
+    if fit is None:
+        return []
+    asked, room = fit.requested, fit.per_node * fit.desired
+    verdict = (
+        "fits"
+        if fit.fits
+        else f"DOES NOT FIT: needs desiredSize {fit.needed}"
+        + (
+            f"; too big for one node: {', '.join(p.name for p in fit.too_big)}"
+            if fit.too_big
+            else ""
+        )
+    )
+    lines = [
+        "",
+        f"System nodes ({fit.desired} x {fit.instance_type}, desiredSize): controllers request "
+        f"{asked.cpu:.2f} of {room.cpu:.2f} vCPU and {asked.memory_mib / 1024:.1f} of "
+        f"{room.memory_mib / 1024:.1f} GiB left after the DaemonSets: {verdict}",
+    ]
+    if fit.stray:
+        lines.append(
+            "  refused by the system nodes, so they keep a pool node up (in the floor): "
+            + ", ".join(p.name for p in fit.stray)
+        )
+    return lines
+
+
+def usage_rows(usage: list[UsageLine]) -> list[str]:
+    estimated = [u for u in usage if u.usd is not None]
+    rows = [[u.item, u.formula, money(u.usd), u.per] for u in estimated]
+    return [
+        "",
+        "Usage-priced, not in the hourly figures (estimates from the jobs' checkpoints and "
+        "traffic; per run of a job, or per month):",
+        *table(["item", "formula", "USD", "per"], rows),
+        "  unit prices only: " + "; ".join(f"{u.item} {u.formula}" for u in usage if u.usd is None),
+    ]
+
+
+def price_source_rows(cost: StackCost) -> list[str]:
+    prices = cost.prices
+    by_source: dict[str, list[str]] = {}
+    for key, price in sorted(cost.read.items()):
+        by_source.setdefault(price.source, []).append(f"{key} {price.usd:g}")
+    unverified = [f"{key} {p.usd:g}" for key, p in sorted(cost.read.items()) if p.unverified]
+    return [
+        "",
+        "Prices and their sources:",
+        f"  instances: {prices.instance_source}, as of {prices.instance_as_of}",
+        f"  spot estimates: {prices.spot_source}",
+        *[f"  {', '.join(keys)}: {source}" for source, keys in by_source.items()],
+        f"  UNVERIFIED (no source confirmed them): {', '.join(unverified) or 'none'}",
     ]
 
 
@@ -312,7 +427,7 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
     if config.node_pools:
         lines += pool_rows(config, plan, cost) + borrowing_rows(config, plan)
         lines += cold_start_rows(config)
-    lines += cost_rows(cost)
+    lines += cost_rows(cost, declared_in(plan))
     placeholders = placeholder_errors(config)
     if placeholders:
         lines += ["", "Placeholders (pulumi preview/up refuse them until replaced):"]

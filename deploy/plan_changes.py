@@ -8,9 +8,11 @@ written beside plan.json as facts.json; the change list compares two of them lin
 
 from typing import Any
 
+from infra.catalog import load_prices
 from infra.config import StackConfig
-from infra.cost import INSTANCE_TYPE_LABEL, NODEPOOL, money, plan_cost
-from infra.declared import dig, listed
+from infra.cost import INSTANCE_TYPE_LABEL, NODEPOOL, money, stack_cost
+from infra.declared import declared_in, dig, listed
+from infra.expected import expected_cost
 from infra.offline import Plan
 
 Facts = dict[str, dict[str, str]]
@@ -70,7 +72,8 @@ def plan_facts(config: StackConfig, plan: Plan) -> Facts:
             "nodes": f"{job.min_nodes}-{job.max_nodes}",
             "queue": job.queue,
         }
-    cost = plan_cost(config.region, plan)
+    stack = declared_in(plan)
+    cost = stack_cost(load_prices(config.region), stack)
     for line in cost.pools:
         facts.setdefault(f"NodePool {line.item}", {})["max $/hour"] = money(line.usd_per_hour)
     # Three decimals, as the summary's cost table: a NAT gateway hour is $0.045.
@@ -78,12 +81,14 @@ def plan_facts(config: StackConfig, plan: Plan) -> Facts:
         "region": cost.prices.region,
         **{
             f"{line.item} $/hour": money(line.usd_per_hour, 3)
-            for line in cost.baseline + cost.quotas
+            for line in cost.baseline + cost.headroom + cost.quotas
         },
         **{f"unpriced {i + 1}": message for i, message in enumerate(cost.unpriced)},
-        "baseline $/hour": money(cost.baseline_per_hour, 3),
+        **{f"unpriced type {i + 1}": kind for i, kind in enumerate(cost.unpriced_types)},
+        "floor $/hour": money(cost.baseline_per_hour, 3),
+        "expected $/hour": money(expected_cost(cost, stack).per_hour, 3),
         "NodePools max $/hour": money(cost.pools_per_hour, 3),
-        "total max $/hour": money(cost.total_per_hour, 3),
+        "ceiling $/hour": money(cost.total_per_hour, 3),
     }
     return facts
 

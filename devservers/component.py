@@ -44,6 +44,7 @@ from infra.components.queues import (
 )
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import DevServersConfig, Pool, TeamConfig
+from infra.cost import SSH_LOAD_BALANCERS_ANNOTATION
 from infra.data_holders import annotated, user_holder
 from infra.paths import PROJECT_DIR
 
@@ -281,6 +282,7 @@ class DevServers(pulumi.ComponentResource):
                 cluster,
                 queues,
                 namespace_prerequisites,
+                bool(config.ssh_load_balancer_cidrs),
             )
             bind = cluster.in_cluster(self, namespace, user_role)
             bindings += [
@@ -312,7 +314,16 @@ class DevServers(pulumi.ComponentResource):
         )
         self.register_outputs({"operatorImage": image})
 
-    def _user(self, name, user, team: TeamConfig, cluster: ClusterContext, queues, prerequisites):
+    def _user(
+        self,
+        name,
+        user,
+        team: TeamConfig,
+        cluster: ClusterContext,
+        queues,
+        prerequisites,
+        ssh_load_balancers: bool,
+    ):
         """dev-<user>: the namespace, its queue and quota, and the IAM principal's way in."""
         namespace_name = user_namespace(user.name)
         # Deleting it stops her servers and deletes their claims; the homes' volumes are kept
@@ -344,9 +355,13 @@ class DevServers(pulumi.ComponentResource):
             spec={"clusterQueue": team_cluster_queue(team)},
             opts=cluster.in_cluster(self, namespace, *queues),
         )
+        metadata: dict = {"name": QUOTA, "namespace": namespace_name}
+        if ssh_load_balancers:
+            # Each server may ask for an SSH load balancer: the plan prices them up to the quota.
+            metadata["annotations"] = {SSH_LOAD_BALANCERS_ANNOTATION: str(user.quota.servers)}
         k8s.core.v1.ResourceQuota(
             f"{name}-quota-{user.name}",
-            metadata={"name": QUOTA, "namespace": namespace_name},
+            metadata=metadata,
             spec={
                 "hard": {
                     SERVER_COUNT: str(user.quota.servers),

@@ -4,11 +4,18 @@ The plan records plain dicts; the policy pack meets pulumi_policy's read-only pr
 Sequences). A program edit can drop any field, so every read here tolerates a missing one.
 """
 
+import re
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from typing import Any
 
 from infra.offline import Plan
+
+# Kubernetes quantity suffixes (resource.Quantity): binary and decimal.
+QUANTITY_UNITS = {
+    **{s: 1024**i for i, s in enumerate(("", "Ki", "Mi", "Gi", "Ti", "Pi"))},
+    **{s: 1000**i for i, s in enumerate(("k", "M", "G", "T", "P"), start=1)},
+}
 
 
 @dataclass(frozen=True)
@@ -45,3 +52,14 @@ def listed(value: Any) -> list:
     if isinstance(value, Sequence) and not isinstance(value, str):
         return list(value)
     return [] if value is None else [value]
+
+
+def quantity(value: object) -> float:
+    """A Kubernetes quantity ("200Gi", "4", 4, "500m") as a number."""
+    text = str(value)
+    if text.endswith("m") and re.fullmatch(r"[0-9]+m", text):
+        return int(text[:-1]) / 1000
+    match = re.fullmatch(r"([0-9]+(?:\.[0-9]+)?)([A-Za-z]*)", text)
+    if not match or match[2] not in QUANTITY_UNITS:
+        raise ValueError(f"{value!r} is not a Kubernetes quantity")
+    return float(match[1]) * QUANTITY_UNITS[match[2]]

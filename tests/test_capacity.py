@@ -14,13 +14,14 @@ from datetime import UTC, datetime
 
 import boto3
 import pytest
+import yaml
 from botocore.stub import Stubber
 
 from deploy import preflight
-from infra.catalog import load_prices
+from infra.catalog import PRICES_DIR, load_prices
 from infra.components.queues import NETWORK_TOPOLOGY, TOPOLOGY_LEVELS
 from infra.config import ConfigError, parse_stack_config
-from infra.cost import NODEPOOL, stack_cost
+from infra.cost import NODEPOOL, CostLine, Part, stack_cost
 from infra.declared import Declared, declared_in, listed
 from tests import karpenter_rules as karpenter
 from tests.conftest import NO_DEV_SERVERS, deep_merge, plan_of, stack_values
@@ -36,6 +37,7 @@ RESERVATIONS = [
         "reservationType": "capacity-block",
         "instanceType": "p4d.24xlarge",
         "instanceCount": 1,
+        "durationHours": 168,
     },
 ]
 # dev's EFA pool, static and launching into two reservations first.
@@ -449,20 +451,18 @@ def test_reservations_are_a_fixed_cost_and_the_pool_prices_only_what_they_do_not
 ):
     prices = load_prices("us-west-2")
     p4d = prices.instance("p4d.24xlarge")
-    disk = 200 * prices.ebs_gp3_per_gib_month / 730  # the pool's root volume, GiB-hour
+    disk = 200 * prices.usd("ebsGp3PerGibMonth") / 730  # the pool's root volume, GiB-hour
     cost = stack_cost(prices, declared_in(reserved_plan))
     lines = {line.item: line for line in cost.lines}
-    reserved = lines["reserved gpu-large"]
-    assert reserved.usd_per_hour == pytest.approx(3 * p4d)  # 2 in the ODCR + 1 in the block
-    assert "1 x p4d.24xlarge Capacity Block (prepaid; at list price)" in reserved.detail
-    assert "2 x p4d.24xlarge ODCR" in reserved.detail
+    odcr = lines["reserved gpu-large"]
+    assert odcr.usd_per_hour == pytest.approx(2 * p4d) and odcr.detail.startswith("2 x p4d")
     pool = lines["gpu-large"]
     assert pool.usd_per_hour == pytest.approx((4 - 3) * p4d + 4 * disk)
-    # Static: its nodes run whether or not a job does, so both lines are baseline.
-    assert not reserved.node_pool and not pool.node_pool
+    # Static: its nodes run whether or not a job does, so every line is floor.
+    assert {odcr.part, pool.part, lines["capacity block gpu-large 1"].part} == {Part.FLOOR}
     assert pool.detail.startswith("static, always on: 4 x p4d.24xlarge")
 
-    # The same pool without staticNodes: its line is a ceiling again, the reservation still fixed.
+    # The same pool without staticNodes: its line is a ceiling again, the reservations still fixed.
     def dynamic(r: Declared) -> Declared:
         if r.type != NODEPOOL:
             return r
@@ -472,8 +472,54 @@ def test_reservations_are_a_fixed_cost_and_the_pool_prices_only_what_they_do_not
 
     dynamic_cost = stack_cost(prices, [dynamic(r) for r in declared_in(reserved_plan)])
     lines = {line.item: line for line in dynamic_cost.lines}
-    assert lines["gpu-large"].node_pool and not lines["reserved gpu-large"].node_pool
+    assert lines["gpu-large"].part == Part.POOL and lines["reserved gpu-large"].part == Part.FLOOR
     assert dynamic_cost.total_per_hour == pytest.approx(cost.total_per_hour)
+
+
+def block_line(**block) -> CostLine:
+    """The Capacity Block line of dev's EFA pool holding the block RESERVATIONS[1] amended."""
+    reservation = {**RESERVATIONS[1], "instanceCount": 2, **block}
+    plan = plan_of("dev", **dev_with({**RESERVED_POOL, "capacityReservations": [reservation]}))
+    cost = stack_cost(load_prices("us-west-2"), declared_in(plan))
+    (line,) = [line for line in cost.lines if line.item.startswith("capacity block")]
+    return line
+
+
+def test_a_capacity_block_is_paid_up_front_for_its_length_at_its_own_rate():
+    """Its fee, not On-Demand x 730 h: the month holds only the block's hours, at the fee's
+    rate (DescribeCapacityBlockOfferings' UpfrontFee for its CapacityBlockDurationHours)."""
+    line = block_line(durationHours=168, upfrontFeeUsd=5000.0)
+    assert line.part == Part.FLOOR
+    assert line.usd_per_hour == pytest.approx(5000.0 / 168)  # both instances
+    assert line.usd_per_month == pytest.approx(5000.0)  # a week: its fee is all it bills
+    assert "2 x p4d.24xlarge Capacity Block, 168 h paid up front $5,000" in line.detail
+    # Without its fee: the region's published block rate, named as such.
+    published = yaml.safe_load((PRICES_DIR / "us-west-2.yaml").read_text())
+    rate = published["capacityBlockPrices"]["p4d.24xlarge"]["usd"]
+    line = block_line(durationHours=24 * 28)
+    assert line.usd_per_hour == pytest.approx(2 * rate)
+    assert line.usd_per_month == pytest.approx(2 * rate * 24 * 28)
+    assert f"published rate ${rate}/instance-hour" in line.detail
+    assert line.usd_per_hour < 2 * load_prices("us-west-2").instance("p4d.24xlarge")
+
+
+@pytest.mark.parametrize(
+    ("entry", "message"),
+    [
+        ({"durationHours": None}, "a capacity-block reservation needs durationHours"),
+        ({"durationHours": 12}, "greater than or equal to 24"),
+        (
+            {"reservationType": "default", "id": ODCR, "tags": None},
+            "durationHours and upfrontFeeUsd are set on an On-Demand Capacity Reservation",
+        ),
+    ],
+)
+def test_a_block_needs_its_length_and_an_odcr_has_none(entry, message):
+    reservation = {k: v for k, v in {**RESERVATIONS[1], **entry}.items() if v is not None}
+    pool = {**RESERVED_POOL, "capacityReservations": [reservation]}
+    with pytest.raises(ConfigError) as caught:
+        parse_stack_config(stack_values("dev", **dev_with(pool)), "Pulumi.dev.yaml")
+    assert message in str(caught.value)
 
 
 # --- preflight against DescribeCapacityReservations -------------------------------------------

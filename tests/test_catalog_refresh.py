@@ -9,7 +9,7 @@ import pytest
 import yaml
 from botocore.stub import Stubber
 
-from infra.catalog import PRICES_DIR
+from infra.catalog import COPIED, PRICES_DIR
 from infra.catalog.refresh import _filters, refresh
 
 
@@ -100,9 +100,15 @@ def test_refresh_rewrites_instance_prices_keeps_service_prices(tmp_path, pricing
     )
     assert (prices, missing) == ({"m6i.large": 0.107}, ["p5.48xlarge"])
     text = (tmp_path / "eu-west-1.yaml").read_text()
-    assert yaml.safe_load(text)["instancePrices"]["usdPerHour"] == {"m6i.large": 0.107}
+    written = yaml.safe_load(text)
+    assert written["instancePrices"]["usdPerHour"] == {"m6i.large": 0.107}
+    # Not offered: said so, with the refresh's date; the file's other refusals are kept.
+    not_offered = written["instancePrices"]["notOffered"]
+    assert not_offered["p5.48xlarge"] == "no On-Demand price in the AWS Price List API (2026-11-22)"
+    assert not_offered["p5en.48xlarge"].startswith("not sold in eu-west-1")
     assert "asOf: '2026-11-22'" in text and "AWS Price List API GetProducts" in text
-    assert "natGatewayPerHour: 0.048" in text  # servicePrices untouched
+    before = yaml.safe_load((PRICES_DIR / "eu-west-1.yaml").read_text())
+    assert written["servicePrices"] == before["servicePrices"]  # untouched
 
 
 def test_refresh_of_a_new_region_labels_the_copied_service_prices(tmp_path, pricing):
@@ -114,3 +120,6 @@ def test_refresh_of_a_new_region_labels_the_copied_service_prices(tmp_path, pric
     text = (tmp_path / "ap-northeast-1.yaml").read_text()
     assert "region: ap-northeast-1" in text and "m6i.large: 0.124" in text
     assert "COPIED FROM us-east-1 by refresh: check by hand" in text
+    # Every copied service price is marked so: the plan lists each as unverified.
+    written = yaml.safe_load(text)
+    assert {e["source"] for e in written["servicePrices"].values()} == {COPIED}

@@ -220,14 +220,17 @@ def test_each_users_home_storage_quota_is_a_line_of_the_cost_table(dev_plan):
     alice = quotas["storage quota dev-alice/devservers"]
     assert alice.detail == "up to 1000 GiB of gp3-home claims, in use or kept"
     assert alice.usd_per_hour == pytest.approx(
-        1000 * prices.ebs_gp3_per_gib_month / HOURS_PER_MONTH
+        1000 * prices.usd("ebsGp3PerGibMonth") / HOURS_PER_MONTH
     )
     assert quotas["storage quota dev-bob/devservers"].detail.startswith("up to 500 GiB")
     assert alice not in cost.baseline  # billed only as homes exist
     assert cost.total_per_hour == pytest.approx(
-        cost.baseline_per_hour + cost.pools_per_hour + sum(q.usd_per_hour for q in cost.quotas)
+        cost.baseline_per_hour
+        + cost.headroom_per_hour
+        + cost.pools_per_hour
+        + sum(q.usd_per_hour for q in cost.quotas)
     )
-    table = "\n".join(cost_rows(cost))
+    table = "\n".join(cost_rows(cost, declared_in(dev_plan)))
     assert re.search(r"storage quota dev-alice/devservers +up to 1000 GiB .* 0\.110 +80", table)
 
 

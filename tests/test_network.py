@@ -8,6 +8,8 @@ import pytest
 from infra.catalog import load_prices
 from infra.config import ConfigError, parse_stack_config
 from infra.cost import plan_cost
+from infra.declared import declared_in
+from infra.usage import usage_lines
 from tests.conftest import plan_of, stack_values
 
 SUBNET = "aws:ec2/subnet:Subnet"
@@ -144,7 +146,7 @@ def test_s3_is_a_gateway_on_every_private_route_table(stack, request):
 def test_interface_endpoints_are_priced_per_az_and_gateways_free(dev_plan, prod_plan):
     """PrivateLink bills an interface endpoint per hour in each AZ; a gateway has no hourly
     charge (aws.amazon.com/privatelink/pricing)."""
-    per_az_hour = load_prices("us-west-2").vpc_interface_endpoint_per_az_hour
+    per_az_hour = load_prices("us-west-2").usd("vpcInterfaceEndpointPerAzHour")
     lines = {}
     for stack, plan in (("dev", dev_plan), ("prod", prod_plan)):
         cost = plan_cost("us-west-2", plan)
@@ -153,13 +155,13 @@ def test_interface_endpoints_are_priced_per_az_and_gateways_free(dev_plan, prod_
             for line in cost.baseline
             if line.item.startswith("VPC endpoint ")
         }
-        processing = "VPC endpoint data processing" in cost.usage_priced
-        assert processing == (stack == "prod")
+        usage = [u.item for u in usage_lines(cost, declared_in(plan))]
+        assert ("VPC endpoint data" in usage) == (stack == "prod")
     assert lines["dev"] == {"VPC endpoint network-s3": ("s3 gateway, free", 0)}
     assert lines["prod"].pop("VPC endpoint network-s3") == ("s3 gateway, free", 0)
     assert len(lines["prod"]) == 8
     for item, (detail, usd_per_hour) in lines["prod"].items():
-        assert detail.endswith(" interface in 3 AZs"), item
+        assert detail.endswith(" interface in 3 AZs, + $0.01/GB"), item
         assert usd_per_hour == pytest.approx(3 * per_az_hour)
 
 

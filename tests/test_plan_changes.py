@@ -34,8 +34,8 @@ MAX_NODES_4_TO_12 = [
     "ClusterQueue team-research borrowing.gpu-small.cpu 96 -> 288",
     "ClusterQueue team-research borrowing.gpu-small.memory 384Gi -> 1152Gi",
     "ClusterQueue team-research borrowing.gpu-small.nvidia.com/gpu 8 -> 24",
-    "Cost NodePools max $/hour 382.238 -> 427.790",
-    "Cost total max $/hour 382.857 -> 428.408",
+    "Cost NodePools max $/hour 382.498 -> 428.050",
+    "Cost ceiling $/hour 383.119 -> 428.670",
 ]
 
 
@@ -93,16 +93,20 @@ def test_against_a_git_ref_plans_the_stack_file_as_it_was_there(tmp_path, capsys
 @pytest.mark.parametrize("region", ["us-east-1", "us-west-2", "eu-west-1", "eu-central-1"])
 def test_each_supported_region_has_dated_sourced_prices(region):
     prices = load_prices(region)
-    assert prices.instance_source and prices.service_source
+    assert prices.instance_source and prices.spot_source
     assert prices.instance_as_of[:4] in {"2025", "2026"}
     assert prices.instance("m6i.large") > 0 and prices.instance("g4dn.xlarge") > 0
-    assert prices.eks_control_plane_per_hour == 0.10
+    assert prices.usd("eksStandardSupportPerHour") == 0.10
+    # Every service price names a source that says where and when it was read.
+    for price in prices.services.values():
+        key, text = price.source.split(": ", 1)
+        assert key and len(text) > 20, price
 
 
 def test_prices_follow_the_region_in_plan_and_config():
     east, ireland, frankfurt = (load_prices(r) for r in ("us-east-1", "eu-west-1", "eu-central-1"))
     assert east.instance("g5.12xlarge") == 5.672 and ireland.instance("g5.12xlarge") == 6.33167
-    assert (east.nat_gateway_per_hour, frankfurt.nat_gateway_per_hour) == (0.045, 0.052)
+    assert east.usd("natGatewayPerHour") == 0.045 and frankfurt.usd("natGatewayPerHour") == 0.052
     assert supported_regions() == ["eu-central-1", "eu-west-1", "us-east-1", "us-west-2"]
 
 
@@ -112,26 +116,38 @@ def with_gpu_large_types(types: list[str]) -> list[dict]:
 
 
 @pytest.mark.parametrize(
-    ("region", "p5", "message"),
+    ("region", "instance_type", "message"),
     [
         (
             "ap-northeast-1",
-            False,
+            "p4d.24xlarge",
             "aws:region: no prices for region 'ap-northeast-1' in infra/catalog/prices/; "
             "supported regions: eu-central-1, eu-west-1, us-east-1, us-west-2",
         ),
         (
-            "eu-west-1",  # no p5 in Ireland
-            True,
-            "training-platform:nodePools[gpu-large].instanceTypes[0]: "
-            "p5.48xlarge has no eu-west-1 price",
+            "eu-west-1",  # AWS sells no p5 in Ireland
+            "p5.48xlarge",
+            "training-platform:nodePools[gpu-large].instanceTypes[0]: p5.48xlarge is not offered "
+            "in eu-west-1: not sold in eu-west-1",
+        ),
+        (
+            "us-west-2",  # nor p5e On-Demand anywhere
+            "p5e.48xlarge",
+            "training-platform:nodePools[gpu-large].instanceTypes[0]: p5e.48xlarge is not offered "
+            "in us-west-2: no On-Demand price in any region",
+        ),
+        (
+            "eu-west-1",  # sold there, but its price not read yet
+            "g6.48xlarge",
+            "training-platform:nodePools[gpu-large].instanceTypes[0]: g6.48xlarge has no "
+            "eu-west-1 price in infra/catalog/prices/eu-west-1.yaml",
         ),
     ],
 )
 def test_a_region_or_type_without_a_price_is_a_config_error_naming_the_key(
-    tmp_path, region, p5, message
+    tmp_path, region, instance_type, message
 ):
-    pools = with_gpu_large_types(["p5.48xlarge"] if p5 else ["p4d.24xlarge"])
+    pools = with_gpu_large_types([instance_type])
     values = {**stack_values("dev", nodePools=pools), "aws:region": region}
     (tmp_path / "Pulumi.moved.yaml").write_text(yaml.safe_dump({"config": values}))
     with pytest.raises(ConfigError) as refused:
@@ -151,19 +167,23 @@ def test_moving_the_stack_to_another_region_reprices_it():
     lines = changes(
         plan_facts(load_stack_file("dev"), oregon), plan_facts(frankfurt_config, frankfurt)
     )
-    # Nodes with their gp3 disks: 200 GiB (GPU pools), 100 (cpu), 50 (system) at $0.0952/GiB-month.
+    # Nodes with their gp3 disks: 200 GiB (GPU pools), 100 at 600 MiB/s (cpu), 50 (system) at
+    # $0.0952/GiB-month and $0.048/MiB/s-month above 125 in Frankfurt.
     assert lines == [
-        "NodePool cpu max $/hour 7.79 -> 9.33",  # 10 x (m6i.4xlarge $0.92 + 100 GiB)
+        "NodePool cpu max $/hour 8.05 -> 9.64",  # 10 x (m6i.4xlarge $0.92 + 100 GiB, 475 MiB/s)
         "NodePool gpu-large max $/hour 351.67 -> 439.34",  # 16 x (p4d.24xlarge $27.43298 + ...)
         "NodePool gpu-small max $/hour 22.78 -> 28.48",  # 4 x (g5.12xlarge $7.09282 + ...)
         "Cost region us-west-2 -> eu-central-1",
         "Cost NAT gateway network-0 $/hour 0.045 -> 0.052",
-        "Cost node group cluster-system $/hour 0.304 -> 0.365",  # 3 x (m6i.large $0.115 + ...)
+        "Cost node group cluster-system $/hour 0.203 -> 0.243",  # 2 x (m6i.large $0.115 + ...)
+        "Cost node group cluster-system to maxSize $/hour 0.101 -> 0.122",  # maxSize 3: 1 more
         "Cost storage quota dev-alice/devservers $/hour 0.110 -> 0.130",  # 1000 GiB of homes
         "Cost storage quota dev-bob/devservers $/hour 0.055 -> 0.065",  # 500 GiB
-        "Cost baseline $/hour 0.454 -> 0.522",
-        "Cost NodePools max $/hour 382.238 -> 477.151",
-        "Cost total max $/hour 382.857 -> 477.868",
+        "Cost floor $/hour 0.354 -> 0.401",
+        # No spot figure in Frankfurt's file: the jobs' nodes at On-Demand.
+        "Cost expected $/hour 43.479 -> 84.804",
+        "Cost NodePools max $/hour 382.498 -> 477.463",
+        "Cost ceiling $/hour 383.119 -> 478.182",
     ]
 
 

@@ -419,12 +419,10 @@ def test_cost_budget_prices_in_the_stack_region_and_names_what_it_cannot_price()
     eight = (NODEPOOL, gpu_pool({"nodes": "8", "nvidia.com/gpu": "64"}))  # 8 x p5.48xlarge
     provider = ("pulumi:providers:aws", {"region": "eu-west-1"})
     (violation,) = violations_of(plan_with(eight, provider), "cost-budget")
-    assert "p5.48xlarge has no eu-west-1 price in infra/catalog/prices/eu-west-1.yaml" in (
-        violation.message
-    )
+    assert "p5.48xlarge is not offered in eu-west-1: not sold in eu-west-1" in violation.message
     subnet = ("aws:ec2/subnet:Subnet", {"availabilityZone": "eu-central-1a"})
     (violation,) = violations_of(plan_with(eight, subnet), "cost-budget")
-    assert "p5.48xlarge has no eu-central-1 price" in violation.message
+    assert "p5.48xlarge is not offered in eu-central-1" in violation.message
     (violation,) = violations_of(plan_with(eight), "cost-budget")
     assert 'set "region" in the policy pack config' in violation.message
 
@@ -632,11 +630,11 @@ def test_cost_budget_counts_fsx_and_node_groups():
     )  # $0.60/GiB-month
     group = (
         "aws:eks/nodeGroup:NodeGroup",
-        {"instanceTypes": ["m6i.4xlarge"], "scalingConfig": {"maxSize": 10}},
+        {"instanceTypes": ["m6i.4xlarge"], "scalingConfig": {"desiredSize": 2, "maxSize": 10}},
     )
     budget = {"budgetUsdPerHour": 40, "region": "us-east-1"}
     (violation,) = violations_of(plan_with(fsx, group), "cost-budget", budget)
-    # 48000 x 0.60 / 730 = 39.45, plus 10 x 0.768 = 7.68
+    # 48000 x 0.60 / 730 = 39.45, plus the ceiling's 10 x 0.768 = 7.68 (2 in the floor, 8 above)
     assert "$47.13/hour" in violation.message
 
 
@@ -768,16 +766,19 @@ PROD_INTERFACE_ENDPOINTS = (
 
 
 def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
-    """prod's lines, figured from the price file (us-west-2) by hand: nodes with their gp3 disks,
-    the system node group at maxSize, FSx per GiB-month, NAT gateways and their addresses, the
-    control plane and the gp3 quota of DevServer homes."""
+    """prod's lines, figured from the price file (us-west-2) by hand: nodes with their gp3 disks
+    (the cpu pool's at 600 MiB/s, 475 above gp3's included 125), the system node group at
+    desiredSize in the floor and up to maxSize above it, FSx per GiB-month, NAT gateways and their
+    addresses, KMS keys, the control plane, and the gp3 quota and SSH load balancers of carol's
+    DevServers."""
     from infra.catalog import HOURS_PER_MONTH, load_prices
     from infra.cost import plan_cost
 
     prices = load_prices("us-west-2")
 
-    def nodes(count, instance_type, disk_gib):
-        gp3 = disk_gib * prices.ebs_gp3_per_gib_month / HOURS_PER_MONTH
+    def nodes(count, instance_type, disk_gib, mibps=125):
+        gp3 = disk_gib * prices.usd("ebsGp3PerGibMonth") / HOURS_PER_MONTH
+        gp3 += (mibps - 125) * prices.usd("ebsGp3PerMibpsMonth") / HOURS_PER_MONTH
         return count * (prices.instance(instance_type) + gp3)
 
     expected = {
@@ -788,17 +789,25 @@ def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
         # PrivateLink: an interface endpoint bills per AZ-hour, $0.01 here; the S3 gateway is free.
         **{f"VPC endpoint network-{service}": 3 * 0.01 for service in PROD_INTERFACE_ENDPOINTS},
         "VPC endpoint network-s3": 0.0,
-        "node group cluster-system": nodes(6, "m6i.xlarge", 50),
+        "node group cluster-system": nodes(3, "m6i.xlarge", 50),
+        "node group cluster-system to maxSize": nodes(6 - 3, "m6i.xlarge", 50),
         "FSx for Lustre fsx": 4800 * 0.210 / HOURS_PER_MONTH,
+        # $1 a month each: the cluster's secrets key and the bucket's SSE-KMS key.
+        "KMS key cluster-secrets": 1 / HOURS_PER_MONTH,
+        "KMS key training-bucket-sse": 1 / HOURS_PER_MONTH,
         "EC2 instance hybrid-gateway": None,  # prod has no hybrid section
         "gpu-small": nodes(4, "g5.12xlarge", 200),
         "gpu-large": nodes(16, "p4d.24xlarge", 200),
-        "cpu": nodes(20, "m6i.4xlarge", 100),
+        "cpu": nodes(20, "m6i.4xlarge", 100, mibps=600),
         # carol's DevServer homes at her quota (devServers.users[].quota.homeGib, default 500).
-        "storage quota dev-carol/devservers": 500 * prices.ebs_gp3_per_gib_month / HOURS_PER_MONTH,
+        "storage quota dev-carol/devservers": 500
+        * prices.usd("ebsGp3PerGibMonth")
+        / HOURS_PER_MONTH,
+        # Her 2 servers may each have a Classic LB in prod's 3 public subnets, an address in each.
+        "SSH load balancers dev-carol/devservers": 2 * (0.025 + 3 * 0.005),
     }
     cost = plan_cost("us-west-2", prod_plan)
-    assert cost.unpriced == []
+    assert cost.unpriced == [] and cost.unpriced_types == []
     assert {line.item: pytest.approx(line.usd_per_hour) for line in cost.lines} == {
         item: usd for item, usd in expected.items() if usd is not None
     }
@@ -810,6 +819,8 @@ def test_the_hybrid_gateway_is_costed_and_its_type_priced_in_config(hybrid_stack
     from infra.catalog import HOURS_PER_MONTH, load_prices
     from infra.config import ConfigError, load_stack_file
     from infra.cost import plan_cost
+    from infra.declared import declared_in
+    from infra.usage import usage_lines
 
     config, plan = hybrid_stack
     prices = load_prices("us-west-2")
@@ -824,11 +835,9 @@ def test_the_hybrid_gateway_is_costed_and_its_type_priced_in_config(hybrid_stack
         "Elastic IP hybrid-gateway": ("public IPv4 address", 0.005),
         "EKS hybrid nodes": ("2 machines, 24 vCPU at $0.02/vCPU-hour (first tier)", 24 * 0.020),
     }
-    assert prices.instance("c6i.large") == 0.085 and prices.ebs_gp3_per_gib_month == 0.08
-    assert (
-        "hybrid machine-to-machine traffic out of the WireGuard gateway $0.09/GB"
-        in cost.usage_priced
-    )
+    assert prices.instance("c6i.large") == 0.085 and prices.usd("ebsGp3PerGibMonth") == 0.08
+    usage = {u.item: u.formula for u in usage_lines(cost, declared_in(plan))}
+    assert usage["hybrid traffic out of the gateway"] == "$0.09/GB"
     import yaml
 
     from tests.conftest import stack_values

@@ -20,7 +20,8 @@ from trainer.checkpoint import Checkpointer, LocalStore, step_name
 from trainer.data import main as data_main
 from trainer.data import open_splits, prepare
 from trainer.launch import children
-from trainer.model import GPT, PRESETS
+from trainer.model import GPT
+from trainer.presets import PRESETS
 from trainer.train import main as trainer_main
 from trainer.train import wrap
 
@@ -429,13 +430,6 @@ def _free_port() -> int:
     with socket.socket() as s:
         s.bind(("127.0.0.1", 0))
         return s.getsockname()[1]
-
-
-def test_option_model_names_are_the_presets():
-    from trainer.model import PRESETS
-    from trainer.options import MODELS
-
-    assert tuple(PRESETS) == MODELS
 
 
 def test_data_prepare_and_sample_addressing(tmp_path, capsys):

@@ -32,8 +32,8 @@ import torch.nn.functional as F
 from torch import nn
 
 from trainer.data import ensure_default_tokens
-from trainer.model import PRESETS
 from trainer.options import TrainConfig
+from trainer.presets import PRESETS
 
 # Sequences per step, steps per timing window and timed windows per run (one more window warms
 # up): each window long enough to time, each run a few seconds on 2 cores.

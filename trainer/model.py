@@ -1,39 +1,12 @@
 """A decoder-only transformer language model over bytes (GPT-2 shaped, nanoGPT-direct)."""
 
 import math
-from dataclasses import dataclass
 
 import torch
 import torch.nn.functional as F
 from torch import nn
 
-
-@dataclass(frozen=True)
-class ModelConfig:
-    n_layer: int
-    n_head: int
-    d_model: int
-    seq_len: int
-    vocab_size: int = 256  # byte-level tokens: no tokenizer files, nothing to download
-
-    def params(self) -> int:
-        """Parameter count (embeddings tied with the output head)."""
-        d = self.d_model
-        per_block = 12 * d * d + 13 * d
-        return self.vocab_size * d + self.seq_len * d + self.n_layer * per_block + 2 * d
-
-    def flops_per_token(self) -> float:
-        """Training FLOPs per token: 6N for the matmuls plus attention (PaLM, appendix B)."""
-        return 6 * self.params() + 12 * self.n_layer * self.d_model * self.seq_len
-
-
-PRESETS = {
-    # Trains in about a minute on two CPU cores.
-    "tiny": ModelConfig(n_layer=2, n_head=4, d_model=128, seq_len=128),
-    "small": ModelConfig(n_layer=6, n_head=8, d_model=384, seq_len=256),
-    # GPT-2 124M shape (byte vocabulary instead of BPE).
-    "gpt2-124m": ModelConfig(n_layer=12, n_head=12, d_model=768, seq_len=1024),
-}
+from trainer.presets import ModelConfig
 
 
 class Block(nn.Module):

@@ -4,8 +4,9 @@ import argparse
 import math
 from dataclasses import dataclass, fields
 
-# The names of trainer.model.PRESETS (a test keeps the two equal).
-MODELS = ("tiny", "small", "gpt2-124m")
+from trainer.presets import PRESETS
+
+MODELS = tuple(PRESETS)
 PARALLEL = ("ddp", "fsdp")
 
 

@@ -35,9 +35,10 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.checkpoint import Checkpointer, UnusableCheckpoint, open_store
 from trainer.data import TokenData, ensure_default_tokens, open_splits
 from trainer.launch import INPUT_ERROR_FILE
-from trainer.model import GPT, PRESETS
+from trainer.model import GPT
 from trainer.options import OptionsError, TrainConfig, parse_args
 from trainer.options import usage as options_usage
+from trainer.presets import PRESETS
 
 # Ranks agree on a stop request every this many steps: one tiny collective, and on CUDA one host
 # sync, per check rather than per step; a SIGTERM waits at most this many steps for its save.

@@ -116,44 +116,74 @@ class UnpricedError(LookupError):
     """The catalog holds no price for this region or item: say which and how to add one."""
 
 
+# `sources` keys of prices no source confirmed: the plan lists such prices as unverified.
+FROM_MEMORY = "from-memory"
+COPIED = "copied-from-us-east-1"  # a new region's service prices, written by refresh
+
+
+@dataclass(frozen=True)
+class ServicePrice:
+    """One service's list price in USD (the unit is in its key's name), and where it was read."""
+
+    key: str
+    usd: float
+    source: str  # the `sources` entry's text
+
+    @property
+    def unverified(self) -> bool:
+        return self.source_key in (FROM_MEMORY, COPIED)
+
+    @property
+    def source_key(self) -> str:
+        return self.source.split(":", 1)[0]
+
+
 @dataclass(frozen=True)
 class RegionPrices:
-    """List prices in one region (USD): instances per hour, services per hour or GiB-month."""
+    """List prices in one region (USD): instances per hour, services per their keys' units."""
 
     region: str
     instance_usd_per_hour: dict[str, float]
     instance_source: str
     instance_as_of: str
-    eks_control_plane_per_hour: float
-    nat_gateway_per_hour: float
-    vpc_interface_endpoint_per_az_hour: float
-    ebs_gp3_per_gib_month: float
-    efs_standard_per_gib_month: float
-    s3_standard_per_gib_month: float
-    fsx_per_gib_month: dict[int, float]  # PERSISTENT_2 SSD, by throughput per TiB
-    public_ipv4_per_hour: float  # each public IPv4 address, Elastic IPs included
-    eks_hybrid_nodes_per_vcpu_hour: float  # the first tier
-    internet_egress_per_gb: float  # data transfer out to the internet, the first tier
-    service_source: str
-    service_as_of: str
+    not_offered: dict[str, str]  # instance type -> why the region does not sell it On-Demand
+    spot_usd_per_hour: dict[str, float]  # the highest AZ's spot price in the dataset
+    spot_source: str
+    capacity_block_usd_per_hour: dict[str, ServicePrice]  # published effective instance-hour rate
+    services: dict[str, ServicePrice]
+
+    @property
+    def file(self) -> str:
+        return f"infra/catalog/prices/{self.region}.yaml"
 
     def instance(self, name: str) -> float:
+        if name in self.not_offered:
+            raise UnpricedError(f"{name} is not offered in {self.region}: {self.not_offered[name]}")
         if name not in self.instance_usd_per_hour:
             raise UnpricedError(
-                f"{name} has no {self.region} price in infra/catalog/prices/{self.region}.yaml; "
+                f"{name} has no {self.region} price in {self.file}; "
                 f"priced there: {', '.join(sorted(self.instance_usd_per_hour))} "
                 f"(add it: python -m infra.catalog.refresh --region {self.region})"
             )
         return self.instance_usd_per_hour[name]
 
-    def fsx(self, throughput_per_tib: int) -> float:
-        if throughput_per_tib not in self.fsx_per_gib_month:
+    def service(self, key: str) -> ServicePrice:
+        if key not in self.services:
+            raise UnpricedError(f"{self.file} has no servicePrices.{key}")
+        return self.services[key]
+
+    def usd(self, key: str) -> float:
+        return self.service(key).usd
+
+    def fsx_key(self, throughput_per_tib: int) -> str:
+        """The key of FSx for Lustre PERSISTENT_2 SSD storage at this throughput, per GiB-month."""
+        key = f"fsxPersistent2Ssd{throughput_per_tib}PerGibMonth"
+        if key not in self.services:
             raise UnpricedError(
                 f"FSx for Lustre at {throughput_per_tib} MB/s/TiB has no {self.region} price in "
-                f"infra/catalog/prices/{self.region}.yaml (servicePrices.usd."
-                "fsxPersistent2PerGibMonth)"
+                f"{self.file} (servicePrices.{key})"
             )
-        return self.fsx_per_gib_month[throughput_per_tib]
+        return key
 
 
 def supported_regions() -> list[str]:
@@ -171,23 +201,23 @@ def load_prices(region: str) -> RegionPrices:
             f"--region {region}, then its servicePrices by hand)"
         )
     raw = yaml.safe_load(path.read_text())
-    instances, services = raw["instancePrices"], raw["servicePrices"]
-    usd = services["usd"]
+    sources, instances, spot = raw["sources"], raw["instancePrices"], raw["spotPrices"]
+
+    def priced(key: str, entry: dict) -> ServicePrice:
+        return ServicePrice(
+            key, float(entry["usd"]), f"{entry['source']}: {sources[entry['source']]}"
+        )
+
     return RegionPrices(
         region=region,
         instance_usd_per_hour={k: float(v) for k, v in instances["usdPerHour"].items()},
         instance_source=instances["source"],
         instance_as_of=str(instances["asOf"]),
-        eks_control_plane_per_hour=float(usd["eksControlPlanePerHour"]),
-        nat_gateway_per_hour=float(usd["natGatewayPerHour"]),
-        vpc_interface_endpoint_per_az_hour=float(usd["vpcInterfaceEndpointPerAzHour"]),
-        ebs_gp3_per_gib_month=float(usd["ebsGp3PerGibMonth"]),
-        efs_standard_per_gib_month=float(usd["efsStandardPerGibMonth"]),
-        s3_standard_per_gib_month=float(usd["s3StandardPerGibMonth"]),
-        fsx_per_gib_month={int(k): float(v) for k, v in usd["fsxPersistent2PerGibMonth"].items()},
-        public_ipv4_per_hour=float(usd["publicIpv4PerHour"]),
-        eks_hybrid_nodes_per_vcpu_hour=float(usd["eksHybridNodesPerVcpuHour"]),
-        internet_egress_per_gb=float(usd["internetEgressPerGb"]),
-        service_source=services["source"],
-        service_as_of=str(services["asOf"]),
+        not_offered=dict(instances.get("notOffered") or {}),
+        spot_usd_per_hour={k: float(v) for k, v in spot["usdPerHour"].items()},
+        spot_source=f"{spot['source']}: {sources[spot['source']]}",
+        capacity_block_usd_per_hour={
+            k: priced(f"capacityBlock {k}", v) for k, v in raw["capacityBlockPrices"].items()
+        },
+        services={k: priced(k, v) for k, v in raw["servicePrices"].items()},
     )

@@ -5,8 +5,12 @@
 For every type in instance_types.yaml, asks GetProducts (AmazonEC2; Linux, shared tenancy, no
 pre-installed software, on-demand) for the region's hourly USD price and rewrites the
 `instancePrices` block of prices/<region>.yaml with today's date; types the region does not offer
-are left out (a pool naming one is then a config error there). `servicePrices` is kept as is; a
-new region's file starts with us-east-1's, labeled as copied, to be checked by hand.
+are listed under `notOffered` (a pool naming one is then a config error there, saying so). The
+other blocks are kept as they are; a new region's file starts with us-east-1's, every service price
+labeled as copied (unverified in the plan) until checked by hand.
+
+Without AWS credentials, or without access to the Price List API, it ends with one line saying
+which, and exit status 2.
 """
 
 import argparse
@@ -16,9 +20,10 @@ import sys
 from pathlib import Path
 
 import boto3
+import botocore.exceptions
 import yaml
 
-from infra.catalog import PRICES_DIR, load_catalog
+from infra.catalog import COPIED, PRICES_DIR, load_catalog
 
 SOURCE = "AWS Price List API GetProducts (AmazonEC2, Linux, Shared, no pre-installed SW, OnDemand)"
 # The Price List API is served from us-east-1 (and a few others) whatever region is priced.
@@ -76,16 +81,30 @@ def refresh(
         else:
             prices[name] = price
     path = prices_dir / f"{region}.yaml"
+    as_of = (today or datetime.date.today()).isoformat()
     if path.is_file():
         document = yaml.safe_load(path.read_text())
     else:
         document = yaml.safe_load((prices_dir / "us-east-1.yaml").read_text())
         document["region"] = region
-        document["servicePrices"]["source"] = "COPIED FROM us-east-1 by refresh: check by hand"
+        document["sources"][COPIED] = "COPIED FROM us-east-1 by refresh: check by hand"
+        for entry in [*document["servicePrices"].values()]:
+            entry["source"] = COPIED
+        document["spotPrices"]["usdPerHour"] = {}
+        document["capacityBlockPrices"] = {}
+    not_offered = {
+        name: reason
+        for name, reason in (document["instancePrices"].get("notOffered") or {}).items()
+        if name not in prices
+    }
+    not_offered |= {
+        name: f"no On-Demand price in the AWS Price List API ({as_of})" for name in missing
+    }
     document["instancePrices"] = {
         "source": SOURCE,
-        "asOf": (today or datetime.date.today()).isoformat(),
+        "asOf": as_of,
         "usdPerHour": prices,
+        "notOffered": not_offered,
     }
     header = f"# {region}: instancePrices written by python -m infra.catalog.refresh.\n"
     path.write_text(header + yaml.safe_dump(document, sort_keys=False, width=100))
@@ -99,7 +118,21 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--region", action="append", required=True, help="e.g. eu-west-1")
     args = parser.parse_args(argv)
     for region in args.region:
-        prices, missing = refresh(region)
+        try:
+            prices, missing = refresh(region)
+        except botocore.exceptions.NoCredentialsError:
+            print(
+                "error: no AWS credentials found (set AWS_PROFILE or AWS_ACCESS_KEY_ID and "
+                "AWS_SECRET_ACCESS_KEY); the Price List API needs pricing:GetProducts",
+                file=sys.stderr,
+            )
+            return 2
+        except (botocore.exceptions.BotoCoreError, botocore.exceptions.ClientError) as e:
+            print(
+                f"error: the AWS Price List API refused or could not be reached: {e}",
+                file=sys.stderr,
+            )
+            return 2
         print(f"{region}: {len(prices)} types priced -> {PRICES_DIR / (region + '.yaml')}")
         if missing:
             print(f"  not offered in {region}: {', '.join(missing)}")

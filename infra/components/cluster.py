@@ -58,6 +58,16 @@ class Cluster(pulumi.ComponentResource):
             opts=child,
         )
 
+        # The group EKS writes the control plane's logs to (EKS user guide, "Send control plane
+        # logs to CloudWatch Logs": /aws/eks/<cluster>/cluster). pulumi-eks creates none, and EKS
+        # would create it itself with no retention; created first, EKS writes into this one.
+        log_group = aws.cloudwatch.LogGroup(
+            f"{name}-control-plane-logs",
+            name=f"/aws/eks/{config.name}/cluster",
+            retention_in_days=config.log_retention_days,
+            tags=tags,
+            opts=child,
+        )
         cluster = eks.Cluster(
             name,
             name=config.name,
@@ -111,7 +121,7 @@ class Cluster(pulumi.ComponentResource):
             # provider, whose children inherit it). Hybrid nodes: the cluster's remote node and
             # pod networks (see hybrid_nodes.py).
             opts=pulumi.ResourceOptions.merge(
-                child,
+                pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
                 pulumi.ResourceOptions(
                     protect=data.protect(CLUSTER).protect,
                     transforms=[remote_network_transform(hybrid)] if hybrid else None,

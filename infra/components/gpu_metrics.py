@@ -12,9 +12,24 @@ from infra.components.helm import helm_release
 from infra.components.hybrid_machines import GPU_AGENT_TOLERATIONS, HYBRID_NODE_AFFINITY
 from infra.components.node_monitoring_agent import DCGM_HOST_ENGINE_PORT
 from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
+from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.versions import DCGM_EXPORTER_CHART, KUBE_PROMETHEUS_STACK_CHART
 
 NAMESPACE = "monitoring"
+# kube-prometheus-stack's components on the system nodes, with requests the plan can count
+# against their room (infra/system_capacity.py): the chart requests nothing, so the scheduler
+# would reserve nothing and Prometheus could starve the controllers. Prometheus' memory follows
+# its active series: node-exporter and kubelet series for tens of nodes plus DCGM's per GPU are
+# some 10^5 series, about 1-2 GiB (an assumption to replace with `prometheus_tsdb_head_series`
+# and the pod's working set on a real cluster).
+PROMETHEUS_RESOURCES = {"requests": {"cpu": "500m", "memory": "2Gi"}, "limits": {"memory": "4Gi"}}
+SMALL_RESOURCES = {"requests": {"cpu": "50m", "memory": "128Mi"}, "limits": {"memory": "256Mi"}}
+GRAFANA_RESOURCES = {"requests": {"cpu": "100m", "memory": "256Mi"}, "limits": {"memory": "512Mi"}}
+JOB_RESOURCES = {"requests": {"cpu": "10m", "memory": "32Mi"}, "limits": {"memory": "64Mi"}}
+NODE_EXPORTER_RESOURCES = {
+    "requests": {"cpu": "20m", "memory": "32Mi"},
+    "limits": {"memory": "64Mi"},
+}
 # Grafana.com dashboard "NVIDIA DCGM Exporter Dashboard": utilisation, memory, power per GPU,
 # with pod and namespace labels, i.e. per job.
 DCGM_DASHBOARD_GNET_ID = 12239
@@ -42,11 +57,31 @@ class GpuMetrics(pulumi.ComponentResource):
                     KUBE_PROMETHEUS_STACK_CHART,
                     NAMESPACE,
                     {
-                        # Pick up ServiceMonitors from every release, not only this chart's own.
                         "prometheus": {
-                            "prometheusSpec": {"serviceMonitorSelectorNilUsesHelmValues": False}
+                            "prometheusSpec": {
+                                # Pick up ServiceMonitors from every release, not this one's only.
+                                "serviceMonitorSelectorNilUsesHelmValues": False,
+                                **SYSTEM_PLACEMENT,
+                                "resources": PROMETHEUS_RESOURCES,
+                            }
                         },
+                        "alertmanager": {
+                            "alertmanagerSpec": {**SYSTEM_PLACEMENT, "resources": SMALL_RESOURCES}
+                        },
+                        "prometheusOperator": {
+                            **SYSTEM_PLACEMENT,
+                            "resources": SMALL_RESOURCES,
+                            # Its certificate Jobs run at every install and upgrade.
+                            "admissionWebhooks": {
+                                "patch": {**SYSTEM_PLACEMENT, "resources": JOB_RESOURCES}
+                            },
+                        },
+                        "kube-state-metrics": {**SYSTEM_PLACEMENT, "resources": SMALL_RESOURCES},
+                        # A DaemonSet: the chart already tolerates every NoSchedule taint.
+                        "prometheus-node-exporter": {"resources": NODE_EXPORTER_RESOURCES},
                         "grafana": {
+                            **SYSTEM_PLACEMENT,
+                            "resources": GRAFANA_RESOURCES,
                             "dashboardProviders": {
                                 "dashboardproviders.yaml": {
                                     "apiVersion": 1,

@@ -119,6 +119,8 @@ def node_class_metadata(pool: NodePoolConfig) -> dict:
                 "reservationType": r.reservation_type,
                 "instanceType": r.instance_type,
                 "instanceCount": r.instance_count,
+                **({"durationHours": r.duration_hours} if r.duration_hours else {}),
+                **({"upfrontFeeUsd": r.upfront_fee_usd} if r.upfront_fee_usd else {}),
             }
             for r in pool.capacity_reservations
         ]

@@ -108,6 +108,33 @@ class NodeGroupConfig(Model):
         return self
 
 
+# The retention periods CloudWatch Logs accepts (PutRetentionPolicy, retentionInDays).
+LogRetentionDays = Literal[
+    1,
+    3,
+    5,
+    7,
+    14,
+    30,
+    60,
+    90,
+    120,
+    150,
+    180,
+    365,
+    400,
+    545,
+    731,
+    1096,
+    1827,
+    2192,
+    2557,
+    2922,
+    3288,
+    3653,
+]
+
+
 class ClusterConfig(Model):
     # Lowercase words joined by single hyphens: the ECR repository `<name>/trainer` allows
     # nothing else (no uppercase, no `--`, no trailing `-`).
@@ -125,6 +152,9 @@ class ClusterConfig(Model):
     # IAM principals given cluster-admin through EKS access entries.
     admin_principal_arns: list[IamPrincipalArn] = Field(default_factory=list)
     system_node_group: NodeGroupConfig = NodeGroupConfig()
+    # How long CloudWatch keeps the control plane's logs (all five types, audit included); EKS
+    # would otherwise create the log group itself and keep them forever, billed per GB-month.
+    log_retention_days: LogRetentionDays = 90
     deletion_protection: bool = False
 
     @model_validator(mode="after")

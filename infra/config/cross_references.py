@@ -357,7 +357,7 @@ def price_errors(config: StackConfig) -> list[tuple[tuple, str]]:
             problems.append((loc, str(e)))
     if config.storage.fsx.enabled:
         try:
-            prices.fsx(config.storage.fsx.throughput_per_tib)
+            prices.fsx_key(config.storage.fsx.throughput_per_tib)
         except UnpricedError as e:
             problems.append((("storage", "fsx", "throughputPerTib"), str(e)))
     return problems

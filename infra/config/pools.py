@@ -79,9 +79,27 @@ class CapacityReservation(Model):
     reservation_type: Literal["default", "capacity-block"] = "default"
     instance_type: InstanceTypeName
     instance_count: int = Field(ge=1, le=1000)
+    # A Capacity Block is paid up front for its whole length, at the rate of its purchase: the
+    # plan prices it from these (DescribeCapacityBlockOfferings' CapacityBlockDurationHours and
+    # UpfrontFee), or from the region's published block rate when the fee is not given. EC2 sells
+    # blocks of 1 to 14 days, then in weeks up to 182 days.
+    duration_hours: int | None = Field(default=None, ge=24, le=182 * 24)
+    upfront_fee_usd: float | None = Field(default=None, gt=0)
 
     @model_validator(mode="after")
     def _one_selector(self) -> "CapacityReservation":
+        block = self.reservation_type == "capacity-block"
+        if block and self.duration_hours is None:
+            raise ValueError(
+                "a capacity-block reservation needs durationHours (the block's length, paid up "
+                "front); allowed: 24 to 4368"
+            )
+        if not block and (self.duration_hours is not None or self.upfront_fee_usd is not None):
+            raise ValueError(
+                "durationHours and upfrontFeeUsd are set on an On-Demand Capacity Reservation, "
+                "which bills per hour while held; allowed: only with reservationType "
+                "capacity-block"
+            )
         if (self.id is None) == (self.tags is None):
             raise ValueError(
                 "needs id or tags, not both and not neither; allowed: id: cr-... (one "
