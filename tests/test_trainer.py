@@ -1,5 +1,6 @@
 """The trainer on CPU with gloo: DDP/FSDP2 correctness, elastic resume, signals, crashes, S3."""
 
+import contextlib
 import json
 import os
 import signal
@@ -9,13 +10,13 @@ import sys
 import time
 from pathlib import Path
 
-import boto3
 import pytest
 import torch
 import torch.distributed as dist
 from torch.distributed.checkpoint.api import CheckpointException
 from torch.distributed.checkpoint.format_utils import dcp_to_torch_save
 
+from tests.moto_s3 import moto_server, s3_client
 from trainer.checkpoint import Checkpointer, LocalStore, step_name
 from trainer.data import main as data_main
 from trainer.data import open_splits, prepare
@@ -275,44 +276,13 @@ def test_async_save_commits_as_soon_as_written(tmp_path, process_group):
 
 
 @pytest.fixture
-def moto_server():
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
-    )
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    deadline = time.monotonic() + 30
-    while True:
-        try:
-            socket.create_connection(("127.0.0.1", port), timeout=1).close()
-            break
-        except OSError:
-            assert time.monotonic() < deadline, "moto server did not start"
-            time.sleep(0.1)
-    yield env
-    server.terminate()
-    server.wait(timeout=10)
+def moto():
+    with moto_server() as env:
+        yield env
 
 
-def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto_server):
-    s3 = boto3.client(
-        "s3",
-        endpoint_url=moto_server["AWS_ENDPOINT_URL"],
-        region_name="us-east-1",
-        aws_access_key_id="testing",
-        aws_secret_access_key="testing",
-    )
+def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto):
+    s3 = s3_client(moto)
     s3.create_bucket(Bucket="ckpts")
     uri = "s3://ckpts/runs/tiny"
     train(
@@ -325,13 +295,13 @@ def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto_server):
         "2",
         "--keep-last",
         "1",
-        env=moto_server,
+        env=moto,
     )
     keys = [o["Key"] for o in s3.list_objects_v2(Bucket="ckpts")["Contents"]]
     assert "runs/tiny/step-00000004/COMMITTED" in keys
     assert not any(k.startswith("runs/tiny/step-00000002/") for k in keys)  # pruned
     assert any(k.endswith(".distcp") for k in keys)
-    resumed = train(tmp_path, 1, uri, "--steps", "6", "--checkpoint-every", "2", env=moto_server)
+    resumed = train(tmp_path, 1, uri, "--steps", "6", "--checkpoint-every", "2", env=moto)
     assert event(resumed, "start")["resumed_from"] == 4
     assert event(resumed, "done")["step"] == 6
 
@@ -340,7 +310,7 @@ def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto_server):
     shard = next(k for k in keys if k.startswith("runs/tiny/step-00000006/") and "distcp" in k)
     body = s3.get_object(Bucket="ckpts", Key=shard)["Body"].read()
     s3.put_object(Bucket="ckpts", Key=shard, Body=body[:100])
-    recs, stderr = run(tmp_path, 1, uri, "--steps", "8", "--checkpoint-every", "2", env=moto_server)
+    recs, stderr = run(tmp_path, 1, uri, "--steps", "8", "--checkpoint-every", "2", env=moto)
     assert f"checkpoint {uri}/step-00000006 is unreadable" in stderr
     assert event(recs, "start")["resumed_from"] == 4
     assert event(recs, "done")["step"] == 8
@@ -478,22 +448,43 @@ def test_concurrent_first_preparation_of_the_default_corpus(tmp_path):
     assert not list(tmp_path.glob(".*.tmp"))
 
 
+@contextlib.contextmanager
+def one_process(env: dict | None = None):
+    """`python -m trainer` inside pytest: a group of one, with `env`; the environment and the
+    signal handlers put back afterwards."""
+    with pytest.MonkeyPatch.context() as patch:
+        for name, value in {
+            "RANK": "0",
+            "LOCAL_RANK": "0",
+            "WORLD_SIZE": "1",
+            "LOCAL_WORLD_SIZE": "1",
+            "MASTER_ADDR": "127.0.0.1",
+            "MASTER_PORT": str(_free_port()),
+            **(env or {}),
+        }.items():
+            patch.setenv(name, value)
+        handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
+        try:
+            yield
+        finally:
+            for sig, handler in handlers.items():
+                signal.signal(sig, handler)
+
+
 @pytest.fixture
-def in_process(monkeypatch):
-    """`python -m trainer` inside pytest: a group of one; signal handlers put back afterwards."""
-    for name, value in {
-        "RANK": "0",
-        "LOCAL_RANK": "0",
-        "WORLD_SIZE": "1",
-        "LOCAL_WORLD_SIZE": "1",
-        "MASTER_ADDR": "127.0.0.1",
-        "MASTER_PORT": str(_free_port()),
-    }.items():
-        monkeypatch.setenv(name, value)
-    handlers = {sig: signal.getsignal(sig) for sig in (signal.SIGTERM, signal.SIGINT)}
-    yield
-    for sig, handler in handlers.items():
-        signal.signal(sig, handler)
+def in_process():
+    with one_process():
+        yield
+
+
+def train_here(tmp: Path, ckpt: str, *args: str, env: dict | None = None) -> list[dict]:
+    """The metrics records of a successful one-worker run in this process (no interpreter and
+    torch to start)."""
+    metrics = tmp / f"metrics-{time.monotonic_ns()}.jsonl"
+    with one_process(env):
+        status = trainer_main([*FAST, "--checkpoint-dir", ckpt, "--metrics", str(metrics), *args])
+    assert status == 0
+    return records(metrics)
 
 
 def trainer_exit(capsys, *args: str) -> tuple[int, str]:

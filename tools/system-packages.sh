@@ -2,8 +2,9 @@
 # The system programs the tests run for real rather than imitate: OpenSSH's sshd and client
 # (MPI launch through sshd, DevServer SSH sessions), WireGuard with its userspace implementation
 # (wireguard-go, for kernels without the module), iptables and ping, used in network namespaces
-# the tests create, jq and curl, which the hybrid gateway's peer sync runs, and tmux, the shell a
-# user leaves in a DevServer (the idle rule and the stop warning are tested on it). Installs what is
+# the tests create, jq and curl, which the hybrid gateway's peer sync runs, tmux, the shell a
+# user leaves in a DevServer (the idle rule and the stop warning are tested on it), and chromium,
+# which renders TensorBoard's scalars page in a test (headless, offline). Installs what is
 # missing with apt-get (Debian/Ubuntu), as root or through sudo; prints nothing when all are
 # there. Versions follow the distribution release, as in the images. The SSH tests also use
 # setpriv (util-linux), useradd (passwd) and awk, and the DevServer tests unshare, nsenter,
@@ -11,7 +12,8 @@
 # own on an overlay of this root, with a devpts of their own; devctl run syncs with tar and runs
 # torchrun under setsid), which every Debian and Ubuntu system has.
 set -euo pipefail
-packages=(openssh-server openssh-client wireguard-tools wireguard-go iptables iproute2 iputils-ping jq curl tmux)
+packages=(openssh-server openssh-client wireguard-tools wireguard-go iptables iproute2 iputils-ping jq curl tmux
+  chromium)
 missing=()
 for package in "${packages[@]}"; do
   status=$(dpkg-query -W -f='${Status}' "$package" 2>/dev/null || true)

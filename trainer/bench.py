@@ -179,14 +179,29 @@ def median_ratio(results: list[tuple[float, float]]) -> float:
     return statistics.median(b / a for a, b in results)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    found = argparse.ArgumentParser(
         prog="python -m trainer.bench", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--presets", nargs="+", default=["tiny", "small"], choices=list(RUN))
-    parser.add_argument("--pairs", type=int, default=5)
-    parser.add_argument("--bare", nargs=2, metavar=("PRESET", "THREADS"), help=argparse.SUPPRESS)
-    args = parser.parse_args(argv)
+    found.add_argument(
+        "--presets",
+        nargs="+",
+        default=["tiny", "small"],
+        choices=list(RUN),
+        help="model presets to measure (default: %(default)s)",
+    )
+    found.add_argument(
+        "--pairs",
+        type=int,
+        default=5,
+        help="interleaved pairs of runs each figure is the median of (default: %(default)s)",
+    )
+    found.add_argument("--bare", nargs=2, metavar=("PRESET", "THREADS"), help=argparse.SUPPRESS)
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     if args.bare:  # one bare-loop run, in a process of its own like the trainer's
         preset, threads = args.bare[0], int(args.bare[1])
         print(bare_loop(preset, threads, *RUN[preset]))

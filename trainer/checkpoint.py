@@ -31,6 +31,19 @@ def step_name(step: int) -> str:
     return f"step-{step:08d}"
 
 
+def step_folders(names) -> tuple[list[int], list[int]]:
+    """(committed, uncommitted) steps, ascending, among the names found in a checkpoint folder:
+    `step-NNNNNNNN` and `step-NNNNNNNN/<file>`, relative to it (S3 keys, `find` output)."""
+    seen, committed = set(), set()
+    for name in names:
+        folder, _, file = name.partition("/")
+        if match := _STEP.fullmatch(folder):
+            seen.add(int(match.group(1)))
+            if file == MARKER:
+                committed.add(int(match.group(1)))
+    return sorted(committed), sorted(seen - committed)
+
+
 class LocalStore:
     """Checkpoints in a local or shared (FSx for Lustre, EFS) directory."""
 
@@ -85,8 +98,10 @@ class S3Store:
         bucket, _, prefix = uri.removeprefix("s3://").partition("/")
         self.uri = uri.rstrip("/")
         self.bucket, self.prefix = bucket, prefix.strip("/")
+        # The bucket's region, which s3torchconnector needs: the environment's, else the AWS
+        # profile's.
         self.region = (
-            os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION") or "us-east-1"
+            os.environ.get("AWS_REGION") or boto3.session.Session().region_name or "us-east-1"
         )
         self.s3 = boto3.client("s3", region_name=self.region)
 
@@ -106,10 +121,8 @@ class S3Store:
             token = page["NextContinuationToken"]
 
     def steps(self) -> tuple[list[int], list[int]]:
-        keys = self._keys()
-        seen = {int(m.group(1)) for k in keys if (m := _STEP.search(k))}
-        committed = {s for s in seen if self._key(s, MARKER) in keys}
-        return sorted(committed), sorted(seen - committed)
+        start = len(self.prefix) + 1 if self.prefix else 0
+        return step_folders(key[start:] for key in self._keys())
 
     def writer(self, step: int):
         from s3torchconnector.dcp import S3StorageWriter
@@ -138,6 +151,11 @@ class S3Store:
             source = {"Bucket": self.bucket, "Key": key}
             self.s3.copy_object(Bucket=self.bucket, Key=moved, CopySource=source)
             self.s3.delete_object(Bucket=self.bucket, Key=key)
+
+    def upload(self, path: Path, name: str) -> None:
+        """Put the local file `path` at `<prefix>/<name>`."""
+        key = "/".join(p for p in (self.prefix, name) if p)
+        self.s3.upload_file(str(path), self.bucket, key)
 
     def probe(self, rank: int) -> None:
         key = "/".join(p for p in (self.prefix, f".write-probe-{rank}-{os.getpid()}") if p)
@@ -265,8 +283,11 @@ class Checkpointer:
             except Exception as e:  # any failure to read means this checkpoint cannot be used
                 saved, error = None, f"{type(e).__name__}: {e}"
             errors = [e for e in self._agree(error) if e]
+            if not errors and (why := misfit(saved, shapes)):
+                raise UnusableCheckpoint(
+                    f"checkpoint {self.store.where(step)} does not fit this model: {why}"
+                )
             if not errors:
-                _check_shapes(self.store.where(step), saved, shapes)
                 try:
                     self.load(state, step)
                 except CheckpointException as e:
@@ -295,12 +316,12 @@ class Checkpointer:
         return restored, [self.store.where(step) for step, _ in unreadable]
 
 
-def _check_shapes(where: str, saved: dict, shapes: dict[str, torch.Size]) -> None:
+def misfit(saved: dict, shapes: dict[str, torch.Size]) -> str | None:
+    """Where a checkpoint's tensors (`saved`: its metadata's state_dict_metadata) differ from
+    `shapes` (flattened state keys -> the shapes expected); None if all are there as expected."""
     for key, shape in shapes.items():
         there = getattr(saved.get(key), "size", None)
         if there is None or tuple(there) != tuple(shape):
             found = "missing" if there is None else list(there)
-            raise UnusableCheckpoint(
-                f"checkpoint {where} does not fit this model: {key} is {found} there, "
-                f"{list(shape)} here"
-            )
+            return f"{key} is {found} there, {list(shape)} here"
+    return None

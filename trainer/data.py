@@ -107,15 +107,28 @@ def ensure_default_tokens(path: Path = DEFAULT_TOKENS) -> Path:
     return path
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
+def parser() -> argparse.ArgumentParser:
+    found = argparse.ArgumentParser(
         prog="python -m trainer.data", description=__doc__.splitlines()[0]
     )
-    parser.add_argument(
-        "--input", type=Path, help="text file or directory (default: Python stdlib)"
+    found.add_argument(
+        "--input",
+        type=Path,
+        help="a text file, or a folder whose text files (by suffix: "
+        f"{', '.join(sorted(TEXT_SUFFIXES))}) are taken in name order; default: the Python "
+        "standard library's sources",
     )
-    parser.add_argument("--out", type=Path, default=DEFAULT_TOKENS)
-    args = parser.parse_args(argv)
+    found.add_argument(
+        "--out",
+        type=Path,
+        default=DEFAULT_TOKENS,
+        help="the token file to write, one byte per token (default: %(default)s)",
+    )
+    return found
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         files = text_files(args.input) if args.input else default_corpus_files()
         count = prepare(files, args.out)

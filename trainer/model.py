@@ -1,5 +1,6 @@
 """A decoder-only transformer language model over bytes (GPT-2 shaped, nanoGPT-direct)."""
 
+import hashlib
 import math
 
 import torch
@@ -64,10 +65,23 @@ class GPT(nn.Module):
         elif isinstance(module, nn.Embedding):
             nn.init.normal_(module.weight, std=0.02)
 
-    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    def logits(self, tokens: torch.Tensor) -> torch.Tensor:
+        """Next-byte scores at every position of `tokens` (batch, time) -> (batch, time, 256)."""
         positions = torch.arange(tokens.shape[1], device=tokens.device)
         x = self.tok_emb(tokens) + self.pos_emb(positions)
         for block in self.blocks:
             x = block(x)
-        logits = self.ln_f(x) @ self.tok_emb.weight.T  # output head tied to the embedding
+        return self.ln_f(x) @ self.tok_emb.weight.T  # output head tied to the embedding
+
+    def forward(self, tokens: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+        logits = self.logits(tokens)
         return F.cross_entropy(logits.reshape(-1, logits.shape[-1]), targets.reshape(-1))
+
+
+def state_digest(state: dict[str, torch.Tensor]) -> str:
+    """sha256 of a model's parameters by name: equal digests, bit-identical weights."""
+    digest = hashlib.sha256()
+    for name, tensor in sorted(state.items()):
+        digest.update(name.encode())
+        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
+    return digest.hexdigest()

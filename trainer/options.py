@@ -2,41 +2,97 @@
 
 import argparse
 import math
-from dataclasses import dataclass, fields
+from dataclasses import dataclass, field, fields
 
 from trainer.presets import PRESETS
 
 MODELS = tuple(PRESETS)
 PARALLEL = ("ddp", "fsdp")
+# Options that take one of a few words: --help shows them, parse_options refuses others.
+CHOICES = {"model": MODELS, "parallel": PARALLEL}
+
+
+def option(default, help: str):
+    """A field of TrainConfig and the help text of its flag: --help and the docs show the same.
+    `%(default)s` in the text is the default (argparse expands it)."""
+    return field(default=default, metadata={"help": help})
 
 
 @dataclass
 class TrainConfig:
-    model: str = "tiny"
-    data: str = ""  # token file from `python -m trainer.data`; empty: the embedded stdlib corpus
-    steps: int = 200
-    global_batch: int = 32  # sequences per optimizer step, whatever the world size
-    micro_batch: int = 8  # sequences per forward/backward on one worker
-    lr: float = 3e-3
-    warmup: int = 20
-    weight_decay: float = 0.1
-    seed: int = 1337
-    parallel: str = "ddp"  # ddp | fsdp
-    checkpoint_dir: str = "build/checkpoints/tiny"  # a path (local, FSx, EFS) or s3://bucket/prefix
-    checkpoint_every: int = 50
-    keep_last: int = 3
-    async_save: bool = False
-    metrics: str = ""  # JSON-lines file; empty: stdout only
-    log_every: int = 10
-    eval_every: int = 50  # validation loss on held-out text every this many steps, and at the end
-    eval_samples: int = 32  # held-out sequences per validation
-    bf16: bool = True  # autocast, CUDA only
-    compile: bool = False  # torch.compile, CUDA only
-    threads: int = 0  # intra-op threads per worker; 0: cores / local workers
-    # Seconds a collective (training or checkpoint) waits for a rank that stopped answering (a
-    # machine that fell off the network) before this worker fails and torchrun re-forms the
-    # group without it. A rank's checkpoint write may lag the others' by at most this much.
-    collective_timeout: int = 600
+    model: str = option("tiny", "model preset (default: %(default)s)")
+    data: str = option(
+        "",
+        "token file made by `python -m trainer.data`; default: the embedded corpus (the Python "
+        "standard library's sources, prepared on first use)",
+    )
+    steps: int = option(
+        200, "optimizer steps of the whole run, resumed ones included (default: %(default)s)"
+    )
+    global_batch: int = option(
+        32, "sequences per optimizer step, whatever the number of workers (default: %(default)s)"
+    )
+    micro_batch: int = option(
+        8,
+        "sequences per forward/backward on one worker; gradients accumulate up to the global "
+        "batch (default: %(default)s)",
+    )
+    lr: float = option(
+        3e-3, "peak learning rate, after warmup; cosine decay to 10%% of it (default: %(default)s)"
+    )
+    warmup: int = option(20, "steps of linear learning-rate warmup (default: %(default)s)")
+    weight_decay: float = option(
+        0.1, "AdamW weight decay of the Linear weights (default: %(default)s)"
+    )
+    seed: int = option(1337, "seed of the initial weights (default: %(default)s)")
+    parallel: str = option(
+        "ddp",
+        "data parallelism; fsdp (FSDP2) shards parameters, gradients and optimizer state "
+        "(default: %(default)s)",
+    )
+    checkpoint_dir: str = option(
+        "build/checkpoints/tiny",
+        "where checkpoints and TensorBoard event files (its tensorboard/ folder) go: a path "
+        "(local, FSx, EFS) or s3://bucket/prefix; a run resumes from the newest checkpoint "
+        "there (default: %(default)s)",
+    )
+    checkpoint_every: int = option(
+        50, "save a checkpoint every this many steps, and at the end (default: %(default)s)"
+    )
+    keep_last: int = option(3, "committed checkpoints kept (default: %(default)s)")
+    async_save: bool = option(
+        False,
+        "save checkpoints in the background; training blocks only while the state is copied "
+        "to host memory (default: %(default)s)",
+    )
+    metrics: str = option(
+        "",
+        "also append the JSON-lines records (loss, throughput, events) to this file; default: "
+        "stdout only",
+    )
+    log_every: int = option(
+        10, "log training loss and throughput every this many steps (default: %(default)s)"
+    )
+    eval_every: int = option(
+        50,
+        "validation loss on held-out text every this many steps, and at the end "
+        "(default: %(default)s)",
+    )
+    eval_samples: int = option(32, "held-out sequences per validation (default: %(default)s)")
+    bf16: bool = option(True, "bf16 autocast, CUDA only (default: %(default)s)")
+    compile: bool = option(False, "torch.compile each block, CUDA only (default: %(default)s)")
+    threads: int = option(
+        0,
+        "intra-op threads per worker; 0: the machine's cores / local workers "
+        "(default: %(default)s)",
+    )
+    # A rank's checkpoint write may lag the others' by at most this much.
+    collective_timeout: int = option(
+        600,
+        "seconds a collective (training or checkpoint) waits for a worker that stopped "
+        "answering before this one fails and torchrun re-forms the group without it "
+        "(default: %(default)s)",
+    )
 
 
 class OptionsError(ValueError):
@@ -48,9 +104,10 @@ class _Parser(argparse.ArgumentParser):
         raise OptionsError(message)
 
 
-def _parser(add_help: bool = False) -> argparse.ArgumentParser:
+def parser(add_help: bool = False) -> argparse.ArgumentParser:
+    """The trainer's command line, as --help and the docs show it."""
     # Without add_help, `--help` is an unknown argument (an error), never an exit with status 0.
-    parser = _Parser(
+    found = _Parser(
         prog="python -m trainer",
         description="Train the byte-level GPT (DDP or FSDP2).",
         add_help=add_help,
@@ -58,19 +115,31 @@ def _parser(add_help: bool = False) -> argparse.ArgumentParser:
     for f in fields(TrainConfig):
         flag = "--" + f.name.replace("_", "-")
         if f.type is bool or f.type == "bool":
-            parser.add_argument(flag, action=argparse.BooleanOptionalAction, default=f.default)
+            found.add_argument(
+                flag,
+                action=argparse.BooleanOptionalAction,
+                default=f.default,
+                help=f.metadata["help"],
+            )
         else:
-            parser.add_argument(flag, type=type(f.default), default=f.default)
-    return parser
+            choices = CHOICES.get(f.name)
+            found.add_argument(
+                flag,
+                type=type(f.default),
+                default=f.default,
+                metavar="{" + ",".join(choices) + "}" if choices else None,
+                help=f.metadata["help"],
+            )
+    return found
 
 
 def parse_options(argv: list[str]) -> TrainConfig:
     """TrainConfig from command-line arguments; OptionsError names what is wrong."""
-    config = TrainConfig(**vars(_parser().parse_args(argv)))
-    if config.model not in MODELS:
-        raise OptionsError(f"--model {config.model!r}; allowed: {', '.join(MODELS)}")
-    if config.parallel not in PARALLEL:
-        raise OptionsError(f"--parallel {config.parallel!r}; allowed: {', '.join(PARALLEL)}")
+    config = TrainConfig(**vars(parser().parse_args(argv)))
+    for name, allowed in CHOICES.items():
+        if getattr(config, name) not in allowed:
+            value = getattr(config, name)
+            raise OptionsError(f"--{name} {value!r}; allowed: {', '.join(allowed)}")
     for name in (
         "steps",
         "global_batch",
@@ -99,9 +168,9 @@ def parse_args(argv: list[str] | None) -> TrainConfig:
 
     argv = sys.argv[1:] if argv is None else argv
     if {"-h", "--help"} & set(argv):
-        _parser(add_help=True).parse_args(["--help"])  # prints help, exits 0
+        parser(add_help=True).parse_args(["--help"])  # prints help, exits 0
     return parse_options(argv)
 
 
 def usage() -> str:
-    return _parser().format_usage()
+    return parser().format_usage()

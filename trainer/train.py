@@ -8,7 +8,6 @@ a checkpoint is saved, and the process exits 0 well inside the pod's grace perio
 """
 
 import gc
-import hashlib
 import json
 import math
 import os
@@ -35,10 +34,11 @@ from torch.nn.parallel import DistributedDataParallel
 from trainer.checkpoint import Checkpointer, UnusableCheckpoint, open_store
 from trainer.data import TokenData, ensure_default_tokens, open_splits
 from trainer.launch import INPUT_ERROR_FILE
-from trainer.model import GPT
+from trainer.model import GPT, state_digest
 from trainer.options import OptionsError, TrainConfig, parse_args
 from trainer.options import usage as options_usage
 from trainer.presets import PRESETS
+from trainer.scalars import Scalars
 
 # Ranks agree on a stop request every this many steps: one tiny collective, and on CUDA one host
 # sync, per check rather than per step; a SIGTERM waits at most this many steps for its save.
@@ -68,6 +68,12 @@ class Progress(Stateful):
 
     def load_state_dict(self, state):
         self.step, self.samples = int(state["step"]), int(state["samples"])
+
+
+# What the model's parameters are called in a checkpoint: the state saved is
+# {"train": ModelAndOptimizer, "progress": Progress}, which DCP flattens to `train.model.<name>`,
+# `train.optim...` and `progress.step`, `progress.samples`.
+MODEL_KEYS = "train.model."
 
 
 class ModelAndOptimizer(Stateful):
@@ -178,24 +184,31 @@ def lr_at(step: int, config: TrainConfig) -> float:
 
 
 def param_digest(model: torch.nn.Module) -> str:
-    digest = hashlib.sha256()
-    for name, tensor in sorted(get_model_state_dict(model).items()):
-        digest.update(name.encode())
-        digest.update(tensor.detach().cpu().contiguous().view(torch.uint8).numpy().tobytes())
-    return digest.hexdigest()
+    return state_digest(get_model_state_dict(model))
 
 
 class Logger:
-    """Rank 0 only: JSON lines to a file and stdout, a progress line on a terminal."""
+    """Rank 0 only: JSON lines to a file and stdout, a progress line on a terminal, the scalars
+    to TensorBoard (trainer.scalars)."""
 
-    def __init__(self, rank: int, path: str, total_steps: int):
+    def __init__(self, rank: int, path: str, total_steps: int, scalars: Scalars | None = None):
         self.enabled = rank == 0
         if self.enabled and path:
             Path(path).parent.mkdir(parents=True, exist_ok=True)
         self.file = open(path, "a") if self.enabled and path else None  # noqa: SIM115
+        self.scalars = scalars
         self.total = total_steps
         self.tty = sys.stderr.isatty()
         self.bar_shown = False  # the progress line is open: end it before printing another line
+
+    def __enter__(self) -> "Logger":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        if self.scalars:
+            self.scalars.close()
+        if self.file:
+            self.file.close()
 
     def log(self, record: dict) -> None:
         if not self.enabled:
@@ -204,6 +217,8 @@ class Logger:
         if self.file:
             self.file.write(line + "\n")
             self.file.flush()
+        if self.scalars:
+            self.scalars.add(record)
         if self.tty and "loss" in record:
             done = int(30 * record["step"] / self.total)
             sys.stderr.write(
@@ -346,142 +361,143 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
     checkpointer = Checkpointer(
         store, config.keep_last, config.async_save, timedelta(seconds=config.collective_timeout)
     )
-    shapes = {f"train.model.{k}": v.shape for k, v in get_model_state_dict(model).items()}
+    shapes = {MODEL_KEYS + k: v.shape for k, v in get_model_state_dict(model).items()}
     try:
         resumed, unreadable = checkpointer.restore(state, shapes)
     except UnusableCheckpoint as e:
         raise InputError(f"{e} (this run: --model {config.model})") from None
-    logger = Logger(rank, config.metrics, config.steps)
-    logger.log(
-        {
-            "event": "start",
-            "world_size": world,
-            "accumulation": accumulation,
-            "resumed_from": resumed,
-            "unreadable": unreadable,
-            "step": progress.step,
-            "samples": progress.samples,
-            "params": model_config.params(),
-            "config": asdict(config),
-        }
-    )
-    if progress.step >= config.steps:
-        if rank == 0:
-            print(
-                f"trainer: the run is already complete: checkpoint "
-                f"{store.where(progress.step)} is at step {progress.step} of {config.steps}",
-                file=sys.stderr,
-                flush=True,
-            )
-        logger.log({"event": "complete", "step": progress.step})
-        return 0
-
-    stop = StopOnSignal()
-    autocast = (
-        torch.autocast("cuda", dtype=torch.bfloat16) if config.bf16 and cuda else nullcontext()
-    )
-    peak = next(
-        (
-            f
-            for name, f in PEAK_FLOPS.items()
-            if cuda and name in torch.cuda.get_device_name(device)
-        ),
-        None,
-    )
-    tokens_per_step = config.global_batch * model_config.seq_len
-    loss_sum = torch.zeros((), device=device)
-    norm_sum = torch.zeros((), device=device)
-    stopping = False
-    loop_start = window_start = time.perf_counter()
-    window_steps = 0
-    while progress.step < config.steps and not stopping:
-        for group in optimizer.param_groups:
-            group["lr"] = lr_at(progress.step, config)
-        mine = range(progress.samples + rank, progress.samples + config.global_batch, world)
-        for micro in range(accumulation):
-            samples = list(mine[micro * config.micro_batch : (micro + 1) * config.micro_batch])
-            tokens, targets = data.batch(samples or [mine.start])
-            # Gradients are averaged over ranks; this weight makes the result the mean over the
-            # whole global batch, however unevenly it was split.
-            weight = len(samples) * world / config.global_batch
-            with gradient_sync(model, last=micro == accumulation - 1), autocast:
-                loss = model(
-                    tokens.to(device, non_blocking=True), targets.to(device, non_blocking=True)
-                )
-                (loss * weight).backward()
-            loss_sum += loss.detach() * len(samples) / config.global_batch
-        norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
-        norm_sum += norm.full_tensor() if isinstance(norm, DTensor) else norm
-        optimizer.step()
-        optimizer.zero_grad(set_to_none=True)
-        progress.step += 1
-        progress.samples += config.global_batch
-        window_steps += 1
-
-        if progress.step % STOP_CHECK_EVERY == 0:
-            # Every rank learns whether any rank was told to stop.
-            flag = torch.tensor([float(stop.requested)], device=device)
-            dist.all_reduce(flag, op=dist.ReduceOp.MAX)
-            stopping = bool(flag.item())
-
-        finished = progress.step == config.steps
-        if progress.step % config.log_every == 0 or finished or stopping:
-            dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
-            elapsed = time.perf_counter() - window_start
-            record = {
+    scalars = Scalars(store, first_step=progress.step + 1) if rank == 0 else None
+    with Logger(rank, config.metrics, config.steps, scalars) as logger:
+        logger.log(
+            {
+                "event": "start",
+                "world_size": world,
+                "accumulation": accumulation,
+                "resumed_from": resumed,
+                "unreadable": unreadable,
                 "step": progress.step,
-                "loss": round(loss_sum.item() / window_steps, 4),
-                "grad_norm": round(norm_sum.item() / window_steps, 4),
-                "lr": round(lr_at(progress.step - 1, config), 7),
-                "tokens_per_s": round(tokens_per_step * window_steps / elapsed, 1),
-                "step_time_s": round(elapsed / window_steps, 4),
                 "samples": progress.samples,
+                "params": model_config.params(),
+                "config": asdict(config),
             }
-            if peak:
-                record["mfu"] = round(
-                    model_config.flops_per_token() * record["tokens_per_s"] / (peak * world), 4
+        )
+        if progress.step >= config.steps:
+            if rank == 0:
+                print(
+                    f"trainer: the run is already complete: checkpoint "
+                    f"{store.where(progress.step)} is at step {progress.step} of {config.steps}",
+                    file=sys.stderr,
+                    flush=True,
                 )
-            logger.log(record)
-            loss_sum.zero_()
-            norm_sum.zero_()
-            window_start, window_steps = time.perf_counter(), 0
-        # Evaluation and saves are timed apart: throughput windows measure training alone.
-        if progress.step % config.eval_every == 0 or finished:
-            eval_start = time.perf_counter()
-            val_loss = validation_loss(model, held_out, config, device, autocast)
-            logger.log({"step": progress.step, "val_loss": round(val_loss, 4)})
-            window_start += time.perf_counter() - eval_start
-        if stopping or finished or progress.step % config.checkpoint_every == 0:
-            save_start = time.perf_counter()
-            checkpointer.save(state, progress.step)
-            blocked = time.perf_counter() - save_start
-            window_start += blocked
-            logger.log(
-                {
-                    "event": "checkpoint",
-                    "step": progress.step,
-                    "async": config.async_save,
-                    "blocked_s": round(blocked, 3),
-                }
-            )
+            logger.log({"event": "complete", "step": progress.step})
+            return 0
 
-    wait_start = time.perf_counter()
-    checkpointer.wait()
-    final_wait = time.perf_counter() - wait_start
-    elapsed = time.perf_counter() - loop_start
-    digests = [None] * world
-    dist.all_gather_object(digests, param_digest(model) if config.parallel == "ddp" else None)
-    logger.log(
-        {
-            "event": "stopped" if stopping else "done",
-            "step": progress.step,
-            "samples": progress.samples,
-            "final_wait_s": round(final_wait, 3),
-            "elapsed_s": round(elapsed, 3),
-            "param_digests": digests,
-        }
-    )
-    return 0
+        stop = StopOnSignal()
+        autocast = (
+            torch.autocast("cuda", dtype=torch.bfloat16) if config.bf16 and cuda else nullcontext()
+        )
+        peak = next(
+            (
+                f
+                for name, f in PEAK_FLOPS.items()
+                if cuda and name in torch.cuda.get_device_name(device)
+            ),
+            None,
+        )
+        tokens_per_step = config.global_batch * model_config.seq_len
+        loss_sum = torch.zeros((), device=device)
+        norm_sum = torch.zeros((), device=device)
+        stopping = False
+        loop_start = window_start = time.perf_counter()
+        window_steps = 0
+        while progress.step < config.steps and not stopping:
+            for group in optimizer.param_groups:
+                group["lr"] = lr_at(progress.step, config)
+            mine = range(progress.samples + rank, progress.samples + config.global_batch, world)
+            for micro in range(accumulation):
+                samples = list(mine[micro * config.micro_batch : (micro + 1) * config.micro_batch])
+                tokens, targets = data.batch(samples or [mine.start])
+                # Gradients are averaged over ranks; this weight makes the result the mean over the
+                # whole global batch, however unevenly it was split.
+                weight = len(samples) * world / config.global_batch
+                with gradient_sync(model, last=micro == accumulation - 1), autocast:
+                    loss = model(
+                        tokens.to(device, non_blocking=True), targets.to(device, non_blocking=True)
+                    )
+                    (loss * weight).backward()
+                loss_sum += loss.detach() * len(samples) / config.global_batch
+            norm = torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
+            norm_sum += norm.full_tensor() if isinstance(norm, DTensor) else norm
+            optimizer.step()
+            optimizer.zero_grad(set_to_none=True)
+            progress.step += 1
+            progress.samples += config.global_batch
+            window_steps += 1
+
+            if progress.step % STOP_CHECK_EVERY == 0:
+                # Every rank learns whether any rank was told to stop.
+                flag = torch.tensor([float(stop.requested)], device=device)
+                dist.all_reduce(flag, op=dist.ReduceOp.MAX)
+                stopping = bool(flag.item())
+
+            finished = progress.step == config.steps
+            if progress.step % config.log_every == 0 or finished or stopping:
+                dist.all_reduce(loss_sum, op=dist.ReduceOp.SUM)
+                elapsed = time.perf_counter() - window_start
+                record = {
+                    "step": progress.step,
+                    "loss": round(loss_sum.item() / window_steps, 4),
+                    "grad_norm": round(norm_sum.item() / window_steps, 4),
+                    "lr": round(lr_at(progress.step - 1, config), 7),
+                    "tokens_per_s": round(tokens_per_step * window_steps / elapsed, 1),
+                    "step_time_s": round(elapsed / window_steps, 4),
+                    "samples": progress.samples,
+                }
+                if peak:
+                    record["mfu"] = round(
+                        model_config.flops_per_token() * record["tokens_per_s"] / (peak * world), 4
+                    )
+                logger.log(record)
+                loss_sum.zero_()
+                norm_sum.zero_()
+                window_start, window_steps = time.perf_counter(), 0
+            # Evaluation and saves are timed apart: throughput windows measure training alone.
+            if progress.step % config.eval_every == 0 or finished:
+                eval_start = time.perf_counter()
+                val_loss = validation_loss(model, held_out, config, device, autocast)
+                logger.log({"step": progress.step, "val_loss": round(val_loss, 4)})
+                window_start += time.perf_counter() - eval_start
+            if stopping or finished or progress.step % config.checkpoint_every == 0:
+                save_start = time.perf_counter()
+                checkpointer.save(state, progress.step)
+                blocked = time.perf_counter() - save_start
+                window_start += blocked
+                logger.log(
+                    {
+                        "event": "checkpoint",
+                        "step": progress.step,
+                        "async": config.async_save,
+                        "blocked_s": round(blocked, 3),
+                    }
+                )
+
+        wait_start = time.perf_counter()
+        checkpointer.wait()
+        final_wait = time.perf_counter() - wait_start
+        elapsed = time.perf_counter() - loop_start
+        digests = [None] * world
+        dist.all_gather_object(digests, param_digest(model) if config.parallel == "ddp" else None)
+        logger.log(
+            {
+                "event": "stopped" if stopping else "done",
+                "step": progress.step,
+                "samples": progress.samples,
+                "final_wait_s": round(final_wait, 3),
+                "elapsed_s": round(elapsed, 3),
+                "param_digests": digests,
+            }
+        )
+        return 0
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,265 @@
+"""What an ML engineer does with a run: watch its curves in TensorBoard (local folder and S3),
+fetch its newest committed checkpoint as one model file (S3 directly, FSx/EFS through a pod on
+the local Kubernetes API) and sample text from it; and every CLI option says its default."""
+
+import shutil
+from argparse import SUPPRESS
+
+import boto3
+import pytest
+import torch
+import yaml
+
+from tests.kube_api import KubeAPI, Kubelet, user
+from tests.kube_api.rbac import Authorizer
+from tests.moto_s3 import moto_server, s3_client
+from tests.tensorboard_view import line_pixels, screenshot, series, tensorboard
+from tests.test_policies import plan_with
+from tests.test_trainer import event, train, train_here
+from trainer import bench, data, fetch, sample
+from trainer.checkpoint import MARKER, step_name
+from trainer.cluster_copy import CLAIMS, POD_RULES, copy_pod
+from trainer.model import state_digest
+from trainer.options import parser as trainer_parser
+from trainer.scalars import TAGS
+
+
+def logged(recs: list[dict], key: str) -> list[tuple[int, float]]:
+    return [(r["step"], r[key]) for r in recs if key in r]
+
+
+@pytest.fixture(scope="module")
+def local_run(tmp_path_factory):
+    """A 2-worker run (torchrun, gloo) checkpointing to a local folder."""
+    tmp = tmp_path_factory.mktemp("local")
+    ckpt = tmp / "ckpt"
+    return ckpt, train(tmp, 2, str(ckpt), "--steps", "20", "--eval-every", "10")
+
+
+def test_tensorboard_shows_the_curves_of_a_two_worker_run(local_run, tmp_path):
+    ckpt, recs = local_run
+    assert len(list((ckpt / "tensorboard").glob("events.out.tfevents.*"))) == 1  # rank 0's
+    with tensorboard(str(ckpt), tmp_path / "tensorboard.log") as url:
+        for key in ("loss", "val_loss", "lr", "grad_norm", "tokens_per_s"):
+            expected = logged(recs, key)
+            shown = series(url, "tensorboard", TAGS[key], len(expected))
+            assert [step for step, _ in shown] == [step for step, _ in expected], key
+            assert [v for _, v in shown] == pytest.approx([v for _, v in expected], rel=1e-6)
+        shot = screenshot(f"{url}/#scalars&_smoothingWeight=0", tmp_path / "scalars.png")
+    # The charts right of the runs list hold lines in the run's colour, over a stretch of steps
+    # and of values: nothing of that colour is there when no chart is drawn.
+    line = line_pixels(shot, left=shot.width // 4)
+    xs, ys = [x for x, _ in line], [y for _, y in line]
+    assert len(line) > 200 and max(xs) - min(xs) > 200 and max(ys) - min(ys) > 100, len(line)
+
+
+@pytest.fixture(scope="module")
+def s3_run(tmp_path_factory):
+    """A run checkpointing to S3 (moto's) to step 20 whose last checkpoint never committed (a
+    crash while saving), restarted from step 10 to step 25: it logs steps 15 and 20 again.
+    Its environment, URI and the two runs' records."""
+    tmp = tmp_path_factory.mktemp("s3")
+    with moto_server() as env:
+        s3 = s3_client(env)
+        s3.create_bucket(Bucket="ckpts")
+        uri = "s3://ckpts/checkpoints/team-a/job"
+        # One thread: a second one, on a machine whose cores are busy, mostly waits for it.
+        args = ["--eval-every", "10", "--threads", "1"]
+        first = train_here(tmp, uri, "--steps", "20", *args, env=env)
+        s3.delete_object(Bucket="ckpts", Key=f"checkpoints/team-a/job/{step_name(20)}/{MARKER}")
+        second = train_here(tmp, uri, "--steps", "25", *args, env=env)
+        assert event(second, "start")["resumed_from"] == 10
+        yield env, uri, first, second
+
+
+def test_tensorboard_reads_one_curve_per_metric_from_s3_across_a_restart(s3_run, tmp_path):
+    env, uri, first, second = s3_run
+    keys = [o["Key"] for o in s3_client(env).list_objects_v2(Bucket="ckpts")["Contents"]]
+    prefix = "checkpoints/team-a/job/tensorboard/events.out.tfevents."
+    assert len([k for k in keys if k.startswith(prefix)]) == 2  # one per run
+    # A team's TensorBoard reads all its jobs: each job's curves are a run of their own. Up to
+    # the checkpoint the restart resumed from, the first run's points; after it, the
+    # restart's alone: no step twice.
+    with tensorboard("s3://ckpts/checkpoints/team-a", tmp_path / "tensorboard.log", env) as url:
+        for key in ("loss", "val_loss", "lr", "grad_norm", "tokens_per_s"):
+            expected = [p for p in logged(first, key) if p[0] <= 10] + logged(second, key)
+            shown = series(url, "job/tensorboard", TAGS[key], len(expected))
+            assert [step for step, _ in shown] == [step for step, _ in expected], key
+            assert [v for _, v in shown] == pytest.approx([v for _, v in expected], rel=1e-6)
+
+
+def fetched(capsys, *argv: str) -> tuple[int, str, str]:
+    status = fetch.main(list(argv))
+    out, err = capsys.readouterr()
+    return status, out, err
+
+
+def test_the_newest_committed_s3_checkpoint_becomes_one_model_file_that_samples_text(
+    s3_run, tmp_path, capsys, monkeypatch
+):
+    env, uri, _, second = s3_run
+    for name, value in env.items():
+        monkeypatch.setenv(name, value)
+    out = tmp_path / "model.pt"
+    status, printed, err = fetched(capsys, uri, "--out", str(out))
+    assert status == 0, err
+    model = torch.load(out, weights_only=True)
+    assert (model["model"], model["step"]) == ("tiny", 25)
+    # Bit for bit the parameters the run ended with.
+    (digest,) = event(second, "done")["param_digests"]
+    assert state_digest(model["state_dict"]) == digest and digest in printed
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)  # one sequence at a time: a second thread only waits
+    try:
+        texts = []
+        for seed in ("7", "7", "8"):
+            assert sample.main(["--model", str(out), "--prompt", "def ", "--tokens", "40",
+                                "--seed", seed]) == 0  # fmt: skip
+            texts.append(capsys.readouterr().out)
+    finally:
+        torch.set_num_threads(threads)
+    assert texts[0] == texts[1] != texts[2]
+    assert texts[0].startswith("def ") and len(texts[0].strip()) > len("def ")
+
+
+def test_fetching_from_s3_without_aws_credentials_says_so_in_one_line(
+    s3_run, tmp_path, capsys, monkeypatch
+):
+    env, uri, _, _ = s3_run
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # as in a fresh process: none cached
+    monkeypatch.setenv("AWS_ENDPOINT_URL", env["AWS_ENDPOINT_URL"])
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
+    status, _, err = fetched(capsys, uri, "--out", str(tmp_path / "model.pt"))
+    assert status == 2
+    assert err == "python -m trainer.fetch: error: no AWS credentials found: run `aws sso login` "\
+        "or `aws configure`, or set AWS_PROFILE\n"  # fmt: skip
+    assert not (tmp_path / "model.pt").exists()
+
+
+def test_fetching_a_folder_without_a_committed_checkpoint_says_so(tmp_path, capsys):
+    (tmp_path / step_name(5)).mkdir()  # a save cut short
+    status, _, err = fetched(capsys, str(tmp_path), "--out", str(tmp_path / "model.pt"))
+    assert status == 2
+    assert err.endswith(f"no committed checkpoint in {tmp_path} (1 uncommitted: being saved, "
+                        "or cut short)\n")  # fmt: skip
+
+
+TEAM, IMAGE = "team-a", "registry.example/trainer@sha256:" + "a" * 64
+
+
+@pytest.fixture
+def cluster(tmp_path, monkeypatch):
+    """The local Kubernetes API with a team namespace whose members may do what the copy needs
+    (POD_RULES) and nothing else; pods run as local processes (tests.kube_api.kubelet)."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
+    role = {"kind": "Role", "metadata": {"name": "copy", "namespace": TEAM}, "rules": POD_RULES}
+    binding = {
+        "kind": "RoleBinding",
+        "metadata": {"name": "copy", "namespace": TEAM},
+        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "copy"},
+        "subjects": [{"kind": "Group", "name": f"{TEAM}-members"}],
+    }
+    api = KubeAPI(Authorizer([role, binding])).start()
+    api.runtime = Kubelet()
+    namespaces = next(k for k in api.kinds.values() if k.plural == "namespaces")
+    api.call(api.create, namespaces, "", {"metadata": {"name": TEAM}})
+    yield api
+    api.stop()
+
+
+def use_kubeconfig(api: KubeAPI, who, path, monkeypatch) -> None:
+    path.write_text(yaml.safe_dump(api.kubeconfig(api.add_token(who))))
+    monkeypatch.setenv("KUBECONFIG", str(path))
+
+
+def test_an_efs_checkpoint_is_fetched_through_a_pod_that_is_gone_after(
+    local_run, cluster, tmp_path, capsys, monkeypatch
+):
+    ckpt, recs = local_run
+    # The team's EFS claim is a folder the local kubelet mounts into the pod; the job's
+    # checkpoints are where it writes them (workloads.manifests.checkpoint_dir).
+    claim = cluster.runtime.dir / "claims" / TEAM / CLAIMS["/efs"]
+    shutil.copytree(ckpt, claim / "checkpoints" / "job")
+    alice = user("alice", [f"{TEAM}-members"])
+    use_kubeconfig(cluster, alice, tmp_path / "kubeconfig", monkeypatch)
+    out = tmp_path / "model.pt"
+    status, printed, err = fetched(capsys, "/efs/checkpoints/job", "--namespace", TEAM, "--image",
+                                   IMAGE, "--out", str(out))  # fmt: skip
+    assert status == 0, err
+    model = torch.load(out, weights_only=True)
+    assert model["step"] == 20 and model["source"] == (
+        f"/efs/checkpoints/job/{step_name(20)} (namespace {TEAM})"
+    )
+    assert state_digest(model["state_dict"]) == event(recs, "done")["param_digests"][0]
+    assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
+    (pod,) = [obj for _, kind, what, obj, _ in cluster.history
+              if kind.plural == "pods" and what == "ADDED"]  # fmt: skip
+    (mount,) = pod["spec"]["containers"][0]["volumeMounts"]
+    assert mount == {"name": "checkpoints", "mountPath": "/efs", "readOnly": True}
+    assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "efs-shared"
+
+
+def test_without_the_rights_in_the_namespace_the_copy_says_so_in_one_line(
+    cluster, tmp_path, capsys, monkeypatch
+):
+    use_kubeconfig(cluster, user("bob", ["other-team"]), tmp_path / "kubeconfig", monkeypatch)
+    status, _, err = fetched(capsys, "/fsx/checkpoints/job", "--namespace", TEAM, "--image", IMAGE)
+    assert status == 2 and "Traceback" not in err
+    assert err == (
+        f"python -m trainer.fetch: error: creating a pod in namespace {TEAM}: pods is forbidden: "
+        f'User "bob" cannot create resource "pods" in API group "" in the namespace "{TEAM}"\n'
+    )
+
+
+def test_a_folder_that_is_not_on_the_claim_is_named_and_the_pod_deleted(
+    cluster, tmp_path, capsys, monkeypatch
+):
+    use_kubeconfig(cluster, user("alice", [f"{TEAM}-members"]), tmp_path / "kc", monkeypatch)
+    status, _, err = fetched(capsys, "/fsx/checkpoints/none", "--namespace", TEAM, "--image", IMAGE)
+    assert status == 2
+    assert err.startswith(
+        f"python -m trainer.fetch: error: cannot list /fsx/checkpoints/none in namespace {TEAM} "
+        "(does the job write its checkpoints there?): command terminated with non-zero exit code"
+    )
+    assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
+
+
+def test_the_copy_pod_is_restricted_and_mounts_the_claim_of_its_path_read_only():
+    from policies.offline import check
+
+    for mount, claim in CLAIMS.items():
+        pod = copy_pod(TEAM, f"{mount}/checkpoints/job", IMAGE)
+        violations = check(plan_with(("kubernetes:core/v1:Pod", pod)))
+        rules = {"pods-restricted", "pods-no-host-access"}
+        assert [v for v in violations if v.policy in rules] == []
+        assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {
+            "claimName": claim,
+            "readOnly": True,
+        }
+
+
+def test_the_claims_are_the_ones_job_pods_mount():
+    from workloads.manifests import MOUNTS
+
+    assert dict(MOUNTS.values()) == CLAIMS
+
+
+@pytest.mark.parametrize(
+    "parser",
+    [trainer_parser(add_help=True), fetch.parser(), sample.parser(), data.parser(), bench.parser()],
+    ids=lambda p: p.prog,
+)
+def test_every_option_says_what_it_does_and_its_default(parser):
+    """--help (and the docs made from these parsers) describe each option and its default."""
+    for action in parser._actions:
+        if not action.option_strings or action.dest == "help" or action.help == SUPPRESS:
+            continue  # positionals are required (no default); hidden options are internal
+        text = (action.help or "") % {"default": action.default}
+        assert len(text) > 20 and "default" in text, action.option_strings
+        if "%(default)s" in action.help:
+            assert f"default: {action.default})" in text, action.option_strings

@@ -1,0 +1,299 @@
+"""A job's checkpoint folder on the cluster's FSx for Lustre or EFS, read from outside it.
+
+Those file systems are reachable only from inside the VPC, through the team's claims. So a
+short-lived pod of the trainer image (Pod Security restricted, read-only mount of the claim) is
+started in the team's namespace; the steps are listed and the one asked for is streamed out with
+`tar` over the API server's exec (the kubernetes Python client), and the pod is deleted, whatever
+happened. The user needs POD_RULES in that namespace and a kubeconfig for the cluster.
+"""
+
+import json
+import os
+import tarfile
+import tempfile
+import time
+from pathlib import Path
+
+from trainer.checkpoint import step_folders, step_name
+
+# Where job pods mount the shared file systems, and the team claims behind them
+# (workloads/manifests.py MOUNTS; a test keeps the two equal).
+CLAIMS = {"/fsx": "fsx-training-data", "/efs": "efs-shared"}
+# What the copy does in the team's namespace: create, read and delete its pod, and exec into it
+# (a websocket GET, authorized as `get` and, from Kubernetes 1.35, also as `create`).
+POD_RULES = [
+    {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]},
+    {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+]
+UID = 10001  # the trainer image's user (trainer/Dockerfile), who owns the checkpoints
+# The pod's own end, should this process die before deleting it.
+POD_SECONDS = 3600
+
+
+def claim_of(path: str) -> tuple[str, str]:
+    """(mount path, claim) of a job's checkpoint folder; ValueError if on neither."""
+    for mount, claim in CLAIMS.items():
+        if path == mount or path.startswith(mount + "/"):
+            return mount, claim
+    raise ValueError(
+        f"{path} is on neither of the cluster's shared file systems ({', '.join(CLAIMS)})"
+    )
+
+
+def copy_pod(namespace: str, path: str, image: str) -> dict:
+    """The pod that mounts the claim holding `path`: it only sleeps while commands are exec'd."""
+    mount, claim = claim_of(path)
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {
+            "generateName": "checkpoint-copy-",
+            "namespace": namespace,
+            "labels": {"app.kubernetes.io/name": "checkpoint-copy"},
+        },
+        "spec": {
+            "restartPolicy": "Never",
+            "automountServiceAccountToken": False,
+            "securityContext": {
+                "runAsNonRoot": True,
+                "runAsUser": UID,
+                "runAsGroup": UID,
+                "seccompProfile": {"type": "RuntimeDefault"},
+            },
+            "containers": [
+                {
+                    "name": "copy",
+                    "image": image,
+                    "command": ["sleep", str(POD_SECONDS)],
+                    "securityContext": {
+                        "allowPrivilegeEscalation": False,
+                        "capabilities": {"drop": ["ALL"]},
+                        "seccompProfile": {"type": "RuntimeDefault"},
+                    },
+                    "resources": {
+                        "requests": {"cpu": "100m", "memory": "256Mi"},
+                        "limits": {"memory": "256Mi"},
+                    },
+                    "volumeMounts": [{"name": "checkpoints", "mountPath": mount, "readOnly": True}],
+                }
+            ],
+            "volumes": [
+                {
+                    "name": "checkpoints",
+                    "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
+                }
+            ],
+        },
+    }
+
+
+class CommandFailed(OSError):
+    """A command run in the pod ended with an error."""
+
+
+def _refusal(error: BaseException) -> str | None:
+    """The API server's one-line answer hidden in `error` or the errors it was raised from.
+
+    A refused exec upgrade reaches us from the client's stream() as an AttributeError whose
+    context is websocket's WebSocketBadStatusException, which carries the server's Status."""
+    from kubernetes.client.exceptions import ApiException
+    from urllib3.exceptions import MaxRetryError
+    from websocket import WebSocketBadStatusException
+
+    while error is not None:
+        if isinstance(error, WebSocketBadStatusException):
+            status, body = error.status_code, error.resp_body
+        elif isinstance(error, ApiException) and error.status:
+            status, body = error.status, error.body
+        elif isinstance(error, MaxRetryError | ConnectionError):
+            return f"cannot reach the Kubernetes API server ({getattr(error, 'reason', error)})"
+        else:
+            error = error.__context__
+            continue
+        try:
+            return json.loads(body)["message"]
+        except (TypeError, ValueError, KeyError):
+            return f"the API server answered HTTP {status}"
+    return None
+
+
+class PodFolder:
+    """A checkpoint folder in a pod: `with PodFolder(...) as folder:` starts the pod and deletes
+    it on the way out. Every failure is an OSError saying what went wrong."""
+
+    def __init__(self, namespace: str, path: str, image: str, start_timeout: float):
+        self.namespace, self.path, self.image = namespace, path.rstrip("/"), image
+        self.start_timeout = start_timeout
+        self.name = ""
+
+    def where(self, step: int) -> str:
+        return f"{self.path}/{step_name(step)} (namespace {self.namespace})"
+
+    def _call(self, what: str, fn, *args, **kwargs):
+        try:
+            return fn(*args, **kwargs)
+        except Exception as e:
+            message = _refusal(e)
+            if message is None:
+                raise
+            raise OSError(f"{what}: {message}") from None
+
+    def _object(self, what: str, fn, *args, **kwargs) -> dict:
+        """The API object a call answers, as the server sent it (the client's typed models
+        refuse objects it does not expect, such as a status of fields still unset)."""
+        answer = self._call(what, fn, *args, _preload_content=False, **kwargs)
+        return json.loads(answer.data)
+
+    def __enter__(self) -> "PodFolder":
+        from kubernetes import client, config
+        from kubernetes.config.config_exception import ConfigException
+
+        paths = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+        if not any(os.path.exists(p) for p in paths.split(os.pathsep) if p):
+            raise OSError(
+                f"no kubeconfig at {paths}: set KUBECONFIG, or run `aws eks update-kubeconfig`"
+            )
+        try:
+            self.core = client.CoreV1Api(config.new_client_from_config(config_file=paths))
+        except ConfigException as e:
+            raise OSError(f"no cluster credentials: {e}") from None
+        pod = copy_pod(self.namespace, self.path, self.image)
+        created = self._object(
+            f"creating a pod in namespace {self.namespace}",
+            self.core.create_namespaced_pod,
+            self.namespace,
+            pod,
+        )
+        self.name = created["metadata"]["name"]
+        try:
+            self._wait_running()
+        except BaseException:
+            self._delete()
+            raise
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self._delete()
+
+    def _delete(self) -> None:
+        self._object(
+            f"deleting pod {self.name}",
+            self.core.delete_namespaced_pod,
+            self.name,
+            self.namespace,
+            grace_period_seconds=0,
+        )
+
+    def _wait_running(self) -> None:
+        deadline = time.monotonic() + self.start_timeout
+        why = "not scheduled yet"
+        while time.monotonic() < deadline:
+            pod = self._object(
+                f"reading pod {self.name}",
+                self.core.read_namespaced_pod,
+                self.name,
+                self.namespace,
+            )
+            status = pod.get("status") or {}
+            phase = status.get("phase")
+            if phase == "Running":
+                return
+            if phase in ("Failed", "Succeeded"):
+                raise OSError(f"pod {self.name} ended ({phase}) before the copy")
+            waiting = [
+                c["state"]["waiting"]
+                for c in status.get("containerStatuses") or []
+                if "waiting" in (c.get("state") or {})
+            ]
+            unmet = [
+                c["message"]
+                for c in status.get("conditions") or []
+                if c.get("status") != "True" and c.get("message")
+            ]
+            if waiting:
+                why = ": ".join(filter(None, (waiting[0].get("reason"), waiting[0].get("message"))))
+            elif unmet:
+                why = unmet[0]
+            time.sleep(0.5)
+        raise OSError(
+            f"pod {self.name} in namespace {self.namespace} did not start within "
+            f"{self.start_timeout:.0f} s ({why})"
+        )
+
+    def _run(self, command: list[str], out) -> None:
+        """Run `command` in the pod, its stdout written to `out` as it comes; OSError if it
+        fails. stderr is not asked for: it would come mixed into the stream the client buffers."""
+        from kubernetes.stream import stream
+        from kubernetes.stream.ws_client import ERROR_CHANNEL
+
+        connection = self._call(
+            f"exec in pod {self.name}",
+            stream,
+            self.core.connect_get_namespaced_pod_exec,
+            self.name,
+            self.namespace,
+            command=command,
+            stdin=False,
+            stdout=True,
+            stderr=False,
+            tty=False,
+            binary=True,
+            _preload_content=False,
+        )
+        status = b""
+        try:
+            while connection.is_open():
+                connection.update(timeout=1)
+                status += connection.read_channel(ERROR_CHANNEL)
+                # read_all() hands over what came on stdout and empties the client's buffers,
+                # which would otherwise keep the whole checkpoint in memory.
+                out.write(connection.read_all())
+            status += connection.read_channel(ERROR_CHANNEL)
+            out.write(connection.read_all())
+        finally:
+            connection.close()
+        answer = json.loads(status or b"{}")
+        if answer.get("status") != "Success":
+            raise CommandFailed(
+                answer.get("message") or "the connection to the pod ended before the command did"
+            )
+
+    def steps(self) -> tuple[list[int], list[int]]:
+        """(committed, uncommitted) steps, ascending, as trainer.checkpoint's stores see them."""
+        listing = tempfile.SpooledTemporaryFile()
+        try:
+            self._run(
+                [
+                    "find",
+                    self.path,
+                    "-mindepth",
+                    "1",
+                    "-maxdepth",
+                    "2",
+                    "-path",
+                    f"{self.path}/step-*",
+                ],
+                listing,
+            )
+        except CommandFailed as e:
+            raise OSError(
+                f"cannot list {self.path} in namespace {self.namespace} (does the job write "
+                f"its checkpoints there?): {e}"
+            ) from None
+        listing.seek(0)
+        names = listing.read().decode().splitlines()
+        return step_folders(name.removeprefix(self.path + "/") for name in names)
+
+    def copy(self, step: int, destination: Path) -> None:
+        """Step `step`'s folder into `destination` (as `destination/step-NNNNNNNN`)."""
+        with tempfile.TemporaryFile(dir=destination) as archive:
+            try:
+                self._run(["tar", "-C", self.path, "-cf", "-", step_name(step)], archive)
+            except CommandFailed as e:
+                raise OSError(
+                    f"copying {self.where(step)} failed ({e}); a running job may have pruned it "
+                    "meanwhile: try again"
+                ) from None
+            archive.seek(0)
+            with tarfile.open(fileobj=archive) as tar:
+                tar.extractall(destination, filter="data")
