@@ -40,6 +40,7 @@ from infra.declared import dig, listed
 from infra.offline import Plan, run_offline
 from infra.paths import PROJECT_DIR
 from policies.offline import check
+from policies.pack_config import policy_settings
 
 FACTS_FILE = "facts.json"
 CHANGES_FILE = "changes.txt"
@@ -419,8 +420,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"\nChanges against {base_name}:" if old is not None else "\nChanges:")
     print("\n".join(f"  {line}" for line in changed))
     print(f"\nWrote {out / 'plan.json'}, {out / CHANGES_FILE} and {out / 'manifests'}/")
-    policy_config = {**config.policy.model_dump(by_alias=True), "region": config.region}
-    violations = check(plan, policy_config)
+    violations = check(plan, policy_settings(config))
     print(f"\nPolicies: {len(violations)} violations")
     for violation in violations:
         print(f"  {violation}")
