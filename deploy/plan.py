@@ -373,35 +373,47 @@ def read_facts(folder: Path) -> Facts | None:
     return json.loads(path.read_text()) if path.is_file() else None
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.plan", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
-    parser.add_argument("--out", type=Path, help="output folder (default build/plan/<stack>)")
+    parser.add_argument(
+        "--out", type=Path, help="output folder (default: build/plan/<stack>, what make plan uses)"
+    )
     parser.add_argument(
         "--project-dir",
         type=Path,
-        default=PROJECT_DIR,
-        help="folder holding the Pulumi.<stack>.yaml files",
+        help="folder holding the Pulumi.<stack>.yaml files (default: this checkout)",
     )
     against = parser.add_mutually_exclusive_group()
     against.add_argument(
-        "--against", type=Path, metavar="DIR", help="compare with the plan written to DIR"
+        "--against",
+        type=Path,
+        metavar="DIR",
+        help="compare with the plan written to DIR (default: the previous plan in --out)",
     )
     against.add_argument(
         "--against-ref",
         metavar="GITREF",
-        help="compare with the stack file at a git ref (e.g. origin/main), planned by this code",
+        help="compare with the stack file at a git ref (e.g. origin/main), planned by this code "
+        "(default: the previous plan in --out)",
     )
-    parser.add_argument("--resources", action="store_true", help="also count the resources by type")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--resources", action="store_true", help="also count the resources by type (default: off)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    project_dir = args.project_dir or PROJECT_DIR
     out = args.out or Path("build/plan") / args.stack
     base = args.against or out
     try:
-        config, plan = make_plan(args.stack, args.project_dir)
+        config, plan = make_plan(args.stack, project_dir)
         if args.against_ref:
-            old = base_facts(args.stack, args.against_ref, args.project_dir)
+            old = base_facts(args.stack, args.against_ref, project_dir)
             base_name = f"Pulumi.{args.stack}.yaml at {args.against_ref}"
         else:
             old, base_name = read_facts(base), f"the plan in {base}"
