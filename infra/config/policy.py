@@ -21,11 +21,25 @@ MANDATORY_PRODUCTION_STACKS = ("prod",)
 
 
 class PolicyConfig(Model):
-    """Policy pack settings; a real preview takes the same keys via --policy-pack-config."""
+    """The policy pack's settings: make plan applies them offline; a real preview takes them
+    from policies/policy-config.<stack>.json (python -m policies.pack_config writes it)."""
 
-    budget_usd_per_hour: float = Field(default=1000, gt=0, allow_inf_nan=False)
-    allowed_public_ingress: list[str] = Field(default_factory=list)  # resource names
-    production_stacks: list[str] = Field(default_factory=lambda: list(MANDATORY_PRODUCTION_STACKS))
+    budget_usd_per_hour: float = Field(
+        default=1000,
+        gt=0,
+        allow_inf_nan=False,
+        description="The cost-budget policy's ceiling: the plan's whole cost table at its "
+        "ceilings, USD per hour.",
+    )
+    allowed_public_ingress: list[str] = Field(
+        default_factory=list,
+        description="Resources the stack opens to the internet on purpose, by name: only "
+        "`hybrid-gateway` (with a hybrid section); never honoured in a production stack.",
+    )
+    production_stacks: list[str] = Field(
+        default_factory=lambda: list(MANDATORY_PRODUCTION_STACKS),
+        description="Stacks held to the production guards; may add stacks, always includes prod.",
+    )
 
     @model_validator(mode="after")
     def _guards_stay_on(self) -> "PolicyConfig":

@@ -73,12 +73,31 @@ class CapacityReservation(Model):
     (`capacity-block`), selected by id or by tags. Type and count are what the plan prices and
     deploy.preflight checks against AWS."""
 
-    id: str | None = Field(default=None, pattern=r"^cr-[0-9a-z]+$")
-    # Every reservation carrying all these tags; "*" matches any value (Karpenter's semantics).
-    tags: dict[str, str] | None = Field(default=None, min_length=1, max_length=20)
-    reservation_type: Literal["default", "capacity-block"] = "default"
-    instance_type: InstanceTypeName
-    instance_count: int = Field(ge=1, le=1000)
+    id: str | None = Field(
+        default=None,
+        pattern=r"^cr-[0-9a-z]+$",
+        description="One reservation by id (cr-...); give id or tags, not both.",
+    )
+    tags: dict[str, str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=20,
+        description="Every reservation carrying all these tags, non-empty keys and values; "
+        "'*' matches any value (Karpenter's semantics).",
+    )
+    reservation_type: Literal["default", "capacity-block"] = Field(
+        default="default",
+        description="An On-Demand Capacity Reservation (default) or a Capacity Block for ML.",
+    )
+    instance_type: InstanceTypeName = Field(
+        description="Its instance type: one of the pool's instanceTypes."
+    )
+    instance_count: int = Field(
+        ge=1,
+        le=1000,
+        description="Instances it holds: what the plan prices as a fixed baseline line, and "
+        "what deploy.preflight checks against AWS.",
+    )
 
     @model_validator(mode="after")
     def _one_selector(self) -> "CapacityReservation":
@@ -104,27 +123,73 @@ class NodePoolConfig(Model):
 
     hybrid: ClassVar[bool] = False  # what the jobs and flavors on it read (HybridPool: True)
 
-    name: K8sName
-    instance_types: list[InstanceTypeName] = Field(min_length=1)
-    max_nodes: int = Field(ge=1, le=1000)
-    capacity_types: list[Literal["on-demand", "spot", "reserved"]] = Field(
-        default=["on-demand"], min_length=1
+    name: K8sName = Field(
+        description="The NodePool's name; also its Kueue ResourceFlavor. Not `hybrid` (the "
+        "hybrid machines' pool)."
     )
-    # Karpenter's EC2NodeClass takes at most 30 selector terms.
-    capacity_reservations: list[CapacityReservation] = Field(default_factory=list, max_length=30)
-    # Karpenter keeps maxNodes nodes running (a static NodePool, `replicas`), whether or not a job
-    # runs; Kueue's topology-aware scheduling needs nodes that exist (see topology).
-    static_nodes: bool = False
-    efa: bool = False
-    # EFA pools keep their nodes in one AZ and one cluster placement group: required there, as an
-    # instance type is not offered in every AZ (deploy.preflight checks it is in this one).
-    availability_zone: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
-    disk_size_gib: int = Field(default=200, ge=50, le=16000)
-    # gp3 throughput of the root volume in MiB/s; Karpenter's EC2NodeClass takes 125 to 1000.
-    # Default: ROOT_THROUGHPUT_MIBPS by whether image pulls land on it (see root_throughput_mibps).
-    disk_throughput_mibps: int | None = Field(default=None, ge=125, le=1000)
-    expire_after: Duration = "720h"
-    fabric_check: FabricCheckConfig = FabricCheckConfig()
+    instance_types: list[InstanceTypeName] = Field(
+        min_length=1,
+        description="Instance types of infra/catalog/instance_types.yaml, all GPU or all CPU; "
+        "with efa, every one with EFA. A CPU pool's types must hold a job pod (2 vCPU, 8 GiB "
+        "plus node reserve).",
+    )
+    max_nodes: int = Field(
+        ge=1,
+        le=1000,
+        description="The one knob for capacity: the pool's Karpenter limits (nodes, "
+        "nvidia.com/gpu, cpu, memory = maxNodes x the largest type's figures), its flavor's "
+        "quota in the platform ClusterQueue, and the plan's cost ceiling follow from it.",
+    )
+    capacity_types: list[Literal["on-demand", "spot", "reserved"]] = Field(
+        default=["on-demand"],
+        min_length=1,
+        description="Karpenter capacity types, each once; `reserved` launches into "
+        "capacityReservations first and needs them.",
+    )
+    capacity_reservations: list[CapacityReservation] = Field(
+        default_factory=list,
+        max_length=30,
+        description="Capacity bought ahead (ODCRs, Capacity Blocks) the pool launches into "
+        "first; at most 30 (Karpenter's selector terms). Needs `reserved` in capacityTypes; "
+        "their instances may not exceed maxNodes, and a reserved-only pool's maxNodes is their "
+        "count.",
+    )
+    static_nodes: bool = Field(
+        default=False,
+        description="Karpenter keeps maxNodes nodes running (a static NodePool) whether or not "
+        "a job runs. With EC2-topology types (p4d, p4de, p5, p5e, p5en, g6e) Kueue then places "
+        "jobs by network topology; no DevServer flavor may use such a pool. Changing it on an "
+        "existing pool needs the pool removed and added back.",
+    )
+    efa: bool = Field(
+        default=False,
+        description="EFA interfaces on every node, the EFA device plugin, a cluster placement "
+        "group in one AZ, and the image's `efa` target for its jobs.",
+    )
+    availability_zone: str | None = Field(
+        default=None,
+        pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$",
+        description="The one AZ of an EFA pool (required there, refused elsewhere): an instance "
+        "type is not offered in every AZ, and deploy.preflight checks it is in this one.",
+    )
+    disk_size_gib: int = Field(default=200, ge=50, le=16000, description="gp3 root volume, GiB.")
+    disk_throughput_mibps: int | None = Field(
+        default=None,
+        ge=125,
+        le=1000,
+        description="gp3 throughput of the root volume, MiB/s. Default: 600 where images "
+        "unpack onto it, 125 where every type has NVMe instance store (images go to a RAID0 of "
+        "it).",
+    )
+    expire_after: Duration = Field(
+        default="720h",
+        description="A node's lifetime, 1h to 2160h: nodes are replaced to pick up patched AMIs.",
+    )
+    fabric_check: FabricCheckConfig = Field(
+        default=FabricCheckConfig(),
+        description="The pool's NCCL fabric check (GPU pools only): python -m "
+        "workloads.nccl_check.",
+    )
 
     @model_validator(mode="after")
     def _fabric_check_fits(self) -> "NodePoolConfig":
