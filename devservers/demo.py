@@ -55,7 +55,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--out",
         type=Path,
-        help="write every rendered object here as YAML (default: print a summary only)",
+        help="write every rendered object here as YAML (default: build/devservers/<stack>.yaml)",
     )
     return parser
 

@@ -1,5 +1,5 @@
 """Every command-line tool's --help describes each option: a help text, its choices, and what it
-defaults to. The docs render the same parsers (docs/_ext/platform_docs.py, `cli-options`)."""
+defaults to. The docs render the same parsers (docs/_ext/reference.py, `cli-options`)."""
 
 import argparse
 import importlib

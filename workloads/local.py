@@ -150,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             f"error: job {args.job} trains --model {model}, too big for a CPU run here; try its "
             f"configuration with a smaller preset:\n"
             f"  make job-local JOB={args.job} STACK={args.stack} STEPS={args.steps} MODEL=small\n"
-            f"  python -m workloads.local {args.job} --stack {args.stack} --model small",
+            f"  .venv/bin/python -m workloads.local {args.job} --stack {args.stack} --model small",
             file=sys.stderr,
         )
         return 2
