@@ -10,6 +10,7 @@ sys.path[:0] = [str(DOCS.parent), str(DOCS / "_ext")]
 
 project = "training-platform"
 author = "the training-platform team"
+copyright = "2026, the training-platform team"
 extensions = ["myst_parser", "reference", "commands"]
 source_suffix = {".md": "markdown"}
 root_doc = "index"
