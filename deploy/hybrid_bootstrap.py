@@ -17,12 +17,28 @@ from infra.paths import PROJECT_DIR
 OUTPUTS = {"bootstrap": "hybridBootstrap", "wireguard": "hybridPeerConfigs"}
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.hybrid_bootstrap", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.hybrid_bootstrap",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("machine", help="a name from hybrid.machines in the stack config")
-    parser.add_argument("--stack", required=True)
-    parser.add_argument("--what", choices=sorted(OUTPUTS), default="bootstrap")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--stack", required=True, help="the deployed stack (pulumi stack output --stack)"
+    )
+    parser.add_argument(
+        "--what",
+        choices=sorted(OUTPUTS),
+        default="bootstrap",
+        help="the whole bootstrap page, or only the machine's WireGuard config "
+        "(default: %(default)s)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     command = ["pulumi", "stack", "output", OUTPUTS[args.what], "--show-secrets", "--json"]
     try:
         result = subprocess.run(

@@ -25,7 +25,6 @@ import yaml
 
 from deploy.day_two import consequences
 from deploy.plan_changes import Facts, changes, plan_facts
-from deploy.policy_config import policy_config
 from deploy.program import build_platform
 from deploy.steps import plan_steps
 from devservers.api import user_namespace
@@ -49,6 +48,7 @@ from infra.paths import PROJECT_DIR
 from infra.system_capacity import SystemFit, system_fit
 from infra.usage import UsageLine, usage_lines
 from policies.offline import check
+from policies.pack_config import policy_settings
 
 FACTS_FILE = "facts.json"
 CHANGES_FILE = "changes.txt"
@@ -552,36 +552,48 @@ def base_at_ref(stack: str, ref: str, project_dir: Path) -> Base:
         return Base(f"{name} (planned by this checkout's code)", plan, plan_facts(config, plan))
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.plan", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
-    parser.add_argument("--out", type=Path, help="output folder (default build/plan/<stack>)")
+    parser.add_argument(
+        "--out", type=Path, help="output folder (default: build/plan/<stack>, what make plan uses)"
+    )
     parser.add_argument(
         "--project-dir",
         type=Path,
-        default=PROJECT_DIR,
-        help="folder holding the Pulumi.<stack>.yaml files",
+        help="folder holding the Pulumi.<stack>.yaml files (default: this checkout)",
     )
     against = parser.add_mutually_exclusive_group()
     against.add_argument(
-        "--against", type=Path, metavar="DIR", help="compare with the plan written to DIR"
+        "--against",
+        type=Path,
+        metavar="DIR",
+        help="compare with the plan written to DIR (default: the last plan that passed in --out)",
     )
     against.add_argument(
         "--against-ref",
         metavar="GITREF",
-        help="compare with the stack as git ref GITREF would deploy it (e.g. origin/main)",
+        help="compare with the stack as git ref GITREF would deploy it, its code and stack file "
+        "(e.g. origin/main; default: the last plan that passed in --out)",
     )
-    parser.add_argument("--resources", action="store_true", help="also count the resources by type")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--resources", action="store_true", help="also count the resources by type (default: off)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
+    project_dir = args.project_dir or PROJECT_DIR
     out = args.out or Path("build/plan") / args.stack
     try:
         if args.against_ref:
-            base = base_at_ref(args.stack, args.against_ref, args.project_dir)
+            base = base_at_ref(args.stack, args.against_ref, project_dir)
         else:
             base = read_base(args.against or out / BASE_DIR, args.stack)
-        config, plan = make_plan(args.stack, args.project_dir, base.outputs)
+        config, plan = make_plan(args.stack, project_dir, base.outputs)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2
@@ -604,7 +616,7 @@ def main(argv: list[str] | None = None) -> int:
         print(f"\nWhat this change does to what exists (against {base.name}):")
         print("\n".join(effects.lines()))
     print(f"\nWrote {out / PLAN_FILE}, {out / CHANGES_FILE} and {out / 'manifests'}/")
-    violations = check(plan, policy_config(config))
+    violations = check(plan, policy_settings(config))
     refusals = effects.refusals if effects else []
     print(f"\nPolicies: {len(violations) + len(refusals)} violations")
     for refusal in refusals:

@@ -374,10 +374,18 @@ def aws_clients(region: str):
     return session.client("ec2"), session.client("service-quotas"), session.client("eks")
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m deploy.preflight", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m deploy.preflight",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
         config = load_stack_file(args.stack)
     except ConfigError as e:

@@ -56,37 +56,66 @@ WORKDIR_HELP = (
 )
 
 
-def parse_args(argv: list[str] | None) -> argparse.Namespace:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(prog="devctl", description=__doc__.splitlines()[0])
     common = argparse.ArgumentParser(add_help=False)
-    common.add_argument("-n", "--namespace", help="your namespace, dev-<you>")
+    common.add_argument(
+        "-n",
+        "--namespace",
+        help="your namespace, dev-<you> (default: the kubeconfig context's namespace)",
+    )
     subparsers = parser.add_subparsers(dest="command", required=True)
 
     def command(name: str, **kwargs) -> argparse.ArgumentParser:
         return subparsers.add_parser(name, parents=[common], **kwargs)
 
     create = command("create", help="create a DevServer")
-    create.add_argument("name")
+    create.add_argument("name", help="the server's name, e.g. box")
     create.add_argument("--flavor", required=True, help="a DevServerFlavor (kubectl get dsf)")
     create.add_argument(
         "--image",
-        default=os.environ.get("DEVCTL_IMAGE"),
-        help="container image with a shell and sshd (default: $DEVCTL_IMAGE)",
+        help="container image with a shell and sshd (default: $DEVCTL_IMAGE; with --dry-run, "
+        "else the stack's trainer image)",
     )
-    create.add_argument("--distributed", action="store_true", help="several pods for torchrun")
-    create.add_argument("--replicas", type=int, default=2, help="pods when distributed")
-    create.add_argument("--nproc-per-node", type=int, help="processes per pod (default: GPUs)")
-    create.add_argument("--backend", choices=["nccl", "gloo"], default="nccl")
-    create.add_argument("--home-size", default="100Gi", help="EBS home per pod, e.g. 200Gi")
+    create.add_argument(
+        "--distributed", action="store_true", help="several pods for torchrun (default: one pod)"
+    )
+    create.add_argument(
+        "--replicas", type=int, default=2, help="pods when distributed (default: %(default)s)"
+    )
+    create.add_argument(
+        "--nproc-per-node", type=int, help="processes per pod (default: the flavor's GPUs)"
+    )
+    create.add_argument(
+        "--backend",
+        choices=["nccl", "gloo"],
+        default="nccl",
+        help="torch.distributed backend of torchrun.sh (default: %(default)s)",
+    )
+    create.add_argument(
+        "--home-size", default="100Gi", help="home volume per pod (default: %(default)s)"
+    )
     create.add_argument(
         "--ssh-key",
         action="append",
         type=Path,
         help="public key file to authorize (default: ~/.ssh/id_ed25519.pub or id_rsa.pub)",
     )
-    create.add_argument("--load-balancer", action="store_true", help="SSH through a LoadBalancer")
-    create.add_argument("--idle-timeout", default="2h", help="stop after this long idle (2h, 45m)")
-    create.add_argument("--no-auto-shutdown", action="store_true", help="never stop when idle")
+    create.add_argument(
+        "--load-balancer",
+        action="store_true",
+        help="SSH through a LoadBalancer (default: through the API server's port-forward)",
+    )
+    create.add_argument(
+        "--idle-timeout",
+        default="2h",
+        help="stop after this long idle, e.g. 45m, 1h30m (default: %(default)s)",
+    )
+    create.add_argument(
+        "--no-auto-shutdown",
+        action="store_true",
+        help="never stop when idle (default: stop after --idle-timeout)",
+    )
     create.add_argument(
         "--keep-alive-process",
         action="append",
@@ -98,30 +127,54 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
     create.add_argument(
         "--user", help="dry run: whose server (default: your kubeconfig's namespace, else $USER)"
     )
-    create.add_argument("--stack", help="dry run: the stack file to take defaults from")
     create.add_argument(
-        "--dry-run", action="store_true", help="print the DevServer, create nothing"
+        "--stack",
+        help="dry run: the stack file to take defaults from (default: the first "
+        "Pulumi.<stack>.yaml by name)",
     )
-    create.add_argument("-o", "--output", choices=["yaml", "json"], default="yaml")
+    create.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the DevServer, create nothing; needs no cluster (default: off)",
+    )
+    create.add_argument(
+        "-o",
+        "--output",
+        choices=["yaml", "json"],
+        default="yaml",
+        help="format of --dry-run (default: %(default)s)",
+    )
 
     command("list", help="your DevServers").add_argument(
-        "--homes", action="store_true", help="your home volumes instead, kept ones included"
+        "--homes",
+        action="store_true",
+        help="your home volumes instead, kept ones included (default: the servers)",
     )
     keep = command("keep", help="postpone an idle stop: not before DURATION from now")
-    keep.add_argument("name")
+    keep.add_argument("name", help="the server")
     keep.add_argument("duration", type=duration, help="2h, 90m, 1h30m")
     ssh = command(
         "ssh", help="SSH into a server (through the API server); ssh's own arguments after --"
     )
-    ssh.add_argument("name")
-    ssh.add_argument("--replica", type=int, default=0, help="which pod of a distributed server")
+    ssh.add_argument("name", help="the server")
+    ssh.add_argument(
+        "--replica",
+        type=int,
+        default=0,
+        help="which pod of a distributed server (default: %(default)s)",
+    )
     command(
         "ssh-config",
         help="write ~/.ssh entries for your servers: `ssh box`, VS Code Remote-SSH",
     )
     proxy = command("proxy", help="ssh's ProxyCommand: stdin/stdout to a pod's sshd")
-    proxy.add_argument("name")
-    proxy.add_argument("--replica", type=int, default=0, help="which pod of a distributed server")
+    proxy.add_argument("name", help="the server")
+    proxy.add_argument(
+        "--replica",
+        type=int,
+        default=0,
+        help="which pod of a distributed server (default: %(default)s)",
+    )
     run = command(
         "run",
         help="sync a working directory to every pod of a server, then torchrun a script on each; "
@@ -133,7 +186,7 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         action="append",
         default=[],
         metavar="GLOB",
-        help="leave out paths matching GLOB (repeatable); always left out: "
+        help="leave out paths matching GLOB (repeatable); left out by default: "
         + " ".join(DEFAULT_EXCLUDES),
     )
     run.add_argument(
@@ -141,28 +194,43 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
         type=int,
         default=DEFAULT_MAX_MB,
         metavar="MIB",
-        help=f"refuse a working directory bigger than this (default: {DEFAULT_MAX_MB})",
+        help="refuse a working directory bigger than this (default: %(default)s)",
     )
     run.add_argument(
-        "--dry-run", action="store_true", help="print what would be synced and run, do nothing"
+        "--dry-run",
+        action="store_true",
+        help="print what would be synced and run, do nothing; still asks the cluster for the "
+        "server's pods (default: off)",
     )
-    run.add_argument("name")
+    run.add_argument("name", help="the server")
     run.add_argument("script", type=Path, help="the script to torchrun, inside the workdir")
-    run.add_argument("script_args", nargs=argparse.REMAINDER)
+    run.add_argument("script_args", nargs=argparse.REMAINDER, help="the script's arguments")
     monitor = command("monitor", help="status, GPU use and idle time")
-    monitor.add_argument("name")
-    monitor.add_argument("--watch", type=float, metavar="SECONDS", help="repeat every SECONDS")
+    monitor.add_argument("name", help="the server")
+    monitor.add_argument(
+        "--watch", type=float, metavar="SECONDS", help="repeat every SECONDS (default: once)"
+    )
     for verb, text in (("stop", "scale to zero, keep the home"), ("start", "bring it back")):
-        command(verb, help=text).add_argument("name")
+        command(verb, help=text).add_argument("name", help="the server")
     delete = command("delete", help="delete a server (its home is kept unless asked)")
-    delete.add_argument("name")
-    delete.add_argument("--delete-home", action="store_true", help="delete its home volumes too")
+    delete.add_argument("name", help="the server")
+    delete.add_argument(
+        "--delete-home",
+        action="store_true",
+        help="delete its home volumes too (default: keep them)",
+    )
+    return parser
+
+
+def parse_args(argv: list[str] | None) -> argparse.Namespace:
     # Everything after `--` goes to ssh (or the script) untouched; argparse's subcommands would
     # refuse it.
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    args = parser.parse_args(argv[:cut])
+    args = parser().parse_args(argv[:cut])
     args.passthrough = argv[cut + 1 :]
+    if args.command == "create" and not args.image:
+        args.image = os.environ.get("DEVCTL_IMAGE")
     return args
 
 
@@ -270,7 +338,13 @@ def dry_run_manifest(args: argparse.Namespace) -> dict:
     """The DevServer `create` would submit, with no cluster: the namespace from --namespace,
     --user, the kubeconfig or $USER (a user of the stack file), the image from --image,
     $DEVCTL_IMAGE or the stack's trainer image, the flavor checked against the stack's."""
-    from devservers.stack_defaults import StackDefaults, StackDefaultsError
+    try:
+        from devservers.stack_defaults import StackDefaults, StackDefaultsError
+    except ImportError:  # devctl installed alone (devservers/pyproject.toml)
+        raise CliError(
+            "create --dry-run reads the stack files of the project's checkout with its config "
+            "code: run the checkout's .venv/bin/devctl (make venv), not devctl installed alone"
+        ) from None
 
     try:
         stack = StackDefaults.load(args.stack)

@@ -43,13 +43,25 @@ def summary(objects: list[dict]) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m devservers.demo", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--stack", default="dev")
-    parser.add_argument("--out", type=Path, help="write every rendered object here as YAML")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--stack",
+        default="dev",
+        help="stack name: reads Pulumi.<stack>.yaml (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--out",
+        type=Path,
+        help="write every rendered object here as YAML (default: build/devservers/<stack>.yaml)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     config = load_stack_for_command(args.stack)
     if config is None:
         return 2

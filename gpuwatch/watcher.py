@@ -149,19 +149,44 @@ def run(
     return stuck[:max_deletions]
 
 
-def parse_args(argv: list[str]) -> argparse.Namespace:
-    parser = argparse.ArgumentParser(prog="python -m gpuwatch.watcher", description=__doc__)
+def parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="python -m gpuwatch.watcher",
+        description=__doc__,
+        formatter_class=argparse.RawDescriptionHelpFormatter,
+    )
     parser.add_argument("--pools", required=True, help="GPU NodePools, comma-separated")
     parser.add_argument("--node-selector", required=True, help="label selector of GPU nodes")
-    parser.add_argument("--timeout-seconds", type=int, required=True)
-    parser.add_argument("--max-deletions", type=int, required=True)
-    return parser.parse_args(argv)
+    parser.add_argument(
+        "--timeout-seconds",
+        type=int,
+        required=True,
+        help="how long a GPU node may lack allocatable nvidia.com/gpu after its creation "
+        "(karpenter.gpuRegistrationTimeout)",
+    )
+    parser.add_argument(
+        "--max-deletions",
+        type=int,
+        required=True,
+        help="NodeClaims deleted in one run at most (karpenter.gpuRegistrationMaxDeletions)",
+    )
+    return parser
 
 
-def main(argv: list[str] | None = None) -> None:
+def parse_args(argv: list[str]) -> argparse.Namespace:
+    return parser().parse_args(argv)
+
+
+def main(argv: list[str] | None = None) -> int:
     args = parse_args(sys.argv[1:] if argv is None else argv)
     # In the pod: its ServiceAccount; elsewhere: $KUBECONFIG.
-    config.load_config()
+    try:
+        config.load_config()
+    except config.ConfigException as e:
+        print(
+            f"gpuwatch: no cluster credentials (not in a pod, no kubeconfig): {e}", file=sys.stderr
+        )
+        return 2
     deleted = run(
         client.CoreV1Api(),
         client.CustomObjectsApi(),
@@ -172,7 +197,8 @@ def main(argv: list[str] | None = None) -> None:
         datetime.now(UTC),
     )
     print(f"deleted {len(deleted)} NodeClaim(s)", flush=True)
+    return 0
 
 
 if __name__ == "__main__":
-    main()
+    sys.exit(main())

@@ -167,7 +167,10 @@ def outcome(exit_codes: dict[str, int | None], low: int) -> int:
     return 0 if len(finished) >= low else 1
 
 
-def main(argv: list[str] | None = None) -> int:
+MESH_HELP = "the mesh file (YAML: network, coordinator, nodes; see mesh/example.yaml)"
+
+
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="tp-mesh", description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
@@ -175,39 +178,67 @@ def main(argv: list[str] | None = None) -> int:
     key = commands.add_parser(
         "keygen", help="on a machine: make its WireGuard private key, print the public key"
     )
-    key.add_argument("--key-file", type=Path, default=Path("/etc/wireguard/wg0.key"))
+    key.add_argument(
+        "--key-file",
+        type=Path,
+        default=Path("/etc/wireguard/wg0.key"),
+        help="where the private key is kept; an existing key is reused (default: %(default)s)",
+    )
     wg = commands.add_parser("wireguard", help="write each node's WireGuard config")
-    wg.add_argument("mesh", type=Path)
-    wg.add_argument("--out", type=Path, default=Path("build/mesh"))
+    wg.add_argument("mesh", type=Path, help=MESH_HELP)
+    wg.add_argument(
+        "--out",
+        type=Path,
+        default=Path("build/mesh"),
+        help="folder for the <node>.conf files (default: %(default)s)",
+    )
     check = commands.add_parser("check", help="check every node over SSH")
-    check.add_argument("mesh", type=Path)
-    run = commands.add_parser("launch", help="torchrun on every ready node")
-    run.add_argument("mesh", type=Path)
+    check.add_argument("mesh", type=Path, help=MESH_HELP)
+    run = commands.add_parser(
+        "launch", help="torchrun on every ready node; torchrun's script and arguments after --"
+    )
+    run.add_argument("mesh", type=Path, help=MESH_HELP)
     run.add_argument("--nnodes", required=True, help="N, or MIN:MAX for an elastic run")
     run.add_argument(
         "--max-restarts",
         type=int,
         default=3,
-        help="worker-group restarts per node; each node that leaves uses one on every survivor",
+        help="worker-group restarts per node; each node that leaves uses one on every survivor "
+        "(default: %(default)s)",
     )
     run.add_argument("--run-id", default=None, help="rendezvous id (default: a new one)")
     run.add_argument(
-        "--workdir", type=Path, help="a local folder to copy into every node's workdir first"
+        "--workdir",
+        type=Path,
+        help="a local folder to copy into every node's workdir first (default: copy nothing)",
     )
     run.add_argument(
         "--exclude",
         action="append",
         default=[],
         metavar="GLOB",
-        help=f"leave out of --workdir, besides {', '.join(DEFAULT_EXCLUDES)} (repeatable)",
+        help=f"leave out of --workdir, besides {', '.join(DEFAULT_EXCLUDES)} (repeatable; "
+        "default: nothing more)",
     )
-    run.add_argument("--max-workdir-mb", type=int, default=DEFAULT_MAX_MB)
-    run.add_argument("--setup", help="a shell command run in every node's workdir first")
+    run.add_argument(
+        "--max-workdir-mb",
+        type=int,
+        default=DEFAULT_MAX_MB,
+        help="refuse a --workdir larger than this many MiB (default: %(default)s)",
+    )
+    run.add_argument(
+        "--setup",
+        help="a shell command run in every node's workdir first (default: none)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
     # What follows `--` is torchrun's script and its arguments, untouched by this parser.
     argv = sys.argv[1:] if argv is None else argv
     split = argv.index("--") if "--" in argv else len(argv)
     argv, script = argv[:split], argv[split + 1 :]
-    args = parser.parse_args(argv)
+    args = parser().parse_args(argv)
     # paramiko logs each failed connection with a traceback; the node report already says why.
     logging.getLogger("paramiko").setLevel(logging.CRITICAL)
     try:

@@ -117,4 +117,4 @@ def test_the_workflow_previews_with_the_cli_of_the_pinned_sdk():
     assert preview["env"]["PULUMI_CLI_VERSION"] == pins["pulumi"]
     commands = " ".join(step.get("run", "") for step in preview["steps"])
     assert "pulumi preview" in commands and "--json" in commands
-    assert "deploy.preview_gate" in commands and "deploy.policy_config" in commands
+    assert "deploy.preview_gate" in commands and "policies/policy-config.$STACK.json" in commands

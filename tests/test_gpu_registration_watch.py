@@ -403,3 +403,16 @@ def test_stuck_gpu_nodes_are_replaced_one_per_run_and_nothing_else_is_touched(cl
     }
     # Least privilege: the plan grants its ServiceAccount exactly what it used, where it used it.
     assert cluster.granted() == cluster.used()
+
+
+def test_outside_a_pod_without_a_kubeconfig_it_says_so_in_one_line(tmp_path):
+    env = {"PATH": "/usr/bin:/bin", "HOME": str(tmp_path), "KUBECONFIG": str(tmp_path / "none")}
+    args = ["--pools", "gpu-small", "--node-selector", "nvidia.com/gpu.present=true"]
+    done = subprocess.run(
+        [sys.executable, "-m", "gpuwatch.watcher", *args, "--timeout-seconds", "540",
+         "--max-deletions", "1"],  # fmt: skip
+        cwd=ROOT, env=env, capture_output=True, text=True, timeout=60,
+    )  # fmt: skip
+    assert done.returncode == 2 and "Traceback" not in done.stderr
+    assert done.stderr.startswith("gpuwatch: no cluster credentials (not in a pod, no kubeconfig)")
+    assert done.stderr.count("\n") == 1

@@ -397,6 +397,33 @@ def test_a_one_node_gpu_pool_is_valid_config_but_refused_a_check():
         resolve(config, "solo", "team-a", None)
 
 
+def test_no_credentials_a_refusing_or_absent_api_server_is_one_line_not_a_traceback(
+    tmp_path, monkeypatch, capsys
+):
+    """No kubeconfig; a kubeconfig whose token the API server does not know (a 401, as when
+    `aws eks get-token` found no AWS credentials); an API server that is not there: exit 2,
+    nothing submitted, one line each."""
+    argv = ["--stack", "dev", "--pool", "gpu-large", "--queue", "research", "--image", IMAGE]
+    kubeconfig = tmp_path / "kubeconfig"
+    monkeypatch.setattr(kube_config, "KUBE_CONFIG_DEFAULT_LOCATION", str(kubeconfig))
+    capsys.readouterr()
+
+    def refused() -> str:
+        assert nccl_check.main(argv) == 2
+        out, err = capsys.readouterr()
+        assert out == "" and err.count("\n") == 1, err
+        return err
+
+    assert refused().startswith("error: no cluster credentials: ")
+    api = KubeAPI(Authorizer([])).start()
+    try:
+        kubeconfig.write_text(yaml.safe_dump(api.kubeconfig("a-token-nobody-issued")))
+        assert "the API server answered 401: Unauthorized" in refused()
+    finally:
+        api.stop()
+    assert "cannot reach the Kubernetes API server" in refused()
+
+
 def test_dry_run_prints_the_manifests_and_a_missing_image_is_a_usage_error(capsys):
     assert nccl_check.main(["--pool", "gpu-large", "--queue", "research", "--dry-run"]) == 2
     assert "pass --image with the trainer image's efa target" in capsys.readouterr().err

@@ -187,32 +187,93 @@ def test_moving_the_stack_to_another_region_reprices_it():
     ]
 
 
-def test_prod_placeholders_are_listed_for_the_engine_to_refuse():
-    assert placeholder_errors(load_stack_file("dev")) == []
+DOCUMENTATION_ACCOUNT = (
+    "is in AWS's documentation account 123456789012; allowed: a role or user of your account"
+)
+RFC_5737 = "is a documentation range (RFC 5737); allowed: your own CIDRs"
+RFC_2606 = "is in a documentation domain (RFC 2606); allowed: a real address"
+
+
+def test_every_placeholder_of_either_stack_is_listed_for_the_engine_to_refuse():
+    """Every documentation value the stack files ship, wherever it sits: ranges, ARNs of AWS's
+    example account, addresses at example domains."""
+    key = "training-platform:"
+    assert placeholder_errors(load_stack_file("dev")) == [
+        f"{key}cluster.adminPrincipalArns[0]: arn:aws:iam::123456789012:role/platform-admins "
+        f"{DOCUMENTATION_ACCOUNT}",
+        f"{key}devServers.users[alice].email: alice@example.com {RFC_2606}",
+        f"{key}devServers.users[alice].iamPrincipalArn: arn:aws:iam::123456789012:role/dev-alice "
+        f"{DOCUMENTATION_ACCOUNT}",
+        f"{key}devServers.users[bob].email: bob@example.com {RFC_2606}",
+        f"{key}devServers.users[bob].iamPrincipalArn: arn:aws:iam::123456789012:user/bob "
+        f"{DOCUMENTATION_ACCOUNT}",
+    ]
     assert placeholder_errors(load_stack_file("prod")) == [
-        "training-platform:cluster.endpoint.publicAccessCidrs[0]: 203.0.113.0/24 is a "
-        "documentation range (RFC 5737); allowed: your own CIDRs",
-        "training-platform:cluster.endpoint.publicAccessCidrs[1]: 198.51.100.0/24 is a "
-        "documentation range (RFC 5737); allowed: your own CIDRs",
-        "training-platform:cluster.adminPrincipalArns[0]: arn:aws:iam::123456789012:role/"
-        "platform-admins is in AWS's documentation account 123456789012; allowed: a role or "
-        "user of your account",
+        f"{key}cluster.endpoint.publicAccessCidrs[0]: 203.0.113.0/24 {RFC_5737}",
+        f"{key}cluster.endpoint.publicAccessCidrs[1]: 198.51.100.0/24 {RFC_5737}",
+        f"{key}cluster.adminPrincipalArns[0]: arn:aws:iam::123456789012:role/platform-admins "
+        f"{DOCUMENTATION_ACCOUNT}",
+        f"{key}devServers.users[carol].email: carol@example.com {RFC_2606}",
+        f"{key}devServers.users[carol].iamPrincipalArn: arn:aws:iam::123456789012:role/dev-carol "
+        f"{DOCUMENTATION_ACCOUNT}",
+        f"{key}devServers.sshLoadBalancerCidrs[0]: 203.0.113.0/24 {RFC_5737}",
     ]
 
 
-def test_the_real_program_entry_refuses_prod_placeholders_until_replaced():
+CN_ARN = "arn:aws-cn:iam::123456789012:user/x"
+OTHER_ARN = "arn:aws:iam::123456789013:user/x"
+
+
+@pytest.mark.parametrize(
+    "section, value, listed",
+    [
+        (
+            {"cluster": {"endpoint": {"publicAccessCidrs": ["192.0.2.128/25"]}}},
+            "192.0.2.128/25",
+            True,
+        ),
+        ({"cluster": {"endpoint": {"publicAccessCidrs": ["192.0.3.0/24"]}}}, "192.0.3.0/24", False),
+        ({"devServers": {"sshLoadBalancerCidrs": ["198.51.100.7/32"]}}, "198.51.100.7/32", True),
+        ({"cluster": {"adminPrincipalArns": [CN_ARN]}}, CN_ARN, True),
+        ({"cluster": {"adminPrincipalArns": [OTHER_ARN]}}, OTHER_ARN, False),
+    ],
+)
+def test_a_placeholder_anywhere_is_listed_and_nothing_else(section, value, listed):
+    """A documentation range or account in any key, and none of their neighbours."""
+    values = stack_values("dev", **section)
+    found = [line for line in placeholder_errors(parse_stack_config(values, "t")) if value in line]
+    assert bool(found) == listed
+
+
+def test_a_user_at_a_real_domain_is_no_placeholder():
+    users = stack_values("dev")["training-platform:devServers"]["users"]
+    real = [{**u, "email": f"{u['name']}@notexample.com"} for u in users]
+    config = parse_stack_config(stack_values("dev", devServers={"users": real}), "t")
+    assert not any("email" in line for line in placeholder_errors(config))
+
+
+# Real values in place of every documentation value the stack files ship.
+REAL_VALUES = {
+    "123456789012": "210987654321",
+    "@example.com": "@acme.io",
+    "203.0.113.0/24": "81.2.69.0/24",
+    "198.51.100.0/24": "81.2.70.0/24",
+}
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_the_real_program_entry_refuses_placeholders_until_replaced(stack, tmp_path):
+    """`pulumi preview`/`up` run the program's main, which refuses any stack with placeholders;
+    with every one replaced, the same stack file passes. The offline plan plans them as they are."""
     with pytest.raises(ConfigError) as refused:
-        run_offline(program_main, "prod", read_stack_file("prod"))
-    assert "Pulumi.prod.yaml: placeholders left in" in str(refused.value)
-    values = stack_values(
-        "prod",
-        cluster={
-            "endpoint": {"publicAccessCidrs": ["81.2.69.0/24"]},
-            "adminPrincipalArns": ["arn:aws:iam::210987654321:role/platform-admins"],
-        },
-    )
+        run_offline(program_main, stack, read_stack_file(stack))
+    assert f"Pulumi.{stack}.yaml: placeholders left in" in str(refused.value)
+    text = (ROOT / f"Pulumi.{stack}.yaml").read_text()
+    for placeholder, real in REAL_VALUES.items():
+        text = text.replace(placeholder, real)
+    (tmp_path / f"Pulumi.{stack}.yaml").write_text(text)
     seen = []
-    run_offline(lambda: seen.append(config_from_pulumi()), "prod", values)
+    run_offline(lambda: seen.append(config_from_pulumi()), stack, read_stack_file(stack, tmp_path))
     assert seen[0].cluster.admin_principal_arns == [
         "arn:aws:iam::210987654321:role/platform-admins"
     ]

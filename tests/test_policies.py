@@ -696,13 +696,6 @@ def test_unknown_values_the_rule_does_not_read_do_not_matter():
     assert check(plan_with(rule)) == []
 
 
-def test_readme_lists_every_rule():
-    readme = (ROOT / "README.md").read_text()
-    table = readme.split("<!-- policy-rules:start -->")[1].split("<!-- policy-rules:end -->")[0]
-    rows = re.findall(r"^\| `([a-z0-9-]+)` \| (.+?) \|$", table, re.M)
-    assert rows == [(p.name, p.description) for p in POLICIES]
-
-
 # --- the cost ceiling: one pricing path for the plan's table and the budget rule -------------
 
 

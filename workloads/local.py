@@ -98,21 +98,40 @@ def run(command: list[str]) -> int:
             signal.signal(sig, handler)
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m workloads.local", description=__doc__.splitlines()[0]
     )
     parser.add_argument("job", help="a job name from the stack's training-platform:jobs")
-    parser.add_argument("--stack", default="dev")
-    parser.add_argument("--nproc", type=int, default=2, help="CPU worker processes")
     parser.add_argument(
-        "--steps", type=int, default=20, help="a short run; the job's own count is for GPUs"
+        "--stack",
+        default="dev",
+        help="stack name: reads Pulumi.<stack>.yaml (default: %(default)s)",
     )
     parser.add_argument(
-        "--model", choices=CPU_MODELS, help="a smaller preset than the job's, for this CPU"
+        "--nproc", type=int, default=2, help="CPU worker processes (default: %(default)s)"
     )
-    parser.add_argument("--resume", action="store_true", help="keep the previous local checkpoints")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--steps",
+        type=int,
+        default=20,
+        help="a short run; the job's own count is for GPUs (default: %(default)s)",
+    )
+    parser.add_argument(
+        "--model",
+        choices=CPU_MODELS,
+        help="a smaller preset than the job's, for this CPU (default: the job's own --model)",
+    )
+    parser.add_argument(
+        "--resume",
+        action="store_true",
+        help="carry on from the previous local checkpoints (default: start afresh)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     config = load_stack_for_command(args.stack)
     if config is None:
         return 2
@@ -131,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             f"error: job {args.job} trains --model {model}, too big for a CPU run here; try its "
             f"configuration with a smaller preset:\n"
             f"  make job-local JOB={args.job} STACK={args.stack} STEPS={args.steps} MODEL=small\n"
-            f"  python -m workloads.local {args.job} --stack {args.stack} --model small",
+            f"  .venv/bin/python -m workloads.local {args.job} --stack {args.stack} --model small",
             file=sys.stderr,
         )
         return 2

@@ -20,6 +20,9 @@ from dataclasses import dataclass, field
 from typing import TextIO
 
 import yaml
+from kubernetes.client.exceptions import ApiException
+from kubernetes.config.config_exception import ConfigException
+from urllib3.exceptions import HTTPError
 
 from infra.config import (
     FabricCheckPlan,
@@ -324,7 +327,12 @@ class KubeCluster:
     def __init__(self, context: str | None = None):
         from kubernetes import client, config
 
-        config.load_kube_config(context=context)
+        try:
+            config.load_kube_config(context=context)
+        except ConfigException as e:
+            raise CheckError(
+                f"no cluster credentials: {e} (set KUBECONFIG, or run aws eks update-kubeconfig)"
+            ) from None
         self.custom = client.CustomObjectsApi()
         self.core = client.CoreV1Api()
         self.networking = client.NetworkingV1Api()
@@ -344,8 +352,6 @@ class KubeCluster:
         return {c["type"]: c["status"] for c in job.get("status", {}).get("conditions", [])}
 
     def launcher_log(self, namespace: str, name: str) -> str:
-        from kubernetes.client.exceptions import ApiException
-
         # mpi-operator v0.8.0 labels the launcher's pods (pkg/controller, defaultLabels).
         selector = f"training.kubeflow.org/job-name={name},training.kubeflow.org/job-role=launcher"
         listed = self.core.list_namespaced_pod(
@@ -378,6 +384,22 @@ class KubeCluster:
         self.networking.delete_namespaced_network_policy(policy["metadata"]["name"], namespace)
 
 
+# What talking to the cluster raises: a refusal (with the API server's Status), or no answer.
+CLUSTER_ERRORS = (ApiException, HTTPError, OSError)
+
+
+def cluster_failure(error: Exception) -> str:
+    """One line for a CLUSTER_ERRORS exception: the API server's message, or why it is out of
+    reach (a kubeconfig whose `aws eks get-token` found no credentials gets a 401 here)."""
+    if isinstance(error, ApiException):
+        try:
+            message = json.loads(error.body)["message"]
+        except (TypeError, ValueError, KeyError):
+            message = error.reason
+        return f"the API server answered {error.status}: {message}"
+    return f"cannot reach the Kubernetes API server: {getattr(error, 'reason', None) or error}"
+
+
 def wait(
     cluster: KubeCluster, namespace: str, name: str, timeout: float, out: TextIO
 ) -> str | None:
@@ -397,25 +419,49 @@ def wait(
     return None
 
 
-def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
-    out = out or sys.stdout
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
-        prog="python -m workloads.nccl_check", description=__doc__.split("\n\n")[0]
+        prog="python -m workloads.nccl_check",
+        description=__doc__.split("\n\n")[0]
+        + " Needs a deployed stack: the cluster (kubeconfig) and the trainer image's digest.",
     )
-    parser.add_argument("--stack", default="dev")
+    parser.add_argument(
+        "--stack",
+        default="dev",
+        help="stack name: reads Pulumi.<stack>.yaml (default: %(default)s)",
+    )
     parser.add_argument("--pool", required=True, help="a GPU pool from nodePools")
     parser.add_argument("--queue", required=True, help="the team whose queue admits the check")
-    parser.add_argument("--nodes", type=int, help="default: the pool's fabricCheck.nodes")
+    parser.add_argument(
+        "--nodes", type=int, help="nodes to run on (default: the pool's fabricCheck.nodes)"
+    )
     parser.add_argument(
         "--image",
-        help="the trainer image's target for this pool by digest (pulumi stack output "
-        "trainerImages); default: the stack's image.uri",
+        help="the trainer image's target for this pool by digest, as pushed by pulumi up "
+        "(pulumi stack output trainerImages); default: the stack's image.uri",
     )
-    parser.add_argument("--dry-run", action="store_true", help="print the manifests only")
-    parser.add_argument("--keep", action="store_true", help="leave the MPIJob in the cluster")
-    parser.add_argument("--timeout", type=float, default=3600, help="seconds (default 3600)")
+    parser.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the NetworkPolicy and MPIJob, touch no cluster; still needs the image by "
+        "digest (default: off)",
+    )
+    parser.add_argument(
+        "--keep", action="store_true", help="leave the MPIJob in the cluster (default: delete it)"
+    )
+    parser.add_argument(
+        "--timeout",
+        type=float,
+        default=3600,
+        help="seconds to wait for the check to finish (default: %(default)g)",
+    )
     parser.add_argument("--context", help="kubeconfig context (default: the current one)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
+    out = out or sys.stdout
+    args = parser().parse_args(argv)
     config = load_stack_for_command(args.stack)
     if config is None:
         return 2
@@ -436,9 +482,16 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
         yaml.dump_all([policy, mpijob], out, Dumper=PlainDumper, sort_keys=False)
         print(f"# floors: {plan.basis}", file=out)
         return 0
-    cluster = KubeCluster(args.context)
     namespace, name = mpijob["metadata"]["namespace"], mpijob["metadata"]["name"]
-    cluster.submit(policy, mpijob)
+    try:
+        cluster = KubeCluster(args.context)
+        cluster.submit(policy, mpijob)
+    except CheckError as e:
+        print(f"error: {e}", file=sys.stderr)
+        return 2
+    except CLUSTER_ERRORS as e:
+        print(f"error: the check was not submitted: {cluster_failure(e)}", file=sys.stderr)
+        return 2
     print(f"submitted MPIJob {namespace}/{name} to queue {args.queue}", file=out, flush=True)
     try:
         if wait(cluster, namespace, name, args.timeout, out) is None:
@@ -448,9 +501,15 @@ def main(argv: list[str] | None = None, out: TextIO | None = None) -> int:
     except CheckError as e:
         print(f"FAILED: {e}", file=out)
         return 1
+    except CLUSTER_ERRORS as e:
+        print(f"FAILED: {cluster_failure(e)}", file=out)
+        return 1
     finally:
         if not args.keep:
-            cluster.delete(policy, mpijob)
+            try:
+                cluster.delete(policy, mpijob)
+            except CLUSTER_ERRORS as e:
+                print(f"could not delete {namespace}/{name}: {cluster_failure(e)}", file=out)
     run = parse_output(log)
     verdict = judge(run, plan, pool.efa)
     print(report(run, plan, verdict), file=out)

@@ -163,7 +163,7 @@ class RegionPrices:
             raise UnpricedError(
                 f"{name} has no {self.region} price in {self.file}; "
                 f"priced there: {', '.join(sorted(self.instance_usd_per_hour))} "
-                f"(add it: python -m infra.catalog.refresh --region {self.region})"
+                f"(add it: .venv/bin/python -m infra.catalog.refresh --region {self.region})"
             )
         return self.instance_usd_per_hour[name]
 
@@ -197,7 +197,7 @@ def load_prices(region: str) -> RegionPrices:
     if not path.is_file():
         raise UnpricedError(
             f"no prices for region {region!r} in infra/catalog/prices/; supported regions: "
-            f"{', '.join(supported_regions())} (add one: python -m infra.catalog.refresh "
+            f"{', '.join(supported_regions())} (add one: .venv/bin/python -m infra.catalog.refresh "
             f"--region {region}, then its servicePrices by hand)"
         )
     raw = yaml.safe_load(path.read_text())

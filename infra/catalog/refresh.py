@@ -111,12 +111,22 @@ def refresh(
     return prices, missing
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m infra.catalog.refresh", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--region", action="append", required=True, help="e.g. eu-west-1")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--region",
+        action="append",
+        required=True,
+        help="a region to refresh, e.g. eu-west-1 (repeatable; writes "
+        "infra/catalog/prices/<region>.yaml)",
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     for region in args.region:
         try:
             prices, missing = refresh(region)

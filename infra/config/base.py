@@ -141,9 +141,12 @@ IamPrincipalArn = Annotated[str, Field(pattern=IAM_PRINCIPAL_ARN)]
 
 
 class ImageConfig(Model):
-    # A prebuilt trainer image by digest; empty: build trainer/Dockerfile and push it to ECR.
+    """A prebuilt image by digest, or empty: pulumi up builds its Dockerfile and pushes to ECR."""
+
     uri: str = Field(
-        default="", pattern=r"^$|^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[a-f0-9]{64}$"
+        default="",
+        pattern=r"^$|^[a-z0-9.-]+(:[0-9]+)?/[a-z0-9._/-]+@sha256:[a-f0-9]{64}$",
+        description="<registry>/<repository>@sha256:<digest>; empty: build and push.",
     )
 
 

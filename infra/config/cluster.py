@@ -76,10 +76,20 @@ InternetCidr = Annotated[Any, AfterValidator(ipv4_network), AfterValidator(_inte
 
 
 class EndpointAccess(Model):
-    public_access: bool = True
-    private_access: bool = True
+    """Who reaches the EKS API server: from the internet (listed ranges), from the VPC, or both."""
+
+    public_access: bool = Field(default=True, description="The API endpoint is on the internet.")
+    private_access: bool = Field(
+        default=True, description="The API endpoint is reachable from inside the VPC."
+    )
     public_access_cidrs: list[InternetCidr] = Field(
-        default=["0.0.0.0/0"], min_length=1, validate_default=True
+        default=["0.0.0.0/0"],
+        min_length=1,
+        validate_default=True,
+        description="Internet ranges the public endpoint admits: ranges no internet client can "
+        "come from (private, CGNAT, loopback, link-local, reserved, multicast) are refused. A "
+        "production stack's endpoint open to the world is the eks-endpoint-not-public-in-"
+        "production policy's to refuse.",
     )
 
     @model_validator(mode="after")
@@ -92,11 +102,19 @@ class EndpointAccess(Model):
 
 
 class NodeGroupConfig(Model):
-    instance_type: CpuInstanceType = "m6i.large"
-    min_size: int = Field(default=2, ge=1, le=20)
-    desired_size: int = Field(default=2, ge=1, le=20)
-    max_size: int = Field(default=3, ge=1, le=20)
-    disk_size_gib: int = Field(default=50, ge=20, le=1000)
+    """The managed node group of the controllers (tainted CriticalAddonsOnly; on-demand CPU)."""
+
+    instance_type: CpuInstanceType = Field(
+        default="m6i.large", description="A CPU instance type of the catalog."
+    )
+    min_size: int = Field(default=2, ge=1, le=20, description="Fewest nodes (minSize <= desired).")
+    desired_size: int = Field(default=2, ge=1, le=20, description="Nodes to start with.")
+    max_size: int = Field(
+        default=3, ge=1, le=20, description="Most nodes; the plan prices the group at this."
+    )
+    disk_size_gib: int = Field(
+        default=50, ge=20, le=1000, description="Encrypted gp3 root volume per node, GiB."
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> "NodeGroupConfig":
@@ -136,26 +154,50 @@ LogRetentionDays = Literal[
 
 
 class ClusterConfig(Model):
-    # Lowercase words joined by single hyphens: the ECR repository `<name>/trainer` allows
-    # nothing else (no uppercase, no `--`, no trailing `-`).
-    name: str = Field(default="training-platform", pattern=CLUSTER_NAME, max_length=100)
-    kubernetes_version: Literal[tuple(KUBERNETES_VERSIONS)] = (  # type: ignore[valid-type]
-        DEFAULT_KUBERNETES_VERSION
+    """The EKS control plane: name, version, API endpoint, admins and the system node group."""
+
+    name: str = Field(
+        default="training-platform",
+        pattern=CLUSTER_NAME,
+        max_length=100,
+        description="The EKS cluster's name: lowercase words joined by single hyphens (the ECR "
+        "repository <name>/trainer allows nothing else), short enough that every IAM role name "
+        "derived from it stays within 64 characters (at most 44 characters). Changing it "
+        "replaces the cluster (acknowledgeDataLoss: cluster, images).",
     )
-    # What EKS does when the version leaves standard support (EKS upgrade policy): EXTENDED (EKS's
-    # API default) keeps the version and bills extended support from that day; STANDARD has EKS
-    # upgrade the control plane to the next version that day, ahead of this stack's add-ons,
-    # nodes and state (the next `pulumi up` must then name the new version). The plan shows the
-    # date and what each choice costs.
-    upgrade_policy: Literal["EXTENDED", "STANDARD"] = "EXTENDED"
-    endpoint: EndpointAccess = EndpointAccess()
-    # IAM principals given cluster-admin through EKS access entries.
-    admin_principal_arns: list[IamPrincipalArn] = Field(default_factory=list)
-    system_node_group: NodeGroupConfig = NodeGroupConfig()
-    # How long CloudWatch keeps the control plane's logs (all five types, audit included); EKS
-    # would otherwise create the log group itself and keep them forever, billed per GB-month.
-    log_retention_days: LogRetentionDays = 90
-    deletion_protection: bool = False
+    kubernetes_version: Literal[tuple(KUBERNETES_VERSIONS)] = Field(  # type: ignore[valid-type]
+        default=DEFAULT_KUBERNETES_VERSION,
+        description="A Kubernetes version of infra/versions.py KUBERNETES_VERSIONS (its add-ons "
+        "pinned there); one minor version up at a time (docs: day two, upgrades).",
+    )
+    upgrade_policy: Literal["EXTENDED", "STANDARD"] = Field(
+        default="EXTENDED",
+        description="What EKS does when the version leaves standard support: EXTENDED (EKS's API "
+        "default) keeps it and bills extended support from that day; STANDARD has EKS upgrade "
+        "the control plane that day, ahead of this stack's add-ons, nodes and state. The plan "
+        "shows the date and what each choice costs.",
+    )
+    endpoint: EndpointAccess = Field(
+        default=EndpointAccess(), description="Who reaches the EKS API server."
+    )
+    admin_principal_arns: list[IamPrincipalArn] = Field(
+        default_factory=list,
+        description="IAM roles or users given cluster-admin through EKS access entries, each "
+        "once. Set your own in every stack: the kubeconfig authenticates as your AWS identity. "
+        "An ARN of AWS's documentation account 123456789012 is a placeholder pulumi up refuses.",
+    )
+    system_node_group: NodeGroupConfig = Field(
+        default=NodeGroupConfig(), description="The controllers' managed node group."
+    )
+    log_retention_days: LogRetentionDays = Field(
+        default=90,
+        description="How long CloudWatch keeps the control plane's logs (all five types, audit "
+        "included); EKS would otherwise create the log group itself and keep them forever.",
+    )
+    deletion_protection: bool = Field(
+        default=False,
+        description="EKS deletion protection: set it false and pulumi up before pulumi destroy.",
+    )
 
     @model_validator(mode="after")
     def _derived_names_legal(self) -> "ClusterConfig":
@@ -210,24 +252,41 @@ def _gpu_registration_timeout(value: str) -> str:
 
 
 class KarpenterConfig(Model):
-    # Pinned AL2023 release (al2023@vYYYYMMDD): `@latest` would silently roll every node.
+    """Karpenter's node image, node repair, and the GPU registration watcher."""
+
     ami_alias: Annotated[str, AfterValidator(_ami_release_day)] = Field(
-        default=KARPENTER_AMI_ALIAS, pattern=r"^al2023@v\d{8}$"
+        default=KARPENTER_AMI_ALIAS,
+        pattern=r"^al2023@v\d{8}$",
+        description="The pinned AL2023 release of Karpenter's nodes, al2023@vYYYYMMDD: a real "
+        "day, not after tomorrow (UTC), not before the first AL2023 release for the cluster's "
+        "Kubernetes version. `@latest` would silently roll every node.",
     )
-    # Karpenter's NodeRepair feature gate (alpha, off upstream): replace a node whose Ready or
-    # node monitoring agent condition stays bad (README, "Node health and repair").
-    node_repair: bool = True
-    # How long a GPU node may go without allocatable nvidia.com/gpu after it joined before the
-    # watcher deletes its NodeClaim. Default: the slowest GPU pool's modelled launch with margin
-    # (infra/components/gpu_registration_watch.py, registration_timeout).
+    node_repair: bool = Field(
+        default=True,
+        description="Karpenter's NodeRepair feature gate (alpha, off upstream): replace a node "
+        "whose Ready or node monitoring agent condition stays bad. False keeps faulty nodes for "
+        "investigation.",
+    )
     gpu_registration_timeout: (
         Annotated[Duration, AfterValidator(_gpu_registration_timeout)] | None
-    ) = None
-    # NodeClaims the watcher deletes in one run at most (a broken AMI must not empty a pool at
-    # once); 0: it only records events.
-    gpu_registration_max_deletions: int = Field(default=1, ge=0, le=10)
-    # A prebuilt watcher image by digest; empty: build gpuwatch/Dockerfile and push it to ECR.
-    gpu_registration_watch_image: ImageConfig = ImageConfig()
+    ) = Field(
+        default=None,
+        description="How long a GPU node may lack allocatable nvidia.com/gpu after it was "
+        "created before the watcher deletes its NodeClaim, 1m to 24h. Default: the slowest GPU "
+        "pool's modelled launch x 1.5, in whole minutes (dev: 9m).",
+    )
+    gpu_registration_max_deletions: int = Field(
+        default=1,
+        ge=0,
+        le=10,
+        description="NodeClaims the watcher deletes in one run (every 5 minutes) at most, so a "
+        "broken AMI cannot empty a pool at once; 0: it only records events.",
+    )
+    gpu_registration_watch_image: ImageConfig = Field(
+        default=ImageConfig(),
+        description="The watcher's image by digest; empty: built from gpuwatch/Dockerfile and "
+        "pushed to ECR by pulumi up.",
+    )
 
     @property
     def gpu_registration_timeout_seconds(self) -> int | None:

@@ -163,7 +163,7 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     f"pool {pool.name}: missing; an EFA pool keeps its nodes in one cluster "
                     "placement group, which lives in one AZ; allowed: an AZ of the stack's "
                     f"subnets where {', '.join(pool.instance_types)} is offered, e.g. "
-                    f"{config.region}a (python -m deploy.preflight checks the offering)",
+                    f"{config.region}a (.venv/bin/python -m deploy.preflight checks the offering)",
                 )
             )
         too_small = [t.name for t in pool.types if not job_pod_fits(pool, t)]

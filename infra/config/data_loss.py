@@ -17,11 +17,19 @@ PATTERN_HINTS[HOLDER_PATTERN.pattern] = (
 
 
 class DataLossAcknowledgement(Model):
-    # cluster, images, storage.bucket, storage.efs, storage.fsx, devServers.users[<name>] or
-    # queues.teams[<name>]: the holder the plan names in its refusal.
-    holder: str = Field(pattern=HOLDER_PATTERN.pattern)
-    # Why the loss is fine: kept in the stack file's history for whoever reviews the change.
-    reason: str = Field(min_length=1, max_length=500)
+    """One data holder whose loss the stack file accepts."""
+
+    holder: str = Field(
+        pattern=HOLDER_PATTERN.pattern,
+        description="The holder the plan names in its refusal: cluster, images, storage.bucket, "
+        "storage.efs, storage.fsx, devServers.users[<user>] or queues.teams[<team>].",
+    )
+    reason: str = Field(
+        min_length=1,
+        max_length=500,
+        description="Why the loss is fine, kept in the stack file's history for whoever "
+        "reviews the change.",
+    )
 
 
 def holders_once(entries: list[DataLossAcknowledgement]) -> list[DataLossAcknowledgement]:

@@ -20,29 +20,52 @@ from infra.config.base import (
 class DevServerFlavorConfig(Model):
     """A DevServer size: what each of its pods asks for on `nodePool`, one pod per node at most."""
 
-    name: K8sName
-    node_pool: K8sName
-    gpus: int = Field(default=0, ge=0, le=64)
-    cpu: int = Field(ge=1, le=512)
-    memory_gib: int = Field(ge=1, le=4096)
+    name: K8sName = Field(description="The flavor's name (devctl create --flavor).")
+    node_pool: K8sName = Field(
+        description="A pool of nodePools (not one Kueue places by topology), or `hybrid`: "
+        "homes on the machines' disks."
+    )
+    gpus: int = Field(default=0, ge=0, le=64, description="GPUs per pod.")
+    cpu: int = Field(
+        ge=1,
+        le=512,
+        description="vCPUs per pod: must fit the pool's smallest type, leaving 10 % of its "
+        "vCPUs (on hybrid: one machine at least).",
+    )
+    memory_gib: int = Field(
+        ge=1, le=4096, description="Memory per pod, GiB, leaving 15 % of the node's memory."
+    )
 
 
 class DevServerQuota(Model):
-    servers: int = Field(default=2, ge=1, le=100)
-    gpus: int = Field(default=8, ge=0, le=1024)
-    # gp3 home volumes of all the user's servers, running, stopped or kept after a delete or a
-    # shrink: a ResourceQuota caps them, and the plan prices the cap.
-    home_gib: int = Field(default=500, ge=1, le=65536)
+    """The user's ResourceQuota in dev-<user>."""
+
+    servers: int = Field(default=2, ge=1, le=100, description="DevServers at once.")
+    gpus: int = Field(default=8, ge=0, le=1024, description="GPUs requested at once.")
+    home_gib: int = Field(
+        default=500,
+        ge=1,
+        le=65536,
+        description="GiB of gp3 home volumes of all the user's servers, running, stopped or "
+        "kept after a delete or a shrink; the plan prices this cap. Homes on hybrid machines "
+        "are not counted.",
+    )
 
 
 class DevServerUser(Model):
     """A developer: namespace dev-<name>, admitted through their team's queue."""
 
-    name: K8sName
-    email: Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")]
-    team: K8sName  # a team from queues.teams
-    quota: DevServerQuota = DevServerQuota()
-    iam_principal_arn: IamPrincipalArn
+    name: K8sName = Field(description="The user's name: namespace dev-<name>.")
+    email: Annotated[str, Field(pattern=r"^[^@\s]+@[^@\s]+\.[^@\s]+$")] = Field(
+        description="Written on the namespace (an annotation); an example.com address is a "
+        "placeholder pulumi up refuses."
+    )
+    team: K8sName = Field(description="A team of queues.teams, whose ClusterQueue admits them.")
+    quota: DevServerQuota = Field(default=DevServerQuota(), description="Their quota.")
+    iam_principal_arn: IamPrincipalArn = Field(
+        description="The IAM role or user mapped to their Kubernetes groups (dev:<user>, "
+        "dev:users) by an EKS access entry."
+    )
 
 
 class DevServerIdle(Model):
@@ -50,21 +73,42 @@ class DevServerIdle(Model):
     SSH session is idle with its GPUs at or below gpuPercent, or, without a GPU figure (CPU
     flavors), with CPU use between two checks at or below cpuPercent of one core."""
 
-    gpu_percent: int = Field(default=5, ge=0, le=100)
-    cpu_percent: int = Field(default=10, ge=0, le=10000)
+    gpu_percent: int = Field(
+        default=5, ge=0, le=100, description="GPU utilization at or below which a GPU is idle."
+    )
+    cpu_percent: int = Field(
+        default=10,
+        ge=0,
+        le=10000,
+        description="CPU use between two checks, % of one core, at or below which a server "
+        "without a GPU figure is idle.",
+    )
 
 
 class DevServersConfig(Model):
     """Self-service development servers: the operator, its flavors and its users."""
 
-    enabled: bool = False
-    flavors: list[DevServerFlavorConfig] = Field(default_factory=list)
-    users: list[DevServerUser] = Field(default_factory=list)
-    idle: DevServerIdle = DevServerIdle()
-    # Source ranges a DevServer's SSH LoadBalancer accepts; empty: SSH only by port-forward.
-    ssh_load_balancer_cidrs: list[Cidr] = Field(default_factory=list)
-    # A prebuilt operator image by digest; empty: build devservers/Dockerfile and push it to ECR.
-    operator_image: ImageConfig = ImageConfig()
+    enabled: bool = Field(
+        default=False, description="Install the DevServer CRDs, the operator and the users."
+    )
+    flavors: list[DevServerFlavorConfig] = Field(
+        default_factory=list, description="Server sizes, each on a pool."
+    )
+    users: list[DevServerUser] = Field(default_factory=list, description="The developers.")
+    idle: DevServerIdle = Field(
+        default=DevServerIdle(),
+        description="The platform's idle floors (a server may set its own).",
+    )
+    ssh_load_balancer_cidrs: list[Cidr] = Field(
+        default_factory=list,
+        description="Source ranges a DevServer's SSH LoadBalancer admits; empty: SSH only "
+        "through the API server's port-forward (devctl ssh).",
+    )
+    operator_image: ImageConfig = Field(
+        default=ImageConfig(),
+        description="The operator's image by digest; empty: built from devservers/Dockerfile and "
+        "pushed to ECR by pulumi up.",
+    )
 
     def flavor(self, name: str) -> DevServerFlavorConfig:
         """The flavor `name`, else a ValueError naming a close one and the allowed ones."""

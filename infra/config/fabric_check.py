@@ -42,9 +42,25 @@ class BusbwFloor(Model):
     """The least busbw (GB/s, as all_reduce_perf prints it) every size from fromBytes to toBytes
     (inclusive; no toBytes: the largest size run) must reach, out-of-place and in-place."""
 
-    from_bytes: int = Field(ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
-    to_bytes: int | None = Field(default=None, ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
-    min_busbw: float = Field(gt=0, le=10000, allow_inf_nan=False)
+    from_bytes: int = Field(
+        ge=FABRIC_MIN_BYTES,
+        le=FABRIC_MAX_BYTES,
+        description="The smallest message size the floor covers, bytes.",
+    )
+    to_bytes: int | None = Field(
+        default=None,
+        ge=FABRIC_MIN_BYTES,
+        le=FABRIC_MAX_BYTES,
+        description="The largest size it covers (inclusive, at least fromBytes); default: the "
+        "largest size the check runs.",
+    )
+    min_busbw: float = Field(
+        gt=0,
+        le=10000,
+        allow_inf_nan=False,
+        description="The least busbw, GB/s as all_reduce_perf prints it, out-of-place and "
+        "in-place.",
+    )
 
     @model_validator(mode="after")
     def _ordered(self) -> "BusbwFloor":
@@ -63,12 +79,23 @@ class FabricCheckConfig(Model):
     """The pool's NCCL fabric check (python -m workloads.nccl_check): all_reduce_perf on every GPU
     of `nodes` nodes, each size's busbw held to `floors`."""
 
-    nodes: int = Field(default=2, ge=2, le=1000)
-    # all_reduce_perf -e; default: the largest size a floor names, else 1 GiB.
-    max_bytes: int | None = Field(default=None, ge=FABRIC_MIN_BYTES, le=FABRIC_MAX_BYTES)
-    # None: the published default for the pool's instance family (infra/catalog/nccl_busbw.yaml);
-    # []: no floor (the check reports busbw and judges only the network and #wrong).
-    floors: list[BusbwFloor] | None = None
+    nodes: int = Field(
+        default=2, ge=2, le=1000, description="Nodes the check runs on, 2 to the pool's maxNodes."
+    )
+    max_bytes: int | None = Field(
+        default=None,
+        ge=FABRIC_MIN_BYTES,
+        le=FABRIC_MAX_BYTES,
+        description="The largest message size (all_reduce_perf -e); default: the largest size "
+        "a floor names, else 1 GiB.",
+    )
+    floors: list[BusbwFloor] | None = Field(
+        default=None,
+        description="busbw floors, each covering a size the check runs. Default: 90 % of the "
+        "published two-node figure of the pool's instance family (infra/catalog/nccl_busbw.yaml), "
+        "a placeholder to replace with your cluster's measurement; []: no floor (only the "
+        "network and #wrong are judged).",
+    )
 
 
 @dataclass(frozen=True)

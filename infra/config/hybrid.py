@@ -35,16 +35,24 @@ def _ipv4_address(value: Any) -> ipaddress.IPv4Address:
 class HybridMachine(Model):
     """A machine outside AWS joining the cluster as an EKS hybrid node."""
 
-    name: K8sName
-    # Its WireGuard address and node IP, for good: the gateway's peer for it, its tunnel and its
-    # node's registration all name it, so it never follows the machine's place in the list.
-    address: Annotated[Any, AfterValidator(_ipv4_address)]
-    gpus: int = Field(ge=0, le=16)
-    gpu_model: str = Field(default="", pattern=r"^[A-Za-z0-9 ._-]{0,40}$")
-    # What Kueue may admit onto it, with memoryGib and gpus, and what EKS bills per vCPU-hour
-    # (it bills every hardware thread the node reports: declare them all).
-    vcpu: int = Field(ge=1, le=512)
-    memory_gib: int = Field(ge=1, le=8192)
+    name: K8sName = Field(description="The machine's name (its node's label and bootstrap page).")
+    address: Annotated[Any, AfterValidator(_ipv4_address)] = Field(
+        description="Its WireGuard address and node IP, for good: a host address of "
+        "remoteNodeCidrs[0], not the gateway's (the first), not another machine's. The "
+        "gateway's peer, the tunnel and the node's registration name it, so it never follows "
+        "the machine's place in the list; best never reused."
+    )
+    gpus: int = Field(ge=0, le=16, description="Its GPUs (0: a CPU machine, gloo).")
+    gpu_model: str = Field(
+        default="", pattern=r"^[A-Za-z0-9 ._-]{0,40}$", description="A label, e.g. RTX 4090."
+    )
+    vcpu: int = Field(
+        ge=1,
+        le=512,
+        description="What Kueue may admit onto it (with memoryGib and gpus) and what EKS bills "
+        "per vCPU-hour: declare every hardware thread, as EKS counts them.",
+    )
+    memory_gib: int = Field(ge=1, le=8192, description="Its memory, GiB.")
 
     @model_validator(mode="before")
     @classmethod
@@ -82,11 +90,23 @@ class SsmActivation(Model):
     number of machines, and adding or removing a machine leaves the activation as it is.
     """
 
-    start: Annotated[Any, AfterValidator(_utc_date)]  # the day of the `pulumi up` creating it
-    days: int = Field(default=7, ge=1, le=30)  # SSM takes an expiry at most 30 days ahead
-    # Each registration counts, a machine registering again too (after `nodeadm uninstall`);
-    # SSM's CreateActivation takes 1 to 1000.
-    registration_limit: int = Field(default=10, ge=1, le=1000)
+    start: Annotated[Any, AfterValidator(_utc_date)] = Field(
+        description="YYYY-MM-DD (UTC), the day of the pulumi up creating it; a new date "
+        "replaces the activation (every bootstrap page gets a new code)."
+    )
+    days: int = Field(
+        default=7,
+        ge=1,
+        le=30,
+        description="It expires at 00:00 UTC this many days after start (SSM allows 30).",
+    )
+    registration_limit: int = Field(
+        default=10,
+        ge=1,
+        le=1000,
+        description="Registrations it admits, at least the number of machines; each counts, a "
+        "machine registering again too. A new limit replaces the activation.",
+    )
 
     def expiration_date(self) -> str:
         """RFC 3339, as SSM's CreateActivation and the aws provider take it."""
@@ -100,17 +120,46 @@ class HybridConfig(Model):
     machine the address it declares (its node IP).
     """
 
-    remote_node_cidrs: list[Cidr] = Field(min_length=1, max_length=15)
-    remote_pod_cidrs: list[Cidr] = Field(min_length=1, max_length=15)
-    credential_provider: Literal["ssm", "iam-roles-anywhere"] = "ssm"
-    # PEM CA bundle that signs the machines' certificates (iam-roles-anywhere only).
-    ca_bundle_pem: str = ""
-    ssm_activation: SsmActivation | None = None  # ssm only
-    gateway_instance_type: CpuInstanceType = "c6i.large"
-    # The prefix of each node's slice of remotePodCidrs (Cilium's clusterPoolIPv4MaskSize): /24
-    # holds 254 pods. Cilium hands slices out as nodes join; a change applies to new slices only.
-    pod_cidr_mask_size: int = Field(default=24, ge=16, le=28)
-    machines: list[HybridMachine] = Field(min_length=1, max_length=100)
+    remote_node_cidrs: list[Cidr] = Field(
+        min_length=1,
+        max_length=15,
+        description="The machines' node networks (RFC 1918 or CGNAT), not overlapping the VPC, "
+        "the pod CIDRs or the service CIDR EKS picks; the first is the WireGuard network (the "
+        "gateway takes its first host address).",
+    )
+    remote_pod_cidrs: list[Cidr] = Field(
+        min_length=1,
+        max_length=15,
+        description="The machines' pod networks (RFC 1918 or CGNAT): Cilium gives each node a "
+        "slice as it joins. AWS says not to change them once Cilium runs.",
+    )
+    credential_provider: Literal["ssm", "iam-roles-anywhere"] = Field(
+        default="ssm",
+        description="How the machines get AWS credentials: an SSM hybrid activation, or IAM "
+        "Roles Anywhere with caBundlePem.",
+    )
+    ca_bundle_pem: str = Field(
+        default="",
+        description="PEM CA bundle that signs the machines' certificates (iam-roles-anywhere "
+        "only).",
+    )
+    ssm_activation: SsmActivation | None = Field(
+        default=None, description="The SSM hybrid activation (ssm only, required there)."
+    )
+    gateway_instance_type: CpuInstanceType = Field(
+        default="c6i.large", description="The WireGuard gateway's EC2 instance type."
+    )
+    pod_cidr_mask_size: int = Field(
+        default=24,
+        ge=16,
+        le=28,
+        description="The prefix of each node's slice of remotePodCidrs (Cilium's "
+        "clusterPoolIPv4MaskSize; /24 holds 254 pods), enough slices for every machine. A "
+        "change applies to new slices only.",
+    )
+    machines: list[HybridMachine] = Field(
+        min_length=1, max_length=100, description="The machines, names unique."
+    )
 
     @model_validator(mode="after")
     def _consistent(self) -> "HybridConfig":

@@ -22,19 +22,52 @@ def job_role_resource_name(job_name: str) -> str:
 class JobConfig(Model):
     """A training job: the trainer on `nodePool`, admitted through a team's queue."""
 
-    name: K8sName
-    kind: Literal["PyTorchJob", "MPIJob"] = "PyTorchJob"
-    node_pool: K8sName
-    min_nodes: int = Field(default=1, ge=1, le=1000)
-    max_nodes: int = Field(default=1, ge=1, le=1000)
-    queue: K8sName  # a team name from queues.teams
-    args: list[str] = Field(default_factory=list)  # trainer arguments (python -m trainer --help)
-    checkpoint: Literal["s3", "fsx", "efs"] = "s3"
-    max_restarts: int = Field(default=3, ge=0, le=100)
-    # The job runs what it was given at this revision: the trainer image built then and its
-    # manifest. A later trainer/ edit, args edit or program change reaches the running job only
-    # when this number goes up, and then restarts it once (from its newest checkpoint).
-    revision: int = Field(default=1, ge=1)
+    name: K8sName = Field(
+        description="The job's name (not `default`: its Pod Identity role follows the service "
+        "account named after it)."
+    )
+    kind: Literal["PyTorchJob", "MPIJob"] = Field(
+        default="PyTorchJob",
+        description="An elastic PyTorchJob (torchrun, c10d) or an MPIJob (mpirun; not elastic).",
+    )
+    node_pool: K8sName = Field(
+        description="A pool of nodePools, or `hybrid` (the hybrid machines: one pod per "
+        "machine, checkpoint s3)."
+    )
+    min_nodes: int = Field(
+        default=1, ge=1, le=1000, description="The elastic range's low end (MPIJob: = maxNodes)."
+    )
+    max_nodes: int = Field(
+        default=1,
+        ge=1,
+        le=1000,
+        description="Pods, one per node, at most the pool's maxNodes (hybrid: its machines).",
+    )
+    queue: K8sName = Field(
+        description="A team of queues.teams: its namespace and LocalQueue; the job must fit "
+        "what that queue can ever admit."
+    )
+    args: list[str] = Field(
+        default_factory=list,
+        description="The trainer's arguments, checked by the trainer's own parser (python -m "
+        "trainer --help); not --checkpoint-dir, which the platform sets from `checkpoint`.",
+    )
+    checkpoint: Literal["s3", "fsx", "efs"] = Field(
+        default="s3",
+        description="Where checkpoints go: s3://<bucket>/checkpoints/<namespace>/<job>/, or the "
+        "team's FSx or EFS claim (/fsx/checkpoints/<job>, /efs/checkpoints/<job>).",
+    )
+    max_restarts: int = Field(
+        default=3, ge=0, le=100, description="Worker-group restarts torchrun allows."
+    )
+    revision: int = Field(
+        default=1,
+        ge=1,
+        description="The job runs what it was given at this revision: the trainer image built "
+        "then and its manifest. A later trainer/ edit, args edit or program change reaches the "
+        "running job only when this number goes up, and then restarts it once (from its newest "
+        "checkpoint).",
+    )
 
     @model_validator(mode="after")
     def _range(self) -> "JobConfig":
@@ -59,7 +92,7 @@ def job_args_errors(job: "JobConfig") -> list[str]:
     try:
         parse_options(job.args)
     except OptionsError as e:
-        return [f"{e}; see python -m trainer --help"]
+        return [f"{e}; see .venv/bin/python -m trainer --help"]
     if "--checkpoint-dir" in job.args:
         return ["--checkpoint-dir is set by the platform from `checkpoint`; allowed: leave it out"]
     return []

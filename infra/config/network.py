@@ -31,9 +31,17 @@ def _vpc_range(network: ipaddress.IPv4Network) -> ipaddress.IPv4Network:
 class ExistingVpc(Model):
     """Adopt a VPC someone else owns: the program tags its subnets but creates none."""
 
-    vpc_id: VpcId
-    private_subnet_ids: list[SubnetId] = Field(min_length=2, max_length=6)
-    public_subnet_ids: list[SubnetId] = Field(default_factory=list, max_length=6)
+    vpc_id: VpcId = Field(description="The VPC to adopt.")
+    private_subnet_ids: list[SubnetId] = Field(
+        min_length=2,
+        max_length=6,
+        description="Its private subnets, where nodes and pods live (tagged for Karpenter).",
+    )
+    public_subnet_ids: list[SubnetId] = Field(
+        default_factory=list,
+        max_length=6,
+        description="Its public subnets, for load balancers and the hybrid gateway.",
+    )
 
     @model_validator(mode="after")
     def _distinct(self) -> "ExistingVpc":
@@ -67,14 +75,43 @@ VpcEndpoint = Literal[
 
 
 class NetworkConfig(Model):
-    cidr: Cidr = Field(default="10.0.0.0/16", validate_default=True)
-    az_count: int = Field(default=2, ge=2, le=3)
-    nat_gateways: Literal["single", "perAz"] = "single"
-    # Explicit subnet CIDRs, one per AZ; by default they are carved from `cidr`.
-    private_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
-    public_subnet_cidrs: list[Cidr] | None = Field(default=None, min_length=1)
-    existing_vpc: ExistingVpc | None = None
-    vpc_endpoints: list[VpcEndpoint] = Field(default_factory=list)
+    """The VPC the cluster lives in: created over 2 or 3 AZs, or adopted (existingVpc)."""
+
+    cidr: Cidr = Field(
+        default="10.0.0.0/16",
+        validate_default=True,
+        description="The VPC's range, /16 to /20, not loopback, link-local, multicast or "
+        "reserved (pods take VPC addresses: small VPCs run out).",
+    )
+    az_count: int = Field(default=2, ge=2, le=3, description="Availability zones the VPC spans.")
+    nat_gateways: Literal["single", "perAz"] = Field(
+        default="single",
+        description="One NAT gateway for the VPC, or one per AZ (an AZ's failure then leaves the "
+        "others their egress).",
+    )
+    private_subnet_cidrs: list[Cidr] | None = Field(
+        default=None,
+        min_length=1,
+        description="Private subnets (nodes and pods), one per AZ, inside `cidr`, disjoint. "
+        "Default: the first azCount eighths of `cidr`.",
+    )
+    public_subnet_cidrs: list[Cidr] | None = Field(
+        default=None,
+        min_length=1,
+        description="Public subnets (NAT gateways, load balancers), one per AZ, inside `cidr`, "
+        "disjoint. Default: /24s (or smaller) cut from the last eighth of `cidr`.",
+    )
+    existing_vpc: ExistingVpc | None = Field(
+        default=None,
+        description="Adopt a VPC someone else owns instead of creating one: the program tags "
+        "its subnets and creates none.",
+    )
+    vpc_endpoints: list[VpcEndpoint] = Field(
+        default_factory=list,
+        description="VPC endpoints in the private subnets, each once: `s3` is a gateway "
+        "endpoint (no hourly charge); the others are interface endpoints, billed per AZ-hour. "
+        "Not with existingVpc.",
+    )
 
     @model_validator(mode="after")
     def _endpoints(self) -> "NetworkConfig":

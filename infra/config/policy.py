@@ -2,7 +2,8 @@
 documentation placeholders `pulumi up` refuses."""
 
 import ipaddress
-from typing import TYPE_CHECKING
+import re
+from typing import TYPE_CHECKING, Any
 
 from pydantic import (
     Field,
@@ -20,11 +21,25 @@ MANDATORY_PRODUCTION_STACKS = ("prod",)
 
 
 class PolicyConfig(Model):
-    """Policy pack settings; a real preview takes the same keys via --policy-pack-config."""
+    """The policy pack's settings: make plan applies them offline; a real preview takes them
+    from policies/policy-config.<stack>.json (python -m policies.pack_config writes it)."""
 
-    budget_usd_per_hour: float = Field(default=1000, gt=0, allow_inf_nan=False)
-    allowed_public_ingress: list[str] = Field(default_factory=list)  # resource names
-    production_stacks: list[str] = Field(default_factory=lambda: list(MANDATORY_PRODUCTION_STACKS))
+    budget_usd_per_hour: float = Field(
+        default=1000,
+        gt=0,
+        allow_inf_nan=False,
+        description="The cost-budget policy's ceiling: the plan's whole cost table at its "
+        "ceilings, USD per hour.",
+    )
+    allowed_public_ingress: list[str] = Field(
+        default_factory=list,
+        description="Resources the stack opens to the internet on purpose, by name: only "
+        "`hybrid-gateway` (with a hybrid section); never honoured in a production stack.",
+    )
+    production_stacks: list[str] = Field(
+        default_factory=lambda: list(MANDATORY_PRODUCTION_STACKS),
+        description="Stacks held to the production guards; may add stacks, always includes prod.",
+    )
 
     @model_validator(mode="after")
     def _guards_stay_on(self) -> "PolicyConfig":
@@ -47,8 +62,9 @@ def public_ingress_resources(config: "StackConfig") -> list[str]:
     return [HYBRID_GATEWAY] if config.hybrid else []
 
 
-# Documentation values (RFC 5737 networks, AWS's example account) that Pulumi.prod.yaml ships as
-# placeholders: a real deployment with them would lock the real admins out of the cluster.
+# Documentation values that the stack files ship as placeholders: the RFC 5737 networks, AWS's
+# example account and the RFC 2606 example domains. A real deployment with them would lock the
+# real admins out of the cluster, or give access entries and SSH to addresses nobody owns.
 DOCUMENTATION_CIDRS = [
     ipaddress.IPv4Network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
 ]
@@ -57,21 +73,52 @@ DOCUMENTATION_CIDRS = [
 DOCUMENTATION_ACCOUNT = "123456789012"
 
 
+DOCUMENTATION_DOMAINS = ("example.com", "example.net", "example.org")
+
+
+def _placeholder(value: Any) -> str | None:
+    """Why `value` is a documentation placeholder, else None."""
+    if isinstance(value, ipaddress.IPv4Address):
+        value = ipaddress.IPv4Network(value)
+    if isinstance(value, ipaddress.IPv4Network):
+        if any(value.subnet_of(doc) for doc in DOCUMENTATION_CIDRS):
+            return f"{value} is a documentation range (RFC 5737); allowed: your own CIDRs"
+    elif isinstance(value, str):
+        if re.fullmatch(rf"arn:aws[a-z-]*:iam::{DOCUMENTATION_ACCOUNT}:\S+", value):
+            return (
+                f"{value} is in AWS's documentation account {DOCUMENTATION_ACCOUNT}; "
+                "allowed: a role or user of your account"
+            )
+        user, at, domain = value.rpartition("@")
+        domain = domain.lower()
+        if (
+            user
+            and at
+            and any(domain == d or domain.endswith(f".{d}") for d in DOCUMENTATION_DOMAINS)
+        ):
+            return f"{value} is in a documentation domain (RFC 2606); allowed: a real address"
+    return None
+
+
+def _values(value: Any, loc: tuple = ()):
+    """(location, value) of every leaf of a dumped config, lists and mappings walked through."""
+    if isinstance(value, dict):
+        for key, child in value.items():
+            yield from _values(child, (*loc, key))
+    elif isinstance(value, list):
+        for i, child in enumerate(value):
+            yield from _values(child, (*loc, i))
+    else:
+        yield loc, value
+
+
 def placeholder_errors(config: "StackConfig") -> list[str]:
-    """`key: message` per key still holding a documentation placeholder; the engine refuses them."""
-    endpoint = ("cluster", "endpoint", "publicAccessCidrs")
-    problems = [
-        ((*endpoint, i), f"{cidr} is a documentation range (RFC 5737); allowed: your own CIDRs")
-        for i, cidr in enumerate(config.cluster.endpoint.public_access_cidrs)
-        if any(cidr.subnet_of(doc) for doc in DOCUMENTATION_CIDRS)
+    """`key: message` per key anywhere in the stack holding a documentation placeholder (a range,
+    an ARN of AWS's example account, an address at an example domain); `pulumi preview` and
+    `pulumi up` refuse them, in every stack. The offline plan lists them and plans on."""
+    dumped = config.model_dump(by_alias=True, exclude={"region"})
+    return [
+        f"{key_path(loc, dumped)}: {message}"
+        for loc, value in _values(dumped)
+        if (message := _placeholder(value))
     ]
-    problems += [
-        (
-            ("cluster", "adminPrincipalArns", i),
-            f"{arn} is in AWS's documentation account {DOCUMENTATION_ACCOUNT}; "
-            "allowed: a role or user of your account",
-        )
-        for i, arn in enumerate(config.cluster.admin_principal_arns)
-        if f":{DOCUMENTATION_ACCOUNT}:" in arn
-    ]
-    return [f"{key_path(loc)}: {message}" for loc, message in problems]

@@ -73,19 +73,6 @@ class CapacityReservation(Model):
     (`capacity-block`), selected by id or by tags. Type and count are what the plan prices and
     deploy.preflight checks against AWS."""
 
-    id: str | None = Field(default=None, pattern=r"^cr-[0-9a-z]+$")
-    # Every reservation carrying all these tags; "*" matches any value (Karpenter's semantics).
-    tags: dict[str, str] | None = Field(default=None, min_length=1, max_length=20)
-    reservation_type: Literal["default", "capacity-block"] = "default"
-    instance_type: InstanceTypeName
-    instance_count: int = Field(ge=1, le=1000)
-    # A Capacity Block is paid up front for its whole length, at the rate of its purchase: the
-    # plan prices it from these (DescribeCapacityBlockOfferings' CapacityBlockDurationHours and
-    # UpfrontFee), or from the region's published block rate when the fee is not given. EC2 sells
-    # blocks of 1 to 14 days, then in weeks up to 182 days.
-    duration_hours: int | None = Field(default=None, ge=24, le=182 * 24)
-    upfront_fee_usd: float | None = Field(default=None, gt=0)
-
     @model_validator(mode="after")
     def _one_selector(self) -> "CapacityReservation":
         block = self.reservation_type == "capacity-block"
@@ -122,30 +109,90 @@ class NodePoolConfig(Model):
 
     hybrid: ClassVar[bool] = False  # what the jobs and flavors on it read (HybridPool: True)
 
-    name: K8sName
-    instance_types: list[InstanceTypeName] = Field(min_length=1)
-    max_nodes: int = Field(ge=1, le=1000)
-    capacity_types: list[Literal["on-demand", "spot", "reserved"]] = Field(
-        default=["on-demand"], min_length=1
+    name: K8sName = Field(
+        description="The NodePool's name; also its Kueue ResourceFlavor. Not `hybrid` (the "
+        "hybrid machines' pool)."
     )
-    # Karpenter's EC2NodeClass takes at most 30 selector terms.
-    capacity_reservations: list[CapacityReservation] = Field(default_factory=list, max_length=30)
-    # Karpenter keeps maxNodes nodes running (a static NodePool, `replicas`), whether or not a job
-    # runs; Kueue's topology-aware scheduling needs nodes that exist (see topology).
-    static_nodes: bool = False
-    efa: bool = False
-    # EFA pools keep their nodes in one AZ and one cluster placement group: required there, as an
-    # instance type is not offered in every AZ (deploy.preflight checks it is in this one).
-    availability_zone: str | None = Field(default=None, pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$")
-    disk_size_gib: int = Field(default=200, ge=50, le=16000)
-    # gp3 throughput of the root volume in MiB/s; Karpenter's EC2NodeClass takes 125 to 1000.
-    # Default: ROOT_THROUGHPUT_MIBPS by whether image pulls land on it (see root_throughput_mibps).
-    disk_throughput_mibps: int | None = Field(default=None, ge=125, le=1000)
-    # How long a node lives (Karpenter expireAfter; Never: until drift or emptiness removes it).
-    # Expiration is forceful: it ignores disruption budgets, but without a terminationGracePeriod
-    # (node_pools.py) a node's running jobs and DevServers finish before it goes.
-    expire_after: Duration | Literal["Never"] = "720h"
-    fabric_check: FabricCheckConfig = FabricCheckConfig()
+    instance_types: list[InstanceTypeName] = Field(
+        min_length=1,
+        description="Instance types of infra/catalog/instance_types.yaml, all GPU or all CPU; "
+        "with efa, every one with EFA. A CPU pool's types must hold a job pod (2 vCPU, 8 GiB "
+        "plus node reserve).",
+    )
+    max_nodes: int = Field(
+        ge=1,
+        le=1000,
+        description="The one knob for capacity: the pool's Karpenter limits (nodes, "
+        "nvidia.com/gpu, cpu, memory = maxNodes x the largest type's figures), its flavor's "
+        "quota in the platform ClusterQueue, and the plan's cost ceiling follow from it.",
+    )
+    capacity_types: list[Literal["on-demand", "spot", "reserved"]] = Field(
+        default=["on-demand"],
+        min_length=1,
+        description="Karpenter capacity types, each once; `reserved` launches into "
+        "capacityReservations first and needs them.",
+    )
+    capacity_reservations: list[CapacityReservation] = Field(
+        default_factory=list,
+        max_length=30,
+        description="Capacity bought ahead (ODCRs, Capacity Blocks) the pool launches into "
+        "first; at most 30 (Karpenter's selector terms). Needs `reserved` in capacityTypes; "
+        "their instances may not exceed maxNodes, and a reserved-only pool's maxNodes is their "
+        "count.",
+    )
+    static_nodes: bool = Field(
+        default=False,
+        description="Karpenter keeps maxNodes nodes running (a static NodePool) whether or not "
+        "a job runs. With EC2-topology types (p4d, p4de, p5, p5e, p5en, g6e) Kueue then places "
+        "jobs by network topology; no DevServer flavor may use such a pool. Changing it on an "
+        "existing pool needs the pool removed and added back.",
+    )
+    efa: bool = Field(
+        default=False,
+        description="EFA interfaces on every node, the EFA device plugin, a cluster placement "
+        "group in one AZ, and the image's `efa` target for its jobs.",
+    )
+    availability_zone: str | None = Field(
+        default=None,
+        pattern=r"^[a-z]{2}(-gov)?-[a-z]+-\d[a-z]$",
+        description="The one AZ of an EFA pool (required there, refused elsewhere): an instance "
+        "type is not offered in every AZ, and deploy.preflight checks it is in this one.",
+    )
+    disk_size_gib: int = Field(default=200, ge=50, le=16000, description="gp3 root volume, GiB.")
+    disk_throughput_mibps: int | None = Field(
+        default=None,
+        ge=125,
+        le=1000,
+        description="gp3 throughput of the root volume, MiB/s. Default: 600 where images "
+        "unpack onto it, 125 where every type has NVMe instance store (images go to a RAID0 of "
+        "it).",
+    )
+    expire_after: Duration | Literal["Never"] = Field(
+        default="720h",
+        description="A node's lifetime, 1h to 2160h or Never (Karpenter expireAfter): nodes "
+        "are replaced to pick up patched AMIs. Expiration ignores disruption budgets, but with "
+        "no terminationGracePeriod on the pools a node's running jobs and DevServers finish "
+        "before it goes; changing it drifts the pool's nodes.",
+    )
+    fabric_check: FabricCheckConfig = Field(
+        default=FabricCheckConfig(),
+        description="The pool's NCCL fabric check (GPU pools only): python -m "
+        "workloads.nccl_check.",
+    )
+    duration_hours: int | None = Field(
+        default=None,
+        ge=24,
+        le=182 * 24,
+        description="A Capacity Block's length in hours (required for blocks): EC2 sells blocks "
+        "of 1 to 14 days, then in weeks up to 182 days. The plan prices a block as paid up front "
+        "for its length.",
+    )
+    upfront_fee_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="What the block cost (DescribeCapacityBlockOfferings' UpfrontFee); default: "
+        "the region's published block rate.",
+    )
 
     @model_validator(mode="after")
     def _fabric_check_fits(self) -> "NodePoolConfig":

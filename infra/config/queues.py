@@ -30,12 +30,27 @@ SYSTEM_NAMESPACES = (
 class TeamConfig(Model):
     """A team submitting jobs: a namespace with a LocalQueue, optionally its own ClusterQueue."""
 
-    name: K8sName
-    namespace: K8sName | None = None  # default: the team name
-    # Own ClusterQueue in the platform cohort: no quota of its own, it borrows unused platform
-    # quota up to this share of each pool's ceiling, and is reclaimed first when others need it.
-    own_cluster_queue: bool = False
-    borrowing_limit_percent: int = Field(default=100, ge=1, le=100)
+    name: K8sName = Field(
+        description="The team's name: its LocalQueue, and what jobs name as their queue "
+        "(label kueue.x-k8s.io/queue-name)."
+    )
+    namespace: K8sName | None = Field(
+        default=None,
+        description="Its namespace (default: the team name); not a system namespace (kube-*, "
+        "default, kueue-system, kubeflow, monitoring, mpi-operator, local-path-storage).",
+    )
+    own_cluster_queue: bool = Field(
+        default=False,
+        description="A ClusterQueue of its own in the platform cohort: no quota of its own, it "
+        "borrows unused platform quota up to borrowingLimitPercent of each pool's ceiling and "
+        "is reclaimed first when others need it.",
+    )
+    borrowing_limit_percent: int = Field(
+        default=100,
+        ge=1,
+        le=100,
+        description="With ownClusterQueue: the share of each pool's ceiling it may borrow.",
+    )
 
     @property
     def namespace_name(self) -> str:
@@ -43,12 +58,21 @@ class TeamConfig(Model):
 
 
 class QueuesConfig(Model):
-    cohort: K8sName = "training-platform"
-    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = "Any"
-    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = (
-        "LowerPriority"
+    """Kueue: one platform ClusterQueue whose quota per pool is the pool's ceiling, and teams."""
+
+    cohort: K8sName = Field(
+        default="training-platform", description="The Kueue cohort of the ClusterQueues."
     )
-    teams: list[TeamConfig] = Field(default_factory=list)
+    reclaim_within_cohort: Literal["Never", "LowerPriority", "Any"] = Field(
+        default="Any", description="Kueue preemption: reclaiming lent quota within the cohort."
+    )
+    within_cluster_queue: Literal["Never", "LowerPriority", "LowerOrNewerEqualPriority"] = Field(
+        default="LowerPriority", description="Kueue preemption within one ClusterQueue."
+    )
+    teams: list[TeamConfig] = Field(
+        default_factory=list,
+        description="Teams: each a namespace with a LocalQueue, names and namespaces unique.",
+    )
 
     @model_validator(mode="after")
     def _unique(self) -> "QueuesConfig":

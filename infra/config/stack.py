@@ -22,30 +22,60 @@ from infra.config.storage import StorageConfig
 
 
 class MonitoringConfig(Model):
-    # kube-prometheus-stack with the DCGM dashboard; the DCGM exporter runs whenever GPUs do.
-    prometheus_stack: bool = False
+    """Metrics: the DCGM exporter runs wherever GPUs do; Prometheus only when asked."""
+
+    prometheus_stack: bool = Field(
+        default=False, description="Install kube-prometheus-stack with the DCGM dashboard."
+    )
 
 
 class StackConfig(Model):
     """The whole `training-platform:` namespace. Later concerns add their sections here."""
 
-    region: Annotated[str, AfterValidator(known_region)]
-    network: NetworkConfig = NetworkConfig()
-    cluster: ClusterConfig = ClusterConfig()
-    karpenter: KarpenterConfig = KarpenterConfig()
-    # Kueue: at most 64 flavors in a ClusterQueue resource group, one flavor per pool.
-    node_pools: list[NodePoolConfig] = Field(default_factory=list, max_length=64)
-    queues: QueuesConfig = QueuesConfig()
-    monitoring: MonitoringConfig = MonitoringConfig()
-    storage: StorageConfig = StorageConfig()
-    policy: PolicyConfig = PolicyConfig()
-    image: ImageConfig = ImageConfig()
-    jobs: list[JobConfig] = Field(default_factory=list)
-    dev_servers: DevServersConfig = DevServersConfig()
-    hybrid: HybridConfig | None = None  # GPUs outside AWS as EKS hybrid nodes
+    region: Annotated[str, AfterValidator(known_region)] = Field(
+        description="One of infra/regions.py with prices in infra/catalog/prices/<region>.yaml."
+    )
+    network: NetworkConfig = Field(default=NetworkConfig(), description=NetworkConfig.__doc__)
+    cluster: ClusterConfig = Field(default=ClusterConfig(), description=ClusterConfig.__doc__)
+    karpenter: KarpenterConfig = Field(
+        default=KarpenterConfig(), description=KarpenterConfig.__doc__
+    )
+    node_pools: list[NodePoolConfig] = Field(
+        default_factory=list,
+        max_length=64,
+        description="Karpenter NodePools, names unique; at most 64 (Kueue's flavors in a "
+        "ClusterQueue resource group, one flavor per pool).",
+    )
+    queues: QueuesConfig = Field(default=QueuesConfig(), description=QueuesConfig.__doc__)
+    monitoring: MonitoringConfig = Field(
+        default=MonitoringConfig(), description=MonitoringConfig.__doc__
+    )
+    storage: StorageConfig = Field(default=StorageConfig(), description=StorageConfig.__doc__)
+    policy: PolicyConfig = Field(default=PolicyConfig(), description=PolicyConfig.__doc__)
+    image: ImageConfig = Field(
+        default=ImageConfig(),
+        description="The trainer image every job runs, by digest; empty: built from "
+        "trainer/Dockerfile (a `runtime` and an `efa` target) and pushed to ECR. A prebuilt "
+        "image serves EFA pools too, so it must ship libfabric and aws-ofi-nccl.",
+    )
+    jobs: list[JobConfig] = Field(
+        default_factory=list,
+        description="Training jobs: they start, and bill, on pulumi up, and stay until removed "
+        "from this list.",
+    )
+    dev_servers: DevServersConfig = Field(
+        default=DevServersConfig(), description=DevServersConfig.__doc__
+    )
+    hybrid: HybridConfig | None = Field(
+        default=None, description="GPUs outside AWS as EKS hybrid nodes; none by default."
+    )
     acknowledge_data_loss: Annotated[
         list[DataLossAcknowledgement], AfterValidator(holders_once)
-    ] = Field(default_factory=list)
+    ] = Field(
+        default_factory=list,
+        description="The data holders whose replacement or deletion this stack file accepts "
+        "(docs: day two); every other one is protected, and the plan refuses its loss.",
+    )
 
     @property
     def released(self) -> frozenset[str]:

@@ -14,26 +14,59 @@ CHECKPOINT_PREFIX = "checkpoints/"
 
 
 class BucketConfig(Model):
-    kms: bool = False  # SSE-KMS with a key of this stack; default SSE-S3
-    checkpoint_retention_days: int = Field(default=30, ge=1, le=3650)
-    force_destroy: bool = False  # let `pulumi destroy` delete a bucket that still holds objects
+    """The training bucket: checkpoints and datasets; public access blocked, TLS only."""
+
+    kms: bool = Field(
+        default=False,
+        description="SSE-KMS with a key of this stack (production buckets must); false: SSE-S3.",
+    )
+    checkpoint_retention_days: int = Field(
+        default=30, ge=1, le=3650, description="Checkpoints expire after this many days."
+    )
+    force_destroy: bool = Field(
+        default=False,
+        description="Let pulumi destroy delete the bucket while it still holds objects (it is "
+        "versioned: old versions count).",
+    )
 
 
 class EfsConfig(Model):
-    enabled: bool = True
+    """EFS shared by a team's pods and a user's DevServers."""
+
+    enabled: bool = Field(
+        default=True,
+        description="EFS, its CSI driver and an efs-shared claim in each team and DevServer "
+        "namespace; false gives every DevServer flavor sharedFileSystem false.",
+    )
 
 
 class FsxConfig(Model):
     """FSx for Lustre PERSISTENT_2, linked to the bucket's `datasetPrefix` (auto import/export)."""
 
-    enabled: bool = False
-    storage_capacity_gib: int = 1200
-    throughput_per_tib: Literal[125, 250, 500, 1000] = 125
-    dataset_prefix: str = Field(
-        default="datasets", pattern=r"^[a-zA-Z0-9!_.*'()-]+(/[a-zA-Z0-9!_.*'()-]+)*$"
+    enabled: bool = Field(
+        default=False,
+        description="FSx for Lustre in one private subnet, its CSI driver, a static volume and "
+        "claim per team.",
     )
-    # Days FSx keeps its daily automatic backups (0 turns them off; FSx allows up to 90).
-    backup_retention_days: int = Field(default=7, ge=0, le=90)
+    storage_capacity_gib: int = Field(
+        default=1200, description="1200, or a multiple of 2400 (PERSISTENT_2 SSD)."
+    )
+    throughput_per_tib: Literal[125, 250, 500, 1000] = Field(
+        default=125, description="MB/s per TiB of storage."
+    )
+    dataset_prefix: str = Field(
+        default="datasets",
+        pattern=r"^[a-zA-Z0-9!_.*'()-]+(/[a-zA-Z0-9!_.*'()-]+)*$",
+        description="The bucket prefix linked to the file system (import/export of new, "
+        "changed and deleted objects); no . or .. segment, not under checkpoints/.",
+    )
+    backup_retention_days: int = Field(
+        default=7,
+        ge=0,
+        le=90,
+        description="Days FSx keeps its daily automatic backups (0 turns them off); a final "
+        "backup is taken when the file system is deleted either way.",
+    )
 
     @model_validator(mode="after")
     def _capacity(self) -> "FsxConfig":
@@ -59,6 +92,8 @@ class FsxConfig(Model):
 
 
 class StorageConfig(Model):
-    bucket: BucketConfig = BucketConfig()
-    efs: EfsConfig = EfsConfig()
-    fsx: FsxConfig = FsxConfig()
+    """The S3 bucket and EBS always; EFS on by default; FSx for Lustre off by default."""
+
+    bucket: BucketConfig = Field(default=BucketConfig(), description="The training bucket.")
+    efs: EfsConfig = Field(default=EfsConfig(), description="EFS.")
+    fsx: FsxConfig = Field(default=FsxConfig(), description="FSx for Lustre.")

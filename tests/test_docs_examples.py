@@ -1,0 +1,156 @@
+"""Every shell example in the docs says where it runs, and every one that runs offline prints what
+the docs show: run as written, in a fresh shell, in a copy of this checkout (docs/_ext/commands.py
+has the block format)."""
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from tests.conftest import ROOT
+
+sys.path.insert(0, str(ROOT / "docs/_ext"))
+from commands import KINDS, Command, excerpt_pattern, matches, parse_blocks, shell_fences  # noqa: E402
+
+PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)
+BLOCKS = [b for page in PAGES for b in parse_blocks(page.relative_to(ROOT), page.read_text())]
+OFFLINE = [b for b in BLOCKS if b.kind == "offline"]
+# The README is plain Markdown on the forge: a shell block there follows a marker comment.
+README_MARKER = re.compile(r"^<!-- command: ([a-z-]+)(?: .*)? -->$")
+
+
+def test_every_shell_block_in_the_docs_says_where_it_runs():
+    plain = [
+        f"{page.relative_to(ROOT)}:{line}: a {language} block; use ```{{command}} <where>```"
+        for page in PAGES
+        for line, language in shell_fences(page.read_text())
+    ]
+    assert plain == []
+    assert [f"{b}: {b.kind}" for b in BLOCKS if b.kind not in KINDS] == []
+    assert [str(b) for b in BLOCKS if not b.commands] == []
+
+
+def test_every_shell_block_in_the_readme_says_where_it_runs():
+    lines = (ROOT / "README.md").read_text().splitlines()
+    unmarked = [
+        f"README.md:{line}"
+        for line, _ in shell_fences("\n".join(lines))
+        if not (m := README_MARKER.match(lines[line - 2] if line > 1 else ""))
+        or m.group(1) not in KINDS
+    ]
+    assert unmarked == []
+
+
+def test_the_docs_show_the_max_nodes_edit_and_what_it_changes():
+    """The example of the one knob: its every line is checked, down to the cost total."""
+    shown = [
+        line
+        for b in OFFLINE
+        if any("maxNodes: 12" in c.line for c in b.commands)
+        for c in b.commands
+        for line in c.shown
+    ]
+    assert "  NodePool gpu-small limits.nvidia.com/gpu 16 -> 48" in shown
+    assert any(line.startswith("  Cost total max $/hour ") for line in shown)
+
+
+@pytest.mark.parametrize(
+    "shown, printed, excerpt, ok",
+    [
+        (["a", "b"], "a\nb\n", False, True),
+        (["a", "b"], "a\nc\n", False, False),
+        (["a", "...", "d"], "a\nb\nc\nd\n", True, True),
+        (["a", "...", "d"], "a\nb\nc\n", True, False),
+        (["a", "x ..."], "a\nx and more\n", True, True),
+        (["a", "x ..."], "a\ny\n", True, False),
+        (["a  "], "a\n\n", False, True),
+    ],
+)
+def test_the_comparison(shown, printed, excerpt, ok):
+    assert matches(shown, printed, excerpt) is ok
+
+
+def checkout_copy(into: Path) -> Path:
+    """The files of this checkout (tracked or new, not ignored), with .venv the same venv."""
+    listed = subprocess.run(
+        ["git", "ls-files", "-z", "--cached", "--others", "--exclude-standard"],
+        cwd=ROOT, capture_output=True, check=True,
+    ).stdout.decode().split("\0")  # fmt: skip
+    for name in filter(None, listed):
+        source = ROOT / name
+        if source.is_file() and not source.is_symlink():
+            (into / name).parent.mkdir(parents=True, exist_ok=True)
+            shutil.copy2(source, into / name)
+    (into / ".venv").symlink_to((ROOT / ".venv").resolve())
+    return into
+
+
+def as_run(command: Command) -> str:
+    """The command as the test runs it: `make` never reinstalls .venv (-o: taken as up to date;
+    the shared venv is not this copy's to rebuild)."""
+    return re.sub(r"^make ", "make -o .venv/.installed ", command.line)
+
+
+def scenarios(blocks) -> list[list]:
+    """Offline blocks in the order they run: a `:continue:` block after the previous one of its
+    page, in the same checkout."""
+    found: list[list] = []
+    for block in blocks:
+        if block.continues:
+            assert found and found[-1][-1].path == block.path, f"{block}: nothing to continue"
+            found[-1].append(block)
+        else:
+            found.append([block])
+    return found
+
+
+def run_scenario(blocks, tmp_path: Path) -> list[tuple[int, str]]:
+    """(exit status, what it printed) of every command of the blocks, in a fresh copy."""
+    checkout = checkout_copy(tmp_path / "checkout")
+    (tmp_path / "home").mkdir()
+    env = {
+        "PATH": "/usr/local/bin:/usr/bin:/bin",
+        "HOME": str(tmp_path / "home"),
+        "LANG": "C.UTF-8",
+        "TERM": "dumb",
+        # This copy's code, for console scripts too (the editable install names another).
+        "PYTHONPATH": str(checkout),
+        # What a terminal shows: output and errors in the order they were written.
+        "PYTHONUNBUFFERED": "1",
+    }
+    results = []
+    for command in (c for b in blocks for c in b.commands):
+        done = subprocess.run(
+            ["bash", "-c", as_run(command)], cwd=checkout, env=env, timeout=600,
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+        )  # fmt: skip
+        results.append((done.returncode, done.stdout))
+    assert os.path.realpath(checkout / ".venv") == os.path.realpath(ROOT / ".venv")
+    return results
+
+
+# What a command sequence printed, for pages that show the same one (quickstart and jobs).
+RUNS: dict[tuple[str, ...], list[tuple[int, str]]] = {}
+
+
+@pytest.mark.parametrize("blocks", scenarios(OFFLINE), ids=lambda bs: "+".join(map(str, bs)))
+def test_each_offline_example_prints_what_the_docs_show(blocks, tmp_path):
+    key = tuple(c.line for b in blocks for c in b.commands)
+    if key not in RUNS:
+        RUNS[key] = run_scenario(blocks, tmp_path)
+    results = iter(RUNS[key])
+    for block in blocks:
+        for i, command in enumerate(block.commands):
+            status, printed = next(results)
+            expected = block.exit if i == len(block.commands) - 1 else 0
+            assert status == expected, f"{block}: $ {command.line}\n{printed}"
+            assert matches(command.shown, printed, block.excerpt), (
+                f"{block}: $ {command.line} printed:\n{printed}\n"
+                f"which does not match what the docs show"
+                + (f" (excerpt: {excerpt_pattern(command.shown).pattern})" if block.excerpt else "")
+                + ":\n" + "\n".join(command.shown)
+            )  # fmt: skip
