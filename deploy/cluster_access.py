@@ -10,9 +10,9 @@ NEEDS_CLUSTER = "this command needs the cluster's kubeconfig (aws eks update-kub
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
     parser.add_argument(
-        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG or ~/.kube/config)"
+        "--kubeconfig", help="kubeconfig file (default: $KUBECONFIG, else ~/.kube/config)"
     )
-    parser.add_argument("--context", help="kubeconfig context (default: the current one)")
+    parser.add_argument("--context", help="kubeconfig context (default: its current context)")
 
 
 def with_cluster(args: argparse.Namespace, command: Callable[[object], int]) -> int:

@@ -45,8 +45,10 @@ from infra.declared import Declared, declared_in, dig, listed
 from infra.expected import Expected, expected_cost
 from infra.offline import Plan, RecordedResource, run_offline
 from infra.paths import PROJECT_DIR
+from infra.support import support_on
 from infra.system_capacity import SystemFit, system_fit
 from infra.usage import UsageLine, usage_lines
+from infra.versions import KUBERNETES_VERSIONS
 from policies.offline import check
 from policies.pack_config import policy_settings
 
@@ -420,6 +422,27 @@ def dev_server_rows(config: StackConfig) -> list[str]:
     return lines
 
 
+def support_rows(config: StackConfig, cost: StackCost) -> list[str]:
+    """The version's EKS support, what each upgrade policy does at its end, and the warning."""
+    cluster = config.cluster
+    known = KUBERNETES_VERSIONS[cluster.kubernetes_version]
+    support = support_on(cluster.kubernetes_version, cluster.upgrade_policy)
+    standard = cost.prices.service("eksStandardSupportPerHour").usd
+    extended = cost.prices.service("eksExtendedSupportPerHour").usd
+    extra = (extended - standard) * HOURS_PER_MONTH
+    lines = [
+        "",
+        f"Kubernetes {cluster.kubernetes_version} on EKS: {support.detail}; at its end "
+        f"({known.standard_support_ends}) upgradePolicy EXTENDED keeps it at ${extended:.2f}/h "
+        f"instead of ${standard:.2f}/h (+${extra:,.0f}/month, until "
+        f"{known.extended_support_ends}), "
+        f"STANDARD has EKS upgrade it; this stack: {cluster.upgrade_policy}",
+    ]
+    if support.warning:
+        lines.append(f"  WARNING: {support.warning}")
+    return lines
+
+
 def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> str:
     """NodePools and cost first; then storage, jobs, teams; resource counts only when asked."""
     cost = plan_cost(config.region, plan)
@@ -428,6 +451,7 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
         lines += pool_rows(config, plan, cost) + borrowing_rows(config, plan)
         lines += cold_start_rows(config)
     lines += cost_rows(cost, declared_in(plan))
+    lines += support_rows(config, cost)
     placeholders = placeholder_errors(config)
     if placeholders:
         lines += ["", "Placeholders (pulumi preview/up refuse them until replaced):"]

@@ -20,18 +20,24 @@ from infra.config import ConfigError, load_stack_file
 from infra.paths import PROJECT_DIR
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.preview_gate", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
     parser.add_argument("preview", type=Path, help="the output of `pulumi preview --json`")
     parser.add_argument(
-        "--project-dir", type=Path, default=PROJECT_DIR, help="folder of the stack files"
+        "--project-dir",
+        type=Path,
+        help="folder of the stack files (default: this checkout)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
-        config = load_stack_file(args.stack, args.project_dir)
+        config = load_stack_file(args.stack, args.project_dir or PROJECT_DIR)
         preview = json.loads(args.preview.read_text())
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)

@@ -60,13 +60,21 @@ def delete(core, name: str) -> str | None:
     return None
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.released_homes", description=__doc__.splitlines()[0]
     )
-    parser.add_argument("--delete", metavar="VOLUME", help="delete this released home's disk")
+    parser.add_argument(
+        "--delete",
+        metavar="VOLUME",
+        help="delete this released home's disk (default: none, only list them)",
+    )
     add_arguments(parser)
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
 
     def command(api_client) -> int:
         from kubernetes import client

@@ -189,28 +189,36 @@ def run(cluster: Cluster, pool: str, act: bool, timeout: float, poll: float = 2.
     return 0
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.roll", description=__doc__.splitlines()[0]
     )
     parser.add_argument("--stack", required=True, help="stack name: reads Pulumi.<stack>.yaml")
-    parser.add_argument("--pool", required=True, help="the NodePool whose drifted nodes to roll")
     parser.add_argument(
-        "--yes", action="store_true", help="roll (default: only say what it would do)"
+        "--pool", required=True, help="the NodePool whose drifted nodes to roll (required)"
+    )
+    parser.add_argument(
+        "--yes", action="store_true", help="roll (default: off, only say what it would do)"
     )
     parser.add_argument(
         "--timeout",
         type=float,
         default=1800,
-        help="seconds to wait for the jobs' pods to stop (default 1800)",
+        help="seconds to wait for the jobs' pods to stop (default: 1800)",
     )
     add_arguments(parser)
     parser.add_argument(
-        "--project-dir", type=Path, default=PROJECT_DIR, help="folder of the stack files"
+        "--project-dir",
+        type=Path,
+        help="folder of the stack files (default: this checkout)",
     )
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     try:
-        config = load_stack_file(args.stack, args.project_dir)
+        config = load_stack_file(args.stack, args.project_dir or PROJECT_DIR)
     except ConfigError as e:
         print(f"error: {e}", file=sys.stderr)
         return 2

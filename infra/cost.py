@@ -50,6 +50,7 @@ from infra.resource_types import (
     SUBNET,
     VPC_ENDPOINT,
 )
+from infra.support import support_on
 from infra.system_capacity import (
     SYSTEM_LABELS,
     PodSet,
@@ -262,13 +263,13 @@ def _control_plane(r: Declared, stack: Sequence[Declared], book: PriceBook) -> l
     # pulumi-eks's Cluster creates an aws:eks/cluster:Cluster, which a real preview shows too.
     if r.type == EKS_COMPONENT and any(other.type == EKS_CLUSTER for other in stack):
         return []
-    return [
-        CostLine(
-            f"EKS control plane {r.name}",
-            "standard support",
-            book.usd("eksStandardSupportPerHour"),
-        )
-    ]
+    # EKS's API default upgrade policy is EXTENDED (infra/support.py).
+    policy = str(dig(r.props, "upgradePolicy", "supportType") or "EXTENDED")
+    support = support_on(str(_required(r.props, "version")), policy)
+    rate = (
+        "eksExtendedSupportPerHour" if support.tier == "extended" else "eksStandardSupportPerHour"
+    )
+    return [CostLine(f"EKS control plane {r.name}", support.detail, book.usd(rate))]
 
 
 def _nat_gateway(r: Declared, stack: Sequence[Declared], book: PriceBook) -> list[CostLine]:

@@ -591,7 +591,7 @@ def test_kept_homes_are_listed_after_a_delete_and_a_shrink(world):
     created = world.api.read("persistentvolumeclaims", "dev-alice", "home-box-0")["metadata"]
     world.clock = parse_timestamp(created["creationTimestamp"]) + timedelta(days=2, hours=3)
     homes = {line.split()[0]: line for line in world.devctl("list", "--homes").splitlines()}
-    assert homes["home-box-0"].split()[1:] == ["box", "in", "use", "100Gi", "gp3", "2d3h"]
+    assert homes["home-box-0"].split()[1:] == ["box", "in", "use", "100Gi", "gp3-home", "2d3h"]
     assert "kept: beyond its 2 pods" in homes["home-box-2"]
     assert "kept: server deleted" in homes["home-old-0"]
     assert "efs-shared" not in homes  # not a home

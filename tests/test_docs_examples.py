@@ -55,7 +55,7 @@ def test_the_docs_show_the_max_nodes_edit_and_what_it_changes():
         for line in c.shown
     ]
     assert "  NodePool gpu-small limits.nvidia.com/gpu 16 -> 48" in shown
-    assert any(line.startswith("  Cost total max $/hour ") for line in shown)
+    assert any(line.startswith("  Cost ceiling $/hour ") for line in shown)
 
 
 @pytest.mark.parametrize(

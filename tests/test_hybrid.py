@@ -319,7 +319,7 @@ def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(pla
         syntax = subprocess.run(["bash", "-n"], input=pages[name], text=True, capture_output=True)
         assert syntax.returncode == 0, syntax.stderr
     alice = pages["alice-4090"]
-    assert "nodeadm install 1.34 --credential-provider ssm" in alice
+    assert "nodeadm install 1.35 --credential-provider ssm" in alice  # the stack's version
     assert "--node-ip=10.200.0.2" in alice
     assert (
         "--node-labels=training-platform/pool=hybrid,training-platform/node-role=hybrid,"

@@ -69,7 +69,10 @@ def test_a_hybrid_flavor_goes_to_the_machines_with_its_homes_on_their_disks(plan
     flavor = next(r.inputs for r in plan.of_type(FLAVOR) if r.name == "dev-servers-flavor-rtx-1")
     assert conformance_errors(flavor) == []
     # EC2 pools keep gp3 homes and /shared.
-    assert (specs["gpu-1"]["homeStorageClass"], specs["gpu-1"]["sharedFileSystem"]) == ("gp3", True)
+    assert (specs["gpu-1"]["homeStorageClass"], specs["gpu-1"]["sharedFileSystem"]) == (
+        "gp3-home",
+        True,
+    )
 
 
 def test_the_operator_starts_after_the_flavors_whose_home_class_it_reads(plan):
@@ -358,7 +361,7 @@ def test_the_operator_gives_a_hybrid_server_a_home_on_its_machine_and_keeps_it_t
     status = world.status()
     assert (status["phase"], status["reason"]) == ("Failed", "HomeElsewhere")
     assert (
-        "keeps homes in gp3, and this server's are in hybrid-local (home-box-0)"
+        "keeps homes in gp3-home, and this server's are in hybrid-local (home-box-0)"
         in (status["message"])
     )
     after = world.api.read("statefulsets", "dev-alice", "box", group="apps")

@@ -73,6 +73,46 @@ class CapacityReservation(Model):
     (`capacity-block`), selected by id or by tags. Type and count are what the plan prices and
     deploy.preflight checks against AWS."""
 
+    id: str | None = Field(
+        default=None,
+        pattern=r"^cr-[0-9a-z]+$",
+        description="One reservation by id (cr-...); give id or tags, not both.",
+    )
+    tags: dict[str, str] | None = Field(
+        default=None,
+        min_length=1,
+        max_length=20,
+        description="Every reservation carrying all these tags, non-empty keys and values; "
+        "'*' matches any value (Karpenter's semantics).",
+    )
+    reservation_type: Literal["default", "capacity-block"] = Field(
+        default="default",
+        description="An On-Demand Capacity Reservation (default) or a Capacity Block for ML.",
+    )
+    instance_type: InstanceTypeName = Field(
+        description="Its instance type: one of the pool's instanceTypes."
+    )
+    instance_count: int = Field(
+        ge=1,
+        le=1000,
+        description="Instances it holds: what the plan prices as a fixed baseline line, and "
+        "what deploy.preflight checks against AWS.",
+    )
+    duration_hours: int | None = Field(
+        default=None,
+        ge=24,
+        le=182 * 24,
+        description="A Capacity Block's length in hours (required for blocks): EC2 sells blocks "
+        "of 1 to 14 days, then in weeks up to 182 days. The plan prices a block as paid up front "
+        "for its length.",
+    )
+    upfront_fee_usd: float | None = Field(
+        default=None,
+        gt=0,
+        description="What the block cost (DescribeCapacityBlockOfferings' UpfrontFee); default: "
+        "the region's published block rate.",
+    )
+
     @model_validator(mode="after")
     def _one_selector(self) -> "CapacityReservation":
         block = self.reservation_type == "capacity-block"
@@ -178,20 +218,6 @@ class NodePoolConfig(Model):
         default=FabricCheckConfig(),
         description="The pool's NCCL fabric check (GPU pools only): python -m "
         "workloads.nccl_check.",
-    )
-    duration_hours: int | None = Field(
-        default=None,
-        ge=24,
-        le=182 * 24,
-        description="A Capacity Block's length in hours (required for blocks): EC2 sells blocks "
-        "of 1 to 14 days, then in weeks up to 182 days. The plan prices a block as paid up front "
-        "for its length.",
-    )
-    upfront_fee_usd: float | None = Field(
-        default=None,
-        gt=0,
-        description="What the block cost (DescribeCapacityBlockOfferings' UpfrontFee); default: "
-        "the region's published block rate.",
     )
 
     @model_validator(mode="after")

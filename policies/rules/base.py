@@ -48,6 +48,7 @@ DEFAULTS = {
     "budgetUsdPerHour": 1000,
     "productionStacks": list(MANDATORY_PRODUCTION_STACKS),
     "allowedPublicIngress": [],
+    "acknowledgedDataLoss": [],
 }
 
 

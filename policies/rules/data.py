@@ -12,6 +12,7 @@ from pulumi_policy import ResourceValidationArgs
 
 from infra.data_holders import HOLDER_ANNOTATION, HOLDER_TAG
 from infra.declared import dig
+from policies.rules.base import config_of
 
 # Types whose every resource holds data; a Namespace holds it when a team or a user works in it.
 HOLDING_TYPES = {
@@ -48,7 +49,7 @@ def protected(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
         where = "annotation " + HOLDER_ANNOTATION if kind == NAMESPACE else "tag " + HOLDER_TAG
         yield f"holds data but names no holder: set its {where} (infra/data_holders.py)"
         return
-    acknowledged = (args.get_config() or {}).get("acknowledgedDataLoss") or []
+    acknowledged = config_of(args)["acknowledgedDataLoss"]
     if name not in acknowledged and not (args.opts and args.opts.protect):
         yield (
             f"holds {name}'s data but is not protected: only a holder listed in "
