@@ -100,7 +100,9 @@ def build_platform(config: StackConfig) -> None:
     )
     efs = fsx = None
     if storage.efs.enabled:
-        efs = SharedFileSystem("efs", platform, addons["aws-efs-csi-driver"])
+        efs = SharedFileSystem(
+            "efs", platform, addons["aws-efs-csi-driver"], mount_roles=[karpenter.node_role_arn]
+        )
     if storage.fsx.enabled:
         fsx = LustreFileSystem(
             "fsx", storage.fsx, platform, addons["aws-fsx-csi-driver"], bucket.name
