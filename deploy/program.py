@@ -22,6 +22,7 @@ from infra.components.node_pools import NodePools
 from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.components.queues import Queues
 from infra.components.shared_file_system import SharedFileSystem
+from infra.components.tenant_network import TenantNetwork
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi, image_target
 from infra.data_holders import DataGuard
@@ -100,7 +101,9 @@ def build_platform(config: StackConfig) -> None:
     )
     efs = fsx = None
     if storage.efs.enabled:
-        efs = SharedFileSystem("efs", platform, addons["aws-efs-csi-driver"])
+        efs = SharedFileSystem(
+            "efs", platform, addons["aws-efs-csi-driver"], mount_roles=[karpenter.node_role_arn]
+        )
     if storage.fsx.enabled:
         fsx = LustreFileSystem(
             "fsx", storage.fsx, platform, addons["aws-fsx-csi-driver"], bucket.name
@@ -153,8 +156,10 @@ def build_platform(config: StackConfig) -> None:
             efs=efs is not None,
         ).namespaces
 
+    # Every team namespace and every user's DevServer namespace refuses connections its own
+    # policies do not admit, and gets the shared claim.
+    TenantNetwork("tenant-network", platform, queues.namespaces, dev_namespaces)
     if efs:
-        # Every team namespace and every user's DevServer namespace gets the shared claim.
         efs.claim_in({**queues.namespaces, **dev_namespaces})
     if fsx:
         fsx.claim_in(queues.namespaces)

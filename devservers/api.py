@@ -22,6 +22,10 @@ NAMESPACE_PREFIX = "dev-"
 LOCAL_QUEUE = "dev"
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 GPU = "nvidia.com/gpu"
+# The DCGM exporter the operator reads GPU use from, one per GPU node (its chart's pod label and
+# port; the platform installs it in infra/components/gpu_metrics.py).
+DCGM_LABELS = {"app.kubernetes.io/name": "dcgm-exporter"}
+DCGM_PORT = 9400
 # The ResourceQuota in every user namespace, and what it caps.
 QUOTA = "devservers"
 SERVER_COUNT = f"count/{SERVERS}.{GROUP}"

@@ -15,6 +15,8 @@ import pulumi_kubernetes as k8s
 
 from devservers.api import (
     API_VERSION,
+    DCGM_LABELS,
+    DCGM_PORT,
     FLAVORS,
     GPU_REQUESTS,
     GROUP,
@@ -43,6 +45,7 @@ from infra.components.queues import (
     team_cluster_queue,
 )
 from infra.components.system_nodes import SYSTEM_PLACEMENT
+from infra.components.tenant_network import admit_pods
 from infra.config import DevServersConfig, Pool, TeamConfig
 from infra.cost import SSH_LOAD_BALANCERS_ANNOTATION
 from infra.data_holders import annotated, user_holder
@@ -55,6 +58,7 @@ CONTEXT = PROJECT_DIR / "devservers"
 IMAGE_TARGET = "operator"
 USERS_GROUP = "dev:users"  # every DevServer user, for the read-only flavor catalog
 HEALTH_PORT = 8080
+OPERATOR_LABELS = {"app.kubernetes.io/name": OPERATOR}
 RESTRICTED = {
     f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")
 }
@@ -101,6 +105,7 @@ OPERATOR_NAMESPACED_RULES = [
     rule([GROUP], [f"{SERVERS}/finalizers"], ["update"]),
     rule(["apps"], ["statefulsets"], CHILD),
     rule([""], ["services", "configmaps"], CHILD),
+    rule(["networking.k8s.io"], ["networkpolicies"], CHILD),  # who reaches a server's pods
     # Each server's SSH host key: made once, then read for its public half (devservers.controller
     # _host_key). No list, update or delete: the garbage collector deletes it with its server,
     # and rotating it is an administrator's delete. `get` adds nothing the operator lacks: it
@@ -270,6 +275,14 @@ class DevServers(pulumi.ComponentResource):
                 subject,
                 cluster.in_cluster(self, dcgm_role, account),
             )
+            # ... and reads them over the network, where the monitoring namespace admits only its
+            # own pods otherwise (gpu_metrics.py).
+            k8s.networking.v1.NetworkPolicy(
+                f"{name}-operator-dcgm",
+                metadata={"name": f"{OPERATOR}-reads-dcgm", "namespace": DCGM_NAMESPACE},
+                spec=admit_pods(DCGM_LABELS, NAMESPACE, OPERATOR_LABELS, DCGM_PORT),
+                opts=cluster.in_cluster(self, gpu_metrics),
+            )
 
         teams_by_name = {t.name: t for t in teams}
         self.namespaces = {}
@@ -308,6 +321,7 @@ class DevServers(pulumi.ComponentResource):
             name,
             image,
             config,
+            str(cluster.vpc.cidr),
             cluster.in_cluster(
                 self, account, *definitions, *flavors, *bindings, *cluster.controller_prerequisites
             ),
@@ -386,15 +400,16 @@ class DevServers(pulumi.ComponentResource):
         )
         return namespace
 
-    def _deployment(self, name, image, config: DevServersConfig, opts):
+    def _deployment(self, name, image, config: DevServersConfig, vpc_cidr: str, opts):
         """One replica (kopf --standalone: no peering) on the system nodes, restricted pod."""
         env = {
             "DEVSERVERS_SSH_CIDRS": ",".join(str(c) for c in config.ssh_load_balancer_cidrs),
+            "DEVSERVERS_VPC_CIDR": vpc_cidr,
             "DEVSERVERS_DCGM_NAMESPACE": DCGM_NAMESPACE,
             "DEVSERVERS_IDLE_GPU_PERCENT": str(config.idle.gpu_percent),
             "DEVSERVERS_IDLE_CPU_PERCENT": str(config.idle.cpu_percent),
         }
-        labels = {"app.kubernetes.io/name": OPERATOR}
+        labels = OPERATOR_LABELS
         return k8s.apps.v1.Deployment(
             f"{name}-operator",
             metadata={"name": OPERATOR, "namespace": NAMESPACE, "labels": labels},

@@ -20,11 +20,9 @@ from urllib3.exceptions import MaxRetryError
 from websocket import WebSocketBadStatusException, WebSocketException
 
 from devservers.activity import gpu_utilization
-from devservers.api import GROUP, SERVERS, VERSION
+from devservers.api import DCGM_LABELS, DCGM_PORT, GROUP, SERVERS, VERSION
 from devservers.render import Settings
 
-DCGM_PORT = 9400
-DCGM_LABELS = {"app.kubernetes.io/name": "dcgm-exporter"}
 NOT_FOUND, CONFLICT = 404, 409
 
 
@@ -34,6 +32,7 @@ def settings_from_env() -> Settings:
     defaults = Settings()
     return Settings(
         ssh_cidrs=tuple(c for c in cidrs.split(",") if c),
+        vpc_cidr=os.environ.get("DEVSERVERS_VPC_CIDR", ""),
         idle_gpu_percent=float(
             os.environ.get("DEVSERVERS_IDLE_GPU_PERCENT", defaults.idle_gpu_percent)
         ),

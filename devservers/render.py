@@ -5,7 +5,9 @@ behind a headless Service for stable pod DNS, with a home volume per pod from vo
 in the flavor's home StorageClass (kept when the server stops, is replaced or, unless asked,
 deleted), the owner's EFS claim where the flavor's nodes mount it, a memory-backed /dev/shm, and a
 ConfigMap with the entrypoint and the torchrun helper. Kueue admits the StatefulSet as one pod
-group (its `statefulset` integration): all pods or none.
+group (its `statefulset` integration): all pods or none. A NetworkPolicy lets the server's pods
+reach each other, and an SSH load balancer its sshd; the user namespace denies every other
+ingress (infra/components/tenant_network.py).
 """
 
 import base64
@@ -123,6 +125,8 @@ class Settings:
 
     # Source ranges an SSH LoadBalancer may accept; empty: LoadBalancer SSH is refused.
     ssh_cidrs: tuple[str, ...] = field(default_factory=tuple)
+    # The VPC's range, from which an SSH load balancer's connections reach the pod (network_policy).
+    vpc_cidr: str = ""
     # Idle floors (devServers.idle), unless a server sets its own (lifecycle.idle*Percent).
     idle_gpu_percent: float = 5.0
     idle_cpu_percent: float = 10.0
@@ -169,6 +173,8 @@ def children(server: dict, flavor: dict, settings: Settings) -> list[dict]:
     rendered = [config_map(server), headless_service(server)]
     if ssh_enabled(server):
         rendered.append(ssh_service(server, settings))
+    # Before the pods: they rendezvous as they start.
+    rendered.append(network_policy(server, settings))
     rendered.append(stateful_set(server, flavor))
     return rendered
 
@@ -290,6 +296,44 @@ def ssh_service(server: dict, settings: Settings) -> dict:
         "kind": "Service",
         "metadata": _metadata(server, ssh_service_name(server)),
         "spec": spec,
+    }
+
+
+def network_policy(server: dict, settings: Settings) -> dict:
+    """Ingress to the server's pods: from its own pods on any port (c10d's store on RDZV_PORTS,
+    NCCL's and gloo's sockets on ports they pick), and, with an SSH load balancer, to sshd from
+    where the balancer's connections come from. Nothing else: devctl's port-forward and exec
+    reach a pod through its node's kubelet, which dials inside the pod's own network namespace
+    (containerd pkg/cri/server/sandbox_portforward_linux.go), and no policy can block a pod's
+    own node (networking.k8s.io/v1 NetworkPolicySpec.ingress).
+
+    The in-tree load balancer of a LoadBalancer Service (the Classic ELB) connects to a node's
+    port, where kube-proxy hands the connection to the pod with the node's address as its source
+    (externalTrafficPolicy Cluster), so what the pod sees comes from the VPC's range; the client
+    ranges (loadBalancerSourceRanges, the balancer's security group) are listed too, for a
+    balancer that keeps clients' addresses. The VPC's range holds every pod's address as well
+    (the VPC CNI gives pods VPC addresses): a server with an SSH load balancer accepts SSH
+    connections from any pod, as it does from the allowed ranges; sshd takes only its owner's
+    keys."""
+    own_pods = {"podSelector": {"matchLabels": _selector(server)}}
+    rules: list[dict] = [{"from": [own_pods]}]
+    if ssh_enabled(server) and _ssh(server)["serviceType"] == "LoadBalancer":
+        sources = [*settings.ssh_cidrs, *([settings.vpc_cidr] if settings.vpc_cidr else [])]
+        rules.append(
+            {
+                "from": [{"ipBlock": {"cidr": cidr}} for cidr in sources],
+                "ports": [{"protocol": "TCP", "port": SSH_PORT}],
+            }
+        )
+    return {
+        "apiVersion": "networking.k8s.io/v1",
+        "kind": "NetworkPolicy",
+        "metadata": _metadata(server, server["metadata"]["name"]),
+        "spec": {
+            "podSelector": {"matchLabels": _selector(server)},
+            "policyTypes": ["Ingress"],
+            "ingress": rules,
+        },
     }
 
 

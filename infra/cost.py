@@ -749,6 +749,8 @@ FREE: dict[str, str] = {
     "the repository's storage)",
     "aws:efs/mountTarget:MountTarget": "EFS bills storage and throughput, not mount targets",
     "aws:efs/accessPoint:AccessPoint": "EFS bills storage and throughput, not access points",
+    "aws:efs/fileSystemPolicy:FileSystemPolicy": "EFS bills storage and throughput, not its "
+    "file system policy",
     "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": "FSx: the link is free; its "
     "imports and exports are S3 requests (usage)",
     "aws:eks/addon:Addon": f"EKS add-ons have no charge: {_RUNS_ON_NODES}",

@@ -141,8 +141,17 @@ def _fake_id(type_: str, name: str) -> str:
         "aws:ec2/instance:Instance": "i-",
         "aws:fsx/lustreFileSystem:LustreFileSystem": "fs-",
         "aws:efs/fileSystem:FileSystem": "fs-",
+        "aws:efs/accessPoint:AccessPoint": "fsap-",
     }.get(type_)
     return f"{prefix}{digest[:17]}" if prefix else f"{name}-{digest[:8]}"
+
+
+# EFS ARNs name the kind and the id (EFS user guide, resource types defined by Amazon EFS), which
+# IAM conditions on access points compare.
+EFS_ARN_KINDS = {
+    "aws:efs/fileSystem:FileSystem": "file-system",
+    "aws:efs/accessPoint:AccessPoint": "access-point",
+}
 
 
 def partition_of(region: str) -> str:
@@ -232,6 +241,11 @@ class PlatformMocks(mocks.Mocks):
         elif args.typ == "aws:s3/bucket:Bucket":
             outputs.setdefault("bucket", f"{args.name}-{id_[-7:]}")
             outputs["arn"] = f"arn:{self.partition}:s3:::{outputs['bucket']}"
+        elif args.typ in EFS_ARN_KINDS:
+            outputs["arn"] = (
+                f"arn:{self.partition}:elasticfilesystem:{self.region}:{ACCOUNT_ID}:"
+                f"{EFS_ARN_KINDS[args.typ]}/{id_}"
+            )
         elif args.typ == "aws:fsx/lustreFileSystem:LustreFileSystem":
             outputs["dnsName"] = f"{id_}.fsx.{self.region}.amazonaws.com"
             outputs["mountName"] = id_[-8:]

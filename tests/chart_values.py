@@ -34,6 +34,8 @@ KEYS = {
     "grafana.resources": "grafana-12.11.1 values.yaml:427",
     "grafana.dashboardProviders": "grafana-12.11.1 values.yaml:880",
     "grafana.dashboards": "grafana-12.11.1 values.yaml:913",
+    # Commented out in values.yaml (line 572); templates/_config.tpl:175 reads it.
+    "grafana.adminPassword": "grafana-12.11.1 templates/_config.tpl:175",
     "prometheus-node-exporter.resources": "prometheus-node-exporter-4.56.1 values.yaml:334",
 }
 # Every component of the chart that makes pods with the chart's defaults and ours, as

@@ -235,11 +235,14 @@ class ControllerNeeds:
         (addon,) = self._where("aws:eks/addon:Addon", addonName=name)
         return addon
 
-    def role_grants(self, role: str, why: str) -> dict[str, str]:
-        """The policies attached to (or inlined in) the role named `role`."""
-        grants = self._where(
+    def _grants(self, role: str) -> list:
+        return self._where(
             "aws:iam/rolePolicyAttachment:RolePolicyAttachment", role=role
         ) + self._where("aws:iam/rolePolicy:RolePolicy", role=role)
+
+    def role_grants(self, role: str, why: str) -> dict[str, str]:
+        """The policies attached to (or inlined in) the role named `role`."""
+        grants = self._grants(role)
         assert grants, f"no policies on role {role}"
         return {g.urn: f"{why}: {g.name}" for g in grants}
 
@@ -356,9 +359,11 @@ class ControllerNeeds:
         needs = {
             addon.urn: f"{driver}: controller and node plugin",
             self._addon("coredns").urn: f"{driver} resolves AWS API names through cluster DNS",
-            **self.pod_identity(association["roleArn"], driver),
             **self.system_nodes(),
         }
+        # A controller whose role grants nothing (EFS's: static access points) calls no AWS API.
+        if self._grants(role_name(association["roleArn"])):
+            needs.update(self.pod_identity(association["roleArn"], driver))
         # The file system's servers, reachable while a node plugin unmounts it.
         for server in self.plan.of_type(FILE_SERVERS.get(provisioner, "")):
             needs[server.urn] = f"{driver}: the file system's servers"

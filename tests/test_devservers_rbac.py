@@ -34,6 +34,8 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
     dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Running", "box Running")
     assert {"box", "box-ssh"} <= dev_cluster.names("services")
     assert "home-box-0" in dev_cluster.names("persistentvolumeclaims")
+    # Who reaches its pods (tests/test_network_isolation.py: what the policy allows).
+    assert api.read("networkpolicies", "dev-alice", "box", group="networking.k8s.io")
 
     # Idle detection execs into the pod (a process namespace of its own) and records what it saw:
     # a process the owner named at create keeps the server running.

@@ -63,6 +63,7 @@ def test_standalone_is_one_pod_with_home_shared_shm_and_gpu_placement():
         "ConfigMap/box-scripts",
         "Service/box",
         "Service/box-ssh",
+        "NetworkPolicy/box",
         "StatefulSet/box",
     }
     sts = objects["StatefulSet/box"]

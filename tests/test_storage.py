@@ -95,7 +95,8 @@ def role_of(plan, arn):
     ("driver", "service_account", "managed_policy"),
     [
         ("aws-ebs-csi-driver", "ebs-csi-controller-sa", "AmazonEBSCSIDriverPolicy"),
-        ("aws-efs-csi-driver", "efs-csi-controller-sa", "AmazonEFSCSIDriverPolicy"),
+        # Static access points only: its controller has nothing to call AWS for.
+        ("aws-efs-csi-driver", "efs-csi-controller-sa", ""),
         ("aws-fsx-csi-driver", "fsx-csi-controller-sa", None),
     ],
 )
@@ -114,13 +115,14 @@ def test_csi_drivers_pinned_with_their_own_pod_identity_role(
         for a in prod_plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
         if a.name.startswith(role.name + "-")
     ]
+    inline = [p for p in prod_plan.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == role.name]
     if managed_policy:
         assert attached == [f"arn:aws:iam::aws:policy/service-role/{managed_policy}"]
+    elif managed_policy == "":
+        assert attached == [] and inline == []
     else:
-        (inline,) = [
-            p for p in prod_plan.of_type("aws:iam/rolePolicy:RolePolicy") if p.name == role.name
-        ]
-        assert json.loads(inline.inputs["policy"])["Statement"] == [
+        (policy,) = inline
+        assert json.loads(policy.inputs["policy"])["Statement"] == [
             {"Effect": "Allow", "Action": ["fsx:DescribeFileSystems"], "Resource": "*"}
         ]
 

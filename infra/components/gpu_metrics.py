@@ -3,9 +3,19 @@
 On the pools' GPU nodes the exporter reads DCGM through the host engine the node monitoring
 agent runs there (node_monitoring_agent.py: one host engine per node); hybrid nodes have no
 agent, so their exporter (a release of its own) embeds its host engine as the chart does.
+
+None of it authenticates its clients: Prometheus' and Alertmanager's HTTP APIs answer whoever
+connects (read every metric, silence alerts), the exporters serve metrics to anyone, and DCGM's
+host engine takes commands from any client. Their protection is the network: NetworkPolicies
+admit into the monitoring namespace only its own pods (and the API server to the Prometheus
+operator's admission webhook; the DevServer operator to the exporters: devservers/component.py),
+and to the host engine only the exporters. Grafana, which has logins, gets an admin password of
+its own rather than one the chart picks.
 """
 
 import pulumi
+import pulumi_kubernetes as k8s
+import pulumi_random as random
 
 from infra.components.context import ClusterContext
 from infra.components.helm import helm_release
@@ -13,9 +23,22 @@ from infra.components.hybrid_machines import GPU_AGENT_TOLERATIONS, HYBRID_NODE_
 from infra.components.node_monitoring_agent import DCGM_HOST_ENGINE_PORT
 from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
 from infra.components.system_nodes import SYSTEM_PLACEMENT
+from infra.components.tenant_network import admit_pods
 from infra.versions import DCGM_EXPORTER_CHART, KUBE_PROMETHEUS_STACK_CHART
 
 NAMESPACE = "monitoring"
+# The pods of the charts installed here, as their charts label them.
+# dcgm-exporter chart (NVIDIA/dcgm-exporter deployment/templates/_helpers.tpl, selectorLabels).
+EXPORTER_LABELS = {"app.kubernetes.io/name": "dcgm-exporter"}
+# kube-prometheus-stack 88.5.3 templates/prometheus-operator/_prometheus-operator.tpl, with the
+# release named kube-prometheus-stack; its webhook and metrics port (prometheusOperator.tls
+# .internalPort, values.yaml:2846), which the chart's admission webhooks call through its Service.
+OPERATOR_LABELS = {"app.kubernetes.io/name": "kube-prometheus-stack-prometheus-operator"}
+OPERATOR_WEBHOOK_PORT = 10250
+# The node monitoring agent's host engine (eks-node-monitoring-agent v1.7.0
+# charts/eks-node-monitoring-agent/templates/dcgm-daemonset.yaml), in the add-on's namespace.
+HOST_ENGINE_LABELS = {"k8s-app": "dcgm-server"}
+HOST_ENGINE_NAMESPACE = "kube-system"
 # kube-prometheus-stack's components on the system nodes, with requests the plan can count
 # against their room (infra/system_capacity.py): the chart requests nothing, so the scheduler
 # would reserve nothing and Prometheus could starve the controllers. Prometheus' memory follows
@@ -51,6 +74,11 @@ class GpuMetrics(pulumi.ComponentResource):
         child = cluster.in_cluster(self)
         depends: list[pulumi.Resource] = []
         if prometheus_stack:
+            # 160 random bits, a secret in the stack's state; Grafana reads it at its first
+            # start on an empty database (the chart keeps none: no persistence).
+            grafana_password = random.RandomBytes(
+                f"{name}-grafana-admin", length=20, opts=pulumi.ResourceOptions(parent=self)
+            )
             depends.append(
                 helm_release(
                     "kube-prometheus-stack",
@@ -81,6 +109,11 @@ class GpuMetrics(pulumi.ComponentResource):
                         "prometheus-node-exporter": {"resources": NODE_EXPORTER_RESOURCES},
                         "grafana": {
                             **SYSTEM_PLACEMENT,
+                            # Unset, kube-prometheus-stack 88.5.3 leaves it to the grafana chart,
+                            # which makes a random one at install (grafana-12.11.1
+                            # templates/_helpers.tpl grafana.password); set, it is known to the
+                            # stack and the same on every install.
+                            "adminPassword": pulumi.Output.secret(grafana_password.hex),
                             "resources": GRAFANA_RESOURCES,
                             "dashboardProviders": {
                                 "dashboardproviders.yaml": {
@@ -111,8 +144,9 @@ class GpuMetrics(pulumi.ComponentResource):
             )
         # The ServiceMonitor CRD comes with kube-prometheus-stack.
         service_monitor = {"serviceMonitor": {"enabled": prometheus_stack}}
+        releases = list(depends)
         if pool_host_engine is not None:
-            helm_release(
+            exporter = helm_release(
                 "dcgm-exporter",
                 DCGM_EXPORTER_CHART,
                 NAMESPACE,
@@ -139,17 +173,74 @@ class GpuMetrics(pulumi.ComponentResource):
                     child, pulumi.ResourceOptions(depends_on=[*depends, pool_host_engine])
                 ),
             )
+            releases.append(exporter)
+            self._policy(
+                f"{name}-host-engine",
+                HOST_ENGINE_NAMESPACE,
+                "dcgm-host-engine-from-exporters",
+                # Host port 5555 leads to the host engine's pod. The node monitoring agent, on the
+                # same node's host network, is admitted as the pod's node.
+                admit_pods(HOST_ENGINE_LABELS, NAMESPACE, EXPORTER_LABELS, DCGM_HOST_ENGINE_PORT),
+                cluster.in_cluster(self, pool_host_engine),
+            )
         if hybrid_gpus:
-            helm_release(
-                "dcgm-exporter-hybrid",
-                DCGM_EXPORTER_CHART,
+            releases.append(
+                helm_release(
+                    "dcgm-exporter-hybrid",
+                    DCGM_EXPORTER_CHART,
+                    NAMESPACE,
+                    {
+                        "nodeSelector": GPU_NODE_LABELS,
+                        "affinity": HYBRID_NODE_AFFINITY,
+                        "tolerations": GPU_AGENT_TOLERATIONS,
+                        **service_monitor,
+                    },
+                    pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=depends)),
+                )
+            )
+        # The namespace exists once a release has made it.
+        in_namespace = cluster.in_cluster(self, *releases)
+        self._policy(
+            f"{name}-own-pods", NAMESPACE, "monitoring-own-pods", own_pods_ingress(), in_namespace
+        )
+        if prometheus_stack:
+            self._policy(
+                f"{name}-operator-webhook",
                 NAMESPACE,
-                {
-                    "nodeSelector": GPU_NODE_LABELS,
-                    "affinity": HYBRID_NODE_AFFINITY,
-                    "tolerations": GPU_AGENT_TOLERATIONS,
-                    **service_monitor,
-                },
-                pulumi.ResourceOptions.merge(child, pulumi.ResourceOptions(depends_on=depends)),
+                "prometheus-operator-webhook",
+                webhook_ingress(str(cluster.vpc.cidr)),
+                in_namespace,
             )
         self.register_outputs({})
+
+    def _policy(self, name: str, namespace: str, policy: str, spec: dict, opts) -> None:
+        k8s.networking.v1.NetworkPolicy(
+            name, metadata={"name": policy, "namespace": namespace}, spec=spec, opts=opts
+        )
+
+
+def own_pods_ingress() -> dict:
+    """Every pod of the namespace admits the namespace's pods, and no one else (a policy that
+    selects a pod isolates it: what no policy admits is refused)."""
+    return {
+        "podSelector": {},
+        "policyTypes": ["Ingress"],
+        "ingress": [{"from": [{"podSelector": {}}]}],
+    }
+
+
+def webhook_ingress(vpc_cidr: str) -> dict:
+    """The Prometheus operator's webhook port from the VPC, where the EKS control plane's
+    network interfaces are (the API server calls admission webhooks). The range holds every
+    pod's address too (VPC CNI), so any pod reaches this port: the operator's admission
+    endpoints and its own metrics, nothing of the monitored data."""
+    return {
+        "podSelector": {"matchLabels": OPERATOR_LABELS},
+        "policyTypes": ["Ingress"],
+        "ingress": [
+            {
+                "from": [{"ipBlock": {"cidr": vpc_cidr}}],
+                "ports": [{"protocol": "TCP", "port": OPERATOR_WEBHOOK_PORT}],
+            }
+        ],
+    }

@@ -264,6 +264,7 @@ def interruption_queue_policy(queue_arn: str, rule_arns: list[str]) -> dict:
 
 class Karpenter(pulumi.ComponentResource):
     node_role_name: pulumi.Output[str]
+    node_role_arn: pulumi.Output[str]
     instance_profile_name: pulumi.Output[str]
     release: pulumi.Resource
 
@@ -414,6 +415,7 @@ class Karpenter(pulumi.ComponentResource):
             skip_crds=True,
         )
         self.node_role_name = nodes.name
+        self.node_role_arn = nodes.arn
         self.instance_profile_name = profile.name
         self.register_outputs(
             {"nodeRoleName": nodes.name, "instanceProfile": profile.name, "queue": queue.name}

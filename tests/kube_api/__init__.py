@@ -34,10 +34,11 @@ subresources) in `KubeAPI(kinds=...)`, or a CRD object created through the API.
 
 from tests.kube_api.kubelet import Kubelet
 from tests.kube_api.rbac import MASTERS, Authorizer, service_account, user
-from tests.kube_api.server import BUILTIN, KubeAPI
+from tests.kube_api.server import BUILTIN, SYSTEM_NAMESPACES, KubeAPI
 
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 CRD = "CustomResourceDefinition"
+HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 ADMIN = user("admin", [MASTERS])
 
 
@@ -55,6 +56,20 @@ def from_plan(plan, crds: list[dict] = (), account=None) -> KubeAPI:
     releases) are left to the test to run as processes. Pods run as `account` (see Kubelet)."""
     manifests = [_manifest(r) for r in plan.resources if r.type.startswith("kubernetes:")]
     manifests += [(crd["apiVersion"], crd) for crd in crds]
+    # The namespaces the plan's Helm releases make (createNamespace), which hold objects too.
+    made = {m["metadata"]["name"] for _, m in manifests if m["kind"] == "Namespace"}
+    manifests += [
+        ("v1", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
+        for namespace in sorted(
+            {
+                r.inputs["namespace"]
+                for r in plan.of_type(HELM_RELEASE)
+                if r.inputs.get("createNamespace")
+            }
+            - made
+            - set(SYSTEM_NAMESPACES)
+        )
+    ]
     policy = [m for _, m in manifests if m["kind"] in RBAC_KINDS]
     api = KubeAPI(Authorizer(policy)).start()
     api.runtime = Kubelet(account)

@@ -95,6 +95,7 @@ BUILTIN = [
     Kind("", "v1", "ResourceQuota", "resourcequotas", True, ("status",)),
     Kind("", "v1", "Event", "events", True),
     Kind("apps", "v1", "StatefulSet", "statefulsets", True, ("status",)),
+    Kind("networking.k8s.io", "v1", "NetworkPolicy", "networkpolicies", True),
     Kind(
         "apiextensions.k8s.io",
         "v1",
