@@ -19,7 +19,7 @@ runs the training operator, Trainer v2 (its `manager` overlay) and the MPI opera
 
 What else the platform relies on:
 - The `manager` overlay (manifests/overlays/manager/kustomization.yaml) installs the CRDs, the
-  controller, its RBAC and webhooks, and ../../third-party/jobset, whose kustomization names
+  controller, its RBAC and webhooks, and manifests/third-party/jobset, whose kustomization names
   https://github.com/kubernetes-sigs/jobset/releases/download/v0.12.0/manifests.yaml (the output of
   `kustomize build config/default` at that tag: jobset Makefile, target `artifacts`), with its
   jobset-system namespace deleted so it lands in kubeflow-system. Upstream's ClusterTrainingRuntimes

@@ -112,7 +112,7 @@ def _resources(pool: Pool) -> dict:
     """Requests Kueue charges against quota and the scheduler places by; never BestEffort."""
     cpu, memory_gib = pool.job_pod_requests()
     limits = {"memory": f"{memory_gib}Gi"}
-    if not pool.gpu:
+    if not pool.gpu and not pool.hybrid:
         # CPU pods share their nodes: the limit keeps one job from starving its neighbours. The
         # Kubeflow SDK also reads a runtime's device from its limits, and refuses limits that
         # name no cpu or accelerator (kubeflow 0.4.0 and 0.5.0, trainer/backends/kubernetes/
