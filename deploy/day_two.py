@@ -18,7 +18,9 @@ The rules, from upstream source at the pinned versions:
 - Kueue v0.19.2 restarts a running job whose pod sets no longer match its Workload: counts and
   containers (image, command, args, env, resources), init containers
   (pkg/util/equality/podset.go comparePodTemplate); other pod fields reach only the job's next
-  start (pkg/controller/jobframework/reconciler.go EquivalentToWorkload).
+  start (pkg/controller/jobframework/reconciler.go EquivalentToWorkload). It computes a TrainJob's
+  pod sets from its live ClusterTrainingRuntime, so a runtime's container change restarts the
+  running TrainJobs on it (tests/trainer_rules.py).
 """
 
 from dataclasses import dataclass, field
@@ -27,14 +29,16 @@ from deploy.replace_rules import changed_paths
 from deploy.steps import CREATE, DELETE, REPLACE, UPDATE, Step
 from infra.config import StackConfig
 from infra.data_holders import HOLDER_ANNOTATION, HOLDER_TAG, loss
-from infra.declared import dig, listed
+from infra.declared import dig, kind_of, listed, pod_sets
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 JOB_TYPES = {
-    "kubernetes:kubeflow.org/v1:PyTorchJob": "pytorchReplicaSpecs",
-    "kubernetes:kubeflow.org/v2beta1:MPIJob": "mpiReplicaSpecs",
+    "kubernetes:kubeflow.org/v1:PyTorchJob",
+    "kubernetes:kubeflow.org/v2beta1:MPIJob",
+    "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
 }
+RUNTIME = "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime"
 EKS_CLUSTER = "eks:index:Cluster"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -92,20 +96,30 @@ def holder_of(resource) -> str | None:
 
 
 def consequences(
-    steps: list[Step], config: StackConfig, stack: str, jobs: dict | None = None
+    steps: list[Step],
+    config: StackConfig,
+    stack: str,
+    jobs: dict | None = None,
+    runtimes: dict | None = None,
 ) -> Consequences:
-    """`jobs`: the stack's `jobs` output (workloads/training_job.py), where known: what each
-    job's revision holds back."""
+    """`jobs`, `runtimes`: the stack's outputs of those names (workloads/training_job.py,
+    workloads/training_runtimes.py), where known: what each revision holds back."""
     found = Consequences()
     _data(steps, config, found)
     drifted = _drift(steps, config, found)
     _jobs(steps, config, drifted, stack, found)
-    for name, job in sorted((jobs or {}).items()):
-        if job.get("heldBack"):
+    _runtimes(steps, found)
+    held = [("job", name, entry, f"jobs[{name}]", "it") for name, entry in (jobs or {}).items()]
+    held += [
+        ("runtime", name, entry, "runtimes", "the TrainJobs running on it")
+        for name, entry in (runtimes or {}).items()
+    ]
+    for what, name, entry, key, restarted in sorted(held, key=lambda h: h[:2]):
+        if entry.get("heldBack"):
             found.restarts.append(
-                f"job {name} keeps revision {job['revision']}: the stack's changes to its "
-                f"{', '.join(job['heldBack'])} wait for jobs[{name}].revision "
-                f"{job['revision'] + 1}, which restarts it"
+                f"{what} {name} keeps revision {entry['revision']}: the stack's changes to its "
+                f"{', '.join(entry['heldBack'])} wait for {key}.revision "
+                f"{entry['revision'] + 1}, which restarts {restarted}"
             )
     _controllers(steps, found)
     return found
@@ -260,23 +274,46 @@ def _jobs(
             )
 
 
+def _runtimes(steps: list[Step], found: Consequences) -> None:
+    """The pools' ClusterTrainingRuntimes: their TrainJobs are not in the stack, so the plan
+    names what a change does to whichever run on them."""
+    for step in steps:
+        if step.type != RUNTIME or step.op == CREATE:
+            continue
+        name = dig((step.new or step.old).inputs, "metadata", "name")
+        if step.op == DELETE:
+            found.restarts.append(
+                f"runtime {name} is deleted: TrainJobs that name it can no longer start "
+                "(running ones run on until they stop)"
+            )
+            continue
+        restarting = _kueue_restarts(step)
+        if restarting:
+            found.restarts.append(
+                f"runtime {name} changes ({', '.join(restarting)}): each TrainJob running on it "
+                "that does not set these itself restarts (Kueue suspends it, queues it again and "
+                "it resumes from its newest checkpoint)"
+            )
+        else:
+            found.restarts.append(
+                f"runtime {name}: its change reaches the TrainJobs on it when they next start"
+            )
+
+
 def _kueue_restarts(step: Step) -> list[str]:
-    """What of a job's pod sets changed in a way Kueue restarts it for."""
-    key = JOB_TYPES[step.type]
-    before = dig(step.old.inputs, "spec", key) or {}
-    after = dig(step.new.inputs, "spec", key) or {}
+    """What of a job's (or runtime's) pod sets changed in a way Kueue restarts it for."""
+    kind = kind_of(step.type)
+    before, after = pod_sets(kind, step.old.inputs), pod_sets(kind, step.new.inputs)
     changed = []
     for role in sorted(set(before) | set(after)):
-        old, new = before.get(role) or {}, after.get(role) or {}
-        if old.get("replicas") != new.get("replicas"):
+        (old_pods, old), (new_pods, new) = before.get(role, (0, {})), after.get(role, (0, {}))
+        if old_pods != new_pods:
             changed.append(f"{role} replicas")
-        for kind in ("initContainers", "containers"):
-            paths = changed_paths(
-                dig(old, "template", "spec", kind) or [], dig(new, "template", "spec", kind) or []
-            )
+        for what in ("initContainers", "containers"):
+            paths = changed_paths(dig(old, "spec", what) or [], dig(new, "spec", what) or [])
             fields = sorted({p.split(".", 1)[-1].split("[")[0] for p in paths} - {""})
             if paths:
-                changed.append(f"{role} {kind} {', '.join(fields) or 'list'}")
+                changed.append(f"{role} {what} {', '.join(fields) or 'list'}")
     return changed
 
 

@@ -629,7 +629,9 @@ def main(argv: list[str] | None = None) -> int:
     effects = None
     if base.plan:
         steps = plan_steps(base.plan, plan)
-        effects = consequences(steps, config, args.stack, plan.outputs.get("jobs"))
+        effects = consequences(
+            steps, config, args.stack, plan.outputs.get("jobs"), plan.outputs.get("runtimes")
+        )
     write_plan(plan, out)
     (out / FACTS_FILE).write_text(json.dumps(new, indent=2) + "\n")
     (out / CHANGES_FILE).write_text("\n".join(changed) + "\n")

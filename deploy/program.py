@@ -22,13 +22,16 @@ from infra.components.node_pools import NodePools
 from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.components.queues import Queues
 from infra.components.shared_file_system import SharedFileSystem
+from infra.components.team_jobs_identity import TeamJobsIdentity
 from infra.components.tenant_network import TenantNetwork
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi, image_target
 from infra.data_holders import DataGuard
 from infra.versions import KUBERNETES_VERSIONS
 from workloads.image import TrainerImage, stack_targets
-from workloads.training_job import JOBS_OUTPUT, TrainingJob, deployed_jobs
+from workloads.revisions import deployed_outputs
+from workloads.training_job import JOBS_OUTPUT, TrainingJob
+from workloads.training_runtimes import RUNTIMES_OUTPUT, TrainingRuntimes
 
 # Kustomize overlays (the job operators, the hybrid homes' provisioner), handed to the provider
 # relative to this folder, the program's working directory under `pulumi up`.
@@ -118,6 +121,11 @@ def build_platform(config: StackConfig) -> None:
     # volumes of these drivers, and are deleted by the kubelets of the pools' nodes or of the
     # machines: destroy deletes the namespaces while Kueue, the drivers and the nodes still run
     # (a NodePool deleted first would drain nodes whose do-not-disrupt pods hold the drain).
+    # The AWS identity of each team's self-service jobs, which their pods use until they stop.
+    team_identities = {
+        team.name: TeamJobsIdentity(f"team-jobs-{team.name}", team, bucket, platform)
+        for team in config.queues.teams
+    }
     namespace_prerequisites = [
         kueue.release,
         ebs.addon,
@@ -125,6 +133,7 @@ def build_platform(config: StackConfig) -> None:
         *(fsx.driver if fsx else []),
         *node_pools.node_pools.values(),
         *([hybrid] if hybrid else []),
+        *(r for identity in team_identities.values() for r in identity.ready),
     ]
     queues = Queues(
         "queues",
@@ -156,6 +165,8 @@ def build_platform(config: StackConfig) -> None:
             efs=efs is not None,
         ).namespaces
 
+    for team, identity in team_identities.items():
+        identity.account_in(queues.namespaces[team])
     # Every team namespace and every user's DevServer namespace refuses connections its own
     # policies do not admit, and gets the shared claim.
     TenantNetwork("tenant-network", platform, queues.namespaces, dev_namespaces)
@@ -171,10 +182,34 @@ def build_platform(config: StackConfig) -> None:
     if targets:
         image = TrainerImage("trainer-image", config.image, targets, platform)
         pulumi.export("trainerImages", image.refs)
-        deployed = deployed_jobs() if config.jobs else None
+        deployed = deployed_outputs(JOBS_OUTPUT, RUNTIMES_OUTPUT)
+        runtimes = TrainingRuntimes(
+            "training-runtimes",
+            config.node_pools,
+            config.runtimes,
+            image.refs,
+            bucket,
+            enabled_storage,
+            platform,
+            operators.trainer,
+            deployed[RUNTIMES_OUTPUT],
+        )
+        # Read back by the next update, as the jobs' (below).
+        pulumi.export(
+            RUNTIMES_OUTPUT,
+            {
+                name: {
+                    "revision": config.runtimes.revision,
+                    "manifest": manifest,
+                    "heldBack": runtimes.held_back[name],
+                }
+                for name, manifest in runtimes.manifests.items()
+            },
+        )
         jobs = {}
         for job in config.jobs:
             pool = job_pools[job.name]
+            runtime = [runtimes.runtimes[pool.name]] if job.kind == "TrainJob" else []
             jobs[job.name] = TrainingJob(
                 f"job-{job.name}",
                 job,
@@ -185,8 +220,8 @@ def build_platform(config: StackConfig) -> None:
                 platform,
                 # The EFS and FSx CSI node agents do not run on hybrid machines.
                 set() if pool.hybrid else enabled_storage,
-                [*operators.installs, kueue.release, queues.local_queues[job.queue]],
-                deployed,
+                [*operators.installs, kueue.release, queues.local_queues[job.queue], *runtime],
+                deployed[JOBS_OUTPUT],
             )
         # Read back by the next update (deployed_jobs): what each job runs, at which revision.
         pulumi.export(

@@ -268,6 +268,9 @@ K8S_RULES: dict[str, tuple[str, ...]] = {
     "kubernetes:batch/v1:Job": ("spec.completions", "spec.parallelism", "spec.template", _SELECTOR),
     "kubernetes:rbac.authorization.k8s.io/v1:RoleBinding": ("roleRef",),
     "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding": ("roleRef",),
+    # Not the provider's: the program's replace_on_changes (workloads/training_job.py), because the
+    # Trainer v2.3 TrainJob CRD makes spec.trainer and spec.runtimeRef immutable.
+    "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob": ("spec",),
 }
 
 

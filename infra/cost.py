@@ -767,6 +767,10 @@ FREE: dict[str, str] = {
     "kubernetes:batch/v1:CronJob": f"{_K8S}; {_RUNS_ON_NODES}",
     "kubernetes:kubeflow.org/v1:PyTorchJob": f"{_K8S}; its pods run on the pools (expected)",
     "kubernetes:kubeflow.org/v2beta1:MPIJob": f"{_K8S}; its pods run on the pools (expected)",
+    "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob": f"{_K8S}; its pods run on the pools "
+    "(expected)",
+    "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime": f"{_K8S}; the pods of "
+    "TrainJobs the teams submit run on its pool, within the pool's ceiling",
     "kubernetes:core/v1:PersistentVolume": f"{_K8S}; it names a volume priced itself (FSx)",
     **{
         f"kubernetes:{kind}": _K8S

@@ -63,3 +63,34 @@ def quantity(value: object) -> float:
     if not match or match[2] not in QUANTITY_UNITS:
         raise ValueError(f"{value!r} is not a Kubernetes quantity")
     return float(match[1]) * QUANTITY_UNITS[match[2]]
+
+
+# Where each training kind holds its pods: the replica specs of the Kubeflow v1 and MPI jobs, the
+# replicated jobs of a Trainer v2 runtime. A TrainJob has none of its own: its pods are its
+# runtime's, patched by its spec.
+REPLICA_SPEC_KEYS = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
+RUNTIME_KIND = "ClusterTrainingRuntime"
+
+
+def kind_of(type_token: str) -> str:
+    """The Kubernetes kind of a Pulumi type token (kubernetes:<group>/<version>:<Kind>)."""
+    return type_token.rsplit(":", 1)[-1]
+
+
+def pod_sets(kind: str, props: Mapping) -> dict[str, tuple[int, Mapping]]:
+    """role -> (pods, pod template) of a training object of `kind`; empty for other kinds."""
+    if kind in REPLICA_SPEC_KEYS:
+        specs = dig(props, "spec", REPLICA_SPEC_KEYS[kind]) or {}
+        return {
+            role: (int(dig(spec, "replicas") or 1), dig(spec, "template") or {})
+            for role, spec in specs.items()
+        }
+    if kind == RUNTIME_KIND:
+        return {
+            str(dig(job, "name")): (
+                int(dig(job, "replicas") or 1),
+                dig(job, "template", "spec", "template") or {},
+            )
+            for job in listed(dig(props, "spec", "template", "spec", "replicatedJobs"))
+        }
+    return {}

@@ -134,6 +134,15 @@ TRAINING_OPERATOR_VERSION = "v1.9.4"
 # MPI operator (MPIJob kubeflow.org/v2beta1): upstream's standalone overlay at this tag, placed
 # by deploy/manifests/mpi-operator/kustomization.yaml.
 MPI_OPERATOR_VERSION = "v0.8.0"
+# Kubeflow Trainer v2 (TrainJob, TrainingRuntime, ClusterTrainingRuntime in
+# trainer.kubeflow.org/v1alpha1): upstream's `manager` overlay at this tag (the controller, its CRDs
+# and webhooks, and the JobSet it runs on; not upstream's own runtimes), placed by
+# deploy/manifests/trainer/kustomization.yaml. Alpha API: read the release notes before a bump.
+TRAINER_VERSION = "v2.3.0"
+# The JobSet (jobset.x-k8s.io/v1alpha2) that overlay installs: at TRAINER_VERSION its
+# manifests/third-party/jobset/kustomization.yaml names this release's manifests.yaml. It comes
+# with the Trainer and moves with it; tests/trainer_rules.py holds the pair as read upstream.
+JOBSET_VERSION = "v0.12.0"
 # The local-path provisioner (rancher/local-path-provisioner), which makes DevServer homes on the
 # hybrid machines' disks: upstream's deploy/ kustomization at this tag, patched by
 # deploy/manifests/local-path-provisioner/kustomization.yaml. That tag's manifest pins its own

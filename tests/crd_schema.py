@@ -41,12 +41,18 @@ def _closed(schema):
     return schema
 
 
+def load_crd(path: Path) -> dict:
+    """A CRD file, parsed by libyaml: the Trainer's run to 1 MB, which PyYAML's pure-Python
+    loader takes seconds over."""
+    return yaml.load(path.read_text(), Loader=yaml.CSafeLoader)
+
+
 @cache
 def _versions() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> the CRD's version entry, for every version of every CRD."""
     versions = {}
     paths = sorted(p for crd_dir in CRD_DIRS for p in crd_dir.rglob("*.yaml"))
-    for crd in [yaml.safe_load(path.read_text()) for path in paths] + WRITTEN_DOWN:
+    for crd in [load_crd(path) for path in paths] + WRITTEN_DOWN:
         if not isinstance(crd, dict) or crd.get("kind") != "CustomResourceDefinition":
             continue
         group, kind = crd["spec"]["group"], crd["spec"]["names"]["kind"]

@@ -112,7 +112,7 @@ def error_for(**sections) -> str:
             "training-platform:clusterr",
             "allowed keys here: acknowledgeDataLoss, cluster, devServers, hybrid, image, jobs, "
             "karpenter, monitoring, "
-            "network, nodePools, policy, queues, storage",
+            "network, nodePools, policy, queues, runtimes, storage",
         ),
     ],
 )

@@ -32,7 +32,11 @@ def base():
 def effects_of(base, **sections):
     config, values = planned(**sections)
     after = run_offline(lambda: build_platform(config), STACK, values, None, base.outputs)
-    return consequences(plan_steps(base, after), config, STACK, after.outputs.get("jobs")), after
+    outputs = after.outputs
+    found = consequences(
+        plan_steps(base, after), config, STACK, outputs.get("jobs"), outputs.get("runtimes")
+    )
+    return found, after
 
 
 def pools_with(name: str, **changes) -> list[dict]:
@@ -63,14 +67,25 @@ def test_an_instance_type_removed_drifts_only_its_nodes(base):
     assert "node.kubernetes.io/instance-type m6i.4xlarge" in line and "(no longer allowed)" in line
 
 
-def test_a_new_trainer_image_waits_for_the_jobs_revision(base):
+def test_a_new_trainer_image_waits_for_the_jobs_and_runtimes_revisions(base):
     effects, after = effects_of(base, image={"uri": PREBUILT_IMAGE})
     held = [r for r in effects.restarts if "keeps revision 1" in r]
-    assert len(held) == 2 and all("changes to its image wait for" in r for r in held)
+    assert all("changes to its image wait for" in r for r in held)
+    assert sorted(r.split(" keeps")[0] for r in held) == [
+        "job gpt-large",
+        "job gpt-large-mpi",
+        "runtime torch-cpu",
+        "runtime torch-gpu-large",
+        "runtime torch-gpu-small",
+    ]
     # Nothing of theirs changes: their manifests are the ones they run.
-    jobs = [r for r in after.resources if r.type.startswith("kubernetes:kubeflow.org/")]
+    jobs = [
+        r
+        for r in after.resources
+        if r.type.startswith(("kubernetes:kubeflow.org/", "kubernetes:trainer.kubeflow.org/"))
+    ]
     kept = {r.urn: r.inputs for r in base.resources if r.urn in {j.urn for j in jobs}}
-    assert all(kept[j.urn] == j.inputs for j in jobs)
+    assert len(jobs) == 5 and all(kept[j.urn] == j.inputs for j in jobs)
 
 
 def test_a_revision_bump_restarts_its_job_once_on_what_the_stack_says(base):

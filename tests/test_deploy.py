@@ -30,12 +30,15 @@ from tests.destroy_order import DestroyOrder
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 from tests.test_hybrid_devservers import hybrid_dev_servers
 from tests.test_hybrid_jobs import HYBRID_JOBS
+from tests.test_trainjob import STACK_TRAINJOB
 from workloads.manifests import TRAINER_UID
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 JOBS = ("kubernetes:kubeflow.org/v1:PyTorchJob", "kubernetes:kubeflow.org/v2beta1:MPIJob")
+TRAINJOB = "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob"
+RUNTIME = "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime"
 
 
 def depends_on(plan, resource) -> set[str]:
@@ -53,6 +56,17 @@ def depends_on(plan, resource) -> set[str]:
 def pod_templates(job: dict) -> list[dict]:
     replicas = job["spec"].get("pytorchReplicaSpecs") or job["spec"]["mpiReplicaSpecs"]
     return [r["template"] for r in replicas.values()]
+
+
+def trainjob_pod_templates(plan, job: dict) -> list[dict]:
+    """A TrainJob's pods: its runtime's."""
+    (runtime,) = [
+        r.inputs
+        for r in plan.of_type(RUNTIME)
+        if r.inputs["metadata"]["name"] == job["spec"]["runtimeRef"]["name"]
+    ]
+    replicated = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    return [j["template"]["spec"]["template"] for j in replicated]
 
 
 # --- working directory ------------------------------------------------------------------------
@@ -116,9 +130,14 @@ def test_controllers_wait_for_their_nodes_and_jobs_for_their_operators(stack, re
     assert len(controllers) >= 6
     for controller in controllers:
         assert prerequisites <= depends_on(plan, controller), controller.name
-    for job in [r for t in JOBS for r in plan.of_type(t)]:
+    for job in [r for t in (*JOBS, TRAINJOB) for r in plan.of_type(t)]:
         for operator in plan.of_type("kubernetes:kustomize/v2:Directory"):
             assert operator.urn in depends_on(plan, job)
+    # A runtime needs the Trainer's CRDs and validating webhook.
+    trainer = plan.one("kubernetes:kustomize/v2:Directory", "kubeflow-trainer")
+    assert plan.of_type(RUNTIME)
+    for runtime in plan.of_type(RUNTIME):
+        assert trainer.urn in runtime.dependencies
 
 
 # What each controller calls while it drains or finalizes, as the plan's resources, written from
@@ -464,8 +483,13 @@ def must_outlive(plan) -> list[tuple[object, dict[str, str]]]:
     for resource in plan.resources:
         if resource.type.startswith("kubernetes:kueue.x-k8s.io/"):
             drained.append((resource, needs.kueue()))
-        elif resource.type in JOBS:
-            pools = {t["spec"]["nodeSelector"][POOL_LABEL] for t in pod_templates(resource.inputs)}
+        elif resource.type in (*JOBS, TRAINJOB):
+            templates = (
+                trainjob_pod_templates(plan, resource.inputs)
+                if resource.type == TRAINJOB
+                else pod_templates(resource.inputs)
+            )
+            pools = {t["spec"]["nodeSelector"][POOL_LABEL] for t in templates}
             job_needs = needs.kueue()
             for pool in pools:
                 job_needs.update(needs.node_kubelets(pool))
@@ -579,15 +603,15 @@ def test_the_program_sets_no_deleted_with():
 
 @pytest.fixture(scope="module")
 def hybrid_fsx_plan():
-    """dev with hybrid nodes, DevServers (homes on the machines too) and FSx on: every drain
-    path at once."""
+    """dev with hybrid nodes, DevServers (homes on the machines too), FSx on and a TrainJob:
+    every drain path at once."""
     return plan_of(
         "dev",
         hybrid=HYBRID,
         cluster=PRIVATE_ENDPOINT_OFF,
         storage={"fsx": {"enabled": True}},
         devServers=hybrid_dev_servers(),
-        jobs=[*stack_values("dev")["training-platform:jobs"], *HYBRID_JOBS],
+        jobs=[*stack_values("dev")["training-platform:jobs"], *HYBRID_JOBS, STACK_TRAINJOB],
     )
 
 

@@ -667,6 +667,7 @@ def test_a_key_arn_unknown_in_preview_still_counts_as_set():
         "enabledClusterLogTypes": ALL_LOGS,
         "skipDefaultNodeGroup": True,
         "clusterTags": {"training-platform:data": "cluster"},
+        "version": "1.35",  # the control plane is priced by its version's support tier
         "_protect": True,
     }
     assert check(plan_with(("eks:index:Cluster", cluster)), {"region": "us-east-1"}) == []

@@ -9,17 +9,20 @@ from deploy.program import OVERLAYS
 from infra.components.kueue import FRAMEWORKS
 from infra.components.queues import TEAM_LABEL
 from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TOLERATION
-from infra.components.training_operators import MPI_OPERATOR, TRAINING_OPERATOR
+from infra.components.training_operators import MPI_OPERATOR, TRAINER, TRAINING_OPERATOR
 from infra.config import ConfigError, load_stack_file, parse_stack_config
 from infra.versions import (
     DCGM_EXPORTER_CHART,
+    JOBSET_VERSION,
     KUBE_PROMETHEUS_STACK_CHART,
     KUEUE_CHART,
     MPI_OPERATOR_VERSION,
+    TRAINER_VERSION,
     TRAINING_OPERATOR_VERSION,
 )
+from tests import trainer_rules
 from tests.conftest import STACKS, stack_values
-from tests.crd_schema import CRD_DIR
+from tests.crd_schema import CRD_DIR, load_crd
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 KUEUE_TYPES = [
@@ -32,18 +35,37 @@ def kustomization(directory=OVERLAYS / TRAINING_OPERATOR) -> dict:
     return yaml.safe_load((directory / "kustomization.yaml").read_text())
 
 
+STANDALONE = "manifests/overlays/standalone"
+
+
 @pytest.mark.parametrize(
-    "directory, repository, version",
+    "directory, repository, overlay, version",
     [
-        (OVERLAYS / TRAINING_OPERATOR, "github.com/kubeflow/trainer", TRAINING_OPERATOR_VERSION),
-        (OVERLAYS / MPI_OPERATOR, "github.com/kubeflow/mpi-operator", MPI_OPERATOR_VERSION),
+        (
+            OVERLAYS / TRAINING_OPERATOR,
+            "github.com/kubeflow/trainer",
+            STANDALONE,
+            TRAINING_OPERATOR_VERSION,
+        ),
+        (
+            OVERLAYS / MPI_OPERATOR,
+            "github.com/kubeflow/mpi-operator",
+            STANDALONE,
+            MPI_OPERATOR_VERSION,
+        ),
+        (
+            OVERLAYS / TRAINER,
+            "github.com/kubeflow/trainer",
+            trainer_rules.MANAGER_OVERLAY,
+            TRAINER_VERSION,
+        ),
     ],
 )
 def test_operators_are_pinned_upstream_overlays_placed_on_system_nodes(
-    directory, repository, version
+    directory, repository, overlay, version
 ):
     (resource,) = kustomization(directory)["resources"]
-    assert resource == f"https://{repository}//manifests/overlays/standalone?ref={version}"
+    assert resource == f"https://{repository}//{overlay}?ref={version}"
     (component,) = kustomization(directory)["components"]
     placement = kustomization((directory / component).resolve())
     assert placement["kind"] == "Component"
@@ -60,6 +82,38 @@ def test_training_operator_serves_pytorchjob_and_not_mpijob():
     schemes = [a.split("=", 1)[1] for a in operation["value"] if a.startswith("--enable-scheme=")]
     assert "pytorchjob" in schemes
     assert "mpijob" not in [s.lower() for s in schemes]
+
+
+def test_trainer_v2_installs_its_controller_and_the_jobset_it_names_beside_v1(dev_plan):
+    """The manager overlay (not the runtimes one) at the pinned tag, with the JobSet that tag's
+    manifests name; its names collide with none of the v1 operators', Kueue's or the teams'."""
+    assert TRAINER_VERSION == trainer_rules.TRAINER_VERSION
+    assert JOBSET_VERSION == trainer_rules.JOBSET_OF_TRAINER[TRAINER_VERSION]
+    assert trainer_rules.collisions() == []
+    # The CRDs the tests validate against are the ones the rules name for each install.
+    vendored = {
+        load_crd(path)["metadata"]["name"]
+        for folder in ("trainer", "training-operator", "mpi-operator")
+        for path in (CRD_DIR / folder).glob("*.yaml")
+    }
+    installs = trainer_rules.INSTALLS
+    assert vendored <= installs["trainer"].crds | installs["training-operator"].crds | {
+        *installs["mpi-operator"].crds
+    }
+    assert {n for n in vendored if n.endswith(".trainer.kubeflow.org")} == {
+        "trainjobs.trainer.kubeflow.org",
+        "clustertrainingruntimes.trainer.kubeflow.org",
+    }
+    # No team may take a namespace an install runs in.
+    for install in installs.values():
+        values = stack_values(
+            "dev", queues={"teams": [{"name": "t", "namespace": install.namespace}]}
+        )
+        with pytest.raises(ConfigError, match="is a system namespace"):
+            parse_stack_config(values, "Pulumi.dev.yaml")
+    trainer = dev_plan.one("kubernetes:kustomize/v2:Directory", "kubeflow-trainer")
+    assert trainer.inputs["directory"].endswith(f"manifests/{TRAINER}")
+    assert trainer.urn in dev_plan.one(RELEASE, "kueue").dependencies
 
 
 def test_exactly_one_mpijob_crd_version_is_installed(dev_plan):
@@ -85,9 +139,11 @@ def kueue_config(plan) -> dict:
 def test_kueue_integrations_and_all_or_nothing_admission(dev_plan):
     config = kueue_config(dev_plan)
     assert config["apiVersion"] == "config.kueue.x-k8s.io/v1beta2"
-    assert {"kubeflow.org/pytorchjob", "kubeflow.org/mpijob"} <= set(
-        config["integrations"]["frameworks"]
-    )
+    assert {
+        "kubeflow.org/pytorchjob",
+        "kubeflow.org/mpijob",
+        trainer_rules.KUEUE_TRAINJOB_FRAMEWORK,
+    } <= set(config["integrations"]["frameworks"])
     assert config["integrations"]["frameworks"] == FRAMEWORKS
     # v1beta2: the block's presence switches it on; its values: tests/test_kueue.py.
     assert "enable" not in config["waitForPodsReady"]

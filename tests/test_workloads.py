@@ -268,9 +268,30 @@ def bad_job(**changes):
             "'team-z' is not a team queue; did you mean 'team-a'? allowed: team-a, research",
         ),
         ({"nodePool": "gpu-huge"}, "jobs[j].nodePool", "'gpu-huge' is not a node pool"),
-        ({"kind": "TFJob"}, "jobs[j].kind", "'PyTorchJob' or 'MPIJob'"),
+        ({"kind": "TFJob"}, "jobs[j].kind", "'PyTorchJob', 'MPIJob' or 'TrainJob'"),
         ({"minNodes": 3}, "jobs[j]", "minNodes 3 > maxNodes 2"),
         ({"kind": "MPIJob"}, "jobs[j]", "an MPIJob is not elastic"),
+        ({"kind": "TrainJob"}, "jobs[j]", "a TrainJob is not elastic"),
+        (
+            {"kind": "TrainJob", "minNodes": 2, "name": "9lives"},
+            "jobs[9lives]",
+            "a TrainJob's name must start with a letter",
+        ),
+        (
+            {"kind": "TrainJob", "minNodes": 2, "checkpoint": "fsx"},
+            "jobs[j]",
+            "prepare no folder on FSx",
+        ),
+        (
+            {"kind": "TrainJob", "minNodes": 2, "maxRestarts": 5},
+            "jobs[j]",
+            "a TrainJob restarts as its pool's runtime allows (3 times)",
+        ),
+        (
+            {"name": "self-service-jobs"},
+            "jobs[self-service-jobs]",
+            "would run as the team's self-service identity",
+        ),
         (
             {"checkpoint": "fsx"},
             "jobs[j].checkpoint",

@@ -25,11 +25,10 @@ def trainer_repository(cluster_name: str) -> str:
 
 
 def stack_targets(config: StackConfig) -> list[str]:
-    """The targets a stack builds: those its jobs run, and those every GPU pool's fabric check
-    runs (workloads/nccl_check.py: all_reduce_perf from the pool's target)."""
-    image_pools = [config.job_pool(job) for job in config.jobs] + [
-        p for p in config.node_pools if p.gpu
-    ]
+    """The targets a stack builds: those its jobs run, and those of every NodePool, whose
+    ClusterTrainingRuntime (workloads/training_runtimes.py) and fabric check (workloads/
+    nccl_check.py: all_reduce_perf) run the pool's target."""
+    image_pools = [config.job_pool(job) for job in config.jobs] + list(config.node_pools)
     return sorted({image_target(pool) for pool in image_pools})
 
 

@@ -1,20 +1,34 @@
-"""PyTorchJob and MPIJob manifests for a job in stack config: pure functions, no Pulumi.
+"""Training manifests: a stack-config job as a PyTorchJob, MPIJob or TrainJob, and a pool's
+ClusterTrainingRuntime for self-service TrainJobs. Pure functions, no Pulumi.
 
-The same trainer arguments feed the cluster manifests and the local twin (workloads/local.py).
+Every training pod, a stack job's or a runtime's, comes from one function (pod_template) over one
+value (TrainingPods): pool placement, GPU and EFA requests, /dev/shm, the shared file systems,
+the Pod Identity service account, Pod Security restricted, the grace period. The same trainer
+arguments feed the cluster manifests and the local twin (workloads/local.py).
 """
 
-from dataclasses import dataclass
+from collections.abc import Mapping
+from dataclasses import dataclass, field
 from typing import Any
 
 from infra.components.lustre import CLAIM as FSX_CLAIM
 from infra.components.placement import node_selector, tolerations
 from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
-from infra.config import JobConfig, Pool
+from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
+from infra.config.jobs import DEFAULT_MAX_RESTARTS
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-API_VERSIONS = {"PyTorchJob": "kubeflow.org/v1", "MPIJob": "kubeflow.org/v2beta1"}
+TRAINER_GROUP = "trainer.kubeflow.org"
+API_VERSIONS = {
+    "PyTorchJob": "kubeflow.org/v1",
+    "MPIJob": "kubeflow.org/v2beta1",
+    "TrainJob": f"{TRAINER_GROUP}/v1alpha1",
+    "ClusterTrainingRuntime": f"{TRAINER_GROUP}/v1alpha1",
+}
 JOB_LABEL = "training-platform/job"
+# torchrun through trainer.launch, which hands the kubelet's SIGTERM to the workers (exit 0).
+LAUNCH = ["python", "-m", "trainer.launch", "-m", "trainer"]
 MOUNTS = {"fsx": ("/fsx", FSX_CLAIM), "efs": ("/efs", EFS_CLAIM)}
 RDZV_PORT = 29500
 # Pods get this long after SIGTERM; the trainer saves a checkpoint and exits well inside it.
@@ -75,9 +89,14 @@ def topology_annotations(pool: Pool, ranks: bool) -> dict[str, str]:
     return {UNCONSTRAINED_TOPOLOGY: "true"}
 
 
+def s3_checkpoint_dir(bucket: str, namespace: str, name: str) -> str:
+    """A job's checkpoints in S3: under its namespace's prefix, which its pods' role may use."""
+    return f"s3://{bucket}/checkpoints/{namespace}/{name}"
+
+
 def checkpoint_dir(job: JobConfig, namespace: str, bucket: str) -> str:
     if job.checkpoint == "s3":
-        return f"s3://{bucket}/checkpoints/{namespace}/{job.name}"
+        return s3_checkpoint_dir(bucket, namespace, job.name)
     return mounted_checkpoint_dir(job)
 
 
@@ -93,6 +112,12 @@ def _resources(pool: Pool) -> dict:
     """Requests Kueue charges against quota and the scheduler places by; never BestEffort."""
     cpu, memory_gib = pool.job_pod_requests()
     limits = {"memory": f"{memory_gib}Gi"}
+    if not pool.gpu and not pool.hybrid:
+        # CPU pods share their nodes: the limit keeps one job from starving its neighbours. The
+        # Kubeflow SDK also reads a runtime's device from its limits, and refuses limits that
+        # name no cpu or accelerator (kubeflow 0.4.0 and 0.5.0, trainer/backends/kubernetes/
+        # utils.py get_container_devices).
+        limits["cpu"] = str(cpu)
     if pool.gpu:
         # The pod asks for every GPU (and EFA interface) of the node: one pod per node.
         limits["nvidia.com/gpu"] = str(pool.gpus_per_node)
@@ -127,6 +152,19 @@ def checkpoint_dir_init(image: str, directory: str) -> dict:
 
 
 @dataclass(frozen=True)
+class TrainingPods:
+    """What every training pod on a pool carries besides its command: the one value behind a
+    stack job's pods and a pool's ClusterTrainingRuntime."""
+
+    pool: Pool
+    image: Any  # a reference by digest, or a Pulumi Output left as a leaf
+    storage: frozenset[str]  # shared file systems mounted into the pods: fsx, efs
+    service_account: str  # the one its Pod Identity association names
+    labels: Mapping[str, str] = field(default_factory=dict)
+    fsx_folder: str | None = None  # created for the trainer's uid before it starts
+
+
+@dataclass(frozen=True)
 class JobTarget:
     """A job from stack config and where it runs: everything its manifests are rendered from."""
 
@@ -148,14 +186,32 @@ class JobTarget:
         """Only a job's own ServiceAccount has a Pod Identity association (TrainingJob)."""
         return self.service_account_name is None
 
+    @property
+    def pods(self) -> TrainingPods:
+        job = self.job
+        return TrainingPods(
+            self.pool,
+            self.image,
+            self.storage,
+            self.service_account,
+            {JOB_LABEL: job.name},
+            mounted_checkpoint_dir(job) if job.checkpoint == "fsx" else None,
+        )
+
 
 def pod_template(
-    target: JobTarget, container: str, command: list[str], with_resources: bool = True
+    pods: TrainingPods,
+    container: str,
+    command: list[str],
+    env: list[dict] = (),
+    with_resources: bool = True,
 ) -> dict:
-    job, pool, image = target.job, target.pool, target.image
-    env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
+    """A training pod: `container` runs `command` with `env` after the platform's own; without
+    resources, a small pod beside the ranks (the MPI launcher)."""
+    pool, image = pods.pool, pods.image
+    own_env = [{"name": "PYTHONUNBUFFERED", "value": "1"}]
     if pool.efa and with_resources:
-        env += [{"name": k, "value": v} for k, v in EFA_ENV.items()]
+        own_env += [{"name": k, "value": v} for k, v in EFA_ENV.items()]
     volumes = [
         {
             "name": "dshm",
@@ -163,12 +219,12 @@ def pod_template(
         }
     ]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    for kind in sorted(target.storage):
+    for kind in sorted(pods.storage):
         path, claim = MOUNTS[kind]
         volumes.append({"name": kind, "persistentVolumeClaim": {"claimName": claim}})
         mounts.append({"name": kind, "mountPath": path})
     spec = {
-        "serviceAccountName": target.service_account,
+        "serviceAccountName": pods.service_account,
         # Pod Identity mounts its own projected token (eks-pod-identity-token); the pods never
         # call the Kubernetes API, so they get no API token.
         "automountServiceAccountToken": False,
@@ -180,7 +236,7 @@ def pod_template(
                 "name": container,
                 "image": image,
                 "command": command,
-                "env": env,
+                "env": [*own_env, *env],
                 "volumeMounts": mounts,
                 "securityContext": CONTAINER_SECURITY,
                 "resources": _resources(pool)
@@ -195,19 +251,15 @@ def pod_template(
     }
     if tolerations(pool):
         spec["tolerations"] = tolerations(pool)
-    if job.checkpoint == "fsx":
-        spec["initContainers"] = [checkpoint_dir_init(image, mounted_checkpoint_dir(job))]
-    return {
-        "metadata": {
-            "labels": {JOB_LABEL: job.name},
-            "annotations": {
-                # Karpenter must not consolidate a node away under a running job.
-                "karpenter.sh/do-not-disrupt": "true",
-                **topology_annotations(pool, ranks=with_resources),
-            },
-        },
-        "spec": spec,
+    if pods.fsx_folder:
+        spec["initContainers"] = [checkpoint_dir_init(image, pods.fsx_folder)]
+    metadata = {"labels": dict(pods.labels)} if pods.labels else {}
+    metadata["annotations"] = {
+        # Karpenter must not consolidate a node away under a running job.
+        "karpenter.sh/do-not-disrupt": "true",
+        **topology_annotations(pool, ranks=with_resources),
     }
+    return {"metadata": metadata, "spec": spec}
 
 
 def network_policy(job: JobConfig, namespace: str) -> dict:
@@ -242,15 +294,7 @@ def _run_policy(job: JobConfig) -> dict:
 def pytorch_job(target: JobTarget) -> dict:
     """Elastic PyTorchJob: torchrun reads nodes, rendezvous and restarts from the operator's env."""
     job, pool = target.job, target.pool
-    # trainer.launch runs torchrun and hands the kubelet's SIGTERM to the workers (exit 0).
-    command = [
-        "python",
-        "-m",
-        "trainer.launch",
-        "-m",
-        "trainer",
-        *trainer_args(job, target.checkpoint),
-    ]
+    command = [*LAUNCH, *trainer_args(job, target.checkpoint)]
     return {
         "apiVersion": API_VERSIONS["PyTorchJob"],
         "kind": "PyTorchJob",
@@ -268,7 +312,7 @@ def pytorch_job(target: JobTarget) -> dict:
                 "Worker": {
                     "replicas": job.max_nodes,
                     "restartPolicy": "OnFailure",
-                    "template": pod_template(target, "pytorch", command),
+                    "template": pod_template(target.pods, "pytorch", command),
                 }
             },
         },
@@ -298,7 +342,7 @@ def mpi_job(
         **(EFA_ENV if pool.efa else {}),
         **(env or {}),
     }
-    launcher = pod_template(target, LAUNCHER, [], with_resources=False)
+    launcher = pod_template(target.pods, LAUNCHER, [], with_resources=False)
     container = launcher["spec"]["containers"][0]
     container["env"] += [{"name": k, "value": v} for k, v in env.items()]
     identity = POD_IDENTITY_ENV if target.pod_identity else ()
@@ -316,7 +360,7 @@ def mpi_job(
     ]
     # sshd as the image's non-root user, with the config trainer/Dockerfile writes.
     sshd = ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]
-    worker = pod_template(target, "worker", sshd)
+    worker = pod_template(target.pods, "worker", sshd)
     return {
         "apiVersion": API_VERSIONS["MPIJob"],
         "kind": "MPIJob",
@@ -340,5 +384,112 @@ def mpi_job(
                     "template": worker,
                 },
             },
+        },
+    }
+
+
+# Kubeflow Trainer v2.3.0's runtime contract (tests/trainer_rules.py): the trainer's replicated job
+# and container are named `node`, the replicated job is labelled as the trainer step, and the SDK
+# lists only runtimes labelled with their framework. JobSet names every pod's JobSet, i.e. its
+# TrainJob, in a label.
+NODE = "node"
+ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
+FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"
+JOBSET_NAME_LABEL = "jobset.sigs.k8s.io/jobset-name"
+# Where the trainer writes checkpoints: the runtime's S3 default under the job's namespace, which
+# the team's role may use; a TrainJob may set it (spec.trainer.env) to /efs/... instead.
+CHECKPOINT_ENV = "CHECKPOINT_DIR"
+# The owner of the stack's own patch on a TrainJob from stack config (spec.runtimePatches).
+STACK_PATCH_MANAGER = "training-platform.io/stack"
+
+
+def runtime_name(pool: Pool) -> str:
+    """The ClusterTrainingRuntime of a pool, which TrainJobs name to run there."""
+    return f"torch-{pool.name}"
+
+
+def training_runtime(pool: Pool, image: Any, storage: frozenset[str], bucket: str) -> dict:
+    """The pool's ClusterTrainingRuntime: PyTorch (torchrun from the Trainer's PET_* variables)
+    in the pods a stack job on the pool gets, run as the team's self-service identity, with
+    checkpoints in S3 under the job's namespace (its name and namespace from the downward API;
+    Kubernetes expands $(VAR) in env values and in the command)."""
+    env = [
+        {
+            "name": "TRAINJOB_NAME",
+            "valueFrom": {"fieldRef": {"fieldPath": f"metadata.labels['{JOBSET_NAME_LABEL}']"}},
+        },
+        {
+            "name": "TRAINJOB_NAMESPACE",
+            "valueFrom": {"fieldRef": {"fieldPath": "metadata.namespace"}},
+        },
+        {
+            "name": CHECKPOINT_ENV,
+            "value": s3_checkpoint_dir(bucket, "$(TRAINJOB_NAMESPACE)", "$(TRAINJOB_NAME)"),
+        },
+    ]
+    pods = TrainingPods(pool, image, storage, SELF_SERVICE_ACCOUNT)
+    command = [*LAUNCH, "--checkpoint-dir", f"$({CHECKPOINT_ENV})"]
+    template = pod_template(pods, NODE, command, env)
+    # A failed trainer restarts in its pod, as a PyTorchJob worker's does (restartPolicy
+    # OnFailure), at most as often as a stack job's default maxRestarts.
+    template["spec"]["restartPolicy"] = "OnFailure"
+    return {
+        "apiVersion": API_VERSIONS["ClusterTrainingRuntime"],
+        "kind": "ClusterTrainingRuntime",
+        "metadata": {"name": runtime_name(pool), "labels": {FRAMEWORK_LABEL: "torch"}},
+        "spec": {
+            "mlPolicy": {"numNodes": 1, "torch": {}},
+            "template": {
+                "spec": {
+                    "replicatedJobs": [
+                        {
+                            "name": NODE,
+                            "template": {
+                                "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
+                                "spec": {
+                                    "backoffLimit": DEFAULT_MAX_RESTARTS,
+                                    "template": template,
+                                },
+                            },
+                        }
+                    ]
+                }
+            },
+        },
+    }
+
+
+def train_job(target: JobTarget) -> dict:
+    """A TrainJob on its pool's runtime: the job's image, arguments, nodes and checkpoints; its
+    own identity and label on the runtime's pods (a runtime patch of the stack's own)."""
+    job, pool, pods = target.job, target.pool, target.pods
+    own = {
+        "metadata": {"labels": dict(pods.labels)},
+        "spec": {"serviceAccountName": pods.service_account},
+    }
+    patch = {"replicatedJobs": [{"name": NODE, "template": {"spec": {"template": own}}}]}
+    return {
+        "apiVersion": API_VERSIONS["TrainJob"],
+        "kind": "TrainJob",
+        "metadata": _metadata(job, target.namespace),
+        "spec": {
+            "runtimeRef": {
+                "name": runtime_name(pool),
+                "kind": "ClusterTrainingRuntime",
+                "apiGroup": TRAINER_GROUP,
+            },
+            "trainer": {
+                "image": target.image,
+                "args": list(job.args),
+                "env": [{"name": CHECKPOINT_ENV, "value": target.checkpoint}],
+                "numNodes": job.max_nodes,
+                "numProcPerNode": pool.procs_per_node,
+            },
+            "runtimePatches": [
+                {
+                    "manager": STACK_PATCH_MANAGER,
+                    "trainingRuntimeSpec": {"template": {"spec": patch}},
+                }
+            ],
         },
     }

@@ -1,14 +1,9 @@
-"""TrainingJob: a job from stack config as a PyTorchJob or MPIJob, with an S3-scoped identity.
+"""TrainingJob: a job from stack config as a PyTorchJob, MPIJob or TrainJob, with an S3-scoped
+identity.
 
-A running job is restarted by any change to its pods' containers (Kueue v0.19.2 re-creates the
-Workload of a job whose pod template no longer matches it: pkg/controller/jobframework/
-reconciler.go ensureOneWorkload, stopJob), so a job keeps the manifest it was deployed with,
-image included, until its `revision` goes up. The manifests live in this stack's own `jobs`
-output, read back through a StackReference to the stack itself (the outputs of its last
-completed update: pulumi/pulumi pkg/resource/deploy/builtins.go readStackReference).
+A running job is restarted by any change to its pods' containers, so a job keeps the manifest it
+was deployed with, image included, until its `revision` goes up (workloads/revisions.py).
 """
-
-import json
 
 import pulumi
 import pulumi_aws as aws
@@ -25,31 +20,13 @@ from workloads.manifests import (
     mpi_job,
     network_policy,
     pytorch_job,
+    train_job,
 )
+from workloads.revisions import held_back, kept_manifest
 
-RENDER = {"PyTorchJob": pytorch_job, "MPIJob": mpi_job}
+RENDER = {"PyTorchJob": pytorch_job, "MPIJob": mpi_job, "TrainJob": train_job}
 # The stack output holding each job's deployed revision and manifest.
 JOBS_OUTPUT = "jobs"
-
-
-def deployed_jobs() -> pulumi.Output[dict]:
-    """{job: {revision, manifest}} as this stack's last completed update exported them."""
-    stack = f"{pulumi.get_organization()}/{pulumi.get_project()}/{pulumi.get_stack()}"
-    reference = pulumi.StackReference("deployed", stack_name=stack)
-    return reference.get_output(JOBS_OUTPUT).apply(lambda jobs: jobs or {})
-
-
-def kept_manifest(job: JobConfig, namespace: str, deployed: dict) -> dict | None:
-    """The manifest the job runs now, when this update must keep it: same revision, kind and
-    namespace (a job moved to another namespace or kind is a new object anyway)."""
-    entry = deployed.get(job.name)
-    if not entry or entry.get("revision") != job.revision:
-        return None
-    manifest = entry.get("manifest") or {}
-    same_place = manifest.get("kind") == job.kind and (
-        (manifest.get("metadata") or {}).get("namespace") == namespace
-    )
-    return manifest if same_place else None
 
 
 class TrainingJob(pulumi.ComponentResource):
@@ -109,19 +86,23 @@ class TrainingJob(pulumi.ComponentResource):
 
         # The image goes in as an Output leaf, not through this apply: in a preview that builds a
         # new image only the image fields are unknown, and the policy pack can read the rest.
+        def kept(namespace: str, deployed_jobs: dict) -> dict | None:
+            return kept_manifest(deployed_jobs.get(job.name), job.revision, job.kind, namespace)
+
         manifest = pulumi.Output.all(namespace_name, bucket.name, deployed).apply(
-            lambda values: (
-                kept_manifest(job, values[0], values[2]) or render(values[0], values[1], image)
-            )
+            lambda values: kept(values[0], values[2]) or render(values[0], values[1], image)
         )
         # What this revision holds back from the job: the stack's current manifest differs from
         # the one it keeps. Exported beside it; the plan lists it.
         self.held_back = pulumi.Output.all(namespace_name, bucket.name, deployed, image).apply(
             lambda values: held_back(
-                kept_manifest(job, values[0], values[2]), render(values[0], values[1], values[3])
+                kept(values[0], values[2]), render(values[0], values[1], values[3])
             )
         )
         self.manifest = manifest
+        # A TrainJob's trainer and runtime reference are immutable (the Trainer's CRD): a new
+        # revision is a new object of the same name, so the old one goes first.
+        replace = ["spec"] if job.kind == "TrainJob" else None
         k8s.apiextensions.CustomResource(
             name,
             api_version=API_VERSIONS[job.kind],
@@ -129,50 +110,16 @@ class TrainingJob(pulumi.ComponentResource):
             metadata=manifest["metadata"],
             spec=manifest["spec"],
             # The operators bring the CRD, Kueue's webhook suspends the job until admitted (a job
-            # created before it would run unqueued) and its LocalQueue admits it; on destroy all of
-            # them outlive the job. The identity must exist before the first pod starts.
+            # created before it would run unqueued) and its LocalQueue admits it, a TrainJob's
+            # runtime must exist before it; on destroy all of them outlive the job. The identity
+            # must exist before the first pod starts.
             opts=pulumi.ResourceOptions.merge(
                 k8s_child,
-                pulumi.ResourceOptions(depends_on=[*controllers, *bucket.ready, account, identity]),
+                pulumi.ResourceOptions(
+                    depends_on=[*controllers, *bucket.ready, account, identity],
+                    replace_on_changes=replace,
+                    delete_before_replace=bool(replace),
+                ),
             ),
         )
         self.register_outputs({"manifest": manifest})
-
-
-def held_back(kept: dict | None, current: dict) -> list[str]:
-    """The parts of the job's current manifest its kept one lacks: its image, its trainer
-    arguments, the rest of its pods and spec."""
-    if kept is None or kept == current:
-        return []
-    changed = []
-    kept_images, current_images = _containers(kept), _containers(current)
-    if [c.get("image") for c in kept_images] != [c.get("image") for c in current_images]:
-        changed.append("image")
-    if [c.get("command") for c in kept_images] != [c.get("command") for c in current_images]:
-        changed.append("trainer arguments")
-    strip = [_without_containers(kept), _without_containers(current)]
-    if strip[0] != strip[1]:
-        changed.append("pods and spec")
-    return changed or ["pods and spec"]
-
-
-def _replica_specs(manifest: dict) -> dict:
-    spec = manifest.get("spec") or {}
-    return spec.get("pytorchReplicaSpecs") or spec.get("mpiReplicaSpecs") or {}
-
-
-def _containers(manifest: dict) -> list[dict]:
-    return [
-        c
-        for replica in _replica_specs(manifest).values()
-        for kind in ("initContainers", "containers")
-        for c in replica["template"]["spec"].get(kind, [])
-    ]
-
-
-def _without_containers(manifest: dict) -> dict:
-    stripped = json.loads(json.dumps(manifest))
-    for c in _containers(stripped):
-        c.pop("image", None)
-        c.pop("command", None)
-    return stripped

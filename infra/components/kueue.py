@@ -12,14 +12,16 @@ from infra.config import NodePoolConfig
 from infra.versions import KUEUE_CHART
 
 NAMESPACE = "kueue-system"
-# pytorchjob is off by default in Kueue 0.19 and must be listed; mpijob is on but listed anyway
-# because this list replaces the default one. DevServers are StatefulSets: `statefulset` admits
-# one as a single pod group (all pods or none; 0.19 allows only scaling to and from zero) and
-# needs `pod`, whose webhook gates the pods.
+# pytorchjob is off by default in Kueue 0.19 and must be listed; mpijob and trainjob are on but
+# listed anyway because this list replaces the default one (tests/trainer_rules.py: Kueue's
+# trainjob integration). DevServers are StatefulSets: `statefulset` admits one as a single pod
+# group (all pods or none; 0.19 allows only scaling to and from zero) and needs `pod`, whose
+# webhook gates the pods.
 FRAMEWORKS = [
     "batch/job",
     "kubeflow.org/pytorchjob",
     "kubeflow.org/mpijob",
+    "trainer.kubeflow.org/trainjob",
     "pod",
     "statefulset",
 ]

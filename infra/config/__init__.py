@@ -20,7 +20,13 @@ from infra.config.cluster import (
 from infra.config.dev_servers import DevServersConfig
 from infra.config.fabric_check import FABRIC_MAX_BYTES, FabricCheckPlan, fabric_sizes
 from infra.config.hybrid import HybridConfig, HybridMachine, Pool, SsmActivation
-from infra.config.jobs import AUTONAME_SUFFIX, JobConfig, job_role_resource_name
+from infra.config.jobs import (
+    AUTONAME_SUFFIX,
+    SELF_SERVICE_ACCOUNT,
+    JobConfig,
+    job_role_resource_name,
+    team_jobs_role_resource_name,
+)
 from infra.config.loading import (
     config_from_pulumi,
     load_stack_file,
@@ -37,6 +43,7 @@ from infra.config.policy import (
 )
 from infra.config.pools import CapacityReservation, NodePoolConfig, image_target
 from infra.config.queues import QueuesConfig, TeamConfig, queue_shortfall
+from infra.config.runtimes import RuntimesConfig
 from infra.config.stack import StackConfig
 from infra.config.storage import CHECKPOINT_PREFIX, BucketConfig, FsxConfig
 
@@ -50,6 +57,7 @@ __all__ = [
     "IAM_ROLE_NAME_MAX",
     "MANDATORY_PRODUCTION_STACKS",
     "NOT_INTERNET",
+    "SELF_SERVICE_ACCOUNT",
     "BucketConfig",
     "CapacityReservation",
     "ClusterConfig",
@@ -66,6 +74,7 @@ __all__ = [
     "NodePoolConfig",
     "Pool",
     "QueuesConfig",
+    "RuntimesConfig",
     "SsmActivation",
     "StackConfig",
     "TeamConfig",
@@ -73,6 +82,7 @@ __all__ = [
     "fabric_sizes",
     "image_target",
     "job_role_resource_name",
+    "team_jobs_role_resource_name",
     "karpenter_role_names",
     "load_stack_file",
     "load_stack_for_command",

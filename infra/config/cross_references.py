@@ -194,6 +194,14 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
         team = teams.get(job.queue)
         if pool is None:
             problems.append(((*loc, "nodePool"), _not_a_pool(job.node_pool, config)))
+        elif pool.hybrid and job.kind == "TrainJob":
+            problems.append(
+                (
+                    (*loc, "kind"),
+                    "the hybrid machines have no ClusterTrainingRuntime (their pods are sized "
+                    "per job); allowed: PyTorchJob or MPIJob there",
+                )
+            )
         elif job.max_nodes > pool.max_nodes:
             most = (
                 f"the {pool.max_nodes} hybrid machines (one pod each)"

@@ -1,5 +1,6 @@
 """`jobs`: training jobs declared in stack config, checked with the trainer's own parser."""
 
+import re
 from typing import Literal
 
 from pydantic import (
@@ -12,11 +13,23 @@ from trainer.options import OptionsError, parse_options
 
 # Pulumi auto-names a resource `<logical name>-<7 random hex>`.
 AUTONAME_SUFFIX = 8
+# The ServiceAccount of self-service TrainJobs in every team namespace (the pools'
+# ClusterTrainingRuntimes name it): its Pod Identity role may use the namespace's checkpoints.
+SELF_SERVICE_ACCOUNT = "self-service-jobs"
+DEFAULT_MAX_RESTARTS = 3
+# A TrainJob's name is an RFC 1035 label: Trainer v2.3's CRD rule (metadata.name must start with
+# a letter), stricter than the other kinds'.
+TRAINJOB_NAME = re.compile(r"^[a-z]([-a-z0-9]*[a-z0-9])?$")
 
 
 def job_role_resource_name(job_name: str) -> str:
     """Logical name of a job's Pod Identity role; Pulumi auto-names the IAM role from it."""
     return f"job-{job_name}-pods"
+
+
+def team_jobs_role_resource_name(team: str) -> str:
+    """Logical name of a team's self-service Pod Identity role (SELF_SERVICE_ACCOUNT)."""
+    return f"team-{team}-jobs"
 
 
 class JobConfig(Model):
@@ -26,16 +39,21 @@ class JobConfig(Model):
         description="The job's name (not `default`: its Pod Identity role follows the service "
         "account named after it)."
     )
-    kind: Literal["PyTorchJob", "MPIJob"] = Field(
+    kind: Literal["PyTorchJob", "MPIJob", "TrainJob"] = Field(
         default="PyTorchJob",
-        description="An elastic PyTorchJob (torchrun, c10d) or an MPIJob (mpirun; not elastic).",
+        description="An elastic PyTorchJob (torchrun, c10d), an MPIJob (mpirun; not elastic) or "
+        "a TrainJob (Kubeflow Trainer v2 on its pool's ClusterTrainingRuntime; not elastic, "
+        "not on the hybrid machines, checkpoints in s3 or efs).",
     )
     node_pool: K8sName = Field(
         description="A pool of nodePools, or `hybrid` (the hybrid machines: one pod per "
         "machine, checkpoint s3)."
     )
     min_nodes: int = Field(
-        default=1, ge=1, le=1000, description="The elastic range's low end (MPIJob: = maxNodes)."
+        default=1,
+        ge=1,
+        le=1000,
+        description="The elastic range's low end (MPIJob, TrainJob: = maxNodes).",
     )
     max_nodes: int = Field(
         default=1,
@@ -58,7 +76,11 @@ class JobConfig(Model):
         "team's FSx or EFS claim (/fsx/checkpoints/<job>, /efs/checkpoints/<job>).",
     )
     max_restarts: int = Field(
-        default=3, ge=0, le=100, description="Worker-group restarts torchrun allows."
+        default=DEFAULT_MAX_RESTARTS,
+        ge=0,
+        le=100,
+        description="Worker-group restarts torchrun allows (a TrainJob: its pool's runtime "
+        f"allows {DEFAULT_MAX_RESTARTS}).",
     )
     revision: int = Field(
         default=1,
@@ -82,9 +104,38 @@ class JobConfig(Model):
                 f"minNodes {self.min_nodes} > maxNodes {self.max_nodes}; "
                 "allowed: minNodes <= maxNodes"
             )
+        if self.name == SELF_SERVICE_ACCOUNT:
+            raise ValueError(
+                f"a job named {SELF_SERVICE_ACCOUNT} would run as the team's self-service "
+                "identity (the service account the runtimes name); allowed: any other name"
+            )
         if self.kind == "MPIJob" and self.min_nodes != self.max_nodes:
             raise ValueError("an MPIJob is not elastic; allowed: minNodes == maxNodes")
+        if self.kind == "TrainJob":
+            self._train_job()
         return self
+
+    def _train_job(self) -> None:
+        if self.min_nodes != self.max_nodes:
+            raise ValueError(
+                "a TrainJob is not elastic (Kubeflow Trainer v2.3 has no elastic PyTorch); "
+                "allowed: minNodes == maxNodes, or kind PyTorchJob for an elastic job"
+            )
+        if not TRAINJOB_NAME.match(self.name):
+            raise ValueError(
+                f"a TrainJob's name must start with a letter (the Trainer's CRD), {self.name!r} "
+                "does not; allowed: a name starting with a-z"
+            )
+        if self.checkpoint == "fsx":
+            raise ValueError(
+                "a TrainJob's pods are its runtime's, which prepare no folder on FSx (its root "
+                "is root's); allowed: checkpoint s3 or efs, or kind PyTorchJob"
+            )
+        if "max_restarts" in self.model_fields_set and self.max_restarts != DEFAULT_MAX_RESTARTS:
+            raise ValueError(
+                f"a TrainJob restarts as its pool's runtime allows ({DEFAULT_MAX_RESTARTS} "
+                "times); allowed: leave maxRestarts out, or kind PyTorchJob"
+            )
 
 
 def job_args_errors(job: "JobConfig") -> list[str]:

@@ -20,6 +20,7 @@ SYSTEM_NAMESPACES = (
     "kube-public",
     "kube-system",
     "kubeflow",
+    "kubeflow-system",
     "kueue-system",
     "monitoring",
     "mpi-operator",
@@ -37,7 +38,8 @@ class TeamConfig(Model):
     namespace: K8sName | None = Field(
         default=None,
         description="Its namespace (default: the team name); not a system namespace (kube-*, "
-        "default, kueue-system, kubeflow, monitoring, mpi-operator, local-path-storage).",
+        "default, kueue-system, kubeflow, kubeflow-system, monitoring, mpi-operator, "
+        "local-path-storage).",
     )
     own_cluster_queue: bool = Field(
         default=False,

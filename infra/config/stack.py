@@ -18,6 +18,7 @@ from infra.config.network import NetworkConfig
 from infra.config.policy import PolicyConfig
 from infra.config.pools import NodePoolConfig
 from infra.config.queues import QueuesConfig
+from infra.config.runtimes import RuntimesConfig
 from infra.config.storage import StorageConfig
 
 
@@ -63,6 +64,7 @@ class StackConfig(Model):
         description="Training jobs: they start, and bill, on pulumi up, and stay until removed "
         "from this list.",
     )
+    runtimes: RuntimesConfig = Field(default=RuntimesConfig(), description=RuntimesConfig.__doc__)
     dev_servers: DevServersConfig = Field(
         default=DevServersConfig(), description=DevServersConfig.__doc__
     )

@@ -18,6 +18,7 @@ from policies.rules.base import (
     NODEPOOL,
     POD_TEMPLATE_PATHS,
     SSE_CONFIGS,
+    TRAINING_POD_TYPES,
     resource_rule,
     stack_rule,
 )
@@ -131,13 +132,14 @@ POLICIES = [
     ),
     resource_rule(
         "training-pod-hygiene",
-        "Training pods mount /dev/shm as memory and are not disrupted mid-run",
-        JOB_TYPES,
+        "Training pods (jobs' and runtimes') mount /dev/shm as memory and are not disrupted "
+        "mid-run",
+        TRAINING_POD_TYPES,
         training_pods,
     ),
     resource_rule(
         "images-pinned",
-        "Charts pin versions, AMIs pin releases, job images are digests",
+        "Charts pin versions, AMIs pin releases, job and runtime images are digests",
         lambda t: True,
         pinned,
     ),
@@ -203,7 +205,7 @@ POLICIES = [
         "pods-no-host-access",
         "No pod uses hostNetwork, hostPID, hostIPC, hostPath, privileged or capabilities "
         "beyond Pod Security baseline",
-        lambda t: t in JOB_TYPES or t in POD_TEMPLATE_PATHS,
+        lambda t: t in TRAINING_POD_TYPES or t in POD_TEMPLATE_PATHS,
         host_access,
     ),
     resource_rule(
@@ -212,7 +214,7 @@ POLICIES = [
         "volume may be root adding only CHOWN and DAC_OVERRIDE), without privilege escalation, "
         "with RuntimeDefault seccomp, ALL capabilities dropped and none added but "
         "NET_BIND_SERVICE",
-        lambda t: t in JOB_TYPES or t in POD_TEMPLATE_PATHS,
+        lambda t: t in TRAINING_POD_TYPES or t in POD_TEMPLATE_PATHS,
         restricted,
     ),
     resource_rule(

@@ -20,10 +20,20 @@ from pulumi_policy.proxy import UnknownValueError, _DictProxy
 from pulumi_policy.proxy import _is_unknown as _unknown
 
 from infra.config import MANDATORY_PRODUCTION_STACKS
-from infra.declared import dig, listed
+from infra.declared import dig, kind_of, listed, pod_sets
 
 MANDATORY = EnforcementLevel.MANDATORY
-JOB_TYPES = {"kubernetes:kubeflow.org/v1:PyTorchJob", "kubernetes:kubeflow.org/v2beta1:MPIJob"}
+TRAINJOB = "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob"
+RUNTIME = "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime"
+# What Kueue queues: training jobs of every kind.
+JOB_TYPES = {
+    "kubernetes:kubeflow.org/v1:PyTorchJob",
+    "kubernetes:kubeflow.org/v2beta1:MPIJob",
+    TRAINJOB,
+}
+# What holds training pods: the v1 jobs' replica specs and the runtimes TrainJobs run on (a
+# TrainJob's pods are its runtime's).
+TRAINING_POD_TYPES = (JOB_TYPES - {TRAINJOB}) | {RUNTIME}
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 # Kubernetes kinds that carry a pod template (or are a pod), by Pulumi type token.
@@ -181,10 +191,8 @@ def world_open(cidrs: Iterable[Any]) -> list[str]:
 
 
 def pod_templates(props: Mapping, resource_type: str) -> list[Mapping]:
-    if resource_type in JOB_TYPES:
-        spec = spec_of(props)
-        replicas = spec.get("pytorchReplicaSpecs") or spec.get("mpiReplicaSpecs") or {}
-        return [dig(r, "template") or {} for r in replicas.values()]
+    if resource_type in TRAINING_POD_TYPES:
+        return [template for _, template in pod_sets(kind_of(resource_type), props).values()]
     if resource_type in POD_TEMPLATE_PATHS:
         return [dig(props, *POD_TEMPLATE_PATHS[resource_type]) or {}]
     return []

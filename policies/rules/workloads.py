@@ -10,9 +10,10 @@ from infra.catalog import load_catalog
 from infra.declared import dig, listed
 from policies.rules.base import (
     GPU,
-    JOB_TYPES,
     NODECLASS,
     NODEPOOL,
+    TRAINING_POD_TYPES,
+    TRAINJOB,
     containers_of,
     is_unknown,
     node_pool_types,
@@ -78,15 +79,20 @@ def pinned(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
         for term in listed(spec_of(props).get("amiSelectorTerms")):
             if str(term.get("alias", "")).endswith("@latest"):
                 yield "AMI alias must pin a release, not @latest"
-    if kind in JOB_TYPES:
-        for template in pod_templates(props, kind):
-            for container in listed(dig(template, "spec", "containers")):
-                # Unknown in a preview only when this update builds the image: the program then
-                # makes it `<repository>@<digest>`, and the update phase checks the real value.
-                if present(container, "image") and is_unknown(container, "image"):
-                    continue
-                if "@sha256:" not in str(container.get("image")):
-                    yield f"job image {container.get('image')} must be referenced by digest"
+    runs = [
+        container
+        for template in pod_templates(props, kind)
+        for container in listed(dig(template, "spec", "containers"))
+    ]
+    if kind == TRAINJOB and present(dig(props, "spec", "trainer") or {}, "image"):
+        runs.append(dig(props, "spec", "trainer"))  # its own image, over its runtime's
+    for container in runs:
+        # Unknown in a preview only when this update builds the image: the program then makes
+        # it `<repository>@<digest>`, and the update phase checks the real value.
+        if present(container, "image") and is_unknown(container, "image"):
+            continue
+        if "@sha256:" not in str(container.get("image")):
+            yield f"job image {container.get('image')} must be referenced by digest"
 
 
 def pod_specs(props: Mapping, kind: str) -> list[Mapping]:
@@ -180,7 +186,7 @@ def job_gpus_fit(args: StackValidationArgs, report: ReportViolation) -> None:
         )
         types = [t for t in node_pool_types(props) if t in catalog]
         pool_gpus[name] = min((catalog[t].gpus for t in types), default=0)
-    for job in (r for r in args.resources if r.resource_type in JOB_TYPES):
+    for job in (r for r in args.resources if r.resource_type in TRAINING_POD_TYPES):
         for template in pod_templates(job.props or {}, job.resource_type):
             pod = template.get("spec") or {}
             pool = dig(pod, "nodeSelector", POOL_LABEL)
