@@ -22,11 +22,13 @@ from infra.components.node_pools import NodePools
 from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.components.queues import Queues
 from infra.components.shared_file_system import SharedFileSystem
+from infra.components.team_access import TeamAccess, member_groups
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi, image_target
 from infra.data_holders import DataGuard
 from infra.versions import KUBERNETES_VERSIONS
-from workloads.image import TrainerImage, stack_targets
+from workloads.image import RUNTIME, TrainerImage, stack_targets
+from workloads.tensorboard import TeamTensorBoard
 from workloads.training_job import JOBS_OUTPUT, TrainingJob, deployed_jobs
 
 # Kustomize overlays (the job operators, the hybrid homes' provisioner), handed to the provider
@@ -132,6 +134,15 @@ def build_platform(config: StackConfig) -> None:
         platform,
         extra_flavors=(kueue_flavor(config.hybrid),) if config.hybrid else (),
     )
+    teams = config.queues.teams
+    dev_users = config.dev_servers.users if config.dev_servers.enabled else []
+    TeamAccess(
+        "team-access",
+        teams,
+        queues.namespaces,
+        platform,
+        entries_elsewhere={user.iam_principal_arn for user in dev_users},
+    )
     dev_namespaces = {}
     if config.dev_servers.enabled:
         flavor_pools = {f.name: config.pool_named(f.node_pool) for f in config.dev_servers.flavors}
@@ -151,6 +162,7 @@ def build_platform(config: StackConfig) -> None:
             [*namespace_prerequisites, *home_prerequisites],
             gpu_metrics,
             efs=efs is not None,
+            member_groups=member_groups(teams),
         ).namespaces
 
     if efs:
@@ -166,6 +178,17 @@ def build_platform(config: StackConfig) -> None:
     if targets:
         image = TrainerImage("trainer-image", config.image, targets, platform)
         pulumi.export("trainerImages", image.refs)
+        for team in teams:
+            if team.tensorboard:
+                TeamTensorBoard(
+                    f"tensorboard-{team.name}",
+                    team,
+                    queues.namespaces[team.name],
+                    image.refs[RUNTIME],
+                    bucket,
+                    platform,
+                    enabled_storage,
+                )
         deployed = deployed_jobs() if config.jobs else None
         jobs = {}
         for job in config.jobs:

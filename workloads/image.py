@@ -12,6 +12,7 @@ from infra.paths import PROJECT_DIR
 CONTEXT = PROJECT_DIR / "trainer"
 DOCKERFILE = CONTEXT / "Dockerfile"
 TRAINER = "trainer"  # its ECR repository: <cluster>/trainer
+RUNTIME = "runtime"  # the target without EFA's libraries (image_target)
 
 
 def trainer_tag(target: str) -> str:
@@ -25,12 +26,14 @@ def trainer_repository(cluster_name: str) -> str:
 
 
 def stack_targets(config: StackConfig) -> list[str]:
-    """The targets a stack builds: those its jobs run, and those every GPU pool's fabric check
-    runs (workloads/nccl_check.py: all_reduce_perf from the pool's target)."""
+    """The targets a stack builds: those its jobs run, those every GPU pool's fabric check
+    runs (workloads/nccl_check.py: all_reduce_perf from the pool's target), and `runtime` for
+    the teams' TensorBoards (workloads/tensorboard.py)."""
     image_pools = [config.job_pool(job) for job in config.jobs] + [
         p for p in config.node_pools if p.gpu
     ]
-    return sorted({image_target(pool) for pool in image_pools})
+    tensorboards = [RUNTIME] if any(t.tensorboard for t in config.queues.teams) else []
+    return sorted({image_target(pool) for pool in image_pools} | set(tensorboards))
 
 
 class TrainerImage(pulumi.ComponentResource):
