@@ -481,7 +481,15 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
     if config.queues.teams:
         lines += ["", "Teams (Kueue):"]
         lines += table(
-            ["team", "namespace", "LocalQueue", "ClusterQueue", "borrowing limit"],
+            [
+                "team",
+                "namespace",
+                "LocalQueue",
+                "ClusterQueue",
+                "borrowing limit",
+                "members",
+                "TensorBoard",
+            ],
             [
                 [
                     t.name,
@@ -489,6 +497,8 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
                     t.name,
                     team_cluster_queue(t),
                     f"{t.borrowing_limit_percent}%" if t.own_cluster_queue else "-",
+                    str(len(t.members)),
+                    "yes" if t.tensorboard else "no",
                 ]
                 for t in config.queues.teams
             ],

@@ -22,14 +22,16 @@ from infra.components.node_pools import NodePools
 from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.components.queues import Queues
 from infra.components.shared_file_system import SharedFileSystem
+from infra.components.team_access import TeamAccess, member_groups
 from infra.components.team_jobs_identity import TeamJobsIdentity
 from infra.components.tenant_network import TenantNetwork
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi, image_target
 from infra.data_holders import DataGuard
 from infra.versions import KUBERNETES_VERSIONS
-from workloads.image import TrainerImage, stack_targets
+from workloads.image import RUNTIME, TrainerImage, stack_targets
 from workloads.revisions import deployed_outputs
+from workloads.tensorboard import TeamTensorBoard
 from workloads.training_job import JOBS_OUTPUT, TrainingJob
 from workloads.training_runtimes import RUNTIMES_OUTPUT, TrainingRuntimes
 
@@ -104,8 +106,13 @@ def build_platform(config: StackConfig) -> None:
     )
     efs = fsx = None
     if storage.efs.enabled:
+        # The nodes that mount EFS: Karpenter's (jobs, DevServers) and the system nodes (the
+        # teams' TensorBoards read their checkpoints there).
         efs = SharedFileSystem(
-            "efs", platform, addons["aws-efs-csi-driver"], mount_roles=[karpenter.node_role_arn]
+            "efs",
+            platform,
+            addons["aws-efs-csi-driver"],
+            mount_roles=[karpenter.node_role_arn, cluster.system_node_role_arn],
         )
     if storage.fsx.enabled:
         fsx = LustreFileSystem(
@@ -144,6 +151,15 @@ def build_platform(config: StackConfig) -> None:
         platform,
         extra_flavors=(kueue_flavor(config.hybrid),) if config.hybrid else (),
     )
+    teams = config.queues.teams
+    dev_users = config.dev_servers.users if config.dev_servers.enabled else []
+    TeamAccess(
+        "team-access",
+        teams,
+        queues.namespaces,
+        platform,
+        entries_elsewhere={user.iam_principal_arn for user in dev_users},
+    )
     dev_namespaces = {}
     if config.dev_servers.enabled:
         flavor_pools = {f.name: config.pool_named(f.node_pool) for f in config.dev_servers.flavors}
@@ -163,6 +179,7 @@ def build_platform(config: StackConfig) -> None:
             [*namespace_prerequisites, *home_prerequisites],
             gpu_metrics,
             efs=efs is not None,
+            member_groups=member_groups(teams),
         ).namespaces
 
     for team, identity in team_identities.items():
@@ -182,6 +199,17 @@ def build_platform(config: StackConfig) -> None:
     if targets:
         image = TrainerImage("trainer-image", config.image, targets, platform)
         pulumi.export("trainerImages", image.refs)
+        for team in teams:
+            if team.tensorboard:
+                TeamTensorBoard(
+                    f"tensorboard-{team.name}",
+                    team,
+                    queues.namespaces[team.name],
+                    image.refs[RUNTIME],
+                    bucket,
+                    platform,
+                    enabled_storage,
+                )
         deployed = deployed_outputs(JOBS_OUTPUT, RUNTIMES_OUTPUT)
         runtimes = TrainingRuntimes(
             "training-runtimes",

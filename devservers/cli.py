@@ -1,14 +1,17 @@
-"""devctl: create, reach and drive your DevServers (installed as a console script by the project).
+"""devctl: create, reach and drive your DevServers, and see how your team's jobs fare
+(installed as a console script by the project).
 
     devctl create box --flavor gpu-1 [--distributed --replicas 2] [--dry-run -o yaml]
     devctl list [--homes] | ssh box [--replica 1] | ssh-config | monitor box
     devctl run box train.py --steps 100      (syncs the working directory, torchruns on every pod)
     devctl keep box 2h | stop box | start box | delete box [--delete-home]
+    devctl status [job] -n <team>            (the team's jobs: queued and why, running, finished)
 
 It talks to the cluster with the kubernetes Python client and your kubeconfig (the namespace is
-dev-<you>: --namespace, else the kubeconfig context's namespace), never kubectl: `ssh` and the
-entries `ssh-config` writes run your ssh through `devctl proxy`, a tunnel through the API
-server's port-forward (devservers.ssh); `run` execs through the API server (devservers.run).
+dev-<you>, for `status` your team's: --namespace, else the kubeconfig context's), never
+kubectl: `ssh` and the entries `ssh-config` writes run your ssh through `devctl proxy`, a tunnel
+through the API server's port-forward (devservers.ssh); `run` execs through the API server
+(devservers.run).
 `create --dry-run` needs no cluster: what the cluster would tell it comes from the stack file
 (devservers.stack_defaults).
 """
@@ -219,6 +222,17 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete its home volumes too (default: keep them)",
     )
+    status = subparsers.add_parser(
+        "status",
+        help="your team's training jobs (PyTorchJob, MPIJob, TrainJob): queued and why, "
+        "admitted, running, evicted, finished",
+    )
+    status.add_argument(
+        "-n",
+        "--namespace",
+        help="your team's namespace (default: the kubeconfig context's namespace)",
+    )
+    status.add_argument("job", nargs="?", help="only this job (default: all of them)")
     return parser
 
 
@@ -330,7 +344,8 @@ def _kube_namespace() -> str | None:
 def resolve_namespace(args: argparse.Namespace) -> str:
     namespace = args.namespace or _kube_namespace()
     if not namespace:
-        raise CliError("which namespace? pass --namespace dev-<you> or set it in your kubeconfig")
+        yours = "<your team>" if args.command == "status" else "dev-<you>"
+        raise CliError(f"which namespace? pass --namespace {yours} or set it in your kubeconfig")
     return namespace
 
 
@@ -626,6 +641,22 @@ class Devctl:
             )
         return pod
 
+    def status(self, job: str | None) -> None:
+        from devservers.job_status import collect, table
+
+        try:
+            found = collect(self.cluster, self.namespace, job)
+        except PermissionError as e:
+            raise CliError(
+                f"not allowed to read jobs in namespace {self.namespace} ({e}); your role must "
+                "be among your team's members (queues.teams[].members of the stack)"
+            ) from None
+        if not found:
+            what = f"no job {job!r}" if job else "no PyTorchJob, MPIJob or TrainJob"
+            print(f"{what} in {self.namespace}", file=self.out)
+            return
+        print("\n".join(table(found)), file=self.out)
+
     def servers(self) -> list[dict]:
         return self._call(
             "list DevServers", self.cluster.list, API_VERSION, "DevServer", self.namespace, {}
@@ -633,7 +664,9 @@ class Devctl:
 
 
 def _run(args: argparse.Namespace, devctl: Devctl) -> int:
-    if args.command == "list":
+    if args.command == "status":
+        devctl.status(args.job)
+    elif args.command == "list":
         devctl.list_homes() if args.homes else devctl.list_servers()
     elif args.command == "keep":
         devctl.keep(args.name, args.duration)

@@ -44,6 +44,7 @@ from infra.components.queues import (
     TEAM_LABEL,
     team_cluster_queue,
 )
+from infra.components.rbac import CONNECT, READ, binding, group, rule
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.components.tenant_network import admit_pods
 from infra.config import DevServersConfig, Pool, TeamConfig
@@ -68,33 +69,8 @@ def user_group(user: str) -> str:
     return f"dev:{user}"
 
 
-def rule(groups: list[str], resources: list[str], verbs: list[str]) -> dict:
-    return {"apiGroups": groups, "resources": resources, "verbs": verbs}
-
-
-def binding(cls, resource_name: str, metadata: dict, role: tuple[str, str], subjects, opts):
-    """A RoleBinding or ClusterRoleBinding (`cls`) of `role` (kind, name) to `subjects`."""
-    kind, name = role
-    return cls(
-        resource_name,
-        metadata=metadata,
-        role_ref={"apiGroup": "rbac.authorization.k8s.io", "kind": kind, "name": name},
-        subjects=subjects,
-        opts=opts,
-    )
-
-
-def group(name: str) -> dict:
-    return {"kind": "Group", "name": name, "apiGroup": "rbac.authorization.k8s.io"}
-
-
-READ = ["get", "list", "watch"]
 WRITE = [*READ, "create", "patch", "update", "delete"]
 CHILD = ["get", "create", "patch", "delete"]  # what the reconcile does to a server's children
-# The kubernetes client's exec and port-forward are websocket GETs, authorized as `get`; from
-# Kubernetes 1.35 the API server also checks `create` on the upgrade (KEP-4006,
-# AuthorizePodWebsocketUpgradeCreatePermission), the verb of the SPDY POST kubectl falls back to.
-CONNECT = ["get", "create"]
 
 # What the operator calls in a user namespace (bound there by RoleBindings, not cluster-wide):
 # kopf watches DevServers and pods and patches its annotations, status and spec.stopped.
@@ -172,6 +148,9 @@ class DevServers(pulumi.ComponentResource):
         namespace_prerequisites: list[pulumi.Resource],
         gpu_metrics: pulumi.Resource | None,
         efs: bool,  # the stack has EFS, whose claim (efs-shared) is in every user's namespace
+        # Principals that are team members too, and their team groups (team_access.py): EKS
+        # keeps one access entry per principal, so the user's carries them.
+        member_groups: dict[str, list[str]],
         opts: pulumi.ResourceOptions | None = None,
     ):
         # The type token is part of every child's URN: it keeps the `infra` it had before the
@@ -296,6 +275,7 @@ class DevServers(pulumi.ComponentResource):
                 queues,
                 namespace_prerequisites,
                 bool(config.ssh_load_balancer_cidrs),
+                member_groups.get(user.iam_principal_arn, []),
             )
             bind = cluster.in_cluster(self, namespace, user_role)
             bindings += [
@@ -337,6 +317,7 @@ class DevServers(pulumi.ComponentResource):
         queues,
         prerequisites,
         ssh_load_balancers: bool,
+        team_groups: list[str],
     ):
         """dev-<user>: the namespace, its queue and quota, and the IAM principal's way in."""
         namespace_name = user_namespace(user.name)
@@ -393,7 +374,7 @@ class DevServers(pulumi.ComponentResource):
             f"{name}-access-{user.name}",
             cluster_name=cluster.name,
             principal_arn=user.iam_principal_arn,
-            kubernetes_groups=[user_group(user.name), USERS_GROUP],
+            kubernetes_groups=[user_group(user.name), USERS_GROUP, *team_groups],
             type="STANDARD",
             tags=cluster.tags,
             opts=pulumi.ResourceOptions(parent=self),

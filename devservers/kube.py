@@ -50,6 +50,10 @@ class ApiError(OSError):
         self.status = status
 
 
+class NotServed(OSError):
+    """The API server does not serve a kind (its CRD is not installed)."""
+
+
 class Forbidden(ApiError, PermissionError):
     """A 403: RBAC (or an admission rule) refused the request."""
 
@@ -137,7 +141,7 @@ class KubeCluster:
         try:
             return self.dynamic.resources.get(api_version=api_version, kind=kind)
         except ResourceNotFoundError:
-            raise OSError(f"the API server does not serve {kind} ({api_version})") from None
+            raise NotServed(f"the API server does not serve {kind} ({api_version})") from None
 
     def get(self, api_version, kind, name, namespace):
         try:
@@ -168,6 +172,15 @@ class KubeCluster:
         return self.get(
             manifest["apiVersion"], manifest["kind"], meta["name"], meta.get("namespace")
         )
+
+    def log(self, namespace: str, pod: str, container: str) -> str:
+        """What the container's current run (else its last) has written. Read raw: the client
+        would otherwise parse a log that is one JSON line into a dict and print that."""
+        with self._translated():
+            found = self.core.read_namespaced_pod_log(
+                pod, namespace, container=container, _preload_content=False
+            )
+        return found.data.decode(errors="replace")
 
     def patch(self, api_version, kind, name, namespace, patch):
         with self._translated():

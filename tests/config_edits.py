@@ -21,6 +21,8 @@ from infra.config.base import NAMESPACE
 
 # A prebuilt image by digest, for the `uri` keys that otherwise build one.
 PREBUILT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/prebuilt/image@sha256:" + "0" * 64
+# A principal, for lists of IAM ARNs the stack leaves empty (a team's members).
+PRINCIPAL = "arn:aws:iam::123456789012:role/edited"
 
 
 @dataclass(frozen=True)
@@ -92,6 +94,8 @@ def candidates(value: Any, annotation: Any, names: list[str] = ()) -> list[Any]:
         found += [[*value, c] for c in _literal_choices(annotation) if c not in value]
         if value and all(isinstance(v, ipaddress.IPv4Network) for v in value):
             found.append([*map(str, value), "198.18.77.0/24"])
+        if all(isinstance(v, str) for v in value) and PRINCIPAL not in value:
+            found.append([*value, PRINCIPAL])
         return [*found, [*value, *value[:1]]]
     if value is None:
         return [*others, "30m", True, 1, 250, 2**30, []]

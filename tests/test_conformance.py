@@ -22,6 +22,7 @@ BUILT_IN = {
     "networking.k8s.io",
     "scheduling.k8s.io",
     "apiextensions.k8s.io",
+    "admissionregistration.k8s.io",
 }
 NOT_OBJECTS = {"helm.sh", "kustomize", "yaml"}
 

@@ -198,8 +198,15 @@ def test_every_placeholder_of_either_stack_is_listed_for_the_engine_to_refuse():
     """Every documentation value the stack files ship, wherever it sits: ranges, ARNs of AWS's
     example account, addresses at example domains."""
     key = "training-platform:"
+    sso = "aws-reserved/sso.amazonaws.com/us-west-2/AWSReservedSSO_MLEngineer_0123456789abcdef"
     assert placeholder_errors(load_stack_file("dev")) == [
         f"{key}cluster.adminPrincipalArns[0]: arn:aws:iam::123456789012:role/platform-admins "
+        f"{DOCUMENTATION_ACCOUNT}",
+        f"{key}queues.teams[team-a].members[0]: arn:aws:iam::123456789012:role/{sso} "
+        f"{DOCUMENTATION_ACCOUNT}",
+        f"{key}queues.teams[team-a].members[1]: arn:aws:iam::123456789012:role/dev-alice "
+        f"{DOCUMENTATION_ACCOUNT}",
+        f"{key}queues.teams[research].members[0]: arn:aws:iam::123456789012:role/research-ml "
         f"{DOCUMENTATION_ACCOUNT}",
         f"{key}devServers.users[alice].email: alice@example.com {RFC_2606}",
         f"{key}devServers.users[alice].iamPrincipalArn: arn:aws:iam::123456789012:role/dev-alice "

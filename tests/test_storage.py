@@ -5,7 +5,7 @@ import json
 
 import pytest
 
-from infra.components.bucket import prefix_read_write_policy
+from infra.components.bucket import prefix_access_policy
 from infra.config import ConfigError, parse_stack_config
 from infra.versions import DEFAULT_KUBERNETES_VERSION, KUBERNETES_VERSIONS
 from tests.conftest import stack_values
@@ -67,7 +67,7 @@ def test_old_checkpoints_expire(prod_plan):
 
 
 def test_prefix_policy_grants_only_that_prefix():
-    policy = prefix_read_write_policy("arn:aws:s3:::data", "/checkpoints/team-a/")
+    policy = prefix_access_policy("arn:aws:s3:::data", "/checkpoints/team-a/")
     objects, listing = policy["Statement"]
     assert objects["Resource"] == "arn:aws:s3:::data/checkpoints/team-a/*"
     assert "s3:DeleteBucket" not in objects["Action"] and "*" not in json.dumps(objects["Action"])

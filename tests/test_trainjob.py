@@ -13,7 +13,8 @@ from deploy.day_two import consequences
 from deploy.program import build_platform
 from deploy.steps import plan_steps
 from infra.components.node_pools import POOL_LABEL
-from infra.config import SELF_SERVICE_ACCOUNT, parse_stack_config
+from infra.components.team_access import team_group
+from infra.config import SELF_SERVICE_ACCOUNT, TeamConfig, parse_stack_config
 from infra.declared import declared_in
 from infra.declared_jobs import declared_jobs
 from infra.offline import run_offline
@@ -23,7 +24,7 @@ from tests.config_edits import PREBUILT_IMAGE
 from tests.conftest import ROOT, plan_of, stack_values
 from tests.crd_schema import CRD_DIR, cel_violations, conformance_errors, load_crd
 from tests.destroy_order import DestroyOrder
-from tests.kube_api import user
+from tests.kube_api import rbac_of, user
 from tests.kube_api.rbac import Authorizer
 from tests.kube_api.server import BUILTIN, ApiError, KubeAPI
 from tests.test_policies import plan_with
@@ -297,79 +298,38 @@ def test_the_example_trainjob_is_a_dozen_lines_valid_for_the_dev_stack(dev_plan)
 
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/tp-dev/trainer@sha256:" + "b" * 64
 TEAM = "team-a"
-ALICE = user("arn:aws:iam::123456789012:role/alice", ["team-a:members"])
-# What a team member may do with TrainJobs, in the spirit of the team Role (queues.teams[].members):
-# her namespace's TrainJobs and their pods and logs; read the cluster's runtimes. The SDK also
-# asks for a namespaced TrainingRuntime of the name before the cluster one (a 403 there fails it).
-MEMBER_RULES = [
-    {
-        "apiGroups": ["trainer.kubeflow.org"],
-        "resources": ["trainjobs"],
-        "verbs": ["create", "get", "list", "watch", "delete"],
-    },
-    {
-        "apiGroups": ["trainer.kubeflow.org"],
-        "resources": ["trainingruntimes"],
-        "verbs": ["get", "list"],
-    },
-    {"apiGroups": [""], "resources": ["pods", "pods/log"], "verbs": ["get", "list", "watch"]},
-]
-READ_RUNTIMES = [
-    {
-        "apiGroups": ["trainer.kubeflow.org"],
-        "resources": ["clustertrainingruntimes"],
-        "verbs": ["get", "list", "watch"],
-    }
-]
+ALICE = user("arn:aws:iam::123456789012:role/alice", [team_group(TeamConfig(name=TEAM))])
 # What the Trainer's manager overlay installs for its SDK (kubeflow/trainer v2.3.0 manifests/
 # overlays/manager/kustomization.yaml configMapGenerator; base/rbac/public_configmap_role.yaml and
-# public_configmap_role_binding.yaml: every authenticated user may read that one ConfigMap).
+# public_configmap_role_binding.yaml: every authenticated user may read that one ConfigMap). The
+# plan holds the overlay as one kustomize Directory, so its objects are written here.
 PUBLIC = "kubeflow-trainer-public"
-
-
-def policy(namespace: str) -> list[dict]:
-    group = [{"kind": "Group", "name": "team-a:members", "apiGroup": "rbac.authorization.k8s.io"}]
-    everyone = [
-        {"kind": "Group", "name": "system:authenticated", "apiGroup": "rbac.authorization.k8s.io"}
-    ]
-    return [
-        {
-            "kind": "Role",
-            "metadata": {"name": "member", "namespace": namespace},
-            "rules": MEMBER_RULES,
-        },
-        {
-            "kind": "RoleBinding",
-            "metadata": {"name": "member", "namespace": namespace},
-            "roleRef": {"kind": "Role", "name": "member"},
-            "subjects": group,
-        },
-        {"kind": "ClusterRole", "metadata": {"name": "read-runtimes"}, "rules": READ_RUNTIMES},
-        {
-            "kind": "ClusterRoleBinding",
-            "metadata": {"name": "read-runtimes"},
-            "roleRef": {"kind": "ClusterRole", "name": "read-runtimes"},
-            "subjects": group,
-        },
-        {
-            "kind": "Role",
-            "metadata": {"name": PUBLIC, "namespace": "kubeflow-system"},
-            "rules": [
-                {
-                    "apiGroups": [""],
-                    "resources": ["configmaps"],
-                    "resourceNames": [PUBLIC],
-                    "verbs": ["get", "list", "watch"],
-                }
-            ],
-        },
-        {
-            "kind": "RoleBinding",
-            "metadata": {"name": PUBLIC, "namespace": "kubeflow-system"},
-            "roleRef": {"kind": "Role", "name": PUBLIC},
-            "subjects": everyone,
-        },
-    ]
+PUBLIC_RBAC = [
+    {
+        "kind": "Role",
+        "metadata": {"name": PUBLIC, "namespace": "kubeflow-system"},
+        "rules": [
+            {
+                "apiGroups": [""],
+                "resources": ["configmaps"],
+                "resourceNames": [PUBLIC],
+                "verbs": ["get", "list", "watch"],
+            }
+        ],
+    },
+    {
+        "kind": "RoleBinding",
+        "metadata": {"name": PUBLIC, "namespace": "kubeflow-system"},
+        "roleRef": {"kind": "Role", "name": PUBLIC},
+        "subjects": [
+            {
+                "kind": "Group",
+                "name": "system:authenticated",
+                "apiGroup": "rbac.authorization.k8s.io",
+            }
+        ],
+    },
+]
 
 
 def cel_admission(kind_, obj):
@@ -381,8 +341,9 @@ def cel_admission(kind_, obj):
 
 
 @pytest.fixture(scope="module")
-def trainer_api():
-    api = KubeAPI(Authorizer(policy(TEAM)), BUILTIN).start()
+def trainer_api(dev_plan):
+    # The team members' rights as the dev stack grants them (infra/components/team_access.py).
+    api = KubeAPI(Authorizer([*rbac_of(dev_plan), *PUBLIC_RBAC]), BUILTIN).start()
     api.admission.append(cel_admission)
     try:
         for path in sorted((CRD_DIR / "trainer").glob("*.yaml")):

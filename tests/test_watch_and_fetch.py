@@ -10,8 +10,8 @@ import pytest
 import torch
 import yaml
 
-from tests.kube_api import KubeAPI, Kubelet, user
-from tests.kube_api.rbac import Authorizer
+from tests.kube_api import KubeAPI, Kubelet, rbac_of, user
+from tests.kube_api.rbac import Authorizer, request_info
 from tests.moto_s3 import moto_server, s3_client
 from tests.tensorboard_view import line_pixels, screenshot, series, tensorboard
 from tests.test_policies import plan_with
@@ -150,21 +150,16 @@ def test_fetching_a_folder_without_a_committed_checkpoint_says_so(tmp_path, caps
 
 
 TEAM, IMAGE = "team-a", "registry.example/trainer@sha256:" + "a" * 64
+MEMBERS = f"team:{TEAM}"  # the group a team member's EKS access entry maps her to
 
 
 @pytest.fixture
-def cluster(tmp_path, monkeypatch):
-    """The local Kubernetes API with a team namespace whose members may do what the copy needs
-    (POD_RULES) and nothing else; pods run as local processes (tests.kube_api.kubelet)."""
+def cluster(dev_plan, tmp_path, monkeypatch):
+    """The local Kubernetes API with the dev plan's RBAC: a team namespace whose members (the
+    group team:<team> their access entries map them to) have the team's Role; pods run as local
+    processes (tests.kube_api.kubelet)."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
-    role = {"kind": "Role", "metadata": {"name": "copy", "namespace": TEAM}, "rules": POD_RULES}
-    binding = {
-        "kind": "RoleBinding",
-        "metadata": {"name": "copy", "namespace": TEAM},
-        "roleRef": {"apiGroup": "rbac.authorization.k8s.io", "kind": "Role", "name": "copy"},
-        "subjects": [{"kind": "Group", "name": f"{TEAM}-members"}],
-    }
-    api = KubeAPI(Authorizer([role, binding])).start()
+    api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
     api.runtime = Kubelet()
     namespaces = next(k for k in api.kinds.values() if k.plural == "namespaces")
     api.call(api.create, namespaces, "", {"metadata": {"name": TEAM}})
@@ -185,7 +180,7 @@ def test_an_efs_checkpoint_is_fetched_through_a_pod_that_is_gone_after(
     # checkpoints are where it writes them (workloads.manifests.checkpoint_dir).
     claim = cluster.runtime.dir / "claims" / TEAM / CLAIMS["/efs"]
     shutil.copytree(ckpt, claim / "checkpoints" / "job")
-    alice = user("alice", [f"{TEAM}-members"])
+    alice = user("alice", [MEMBERS])
     use_kubeconfig(cluster, alice, tmp_path / "kubeconfig", monkeypatch)
     out = tmp_path / "model.pt"
     status, printed, err = fetched(capsys, "/efs/checkpoints/job", "--namespace", TEAM, "--image",
@@ -219,7 +214,7 @@ def test_without_the_rights_in_the_namespace_the_copy_says_so_in_one_line(
 def test_a_folder_that_is_not_on_the_claim_is_named_and_the_pod_deleted(
     cluster, tmp_path, capsys, monkeypatch
 ):
-    use_kubeconfig(cluster, user("alice", [f"{TEAM}-members"]), tmp_path / "kc", monkeypatch)
+    use_kubeconfig(cluster, user("alice", [MEMBERS]), tmp_path / "kc", monkeypatch)
     status, _, err = fetched(capsys, "/fsx/checkpoints/none", "--namespace", TEAM, "--image", IMAGE)
     assert status == 2
     assert err.startswith(
@@ -227,6 +222,21 @@ def test_a_folder_that_is_not_on_the_claim_is_named_and_the_pod_deleted(
         "(does the job write its checkpoints there?): command terminated with non-zero exit code"
     )
     assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
+
+
+def test_a_teams_members_may_do_what_the_copy_needs_in_its_namespace_only(dev_plan):
+    authorizer, alice = Authorizer(rbac_of(dev_plan)), user("alice", [MEMBERS])
+    methods = {"get": "GET", "create": "POST", "delete": "DELETE"}
+    for rule in POD_RULES:
+        for resource in rule["resources"]:
+            plural, _, sub = resource.partition("/")
+            for verb in rule["verbs"]:
+                for namespace, allowed in ((TEAM, True), ("research", False)):
+                    name = "" if verb == "create" and not sub else "/p"
+                    tail = f"/{sub}" if sub else ""
+                    path = f"/api/v1/namespaces/{namespace}/{plural}{name}{tail}"
+                    info = request_info(methods[verb], path)
+                    assert authorizer.allows(alice, info) is allowed, (verb, path)
 
 
 def test_the_copy_pod_is_restricted_and_mounts_the_claim_of_its_path_read_only():

@@ -12,6 +12,7 @@ from infra.paths import PROJECT_DIR
 CONTEXT = PROJECT_DIR / "trainer"
 DOCKERFILE = CONTEXT / "Dockerfile"
 TRAINER = "trainer"  # its ECR repository: <cluster>/trainer
+RUNTIME = "runtime"  # the target without EFA's libraries (image_target)
 
 
 def trainer_tag(target: str) -> str:
@@ -25,11 +26,13 @@ def trainer_repository(cluster_name: str) -> str:
 
 
 def stack_targets(config: StackConfig) -> list[str]:
-    """The targets a stack builds: those its jobs run, and those of every NodePool, whose
+    """The targets a stack builds: those its jobs run, those of every NodePool, whose
     ClusterTrainingRuntime (workloads/training_runtimes.py) and fabric check (workloads/
-    nccl_check.py: all_reduce_perf) run the pool's target."""
+    nccl_check.py: all_reduce_perf) run the pool's target, and `runtime` for the teams'
+    TensorBoards (workloads/tensorboard.py)."""
     image_pools = [config.job_pool(job) for job in config.jobs] + list(config.node_pools)
-    return sorted({image_target(pool) for pool in image_pools})
+    tensorboards = [RUNTIME] if any(t.tensorboard for t in config.queues.teams) else []
+    return sorted({image_target(pool) for pool in image_pools} | set(tensorboards))
 
 
 class TrainerImage(pulumi.ComponentResource):

@@ -10,10 +10,11 @@ from infra.config import CHECKPOINT_PREFIX, BucketConfig
 from infra.data_holders import BUCKET, DataGuard
 
 
-def prefix_read_write_policy(
-    bucket_arn: str, prefix: str, key: tuple[str, str, str] | None = None
+def prefix_access_policy(
+    bucket_arn: str, prefix: str, key: tuple[str, str, str] | None = None, write: bool = True
 ) -> dict:
-    """IAM policy: read/write objects under `prefix` of one bucket, list only that prefix.
+    """IAM policy: read (and with `write`, write) objects under `prefix` of one bucket, list only
+    that prefix.
 
     With SSE-KMS, S3 calls KMS as the caller: writing needs kms:GenerateDataKey and reading
     kms:Decrypt on the bucket's key, or every request is denied. `key` is (region, account,
@@ -21,16 +22,14 @@ def prefix_read_write_policy(
     creates it and a policy that cannot be read in a preview fails the policy pack.
     """
     prefix = prefix.strip("/")
+    objects = ["s3:GetObject"]
+    if write:
+        objects += ["s3:PutObject", "s3:DeleteObject", "s3:AbortMultipartUpload"]
     statements = [
         {
             "Sid": "ObjectsUnderPrefix",
             "Effect": "Allow",
-            "Action": [
-                "s3:GetObject",
-                "s3:PutObject",
-                "s3:DeleteObject",
-                "s3:AbortMultipartUpload",
-            ],
+            "Action": objects,
             "Resource": f"{bucket_arn}/{prefix}/*",
         },
         {
@@ -47,7 +46,7 @@ def prefix_read_write_policy(
             {
                 "Sid": "BucketKey",
                 "Effect": "Allow",
-                "Action": ["kms:GenerateDataKey", "kms:Decrypt"],
+                "Action": ["kms:GenerateDataKey", "kms:Decrypt"] if write else ["kms:Decrypt"],
                 "Resource": f"arn:{bucket_arn.split(':')[1]}:kms:{region}:{account}:key/*",
                 "Condition": {"ForAnyValue:StringEquals": {"kms:ResourceAliases": alias}},
             }
@@ -233,8 +232,9 @@ class TrainingBucket(pulumi.ComponentResource):
         self.arn = arn
         self.register_outputs({"name": self.name, "arn": self.arn})
 
-    def prefix_policy(self, prefix: str) -> pulumi.Output[str]:
-        """Policy document (JSON) granting read/write on `prefix` of this bucket only."""
+    def prefix_policy(self, prefix: str, write: bool = True) -> pulumi.Output[str]:
+        """Policy document (JSON) granting read (and with `write`, write) on `prefix` of this
+        bucket only."""
         return self.arn.apply(
-            lambda arn: json.dumps(prefix_read_write_policy(arn, prefix, self.key))
+            lambda arn: json.dumps(prefix_access_policy(arn, prefix, self.key, write))
         )

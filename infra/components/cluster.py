@@ -19,6 +19,8 @@ CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager",
 
 class Cluster(pulumi.ComponentResource):
     name: pulumi.Output[str]
+    # The system nodes' role: what their kubelets and CSI node agents act as (EFS mounts).
+    system_node_role_arn: pulumi.Output[str]
     kubeconfig: pulumi.Output[str]
     provider: k8s.Provider
     cluster_security_group_id: pulumi.Output[str]
@@ -202,6 +204,7 @@ class Cluster(pulumi.ComponentResource):
         child = pulumi.ResourceOptions(parent=self)
         group = config.system_node_group
         role = node_role(f"{name}-system-node", tags, child)
+        self.system_node_role_arn = role.arn
         launch_template = aws.ec2.LaunchTemplate(
             f"{name}-system-node",
             block_device_mappings=[

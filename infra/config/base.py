@@ -133,7 +133,10 @@ IAM_PRINCIPAL_ARN = r"^arn:aws[a-z-]*:iam::\d{12}:(role|user)/[\w+=,.@/-]+$"
 
 
 PATTERN_HINTS[IAM_PRINCIPAL_ARN] = (
-    "an IAM role or user ARN, e.g. arn:aws:iam::123456789012:role/platform-admins"
+    "an IAM role or user ARN, e.g. arn:aws:iam::123456789012:role/platform-admins, or an IAM "
+    "Identity Center role with its path, arn:aws:iam::123456789012:role/aws-reserved/"
+    "sso.amazonaws.com/<region>/AWSReservedSSO_<permission set>_<suffix> (not an "
+    "arn:aws:sts::...:assumed-role/... session)"
 )
 
 

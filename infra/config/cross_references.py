@@ -10,7 +10,7 @@ from infra.config.hybrid import eks_service_cidr
 from infra.config.jobs import job_args_errors
 from infra.config.policy import HYBRID_GATEWAY, public_ingress_resources
 from infra.config.pools import NODE_RESERVE, job_pod_fits, pod_room
-from infra.config.queues import queue_shortfall
+from infra.config.queues import TENSORBOARD, queue_shortfall
 from infra.config.stack import StackConfig
 from infra.versions import KUBERNETES_VERSIONS
 
@@ -232,6 +232,15 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                     + allowed_list([*teams], "allowed: none yet, declare queues.teams first"),
                 )
             )
+        if team is not None and team.tensorboard and job.name == TENSORBOARD:
+            # A job's ServiceAccount is named after it (workloads/training_job.py).
+            problems.append(
+                (
+                    (*loc, "name"),
+                    f"{TENSORBOARD} is the ServiceAccount of team {team.name}'s TensorBoard; "
+                    "allowed: any other name",
+                )
+            )
         problems += [((*loc, "args"), message) for message in job_args_errors(job)]
         if pool is not None and pool.hybrid and job.checkpoint != "s3":
             # The EFS and FSx CSI node agents do not run on hybrid nodes (README, Cluster mode).
@@ -254,9 +263,26 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
         problems
         + _hybrid_errors(config)
         + dev_servers_errors(config)
+        + _members_errors(config)
         + _ami_release_errors(config)
         + _public_ingress_errors(config)
     )
+
+
+def _members_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    """EKS keeps one access entry per principal: an admin's already grants cluster-admin, and a
+    member's team group could not be added to it (cluster.py's entries carry none)."""
+    admins = set(config.cluster.admin_principal_arns)
+    return [
+        (
+            ("queues", "teams", i, "members", j),
+            f"{arn} is in cluster.adminPrincipalArns, whose access entry is cluster-admin; "
+            "allowed: a principal that is not a cluster admin",
+        )
+        for i, team in enumerate(config.queues.teams)
+        for j, arn in enumerate(team.members)
+        if arn in admins
+    ]
 
 
 def _ami_release_errors(config: StackConfig) -> list[tuple[tuple, str]]:

@@ -8,7 +8,7 @@ from pydantic import (
     model_validator,
 )
 
-from infra.config.base import K8sName, Model
+from infra.config.base import IamPrincipalArn, K8sName, Model
 from infra.config.hybrid import Pool
 from infra.config.jobs import JobConfig
 
@@ -26,6 +26,11 @@ SYSTEM_NAMESPACES = (
     "mpi-operator",
     "local-path-storage",
 )
+
+
+# The name of a team's TensorBoard: its Deployment, Service and ServiceAccount
+# (workloads/tensorboard.py).
+TENSORBOARD = "tensorboard"
 
 
 class TeamConfig(Model):
@@ -53,10 +58,34 @@ class TeamConfig(Model):
         le=100,
         description="With ownClusterQueue: the share of each pool's ceiling it may borrow.",
     )
+    members: list[IamPrincipalArn] = Field(
+        default_factory=list,
+        description="IAM roles or users, each once, that may submit, watch and delete the "
+        "team's jobs (PyTorchJob, MPIJob, TrainJob) in its namespace, read their pods, logs, "
+        "events and Kueue Workloads, and reach its TensorBoard: nothing outside the namespace. "
+        "An IAM Identity Center role keeps its path (arn:aws:iam::<account>:role/aws-reserved/"
+        "sso.amazonaws.com/<region>/AWSReservedSSO_<permission set>_<suffix>). Each principal "
+        "gets one EKS access entry, mapped to the group team:<name> (a DevServer user's entry "
+        "carries it too).",
+    )
+    tensorboard: bool = Field(
+        default=True,
+        description="A TensorBoard in the namespace, on the system nodes, that reads the "
+        "curves of all the team's jobs (s3://<bucket>/checkpoints/<namespace>, and the team's "
+        "EFS and FSx checkpoints read-only); members reach it with kubectl port-forward -n "
+        "<namespace> svc/tensorboard 6006.",
+    )
 
     @property
     def namespace_name(self) -> str:
         return self.namespace or self.name
+
+    @model_validator(mode="after")
+    def _members_once(self) -> "TeamConfig":
+        repeated = sorted({m for m in self.members if self.members.count(m) > 1})
+        if repeated:
+            raise ValueError(f"members repeats {', '.join(repeated)}; allowed: each ARN once")
+        return self
 
 
 class QueuesConfig(Model):

@@ -49,6 +49,12 @@ def _manifest(resource) -> tuple[str, dict]:
     return api_version, {**resource.inputs, "apiVersion": api_version, "kind": kind}
 
 
+def rbac_of(plan) -> list[dict]:
+    """The Roles, ClusterRoles and bindings `plan` deploys, as an Authorizer's policy."""
+    manifests = [_manifest(r)[1] for r in plan.resources if r.type.startswith("kubernetes:")]
+    return [m for m in manifests if m["kind"] in RBAC_KINDS]
+
+
 def from_plan(plan, crds: list[dict] = (), account=None) -> KubeAPI:
     """A started API holding what `plan` deploys to Kubernetes: its RBAC (as the authorizer's
     policy), and every object of a kind the API serves, CRDs first (with `crds`, which the
@@ -70,8 +76,7 @@ def from_plan(plan, crds: list[dict] = (), account=None) -> KubeAPI:
             - set(SYSTEM_NAMESPACES)
         )
     ]
-    policy = [m for _, m in manifests if m["kind"] in RBAC_KINDS]
-    api = KubeAPI(Authorizer(policy)).start()
+    api = KubeAPI(Authorizer(rbac_of(plan))).start()
     api.runtime = Kubelet(account)
     served = {(k.api_version, k.kind): k for k in BUILTIN}
     crds = [m for v, m in manifests if (v, m["kind"]) == ("apiextensions.k8s.io/v1", CRD)]
@@ -87,4 +92,4 @@ def from_plan(plan, crds: list[dict] = (), account=None) -> KubeAPI:
     return api
 
 
-__all__ = ["ADMIN", "KubeAPI", "Kubelet", "from_plan", "service_account", "user"]
+__all__ = ["ADMIN", "KubeAPI", "Kubelet", "from_plan", "rbac_of", "service_account", "user"]

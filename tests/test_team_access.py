@@ -1,0 +1,364 @@
+"""Teams have members: their stack config, their EKS access entries, and what the team's Role
+lets them do, checked for real through the local Kubernetes API (tests.kube_api), which
+authorizes every request with the dev plan's RBAC and Kubernetes' own verb mapping."""
+
+import pytest
+from kubernetes import client, dynamic
+from kubernetes.dynamic.exceptions import ForbiddenError
+
+from infra.components.team_access import member_groups
+from infra.config import TeamConfig
+from tests.conftest import stack_values
+from tests.crd_schema import CRD_DIR, conformance_errors
+from tests.job_crds import example_job, job_crds
+from tests.kube_api import ADMIN, from_plan, user
+from tests.kueue_rules import WORKLOAD_VERSION
+from tests.test_config import error_for
+
+ACCESS_ENTRY = "aws:eks/accessEntry:AccessEntry"
+SSO = (
+    "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/us-west-2/"
+    "AWSReservedSSO_MLEngineer_0123456789abcdef"
+)
+IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/tp-dev/trainer@sha256:" + "a" * 64
+PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+
+
+def teams_with(*members: list[str]) -> dict:
+    return {"teams": [{"name": f"t{i}", "members": m} for i, m in enumerate(members)]}
+
+
+@pytest.mark.parametrize(
+    "arn",
+    [
+        SSO,
+        # An Identity Center instance in us-east-1 leaves the region out of the path.
+        "arn:aws:iam::123456789012:role/aws-reserved/sso.amazonaws.com/AWSReservedSSO_ML_0a1b2c",
+        "arn:aws:iam::123456789012:role/ml/engineers",
+        "arn:aws:iam::123456789012:user/bob",
+        "arn:aws-us-gov:iam::123456789012:role/ml",
+    ],
+)
+def test_members_are_iam_roles_or_users_identity_center_roles_with_their_path(arn):
+    assert TeamConfig.model_validate({"name": "a", "members": [arn]}).members == [arn]
+
+
+@pytest.mark.parametrize(
+    ("members", "key", "allowed"),
+    [
+        (
+            ["arn:aws:sts::123456789012:assumed-role/AWSReservedSSO_ML_0a1b2c/alice"],
+            "queues.teams[t0].members[0]",
+            "(not an arn:aws:sts::...:assumed-role/... session)",
+        ),
+        ([SSO, SSO], "queues.teams[t0]", "allowed: each ARN once"),
+        (
+            ["arn:aws:iam::123456789012:role/platform-admins"],
+            "queues.teams[t0].members[0]",
+            "allowed: a principal that is not a cluster admin",
+        ),
+    ],
+)
+def test_a_bad_member_is_named_with_what_is_allowed(members, key, allowed):
+    message = error_for(queues=teams_with(members))
+    assert f"training-platform:{key}:" in message and allowed in message, message
+
+
+def test_a_principal_in_several_teams_gets_every_teams_group():
+    other = "arn:aws:iam::123456789012:user/bob"
+    teams = [TeamConfig(name=n, members=m) for n, m in (("a", [SSO]), ("b", [other, SSO]))]
+    assert member_groups(teams) == {SSO: ["team:a", "team:b"], other: ["team:b"]}
+
+
+def test_each_principal_has_one_access_entry_without_access_policy(stack_plan):
+    """EKS refuses a second entry for a principal: a member who is also a DevServer user gets
+    her team's group on the entry DevServers makes."""
+    entries = stack_plan.of_type(ACCESS_ENTRY)
+    principals = [e.inputs["principalArn"] for e in entries]
+    assert len(principals) == len(set(principals))
+    members = [e for e in entries if e.name.startswith("team-access-")]
+    for entry in members:
+        assert entry.inputs["type"] == "STANDARD"
+        assert all(g.startswith("team:") for g in entry.inputs["kubernetesGroups"])
+    associations = stack_plan.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
+    assert not {a.inputs["principalArn"] for a in associations} & {
+        e.inputs["principalArn"] for e in members
+    }
+
+
+def test_the_dev_stacks_members_map_to_their_teams(dev_plan):
+    groups = {
+        e.inputs["principalArn"]: e.inputs.get("kubernetesGroups")
+        for e in dev_plan.of_type(ACCESS_ENTRY)
+    }
+    assert groups[SSO] == ["team:team-a"]
+    assert groups["arn:aws:iam::123456789012:role/research-ml"] == ["team:research"]
+    # alice: DevServer user and team-a member, one entry.
+    assert groups["arn:aws:iam::123456789012:role/dev-alice"] == [
+        "dev:alice",
+        "dev:users",
+        "team:team-a",
+    ]
+
+
+def test_no_team_group_is_bound_outside_its_namespace(stack_plan):
+    rbac = "kubernetes:rbac.authorization.k8s.io/v1"
+    # Cluster-wide, team groups are bound to reading the ClusterTrainingRuntimes and nothing else.
+    cluster_roles = {
+        r.inputs["metadata"]["name"]: r.inputs for r in stack_plan.of_type(f"{rbac}:ClusterRole")
+    }
+    for binding in stack_plan.of_type(f"{rbac}:ClusterRoleBinding"):
+        if any(s["name"].startswith("team:") for s in binding.inputs["subjects"]):
+            assert cluster_roles[binding.inputs["roleRef"]["name"]]["rules"] == [
+                {
+                    "apiGroups": ["trainer.kubeflow.org"],
+                    "resources": ["clustertrainingruntimes"],
+                    "verbs": ["get", "list", "watch"],
+                }
+            ]
+    teams = {
+        t["name"]: t.get("namespace", t["name"])
+        for t in stack_values(stack_plan.stack)["training-platform:queues"]["teams"]
+    }
+    bound = {
+        (b.inputs["metadata"]["namespace"], s["name"])
+        for b in stack_plan.of_type(f"{rbac}:RoleBinding")
+        for s in b.inputs["subjects"]
+        if s["name"].startswith("team:")
+    }
+    assert bound == {(ns, f"team:{team}") for team, ns in teams.items()}
+
+
+def test_the_example_job_conforms_to_the_pytorchjob_crd():
+    job = example_job("team-a", IMAGE)
+    assert conformance_errors({**job, "metadata": {**job["metadata"], "namespace": "t"}}) == []
+    assert (CRD_DIR / "training-operator" / "kubeflow.org_pytorchjobs.yaml").exists()
+
+
+@pytest.fixture(scope="module")
+def cluster(dev_plan, tmp_path_factory):
+    """The dev plan on the local API, with the job kinds served (tests.job_crds) and Kueue's
+    queues; no kubelet: the test writes pods' status itself."""
+    kueue = [
+        _crd(f"kueue/kueue.x-k8s.io_{plural}.yaml") for plural in ("localqueues", "clusterqueues")
+    ]
+    api = from_plan(dev_plan, crds=[*job_crds(), *kueue])
+    api.runtime = None
+    entries = {
+        e.inputs["principalArn"]: e.inputs.get("kubernetesGroups")
+        for e in dev_plan.of_type(ACCESS_ENTRY)
+    }
+    api.member = user(SSO, entries[SSO])  # as EKS maps the access entry
+    yield api
+    api.stop()
+
+
+def _crd(path: str) -> dict:
+    import yaml
+
+    return yaml.safe_load((CRD_DIR / path).read_text())
+
+
+def clients(api, who):
+    token = api.add_token(who)
+    configuration = client.Configuration()
+    configuration.host, configuration.api_key = api.url, {"authorization": f"Bearer {token}"}
+    api_client = client.ApiClient(configuration)
+    return dynamic.DynamicClient(api_client), client.CoreV1Api(api_client)
+
+
+def running_pod(api, namespace: str, name: str, labels: dict, log: str) -> None:
+    """A pod as its operator and kubelet would leave it, running and having logged `log`."""
+    pods = next(k for k in api.kinds.values() if k.plural == "pods")
+    pod = {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": name, "namespace": namespace, "labels": labels},
+        "spec": {"containers": [{"name": "pytorch", "image": IMAGE}]},
+    }
+    created = api.call(api.create, pods, namespace, pod)
+    run = f"containerd://{name}"
+    status = {
+        "phase": "Running",
+        "conditions": [{"type": "Ready", "status": "True"}],
+        "containerStatuses": [
+            {
+                "name": "pytorch",
+                "containerID": run,
+                "ready": True,
+                "restartCount": 0,
+                "state": {"running": {}},
+                "image": IMAGE,
+                "imageID": "",
+                "started": True,
+            }
+        ],
+    }
+    api.call(api.replace, pods, created, {**created, "status": status})
+    api.container_logs[run] = log
+
+
+def test_a_member_runs_her_job_in_her_teams_namespace_and_nothing_beyond(cluster):
+    api = cluster
+    member, core = clients(api, api.member)
+    admin, _ = clients(api, ADMIN)
+    jobs = member.resources.get(api_version=PYTORCHJOB[0], kind=PYTORCHJOB[1])
+
+    # Submit the example, see it listed and watched.
+    job = example_job("team-a", IMAGE)
+    created = jobs.create(body=job, namespace="team-a")
+    # The stack's own jobs of team-a are there too (the plan's).
+    assert [j.metadata.name for j in jobs.get(namespace="team-a").items] == [
+        "gpt-small",
+        "hello-trainer",
+        "smoke-cpu",
+    ]
+    watched = {e["object"].metadata.name for e in jobs.watch(namespace="team-a", timeout=3)}
+    assert "hello-trainer" in watched
+
+    # Its pods, their logs and events, its Kueue Workload and the team's queue: readable.
+    labels = {"training.kubeflow.org/job-name": "hello-trainer"}
+    running_pod(api, "team-a", "hello-trainer-worker-0", labels, '{"event": "start"}\n')
+    log = core.read_namespaced_pod_log("hello-trainer-worker-0", "team-a", _preload_content=False)
+    assert log.data == b'{"event": "start"}\n'
+    events = admin.resources.get(api_version="v1", kind="Event")
+    events.create(
+        namespace="team-a",
+        body={
+            "metadata": {"name": "hello-trainer.1"},
+            "involvedObject": {
+                "kind": "PyTorchJob",
+                "name": "hello-trainer",
+                "namespace": "team-a",
+                "uid": created.metadata.uid,
+            },
+            "reason": "Suspended",
+            "message": "Kueue suspended the job",
+            "type": "Normal",
+        },
+    )
+    assert [e.reason for e in core.list_namespaced_event("team-a").items] == ["Suspended"]
+    workloads = admin.resources.get(
+        api_version=f"kueue.x-k8s.io/{WORKLOAD_VERSION}", kind="Workload"
+    )
+    workloads.create(namespace="team-a", body={"metadata": {"name": "pytorchjob-hello-trainer"}})
+    mine = member.resources.get(api_version=f"kueue.x-k8s.io/{WORKLOAD_VERSION}", kind="Workload")
+    assert [w.metadata.name for w in mine.get(namespace="team-a").items] == [
+        "pytorchjob-hello-trainer"
+    ]
+    queues = member.resources.get(api_version="kueue.x-k8s.io/v1beta2", kind="LocalQueue")
+    assert [q.metadata.name for q in queues.get(namespace="team-a").items] == ["team-a"]
+    # TrainJobs and MPIJobs alike.
+    trainjobs = member.resources.get(api_version="trainer.kubeflow.org/v1alpha1", kind="TrainJob")
+    trainjobs.create(namespace="team-a", body={"metadata": {"name": "t"}, "spec": {}})
+    trainjobs.delete(name="t", namespace="team-a")
+    assert api.refusals == []
+
+    # Nothing else: not her job's spec once submitted, not the namespace's secrets, not another
+    # team's namespace, nothing cluster-scoped.
+    refused = [
+        lambda: jobs.patch(
+            name="hello-trainer",
+            namespace="team-a",
+            body={"metadata": {"labels": {"kueue.x-k8s.io/queue-name": "x"}}},
+            content_type="application/merge-patch+json",
+        ),
+        lambda: core.list_namespaced_secret("team-a"),
+        lambda: jobs.create(body=job, namespace="research"),
+        lambda: jobs.get(namespace="research"),
+        lambda: core.list_namespaced_pod("research"),
+        lambda: mine.get(namespace="research"),
+        lambda: jobs.get(),  # every namespace's
+        lambda: core.list_node(),
+        lambda: core.list_namespace(),
+        lambda: core.create_namespace({"metadata": {"name": "mine"}}),
+        lambda: member.resources.get(
+            api_version="kueue.x-k8s.io/v1beta2", kind="ClusterQueue"
+        ).get(),
+    ]
+    for call in refused:
+        with pytest.raises((ForbiddenError, client.ApiException)) as caught:
+            call()
+        assert caught.value.status == 403
+    assert len(api.refusals) == len(refused)
+    assert api.refusals[2] == (
+        f'pytorchjobs.kubeflow.org is forbidden: User "{SSO}" cannot create resource '
+        '"pytorchjobs" in API group "kubeflow.org" in the namespace "research"'
+    )
+    api.refusals.clear()
+
+    jobs.delete(name="hello-trainer", namespace="team-a")
+    assert "hello-trainer" not in {j.metadata.name for j in jobs.get(namespace="team-a").items}
+    assert api.refusals == []
+
+
+def test_a_job_without_its_queue_label_is_refused_in_every_team_namespace(dev_plan):
+    """Kueue would not hold it (manageJobsWithoutQueueName is off): the plan's admission policy
+    refuses it on create, for every job kind the team Role lets members create, in every
+    namespace a team's jobs or DevServers live in. Its CEL rule is evaluated with cel-python."""
+    import celpy
+    import kubernetes_validate
+
+    admission = "kubernetes:admissionregistration.k8s.io/v1"
+    policy = dev_plan.one(f"{admission}:ValidatingAdmissionPolicy").inputs
+    binding = dev_plan.one(f"{admission}:ValidatingAdmissionPolicyBinding").inputs
+    for manifest, kind in (
+        (policy, "ValidatingAdmissionPolicy"),
+        (binding, "ValidatingAdmissionPolicyBinding"),
+    ):
+        kubernetes_validate.validate(
+            {**manifest, "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind},
+            "1.34",
+            strict=True,
+        )
+    assert binding["spec"] == {
+        "policyName": policy["metadata"]["name"],
+        "validationActions": ["Deny"],
+    }
+
+    (rule,) = policy["spec"]["validations"]
+    env = celpy.Environment()
+    program = env.program(env.compile(rule["expression"]))
+    job = example_job("team-a", IMAGE)
+    unlabelled = {**job, "metadata": {"name": "x"}}
+    relabelled = {**job, "metadata": {"name": "x", "labels": {"app": "x"}}}
+    verdicts = [
+        program.evaluate({"object": celpy.json_to_cel(j)}) for j in (job, unlabelled, relabelled)
+    ]
+    assert verdicts == [True, False, False]
+
+    constraints = policy["spec"]["matchConstraints"]
+    matched = {
+        (group, resource)
+        for r in constraints["resourceRules"]
+        if r["operations"] == ["CREATE"]
+        for group in r["apiGroups"]
+        for resource in r["resources"]
+    }
+    role = next(
+        r.inputs
+        for r in dev_plan.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
+        if r.inputs["metadata"]["name"] == "team-member"
+    )
+    creatable = {
+        (group, resource)
+        for r in role["rules"]
+        if "create" in r["verbs"]
+        for group in r["apiGroups"]
+        if group  # the core group's pods: trainer.fetch's copy pod, not a job
+        for resource in r["resources"]
+    }
+    assert (
+        matched
+        == creatable
+        == {
+            ("kubeflow.org", "pytorchjobs"),
+            ("kubeflow.org", "mpijobs"),
+            ("trainer.kubeflow.org", "trainjobs"),
+        }
+    )
+    (selector,) = constraints["namespaceSelector"]["matchExpressions"]
+    namespaces = [n.inputs["metadata"] for n in dev_plan.of_type("kubernetes:core/v1:Namespace")]
+    labelled = {n["name"] for n in namespaces if selector["key"] in (n.get("labels") or {})}
+    assert selector["operator"] == "Exists"
+    assert labelled == {"team-a", "research", "dev-alice", "dev-bob"}
