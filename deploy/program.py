@@ -3,8 +3,10 @@
 from pathlib import Path
 
 import pulumi
+import pulumi_aws as aws
 
 from devservers.component import DevServers
+from infra.catalog import load_prices
 from infra.components.block_storage import BlockStorage
 from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
@@ -25,7 +27,7 @@ from infra.components.shared_file_system import SharedFileSystem
 from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi, image_target
 from infra.versions import EKS_ADDONS
-from workloads.image import TrainerImage, stack_targets
+from workloads.image import TrainerImage, stack_targets, trainer_image_repository
 from workloads.training_job import TrainingJob
 
 # Kustomize overlays (the job operators, the hybrid homes' provisioner), handed to the provider
@@ -145,6 +147,10 @@ def build_platform(config: StackConfig) -> None:
             [*namespace_prerequisites, *home_prerequisites],
             gpu_metrics,
             efs=efs is not None,
+            trainer_repository=trainer_image_repository(
+                config, aws.get_caller_identity().account_id
+            ),
+            prices=load_prices(config.region),
         ).namespaces
 
     if efs:

@@ -2,12 +2,14 @@
 
 Each user in `devServers.users[]` gets namespace dev-<user> (Pod Security "restricted", labelled
 with their team so their team's ClusterQueue admits it), a LocalQueue `dev`, a ResourceQuota of
-servers, GPUs and home storage (the gp3 volumes of their servers, kept ones included; homes on
-the hybrid machines' own disks are not counted), RBAC that
+servers, GPUs, CPU, memory and home storage (the gp3 volumes of their servers, kept ones
+included; homes on the hybrid machines' own disks are not counted), RBAC that
 lets them manage DevServers and exec/port-forward there and nowhere else, and an EKS access
 entry mapping their IAM principal to that RBAC. The operator runs on the
 system nodes and may write only in the dev-* namespaces.
 """
+
+import json
 
 import pulumi
 import pulumi_aws as aws
@@ -15,10 +17,12 @@ import pulumi_kubernetes as k8s
 
 from devservers.api import (
     API_VERSION,
+    CPU_QUOTA,
     FLAVORS,
     GPU_REQUESTS,
     GROUP,
     LOCAL_QUEUE,
+    MEMORY_QUOTA,
     OWNER_LABEL,
     QUOTA,
     SERVER_COUNT,
@@ -28,6 +32,7 @@ from devservers.api import (
     storage_quota,
     user_namespace,
 )
+from infra.catalog import RegionPrices
 from infra.components.block_storage import STORAGE_CLASS as HOME_STORAGE_CLASS
 from infra.components.container_image import images
 from infra.components.context import ClusterContext
@@ -53,6 +58,7 @@ CONTEXT = PROJECT_DIR / "devservers"
 IMAGE_TARGET = "operator"
 USERS_GROUP = "dev:users"  # every DevServer user, for the read-only flavor catalog
 HEALTH_PORT = 8080
+METRICS_PORT = 8081  # Prometheus text: idle stops, restarts, what they save (devservers.metrics)
 RESTRICTED = {
     f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")
 }
@@ -107,12 +113,15 @@ OPERATOR_NAMESPACED_RULES = [
     rule([""], ["persistentvolumeclaims"], ["list", "patch"]),
     rule([""], ["pods"], ["list", "watch"]),
     rule([""], ["pods/exec"], CONNECT),
-    rule([""], ["events"], ["create"]),  # kopf's warnings about a server
+    # Events about a server: kopf's warnings, the operator's refusals, idle stops and restarts.
+    rule([""], ["events"], ["create"]),
     rule(["kueue.x-k8s.io"], ["workloads"], ["list"]),  # status.kueue
 ]
 # Cluster-wide, read-only: flavors, and what kopf watches to find namespaces and resources.
 OPERATOR_CLUSTER_RULES = [
     rule([GROUP], [FLAVORS], READ),
+    # The node a server's pod runs on: its instance type and size, for the savings record.
+    rule([""], ["nodes"], ["get"]),
     rule([""], ["namespaces"], ["list", "watch"]),
     rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"]),
 ]
@@ -165,6 +174,9 @@ class DevServers(pulumi.ComponentResource):
         namespace_prerequisites: list[pulumi.Resource],
         gpu_metrics: pulumi.Resource | None,
         efs: bool,  # the stack has EFS, whose claim (efs-shared) is in every user's namespace
+        # The stack's trainer repository, registry included: servers may always run its images.
+        trainer_repository: str,
+        prices: RegionPrices,  # the flavors' instance types' prices, for the savings record
         opts: pulumi.ResourceOptions | None = None,
     ):
         # The type token is part of every child's URN: it keeps the `infra` it had before the
@@ -274,6 +286,7 @@ class DevServers(pulumi.ComponentResource):
                 name,
                 user,
                 teams_by_name[user.team],
+                config.cpu_and_memory_quota(user),
                 cluster,
                 queues,
                 namespace_prerequisites,
@@ -302,13 +315,37 @@ class DevServers(pulumi.ComponentResource):
             name,
             image,
             config,
+            {
+                "DEVSERVERS_ALLOWED_IMAGES": ",".join(
+                    [trainer_repository, *config.allowed_image_registries]
+                ),
+                "DEVSERVERS_REQUIRE_IMAGE_DIGEST": str(config.require_image_digest).lower(),
+                "DEVSERVERS_PRICES": json.dumps(
+                    {
+                        kind.name: prices.instance(kind.name)
+                        for pool in {p.name: p for p in flavor_pools.values()}.values()
+                        if not pool.hybrid
+                        for kind in pool.types
+                    },
+                    sort_keys=True,
+                ),
+            },
             cluster.in_cluster(
                 self, account, *definitions, *flavors, *bindings, *cluster.controller_prerequisites
             ),
         )
         self.register_outputs({"operatorImage": image})
 
-    def _user(self, name, user, team: TeamConfig, cluster: ClusterContext, queues, prerequisites):
+    def _user(
+        self,
+        name,
+        user,
+        team: TeamConfig,
+        cpu_and_memory: tuple[int, int],
+        cluster: ClusterContext,
+        queues,
+        prerequisites,
+    ):
         """dev-<user>: the namespace, its queue and quota, and the IAM principal's way in."""
         namespace_name = user_namespace(user.name)
         namespace = k8s.core.v1.Namespace(
@@ -334,6 +371,7 @@ class DevServers(pulumi.ComponentResource):
             spec={"clusterQueue": team_cluster_queue(team)},
             opts=cluster.in_cluster(self, namespace, *queues),
         )
+        cpu, memory_gib = cpu_and_memory
         k8s.core.v1.ResourceQuota(
             f"{name}-quota-{user.name}",
             metadata={"name": QUOTA, "namespace": namespace_name},
@@ -342,6 +380,10 @@ class DevServers(pulumi.ComponentResource):
                     SERVER_COUNT: str(user.quota.servers),
                     # Extended resources take only a requests quota (GPU requests == limits).
                     GPU_REQUESTS: str(user.quota.gpus),
+                    # Server pods ask for as much as they may use (requests == limits): both are
+                    # capped, so no user takes the queue's CPU or memory for themself.
+                    **{key: str(cpu) for key in CPU_QUOTA},
+                    **{key: f"{memory_gib}Gi" for key in MEMORY_QUOTA},
                     # Every home, whether a server uses it or it was kept after a delete or a
                     # shrink: the plan's cost table prices this ceiling (infra/cost.py).
                     storage_quota(HOME_STORAGE_CLASS): f"{user.quota.home_gib}Gi",
@@ -361,13 +403,15 @@ class DevServers(pulumi.ComponentResource):
         )
         return namespace
 
-    def _deployment(self, name, image, config: DevServersConfig, opts):
+    def _deployment(self, name, image, config: DevServersConfig, settings: dict, opts):
         """One replica (kopf --standalone: no peering) on the system nodes, restricted pod."""
         env = {
             "DEVSERVERS_SSH_CIDRS": ",".join(str(c) for c in config.ssh_load_balancer_cidrs),
             "DEVSERVERS_DCGM_NAMESPACE": DCGM_NAMESPACE,
             "DEVSERVERS_IDLE_GPU_PERCENT": str(config.idle.gpu_percent),
             "DEVSERVERS_IDLE_CPU_PERCENT": str(config.idle.cpu_percent),
+            "DEVSERVERS_METRICS_PORT": str(METRICS_PORT),
+            **settings,
         }
         labels = {"app.kubernetes.io/name": OPERATOR}
         return k8s.apps.v1.Deployment(
@@ -396,7 +440,10 @@ class DevServers(pulumi.ComponentResource):
                                     f"--liveness=http://0.0.0.0:{HEALTH_PORT}/healthz",
                                 ],
                                 "env": [{"name": k, "value": v} for k, v in env.items()],
-                                "ports": [{"name": "health", "containerPort": HEALTH_PORT}],
+                                "ports": [
+                                    {"name": "health", "containerPort": HEALTH_PORT},
+                                    {"name": "metrics", "containerPort": METRICS_PORT},
+                                ],
                                 "livenessProbe": {
                                     "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
                                     "periodSeconds": 30,
