@@ -21,7 +21,6 @@ from cryptography.hazmat.primitives.serialization import (
     PrivateFormat,
     PublicFormat,
 )
-from kubernetes.utils import parse_quantity
 
 from devservers.activity import (
     PROBE,
@@ -243,29 +242,30 @@ def kueue_state(workload: dict | None) -> str | None:
     return "Queued"
 
 
-def _workload(cluster: Cluster, server: dict) -> dict | None:
+def _workload(cluster: Cluster, stateful_set: dict | None) -> dict | None:
     """The Kueue Workload of the server's StatefulSet, if Kueue has made one."""
-    meta = server["metadata"]
-    stateful_set = cluster.get("apps/v1", "StatefulSet", meta["name"], meta["namespace"])
     if stateful_set is None:
         return None
-    labels = {JOB_UID_LABEL: stateful_set["metadata"]["uid"]}
+    meta = stateful_set["metadata"]
+    labels = {JOB_UID_LABEL: meta["uid"]}
     return next(iter(cluster.list(*WORKLOAD, meta["namespace"], labels)), None)
 
 
-def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool]:
-    """Create or correct every child. Returns (replacing, scaled_up).
+def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool, dict]:
+    """Create or correct every child. Returns (replacing, scaled_up, the children as read or
+    made, by kind and name).
 
     Kueue freezes the pod template of an admitted StatefulSet, so a new pod shape (flavor, image,
     home size) replaces the StatefulSet; homes survive because their claims are retained.
     """
     replacing = scaled_up = False
+    found = {}
     for child in desired:
         meta = child["metadata"]
         key = (child["apiVersion"], child["kind"], meta["name"], meta["namespace"])
-        existing = cluster.get(*key)
+        existing = found[(child["kind"], meta["name"])] = cluster.get(*key)
         if existing is None:
-            cluster.create(child)
+            found[(child["kind"], meta["name"])] = cluster.create(child)
             scaled_up |= child["kind"] == "StatefulSet" and child["spec"]["replicas"] > 0
         elif child["kind"] == "StatefulSet":
             shape = existing["metadata"].get("annotations", {}).get(SHAPE_ANNOTATION)
@@ -287,7 +287,7 @@ def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool]:
                 existing["metadata"].get("labels"), meta["labels"]
             ):
                 cluster.patch(*key, {**body, "metadata": {"labels": meta["labels"]}})
-    return replacing, scaled_up
+    return replacing, scaled_up, found
 
 
 def _homes_elsewhere(claims: list[dict], flavor: dict) -> str | None:
@@ -360,12 +360,9 @@ def _host_key(cluster: Cluster, server: dict) -> str:
     return host_public_key(secret)
 
 
-def _ssh_endpoint(cluster: Cluster, server: dict) -> str | None:
+def _ssh_endpoint(server: dict, service: dict | None) -> str | None:
     meta = server["metadata"]
-    if not ssh_enabled(server):
-        return None
-    service = cluster.get("v1", "Service", ssh_service_name(server), meta["namespace"])
-    if service is None:
+    if not ssh_enabled(server) or service is None:
         return None
     ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
     if service["spec"].get("type") == "LoadBalancer":
@@ -402,6 +399,8 @@ def reconcile(
 def _nodes(cluster: Cluster, server: dict, settings: Settings) -> Nodes:
     """Where the server's ready pods run: their nodes' instance type, the share of each node a
     pod's requests hold (the largest of its GPU, CPU and memory shares), and its price."""
+    from kubernetes.utils import parse_quantity  # here, not at the top: devctl imports this module
+
     meta = server["metadata"]
     pods = [
         p for p in cluster.list("v1", "Pod", meta["namespace"], _labels(server)) if pod_ready(p)
@@ -476,7 +475,7 @@ def _reconcile(
         return _refused(cluster, server, "HomeElsewhere", elsewhere)
     # Before the pods, which mount it; its public half goes to the status for devctl to check.
     host_key = _host_key(cluster, server) if ssh_enabled(server) else None
-    replacing, scaled_up = _sync_children(cluster, desired)
+    replacing, scaled_up, found = _sync_children(cluster, desired)
     _adopt_home_claims(cluster, server, claims)
 
     replicas = desired_replicas(server)
@@ -514,9 +513,10 @@ def _reconcile(
     else:
         status |= {"phase": "Pending", "reason": "Starting"}
     # None removes a field from the status (merge patch): no stale endpoint or activity figures.
-    status["sshEndpoint"] = _ssh_endpoint(cluster, server)
+    status["sshEndpoint"] = _ssh_endpoint(server, found.get(("Service", ssh_service_name(server))))
     status["sshHostKey"] = host_key
-    status["kueue"] = kueue_state(_workload(cluster, server)) if replicas else None
+    stateful_set = found.get(("StatefulSet", meta["name"]))
+    status["kueue"] = kueue_state(_workload(cluster, stateful_set)) if replicas else None
     if replicas == 0:
         status |= {"activeSessions": None, "gpuUtilization": None}
 

@@ -209,8 +209,10 @@ def _event(memo: kopf.Memo, server: dict, kind: str, reason: str, message: str, 
 
 
 @kopf.on.event("v1", "pods", labels={SERVER_LABEL: kopf.PRESENT})
-def on_pod(labels, namespace, memo: kopf.Memo, **_) -> None:
+def on_pod(type, labels, namespace, memo: kopf.Memo, **_) -> None:
     """A pod became ready, was admitted or went away: the server's phase follows at once."""
+    if type is None:
+        return  # the listing at start: kopf resumes every server anyway
     _refresh(memo, labels[SERVER_LABEL], namespace)
 
 
