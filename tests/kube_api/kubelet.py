@@ -459,21 +459,19 @@ class Kubelet:
         api.replace(pods, pod, {**pod, "status": status})
 
     @staticmethod
-    def _kill(running: _Running) -> None:
-        try:
-            os.killpg(running.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        running.process.wait()
+    def _kill(*containers: _Running) -> None:
+        """Kill the containers' process groups, all of them first, then wait for each."""
+        for running in containers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGKILL)
+        for running in containers:
+            running.process.wait()
 
     def stop(self) -> None:
         self._workers.shutdown(wait=True)
-        for started in self.starting.values():
-            if started.exception() is None:
-                self._kill(started.result())
+        started = [s.result() for s in self.starting.values() if s.exception() is None]
+        self._kill(*started, *self.running.values())
         self.starting.clear()
-        for running in self.running.values():
-            self._kill(running)
         self.running.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
 
