@@ -3,8 +3,10 @@
 from pathlib import Path
 
 import pulumi
+import pulumi_aws as aws
 
 from devservers.component import DevServers
+from infra.catalog import load_prices
 from infra.components.block_storage import BlockStorage
 from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
 from infra.components.cluster import Cluster
@@ -29,7 +31,7 @@ from infra.components.training_operators import TrainingOperators
 from infra.config import StackConfig, config_from_pulumi, image_target
 from infra.data_holders import DataGuard
 from infra.versions import KUBERNETES_VERSIONS
-from workloads.image import RUNTIME, TrainerImage, stack_targets
+from workloads.image import RUNTIME, TrainerImage, stack_targets, trainer_image_repository
 from workloads.revisions import deployed_outputs
 from workloads.tensorboard import TeamTensorBoard
 from workloads.training_job import JOBS_OUTPUT, TrainingJob
@@ -180,6 +182,10 @@ def build_platform(config: StackConfig) -> None:
             gpu_metrics,
             efs=efs is not None,
             member_groups=member_groups(teams),
+            trainer_repository=trainer_image_repository(
+                config, aws.get_caller_identity().account_id
+            ),
+            prices=load_prices(config.region),
         ).namespaces
 
     for team, identity in team_identities.items():

@@ -26,6 +26,11 @@ USER_HZ = 100
 GPU_UTIL_METRIC = "DCGM_FI_DEV_GPU_UTIL"
 
 
+class ProbeCut(OSError):
+    """An exec into a pod that did not answer, finish or stay within its output bound (the
+    operator's cluster boundary cuts it): what a pod whose shell hangs or floods gives."""
+
+
 @dataclass(frozen=True)
 class PodActivity:
     ssh_sessions: int
@@ -116,7 +121,6 @@ def gpu_utilization(metrics: str, namespace: str, pods: set[str]) -> float | Non
 
 
 def parse_duration(text: str) -> int:
-    """Seconds in a duration such as 2h, 90m or 1h30m (the CRD's idleTimeout pattern)."""
-    return sum(
-        int(n) * {"h": 3600, "m": 60, "s": 1}[unit] for n, unit in re.findall(r"(\d+)([hms])", text)
-    )
+    """Seconds in a duration such as 2h, 90m or 1h30m (the CRD's idleTimeout pattern), or 7d."""
+    units = {"d": 86400, "h": 3600, "m": 60, "s": 1}
+    return sum(int(n) * units[unit] for n, unit in re.findall(r"(\d+)([dhms])", text))

@@ -1,5 +1,6 @@
 """The DevServer API: group, version, names and labels shared by operator, devctl and Pulumi."""
 
+from datetime import UTC, datetime
 from functools import cache
 from pathlib import Path
 
@@ -30,6 +31,8 @@ DCGM_PORT = 9400
 QUOTA = "devservers"
 SERVER_COUNT = f"count/{SERVERS}.{GROUP}"
 GPU_REQUESTS = f"requests.{GPU}"
+CPU_QUOTA = ("requests.cpu", "limits.cpu")
+MEMORY_QUOTA = ("requests.memory", "limits.memory")
 
 
 # The quota of the storage that claims of one storage class request: `<class>` + this suffix
@@ -39,6 +42,16 @@ STORAGE_QUOTA_SUFFIX = ".storageclass.storage.k8s.io/requests.storage"
 
 def storage_quota(storage_class: str) -> str:
     return f"{storage_class}{STORAGE_QUOTA_SUFFIX}"
+
+
+def timestamp(moment: datetime) -> str:
+    """A status time, as the API server writes its own (RFC 3339, UTC, seconds)."""
+    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
+
+
+def parse_timestamp(text: str) -> datetime:
+    """Any RFC 3339 time the CRD's date-time format accepts (a user may write keepUntil)."""
+    return datetime.fromisoformat(text)
 
 
 def user_namespace(user: str) -> str:

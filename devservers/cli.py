@@ -6,6 +6,7 @@
     devctl run box train.py --steps 100      (syncs the working directory, torchruns on every pod)
     devctl keep box 2h | stop box | start box | delete box [--delete-home]
     devctl status [job] -n <team>            (the team's jobs: queued and why, running, finished)
+    devctl savings [--since 7d] [--all-namespaces]   (what idle stops saved, per user)
 
 It talks to the cluster with the kubernetes Python client and your kubeconfig (the namespace is
 dev-<you>, for `status` your team's: --namespace, else the kubeconfig context's), never
@@ -40,9 +41,12 @@ from devservers.api import (
     SERVER_LABEL,
     STOP_WARNING,
     STORAGE_QUOTA_SUFFIX,
+    parse_timestamp,
+    timestamp,
 )
-from devservers.controller import parse_timestamp, pod_ready, timestamp
+from devservers.controller import pod_ready
 from devservers.render import home_claims, owner_of_namespace, world_size
+from devservers.savings import RETENTION, Totals, report
 from mesh.workdir import DEFAULT_EXCLUDES, DEFAULT_MAX_MB
 
 DURATION = r"^([0-9]+[hm])+$"  # as the CRD's idleTimeout: 2h, 45m, 1h30m
@@ -215,6 +219,23 @@ def parser() -> argparse.ArgumentParser:
     )
     for verb, text in (("stop", "scale to zero, keep the home"), ("start", "bring it back")):
         command(verb, help=text).add_argument("name", help="the server")
+    savings = command(
+        "savings",
+        help="node-hours and cost your servers used, and what idle stops saved, over a period",
+    )
+    savings.add_argument(
+        "--since",
+        type=period,
+        default="7d",
+        help=f"the period up to now (7d, 36h; at most {RETENTION.days}d, how long servers "
+        "keep their record); default 7d",
+    )
+    savings.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="every user's servers (a platform administrator's view; default: your namespace's)",
+    )
     delete = command("delete", help="delete a server (its home is kept unless asked)")
     delete.add_argument("name", help="the server")
     delete.add_argument(
@@ -250,6 +271,17 @@ def parse_args(argv: list[str] | None) -> argparse.Namespace:
 
 def now() -> datetime:
     return datetime.now(UTC)
+
+
+def period(text: str) -> timedelta:
+    if not re.fullmatch(r"^([0-9]+[dhm])+$", text):
+        raise argparse.ArgumentTypeError(f"{text!r}: allowed: days, hours, minutes, e.g. 7d, 36h")
+    found = timedelta(seconds=parse_duration(text))
+    if not timedelta(0) < found <= RETENTION:
+        raise argparse.ArgumentTypeError(
+            f"{text!r}: allowed: up to {RETENTION.days}d (servers keep their record that long)"
+        )
+    return found
 
 
 def duration(text: str) -> str:
@@ -393,8 +425,9 @@ class Devctl:
             yield
         except PermissionError as e:
             # The API server's reason (RBAC, or a quota it enforces) follows the usual cause.
+            where = f"namespace {self.namespace}" if self.namespace else "all namespaces"
             raise CliError(
-                f"not allowed to {what} in namespace {self.namespace} ({e}); you may manage "
+                f"not allowed to {what} in {where} ({e}); you may manage "
                 f"DevServers only in your own namespace ({NAMESPACE_PREFIX}<you>)"
             ) from None
 
@@ -611,6 +644,42 @@ class Devctl:
         for key, value in lines.items():
             print(f"{key + ':':17}{value}", file=self.out)
 
+    def savings(self, since: timedelta, everyone: bool) -> None:
+        """Per user and in total: node-hours the servers ran and their list price, against the
+        node-hours idle stops left unused (from each stop until the server was asked to run
+        again, or now) and what they would have cost (devservers.savings)."""
+        until = now()
+        namespace = None if everyone else self.namespace
+        servers = self._call(
+            "list DevServers", self.cluster.list, API_VERSION, "DevServer", namespace, {}
+        )
+        found = report(servers, until - since, until)
+        rows = [["USER", "USED NODE-H", "USED $", "IDLE-STOPPED NODE-H", "SAVED $", "SAVED"]]
+        total = Totals()
+        for user in sorted(found):
+            totals = found[user]
+            rows.append([user, *totals.row()])
+            total.merge(totals)
+        if len(found) != 1:
+            rows.append(["total", *total.row()])
+        print(
+            f"{timestamp(until - since)} to {timestamp(until)}, {len(servers)} servers "
+            f"({'all namespaces' if everyone else self.namespace})",
+            file=self.out,
+        )
+        self._table(rows)
+        print(
+            "SAVED: what the idle-stopped servers would have cost running, as a share of that "
+            "plus what the servers cost (list prices)",
+            file=self.out,
+        )
+        if total.unpriced_node_hours:
+            print(
+                f"unpriced: {total.unpriced_node_hours:.2f} node-hours on nodes without a price "
+                "(hybrid machines), counted in node-hours only",
+                file=self.out,
+            )
+
     def pods(self, server: dict) -> list[str]:
         """Every pod of the server, all ready (what `devctl run` needs)."""
         name = server["metadata"]["name"]
@@ -674,6 +743,8 @@ def _run(args: argparse.Namespace, devctl: Devctl) -> int:
         devctl.set_stopped(args.name, args.command == "stop")
     elif args.command == "delete":
         devctl.delete(args.name, args.delete_home)
+    elif args.command == "savings":
+        devctl.savings(args.since, args.all_namespaces)
     elif args.command == "monitor":
         while True:
             devctl.monitor(args.name)
@@ -708,7 +779,7 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
             )
             print(text, end="" if text.endswith("\n") else "\n", file=out)
             return 0
-        namespace = resolve_namespace(args)
+        namespace = None if getattr(args, "all_namespaces", False) else resolve_namespace(args)
         from devservers.kube import KubeCluster
 
         devctl = Devctl(KubeCluster(), namespace, out)

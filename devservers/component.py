@@ -2,12 +2,14 @@
 
 Each user in `devServers.users[]` gets namespace dev-<user> (Pod Security "restricted", labelled
 with their team so their team's ClusterQueue admits it), a LocalQueue `dev`, a ResourceQuota of
-servers, GPUs and home storage (the gp3 volumes of their servers, kept ones included; homes on
-the hybrid machines' own disks are not counted), RBAC that
+servers, GPUs, CPU, memory and home storage (the gp3 volumes of their servers, kept ones
+included; homes on the hybrid machines' own disks are not counted), RBAC that
 lets them manage DevServers and exec/port-forward there and nowhere else, and an EKS access
 entry mapping their IAM principal to that RBAC. The operator runs on the
 system nodes and may write only in the dev-* namespaces.
 """
+
+import json
 
 import pulumi
 import pulumi_aws as aws
@@ -15,12 +17,14 @@ import pulumi_kubernetes as k8s
 
 from devservers.api import (
     API_VERSION,
+    CPU_QUOTA,
     DCGM_LABELS,
     DCGM_PORT,
     FLAVORS,
     GPU_REQUESTS,
     GROUP,
     LOCAL_QUEUE,
+    MEMORY_QUOTA,
     OWNER_LABEL,
     QUOTA,
     SERVER_COUNT,
@@ -30,6 +34,7 @@ from devservers.api import (
     storage_quota,
     user_namespace,
 )
+from infra.catalog import RegionPrices
 from infra.components.block_storage import HOME_STORAGE_CLASS
 from infra.components.container_image import images
 from infra.components.context import ClusterContext
@@ -60,6 +65,7 @@ IMAGE_TARGET = "operator"
 USERS_GROUP = "dev:users"  # every DevServer user, for the read-only flavor catalog
 HEALTH_PORT = 8080
 OPERATOR_LABELS = {"app.kubernetes.io/name": OPERATOR}
+METRICS_PORT = 8081  # Prometheus text: idle stops, restarts, what they save (devservers.metrics)
 RESTRICTED = {
     f"pod-security.kubernetes.io/{mode}": "restricted" for mode in ("enforce", "audit", "warn")
 }
@@ -90,12 +96,15 @@ OPERATOR_NAMESPACED_RULES = [
     rule([""], ["persistentvolumeclaims"], ["list", "patch"]),
     rule([""], ["pods"], ["list", "watch"]),
     rule([""], ["pods/exec"], CONNECT),
-    rule([""], ["events"], ["create"]),  # kopf's warnings about a server
+    # Events about a server: kopf's warnings, the operator's refusals, idle stops and restarts.
+    rule([""], ["events"], ["create"]),
     rule(["kueue.x-k8s.io"], ["workloads"], ["list"]),  # status.kueue
 ]
 # Cluster-wide, read-only: flavors, and what kopf watches to find namespaces and resources.
 OPERATOR_CLUSTER_RULES = [
     rule([GROUP], [FLAVORS], READ),
+    # The node a server's pod runs on: its instance type and size, for the savings record.
+    rule([""], ["nodes"], ["get"]),
     rule([""], ["namespaces"], ["list", "watch"]),
     rule(["apiextensions.k8s.io"], ["customresourcedefinitions"], ["list", "watch"]),
 ]
@@ -151,6 +160,9 @@ class DevServers(pulumi.ComponentResource):
         # Principals that are team members too, and their team groups (team_access.py): EKS
         # keeps one access entry per principal, so the user's carries them.
         member_groups: dict[str, list[str]],
+        # The stack's trainer repository, registry included: servers may always run its images.
+        trainer_repository: str,
+        prices: RegionPrices,  # the flavors' instance types' prices, for the savings record
         opts: pulumi.ResourceOptions | None = None,
     ):
         # The type token is part of every child's URN: it keeps the `infra` it had before the
@@ -271,6 +283,7 @@ class DevServers(pulumi.ComponentResource):
                 name,
                 user,
                 teams_by_name[user.team],
+                config.cpu_and_memory_quota(user),
                 cluster,
                 queues,
                 namespace_prerequisites,
@@ -301,7 +314,22 @@ class DevServers(pulumi.ComponentResource):
             name,
             image,
             config,
-            str(cluster.vpc.cidr),
+            {
+                "DEVSERVERS_VPC_CIDR": str(cluster.vpc.cidr),
+                "DEVSERVERS_ALLOWED_IMAGES": ",".join(
+                    [trainer_repository, *config.allowed_image_registries]
+                ),
+                "DEVSERVERS_REQUIRE_IMAGE_DIGEST": str(config.require_image_digest).lower(),
+                "DEVSERVERS_PRICES": json.dumps(
+                    {
+                        kind.name: prices.instance(kind.name)
+                        for pool in {p.name: p for p in flavor_pools.values()}.values()
+                        if not pool.hybrid
+                        for kind in pool.types
+                    },
+                    sort_keys=True,
+                ),
+            },
             cluster.in_cluster(
                 self, account, *definitions, *flavors, *bindings, *cluster.controller_prerequisites
             ),
@@ -313,6 +341,7 @@ class DevServers(pulumi.ComponentResource):
         name,
         user,
         team: TeamConfig,
+        cpu_and_memory: tuple[int, int],
         cluster: ClusterContext,
         queues,
         prerequisites,
@@ -354,6 +383,7 @@ class DevServers(pulumi.ComponentResource):
         if ssh_load_balancers:
             # Each server may ask for an SSH load balancer: the plan prices them up to the quota.
             metadata["annotations"] = {SSH_LOAD_BALANCERS_ANNOTATION: str(user.quota.servers)}
+        cpu, memory_gib = cpu_and_memory
         k8s.core.v1.ResourceQuota(
             f"{name}-quota-{user.name}",
             metadata=metadata,
@@ -362,6 +392,10 @@ class DevServers(pulumi.ComponentResource):
                     SERVER_COUNT: str(user.quota.servers),
                     # Extended resources take only a requests quota (GPU requests == limits).
                     GPU_REQUESTS: str(user.quota.gpus),
+                    # Server pods ask for as much as they may use (requests == limits): both are
+                    # capped, so no user takes the queue's CPU or memory for themself.
+                    **{key: str(cpu) for key in CPU_QUOTA},
+                    **{key: f"{memory_gib}Gi" for key in MEMORY_QUOTA},
                     # Every home, whether a server uses it or it was kept after a delete or a
                     # shrink: the plan's cost table prices this ceiling (infra/cost.py).
                     storage_quota(HOME_STORAGE_CLASS): f"{user.quota.home_gib}Gi",
@@ -381,14 +415,15 @@ class DevServers(pulumi.ComponentResource):
         )
         return namespace
 
-    def _deployment(self, name, image, config: DevServersConfig, vpc_cidr: str, opts):
+    def _deployment(self, name, image, config: DevServersConfig, settings: dict, opts):
         """One replica (kopf --standalone: no peering) on the system nodes, restricted pod."""
         env = {
             "DEVSERVERS_SSH_CIDRS": ",".join(str(c) for c in config.ssh_load_balancer_cidrs),
-            "DEVSERVERS_VPC_CIDR": vpc_cidr,
             "DEVSERVERS_DCGM_NAMESPACE": DCGM_NAMESPACE,
             "DEVSERVERS_IDLE_GPU_PERCENT": str(config.idle.gpu_percent),
             "DEVSERVERS_IDLE_CPU_PERCENT": str(config.idle.cpu_percent),
+            "DEVSERVERS_METRICS_PORT": str(METRICS_PORT),
+            **settings,
         }
         labels = OPERATOR_LABELS
         return k8s.apps.v1.Deployment(
@@ -417,7 +452,10 @@ class DevServers(pulumi.ComponentResource):
                                     f"--liveness=http://0.0.0.0:{HEALTH_PORT}/healthz",
                                 ],
                                 "env": [{"name": k, "value": v} for k, v in env.items()],
-                                "ports": [{"name": "health", "containerPort": HEALTH_PORT}],
+                                "ports": [
+                                    {"name": "health", "containerPort": HEALTH_PORT},
+                                    {"name": "metrics", "containerPort": METRICS_PORT},
+                                ],
                                 "livenessProbe": {
                                     "httpGet": {"path": "/healthz", "port": HEALTH_PORT},
                                     "periodSeconds": 30,

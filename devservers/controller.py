@@ -9,8 +9,9 @@ same against a local Kubernetes API (tests/kube_api).
 
 from __future__ import annotations
 
+import contextlib
 from dataclasses import dataclass, field
-from datetime import UTC, datetime, timedelta
+from datetime import datetime, timedelta
 from typing import Protocol
 
 from cryptography.hazmat.primitives.asymmetric.ed25519 import Ed25519PrivateKey
@@ -21,8 +22,23 @@ from cryptography.hazmat.primitives.serialization import (
     PublicFormat,
 )
 
-from devservers.activity import PROBE, IdleRule, in_use, parse_duration, pod_activity
-from devservers.api import API_VERSION, SERVER_LABEL, STOP_WARNING
+from devservers.activity import (
+    PROBE,
+    IdleRule,
+    ProbeCut,
+    in_use,
+    parse_duration,
+    pod_activity,
+)
+from devservers.api import (
+    API_VERSION,
+    GPU,
+    SERVER_LABEL,
+    STOP_WARNING,
+    parse_timestamp,
+    timestamp,
+)
+from devservers.images import image_refusal
 from devservers.render import (
     CONTAINER,
     SHAPE_ANNOTATION,
@@ -38,6 +54,7 @@ from devservers.render import (
     ssh_enabled,
     ssh_service_name,
 )
+from devservers.savings import Nodes, record
 
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 # Kueue 0.19's StatefulSet integration creates one Workload per StatefulSet, labelled with the
@@ -45,6 +62,8 @@ KUEUE_GATE = "kueue.x-k8s.io/admission"
 # JobUIDLabel in pkg/controller/constants/constants.go).
 WORKLOAD = ("kueue.x-k8s.io/v1beta2", "Workload")
 JOB_UID_LABEL = "kueue.x-k8s.io/job-uid"
+# The well-known label of a node's instance type (set by the cloud provider's node controller).
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 # How long before an idle stop its users are warned (status condition STOP_WARNING), and so how
 # long at least a warning stands before the stop: a check that first finds a server idle in the
 # last WARN_BEFORE before its stop, or past it (the operator was down across that window, a pass
@@ -105,6 +124,8 @@ class Cluster(Protocol):
 class Outcome:
     status: dict
     spec: dict = field(default_factory=dict)  # spec changes the operator asks for (idle stop)
+    # Events about the server to emit once the status is written: (type, reason, message).
+    events: list[tuple[str, str, str]] = field(default_factory=list)
 
 
 @dataclass
@@ -136,16 +157,6 @@ class CpuSamples:
         self.by_server = {k: v for k, v in self.by_server.items() if k in servers}
 
 
-def timestamp(moment: datetime) -> str:
-    """A status time, as the API server writes its own (RFC 3339, UTC, seconds)."""
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse_timestamp(text: str) -> datetime:
-    """Any RFC 3339 time the CRD's date-time format accepts (a user may write keepUntil)."""
-    return datetime.fromisoformat(text)
-
-
 def _contains(existing, desired) -> bool:
     """Whether `existing` already holds every value of `desired` (servers add defaults)."""
     if isinstance(desired, dict):
@@ -161,14 +172,29 @@ def _contains(existing, desired) -> bool:
     return existing == desired
 
 
-def _failed(server: dict, reason: str, message: str) -> Outcome:
+def _refused(cluster: Cluster, server: dict, reason: str, message: str) -> Outcome:
+    """A server whose spec the operator refuses does not run: pods it had from an earlier spec
+    are stopped (homes kept), or a user could keep a server out of idle checks by making its
+    spec invalid. A new refusal is also an Event."""
+    meta = server["metadata"]
+    stateful_set = cluster.get("apps/v1", "StatefulSet", meta["name"], meta["namespace"])
+    if (
+        stateful_set
+        and stateful_set["spec"]["replicas"]
+        and not stateful_set["metadata"].get("deletionTimestamp")
+    ):
+        cluster.patch(
+            "apps/v1", "StatefulSet", meta["name"], meta["namespace"], {"spec": {"replicas": 0}}
+        )
+    previous = (server.get("status") or {}).get("reason")
     return Outcome(
         {
             "phase": "Failed",
             "reason": reason,
             "message": message,
-            "observedGeneration": server["metadata"].get("generation", 0),
-        }
+            "observedGeneration": meta.get("generation", 0),
+        },
+        events=[("Warning", reason, message)] if previous != reason else [],
     )
 
 
@@ -216,29 +242,30 @@ def kueue_state(workload: dict | None) -> str | None:
     return "Queued"
 
 
-def _workload(cluster: Cluster, server: dict) -> dict | None:
+def _workload(cluster: Cluster, stateful_set: dict | None) -> dict | None:
     """The Kueue Workload of the server's StatefulSet, if Kueue has made one."""
-    meta = server["metadata"]
-    stateful_set = cluster.get("apps/v1", "StatefulSet", meta["name"], meta["namespace"])
     if stateful_set is None:
         return None
-    labels = {JOB_UID_LABEL: stateful_set["metadata"]["uid"]}
+    meta = stateful_set["metadata"]
+    labels = {JOB_UID_LABEL: meta["uid"]}
     return next(iter(cluster.list(*WORKLOAD, meta["namespace"], labels)), None)
 
 
-def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool]:
-    """Create or correct every child. Returns (replacing, scaled_up).
+def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool, dict]:
+    """Create or correct every child. Returns (replacing, scaled_up, the children as read or
+    made, by kind and name).
 
     Kueue freezes the pod template of an admitted StatefulSet, so a new pod shape (flavor, image,
     home size) replaces the StatefulSet; homes survive because their claims are retained.
     """
     replacing = scaled_up = False
+    found = {}
     for child in desired:
         meta = child["metadata"]
         key = (child["apiVersion"], child["kind"], meta["name"], meta["namespace"])
-        existing = cluster.get(*key)
+        existing = found[(child["kind"], meta["name"])] = cluster.get(*key)
         if existing is None:
-            cluster.create(child)
+            found[(child["kind"], meta["name"])] = cluster.create(child)
             scaled_up |= child["kind"] == "StatefulSet" and child["spec"]["replicas"] > 0
         elif child["kind"] == "StatefulSet":
             shape = existing["metadata"].get("annotations", {}).get(SHAPE_ANNOTATION)
@@ -260,7 +287,7 @@ def _sync_children(cluster: Cluster, desired: list[dict]) -> tuple[bool, bool]:
                 existing["metadata"].get("labels"), meta["labels"]
             ):
                 cluster.patch(*key, {**body, "metadata": {"labels": meta["labels"]}})
-    return replacing, scaled_up
+    return replacing, scaled_up, found
 
 
 def _homes_elsewhere(claims: list[dict], flavor: dict) -> str | None:
@@ -333,12 +360,9 @@ def _host_key(cluster: Cluster, server: dict) -> str:
     return host_public_key(secret)
 
 
-def _ssh_endpoint(cluster: Cluster, server: dict) -> str | None:
+def _ssh_endpoint(server: dict, service: dict | None) -> str | None:
     meta = server["metadata"]
-    if not ssh_enabled(server):
-        return None
-    service = cluster.get("v1", "Service", ssh_service_name(server), meta["namespace"])
-    if service is None:
+    if not ssh_enabled(server) or service is None:
         return None
     ingress = ((service.get("status") or {}).get("loadBalancer") or {}).get("ingress") or []
     if service["spec"].get("type") == "LoadBalancer":
@@ -356,34 +380,102 @@ def reconcile(
     """Bring `server`'s children in line with its spec; with `measure` (the CPU samples of earlier
     checks), also check its activity (devservers.activity), warn its users of an idle stop, and
     ask to stop it (spec.stopped) once idle past its idleTimeout and keepUntil and warned
-    WARN_BEFORE earlier."""
+    WARN_BEFORE earlier. The server's usage record (devservers.savings) follows what was found,
+    with an Event at every idle stop and at the start that ends one."""
+    outcome = _reconcile(cluster, server, settings, now, measure)
+    change = record(
+        (server.get("status") or {}).get("usage") or [],
+        running=outcome.status.get("phase") == "Running",
+        wanted=not server["spec"].get("stopped"),
+        idle_stop=bool(outcome.spec.get("stopped")),
+        nodes=lambda: _nodes(cluster, server, settings),
+        now=now,
+    )
+    outcome.status["usage"] = change.usage or None
+    outcome.events += [("Normal", reason, message) for reason, message in change.events]
+    return outcome
+
+
+def _nodes(cluster: Cluster, server: dict, settings: Settings) -> Nodes:
+    """Where the server's ready pods run: their nodes' instance type, the share of each node a
+    pod's requests hold (the largest of its GPU, CPU and memory shares), and its price."""
+    from kubernetes.utils import parse_quantity  # here, not at the top: devctl imports this module
+
+    meta = server["metadata"]
+    pods = [
+        p for p in cluster.list("v1", "Pod", meta["namespace"], _labels(server)) if pod_ready(p)
+    ]
+    types, shares, prices = set(), 0.0, []
+    for pod in pods:
+        node_name = pod["spec"].get("nodeName")
+        node = cluster.get("v1", "Node", node_name, None) if node_name else None
+        if node is None:
+            types.add("unknown")
+            shares += 1
+            prices.append(None)
+            continue
+        labels = node["metadata"].get("labels") or {}
+        kind = labels.get(INSTANCE_TYPE_LABEL, "unknown")
+        capacity = (node.get("status") or {}).get("capacity") or {}
+        requests = pod["spec"]["containers"][0].get("resources", {}).get("requests") or {}
+        share = max(
+            [
+                float(parse_quantity(requests[key]) / parse_quantity(capacity[key]))
+                for key in (GPU, "cpu", "memory")
+                if key in requests and parse_quantity(capacity.get(key, "0")) > 0
+            ]
+            or [1.0]
+        )
+        share = min(share, 1.0)
+        types.add(kind)
+        shares += share
+        price = settings.prices.get(kind)
+        prices.append(None if price is None else price * share)
+    usd = None if None in prices or not prices else sum(prices)
+    return Nodes("+".join(sorted(types)) or "unknown", shares, usd)
+
+
+def _reconcile(
+    cluster: Cluster,
+    server: dict,
+    settings: Settings,
+    now: datetime,
+    measure: CpuSamples | None,
+) -> Outcome:
     meta, spec = server["metadata"], server["spec"]
     previous = server.get("status") or {}
     if owner_of_namespace(meta["namespace"]) != spec["owner"]:
-        return _failed(
+        return _refused(
+            cluster,
             server,
             "NotOwnerNamespace",
             f"a DevServer of {spec['owner']} must be in namespace dev-{spec['owner']}",
         )
+    refusal = image_refusal(spec["image"], settings.allowed_images, settings.require_image_digest)
+    if refusal:
+        return _refused(cluster, server, "ImageNotAllowed", refusal)
     flavor = cluster.get(API_VERSION, "DevServerFlavor", spec["flavor"], None)
     if flavor is None:
         names = sorted(
             f["metadata"]["name"] for f in cluster.list(API_VERSION, "DevServerFlavor", None, {})
         )
-        return _failed(
-            server, "UnknownFlavor", f"no flavor {spec['flavor']!r}; allowed: {', '.join(names)}"
+        return _refused(
+            cluster,
+            server,
+            "UnknownFlavor",
+            f"no flavor {spec['flavor']!r}; allowed: {', '.join(names)}",
         )
     try:
         desired = children(server, flavor, settings)
     except RenderError as e:
-        return _failed(server, "InvalidSpec", str(e))
+        return _refused(cluster, server, "InvalidSpec", str(e))
     claims = cluster.list("v1", "PersistentVolumeClaim", meta["namespace"], _labels(server))
     elsewhere = _homes_elsewhere(claims, flavor)
     if elsewhere:
-        return _failed(server, "HomeElsewhere", elsewhere)
+        return _refused(cluster, server, "HomeElsewhere", elsewhere)
     # Before the pods, which mount it; its public half goes to the status for devctl to check.
     host_key = _host_key(cluster, server) if ssh_enabled(server) else None
-    replacing, scaled_up = _sync_children(cluster, desired)
+    replacing, scaled_up, found = _sync_children(cluster, desired)
     _adopt_home_claims(cluster, server, claims)
 
     replicas = desired_replicas(server)
@@ -421,9 +513,10 @@ def reconcile(
     else:
         status |= {"phase": "Pending", "reason": "Starting"}
     # None removes a field from the status (merge patch): no stale endpoint or activity figures.
-    status["sshEndpoint"] = _ssh_endpoint(cluster, server)
+    status["sshEndpoint"] = _ssh_endpoint(server, found.get(("Service", ssh_service_name(server))))
     status["sshHostKey"] = host_key
-    status["kueue"] = kueue_state(_workload(cluster, server)) if replicas else None
+    stateful_set = found.get(("StatefulSet", meta["name"]))
+    status["kueue"] = kueue_state(_workload(cluster, stateful_set)) if replicas else None
     if replicas == 0:
         status |= {"activeSessions": None, "gpuUtilization": None}
 
@@ -468,7 +561,7 @@ def reconcile(
         if verdict is None:  # not measured now: a warning given stands until the next check
             warning = given
         elif verdict.in_use is None:
-            idle = f"idle ({verdict.rule.describe(verdict.gpu_measured)}) since {timestamp(last)}"
+            idle = f"idle ({verdict.describe()}) since {timestamp(last)}"
             if given is None:
                 stop_at = max(stop_at, now + WARN_BEFORE)
                 warning = _warn(cluster, server, ready, idle, stop_at, now)
@@ -501,6 +594,15 @@ class Verdict:
     rule: IdleRule
     in_use: str | None  # why the server is in use; None: idle by the rule
     gpu_measured: bool  # judged by DCGM's GPU figure, else by CPU use
+    # Why no pod could be read (an exec that failed, hung or flooded), when none could and no
+    # GPU figure judged it: nothing shows use, so the server is idle (a user cannot keep a
+    # server from stopping by breaking its probe).
+    unreadable: str | None = None
+
+    def describe(self) -> str:
+        if self.unreadable:
+            return f"no activity readable: {self.unreadable}"
+        return self.rule.describe(self.gpu_measured)
 
 
 def _measure(
@@ -516,12 +618,14 @@ def _measure(
     """Read every ready pod's processes (and, on GPU flavors, DCGM), record the figures in
     `status` and judge them; None when there is no figure yet to tell idle from busy."""
     meta = server["metadata"]
-    activity = {
-        pod["metadata"]["uid"]: pod_activity(
-            cluster.exec(meta["namespace"], pod["metadata"]["name"], CONTAINER, PROBE)
-        )
-        for pod in ready
-    }
+    activity, failures = {}, []
+    for pod in ready:
+        try:
+            found = cluster.exec(meta["namespace"], pod["metadata"]["name"], CONTAINER, PROBE)
+        except ProbeCut as e:  # a shell that hung or flooded; any other failure is raised
+            failures.append(str(e))
+            continue
+        activity[pod["metadata"]["uid"]] = pod_activity(found)
     gpu = cluster.gpu_utilization(meta["namespace"], ready) if gpus_per_pod(flavor) else None
     cpu = samples.percent(
         (meta["namespace"], meta["name"]), now, {u: a.cpu_seconds for u, a in activity.items()}
@@ -531,6 +635,8 @@ def _measure(
         status["gpuUtilization"] = gpu
     rule = idle_rule(server, settings)
     reason = in_use(list(activity.values()), gpu, cpu, rule)
+    if reason is None and gpu is None and not activity and failures:
+        return Verdict(rule, None, False, failures[0])
     if reason is None and gpu is None and cpu is None:
         return None
     return Verdict(rule, reason, gpu is not None)
@@ -552,12 +658,15 @@ def _warn(
         f"devctl keep {name} 2h postpones it"
     )
     for pod in ready:
-        cluster.exec(
-            server["metadata"]["namespace"],
-            pod["metadata"]["name"],
-            CONTAINER,
-            [*WARN, f"\r\n[devserver {name}] {message}\r\n"],
-        )
+        # Best effort: the warning stands in the status (devctl list and monitor show it)
+        # whether or not a pod's terminals could be reached.
+        with contextlib.suppress(ProbeCut):
+            cluster.exec(
+                server["metadata"]["namespace"],
+                pod["metadata"]["name"],
+                CONTAINER,
+                [*WARN, f"\r\n[devserver {name}] {message}\r\n"],
+            )
     return {
         "type": STOP_WARNING,
         "status": "True",

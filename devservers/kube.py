@@ -1,44 +1,88 @@
 """The Cluster boundary over the real Kubernetes API (the kubernetes Python client).
 
 Every failure of a call (an HTTP error, a refused websocket upgrade of exec or port-forward, no
-connection, no credentials) leaves this module as an OSError carrying the API server's one-line
-message: PermissionError for a 403 (RBAC), OSError otherwise. `get` of an absent object is None.
+connection, no credentials, a timeout) leaves this module as an OSError carrying the API server's
+one-line message: PermissionError for a 403 (RBAC), OSError otherwise. `get` of an absent object
+is None.
+
+Nothing the operator calls can hold it: every API request is bounded (connecting, then each read
+of the answer: API_TIMEOUT), and `exec` (the operator's probes of a user's pod, whose shell the
+user controls) is bounded in connecting and upgrading, in each read, in total (EXEC_SECONDS) and
+in what it takes in (EXEC_OUTPUT_BYTES), after which it closes the connection.
 """
 
 import contextlib
 import json
 import os
+import ssl
+import threading
+import time
 import urllib.request
+from urllib.parse import quote
 
+import certifi
 from kubernetes import client, config, dynamic
 from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from kubernetes.dynamic.exceptions import ResourceNotFoundError
 from kubernetes.stream import portforward, stream
-from kubernetes.stream.ws_client import ERROR_CHANNEL, STDERR_CHANNEL, STDOUT_CHANNEL
-from urllib3.exceptions import MaxRetryError
-from websocket import WebSocketBadStatusException, WebSocketException
+from kubernetes.stream.ws_client import (
+    ERROR_CHANNEL,
+    STDERR_CHANNEL,
+    STDOUT_CHANNEL,
+    V4_CHANNEL_PROTOCOL,
+    V5_CHANNEL_PROTOCOL,
+    get_websocket_url,
+)
+from urllib3.exceptions import HTTPError
+from websocket import (
+    ABNF,
+    WebSocket,
+    WebSocketBadStatusException,
+    WebSocketException,
+    WebSocketTimeoutException,
+)
 
-from devservers.activity import gpu_utilization
+from devservers.activity import ProbeCut, gpu_utilization
 from devservers.api import DCGM_LABELS, DCGM_PORT, GROUP, SERVERS, VERSION
 from devservers.render import Settings
 
+DCGM_BYTES = 16 << 20  # an exporter's page for a node of 8 GPUs is tens of KiB
 NOT_FOUND, CONFLICT = 404, 409
+# (connect, read) seconds of every API request: the API server answers a get, list or patch in
+# milliseconds, and a request that gets no answer must not hold an operator thread for good.
+API_TIMEOUT = (10.0, 30.0)
+# An exec into a pod: connecting and upgrading to a websocket, then the whole command. The probes
+# (devservers.activity.PROBE, controller.WARN) take well under a second.
+EXEC_CONNECT_SECONDS = 10.0
+EXEC_SECONDS = 20.0
+# What an exec may print before it is cut: the activity probe prints about 300 bytes per process,
+# so this is some 14,000 processes.
+EXEC_OUTPUT_BYTES = 4 << 20
+# Connections kept to the API server: as many as threads use it at once (operator.CHECK_WORKERS
+# idle checks and kopf's handlers), or urllib3 opens and drops one per request beyond it.
+CONNECTIONS = 64
 
 
-def settings_from_env() -> Settings:
+def settings_from_env(environ=os.environ) -> Settings:
     """The platform's choices, passed to the operator's Deployment by the DevServers component."""
-    cidrs = os.environ.get("DEVSERVERS_SSH_CIDRS", "")
     defaults = Settings()
+
+    def listed(name: str) -> tuple[str, ...]:
+        return tuple(item for item in environ.get(name, "").split(",") if item)
+
     return Settings(
-        ssh_cidrs=tuple(c for c in cidrs.split(",") if c),
-        vpc_cidr=os.environ.get("DEVSERVERS_VPC_CIDR", ""),
+        ssh_cidrs=listed("DEVSERVERS_SSH_CIDRS"),
+        vpc_cidr=environ.get("DEVSERVERS_VPC_CIDR", ""),
         idle_gpu_percent=float(
-            os.environ.get("DEVSERVERS_IDLE_GPU_PERCENT", defaults.idle_gpu_percent)
+            environ.get("DEVSERVERS_IDLE_GPU_PERCENT", defaults.idle_gpu_percent)
         ),
         idle_cpu_percent=float(
-            os.environ.get("DEVSERVERS_IDLE_CPU_PERCENT", defaults.idle_cpu_percent)
+            environ.get("DEVSERVERS_IDLE_CPU_PERCENT", defaults.idle_cpu_percent)
         ),
+        allowed_images=listed("DEVSERVERS_ALLOWED_IMAGES"),
+        require_image_digest=environ.get("DEVSERVERS_REQUIRE_IMAGE_DIGEST", "false") == "true",
+        prices={k: float(v) for k, v in json.loads(environ.get("DEVSERVERS_PRICES", "{}")).items()},
     )
 
 
@@ -82,7 +126,7 @@ def _failure(error: BaseException, host: str) -> OSError | None:
             status, body = error.status_code, error.resp_body
         elif isinstance(error, ApiException) and error.status:
             status, body = error.status, error.body
-        elif isinstance(error, MaxRetryError | ConnectionError):
+        elif isinstance(error, HTTPError | ConnectionError | TimeoutError):
             reason = getattr(error, "reason", None) or error
             return OSError(f"cannot reach the Kubernetes API server at {host}: {reason}")
         else:
@@ -101,70 +145,133 @@ def kubeconfig_paths() -> str:
 
 def _api_client() -> client.ApiClient:
     """In a pod, its ServiceAccount's credentials; elsewhere the kubeconfig's current context."""
+    configuration = client.Configuration()
+    configuration.connection_pool_maxsize = CONNECTIONS
     try:
         if os.environ.get("KUBERNETES_SERVICE_HOST"):
-            config.load_incluster_config()
-            return client.ApiClient()
-        paths = kubeconfig_paths()
-        if not any(os.path.exists(p) for p in paths.split(os.pathsep) if p):
-            raise OSError(
-                f"no kubeconfig at {paths}: set KUBECONFIG, or run `aws eks update-kubeconfig`"
-            )
-        return config.new_client_from_config(config_file=paths)
+            config.load_incluster_config(client_configuration=configuration)
+        else:
+            paths = kubeconfig_paths()
+            if not any(os.path.exists(p) for p in paths.split(os.pathsep) if p):
+                raise OSError(
+                    f"no kubeconfig at {paths}: set KUBECONFIG, or run `aws eks update-kubeconfig`"
+                )
+            config.load_kube_config(config_file=paths, client_configuration=configuration)
     except ConfigException as e:
         raise OSError(f"no cluster credentials: {e}") from None
+    return client.ApiClient(configuration)
+
+
+def _bounded(api_client: client.ApiClient) -> None:
+    """Give every request of `api_client` that names no timeout of its own API_TIMEOUT (the
+    client's default is none: a request with no answer waits for ever)."""
+    request = api_client.request
+
+    def bounded(*args, _request_timeout=None, **kwargs):
+        return request(*args, _request_timeout=_request_timeout or API_TIMEOUT, **kwargs)
+
+    api_client.request = bounded
+
+
+def _websocket(configuration: client.Configuration, url: str, headers: dict) -> WebSocket:
+    """kubernetes.stream.ws_client.create_websocket (its TLS options and subprotocols), but with
+    the connection and the upgrade bounded by EXEC_CONNECT_SECONDS; no proxy, which the
+    operator, in the cluster, never needs."""
+    if url.startswith("wss://") and configuration.verify_ssl:
+        options = {
+            "cert_reqs": ssl.CERT_REQUIRED,
+            "ca_certs": configuration.ssl_ca_cert or certifi.where(),
+        }
+        if configuration.assert_hostname is not None:
+            options["check_hostname"] = configuration.assert_hostname
+    else:
+        options = {"cert_reqs": ssl.CERT_NONE}
+    for key, value in (
+        ("certfile", configuration.cert_file),
+        ("keyfile", configuration.key_file),
+        ("server_hostname", configuration.tls_server_name),
+    ):
+        if value:
+            options[key] = value
+    socket = WebSocket(sslopt=options)
+    header = [f"{k}: {v}" for k, v in headers.items()]
+    header.append(f"sec-websocket-protocol: {V5_CHANNEL_PROTOCOL},{V4_CHANNEL_PROTOCOL}")
+    socket.connect(url, header=header, timeout=EXEC_CONNECT_SECONDS)
+    return socket
 
 
 class KubeCluster:
-    """controller.Cluster for a real cluster: in-cluster credentials, or the local kubeconfig."""
+    """controller.Cluster for a real cluster: in-cluster credentials, or the local kubeconfig.
+    Objects come back as the JSON the API server sent (`serialize=False`): the dynamic client's
+    ResourceInstance, turned back into a dict, costs several times the JSON parsing, on every
+    call of every idle check."""
 
     def __init__(self, api_client: client.ApiClient | None = None):
         api_client = api_client or _api_client()
+        _bounded(api_client)
+        self.api_client = api_client
         self.host = api_client.configuration.host
-        with self._translated():
-            self.dynamic = dynamic.DynamicClient(api_client)
+        self._dynamic: dynamic.DynamicClient | None = None  # made at first use (discovery)
         self.core = client.CoreV1Api(api_client)
         self.custom = client.CustomObjectsApi(api_client)
         self.dcgm_namespace = os.environ.get("DEVSERVERS_DCGM_NAMESPACE", "monitoring")
+        # Resolved kinds, so that threads working at once look discovery up only once.
+        self._resources: dict[tuple[str, str], object] = {}
+        self._resources_lock = threading.Lock()
 
     @contextlib.contextmanager
     def _translated(self):
         try:
             yield
-        except (ApiException, AttributeError, MaxRetryError, ConnectionError) as e:
+        except (ApiException, AttributeError, HTTPError, ConnectionError) as e:
             failure = _failure(e, self.host)
             if failure is None:
                 raise
             raise failure from None
 
     def _api(self, api_version: str, kind: str):
-        try:
-            return self.dynamic.resources.get(api_version=api_version, kind=kind)
-        except ResourceNotFoundError:
-            raise NotServed(f"the API server does not serve {kind} ({api_version})") from None
+        with self._resources_lock:
+            if self._dynamic is None:
+                with self._translated():
+                    self._dynamic = dynamic.DynamicClient(self.api_client)
+            if (api_version, kind) not in self._resources:
+                try:
+                    found = self._dynamic.resources.get(api_version=api_version, kind=kind)
+                except ResourceNotFoundError:
+                    served = f"the API server does not serve {kind} ({api_version})"
+                    raise NotServed(served) from None
+                self._resources[(api_version, kind)] = found
+            return self._resources[(api_version, kind)]
 
     def get(self, api_version, kind, name, namespace):
         try:
             with self._translated():
-                found = self._api(api_version, kind).get(name=name, namespace=namespace)
+                found = self._api(api_version, kind).get(
+                    name=name, namespace=namespace, serialize=False
+                )
         except ApiError as e:
             if e.status == NOT_FOUND:
                 return None
             raise
-        return found.to_dict()
+        return json.loads(found.data)
 
     def list(self, api_version, kind, namespace, labels):
         selector = ",".join(f"{k}={v}" for k, v in sorted(labels.items()))
         with self._translated():
-            found = self._api(api_version, kind).get(namespace=namespace, label_selector=selector)
-        return found.to_dict()["items"]
+            found = self._api(api_version, kind).get(
+                namespace=namespace, label_selector=selector, serialize=False
+            )
+        return json.loads(found.data)["items"]
 
     def create(self, manifest):
         meta = manifest["metadata"]
         try:
             with self._translated():
                 api = self._api(manifest["apiVersion"], manifest["kind"])
-                return api.create(body=manifest, namespace=meta.get("namespace")).to_dict()
+                created = api.create(
+                    body=manifest, namespace=meta.get("namespace"), serialize=False
+                )
+                return json.loads(created.data)
         except ApiError as e:
             if e.status != CONFLICT:
                 raise
@@ -190,8 +297,9 @@ class KubeCluster:
                 name=name,
                 namespace=namespace,
                 content_type="application/merge-patch+json",
+                serialize=False,
             )
-        return found.to_dict()
+        return json.loads(found.data)
 
     def delete(self, api_version, kind, name, namespace):
         try:
@@ -210,20 +318,53 @@ class KubeCluster:
             )
 
     def exec(self, namespace, pod, container, command):
-        """`command`'s output in `pod`. The client's exec is a websocket GET, which the API
-        server authorizes as `get` on pods/exec and, from Kubernetes 1.35, also as `create`."""
-        with self._translated():
-            return stream(
-                self.core.connect_get_namespaced_pod_exec,
-                pod,
-                namespace,
-                container=container,
-                command=command,
-                stderr=False,
-                stdin=False,
-                stdout=True,
-                tty=False,
-            )
+        """`command`'s output (stdout) in `pod`. An exec is a websocket GET, which the API server
+        authorizes as `get` on pods/exec and, from Kubernetes 1.35, also as `create`.
+
+        Bounded, unlike the client's stream(), which waits for ever to connect and to read, keeps
+        all output, and swaps its ApiClient's request function while it runs (so no other thread
+        may use that client meanwhile): connecting and upgrading (EXEC_CONNECT_SECONDS), the
+        whole exec (EXEC_SECONDS) and its output (EXEC_OUTPUT_BYTES); past a bound the
+        connection is closed and an OSError says which bound it was."""
+        configuration = self.api_client.configuration
+        query = [("command", part) for part in command]
+        query += [("container", container), ("stdout", "true"), ("stderr", "false")]
+        path = f"/api/v1/namespaces/{quote(namespace)}/pods/{quote(pod)}/exec"
+        headers: dict = {}
+        self.api_client.update_params_for_auth(headers, [], ["BearerToken"])
+        where = f"exec in {namespace}/{pod}"
+        deadline = time.monotonic() + EXEC_SECONDS
+        url = get_websocket_url(configuration.host + path, query)
+        try:
+            socket = _websocket(configuration, url, headers)
+        except (WebSocketTimeoutException, TimeoutError):
+            raise ProbeCut(f"{where}: no answer within {EXEC_CONNECT_SECONDS:g} s") from None
+        except (WebSocketException, OSError) as e:
+            raise _failure(e, self.host) or OSError(f"{where}: {e}") from None
+        output = bytearray()
+        try:
+            while True:
+                left = deadline - time.monotonic()
+                if left <= 0:
+                    raise TimeoutError
+                socket.settimeout(left)
+                opcode, frame = socket.recv_data_frame(True)
+                if opcode == ABNF.OPCODE_CLOSE:
+                    return output.decode("utf-8", "replace")
+                if opcode in (ABNF.OPCODE_BINARY, ABNF.OPCODE_TEXT) and frame.data:
+                    data = frame.data if isinstance(frame.data, bytes) else frame.data.encode()
+                    if data[0] == STDOUT_CHANNEL:
+                        output += data[1:]
+                        if len(output) > EXEC_OUTPUT_BYTES:
+                            raise ProbeCut(
+                                f"{where}: more than {EXEC_OUTPUT_BYTES} bytes of output; cut"
+                            )
+        except (TimeoutError, WebSocketTimeoutException):
+            raise ProbeCut(f"{where}: not done within {EXEC_SECONDS:g} s; cut") from None
+        except WebSocketException as e:
+            raise OSError(f"{where}: {e}") from None
+        finally:
+            socket.shutdown()  # no closing handshake: nothing more is read from this pod
 
     def start(self, namespace, pod, container, command, stdin=False):
         """`command` running in `pod`, its output streamed (a RemoteProcess)."""
@@ -273,7 +414,7 @@ class KubeCluster:
                 continue
             url = f"http://{address}:{DCGM_PORT}/metrics"
             with urllib.request.urlopen(url, timeout=5) as response:  # noqa: S310 (cluster-internal)
-                value = gpu_utilization(response.read().decode(), namespace, names)
+                value = gpu_utilization(response.read(DCGM_BYTES).decode(), namespace, names)
             if value is not None:
                 found.append(value)
         return max(found) if found else None

@@ -7,28 +7,45 @@ same level-based reconcile; a check every IDLE_CHECK_SECONDS also measures activ
 into the pods, and keeps each pod's CPU seconds until the next check) and is the one that warns
 the users of an idle server and then stops it.
 
+One server cannot hold the others up: the idle check runs CHECK_WORKERS servers at once, and
+every call the reconcile makes is bounded (devservers.kube: an exec into a pod whose shell hangs
+costs at most its EXEC_SECONDS, in one worker). A server is reconciled by one thread at a time
+(a lock per server), so a check and a kopf handler never write its status from two readings.
+
 What the operator leaves on objects is what its RBAC allows (devservers/component.py):
-kopf's bookkeeping annotations on DevServers only. Flavors, which it may only read, are seen
-through an event handler, which keeps no state on them; the servers of a flavor come from an
-index of the DevServers kopf watches in the dev-* namespaces (no cluster-wide list). The idle
-check is a task started with the operator that walks that index, not a kopf timer: kopf puts its
-finalizer on every object a timer or daemon serves, and a server (or its namespace, or the CRD)
-could then not be deleted while the operator is down, as during `pulumi destroy`. Children are
-deleted by the garbage collector through owner references: the operator needs no finalizer.
+kopf's bookkeeping annotations on DevServers only, their status, and Events about them.
+Flavors, which it may only read, are seen through an event handler, which keeps no state on
+them; the servers of a flavor come from an index of the DevServers kopf watches in the dev-*
+namespaces (no cluster-wide list). The idle check is a task started with the operator that walks
+that index, not a kopf timer: kopf puts its finalizer on every object a timer or daemon serves,
+and a server (or its namespace, or the CRD) could then not be deleted while the operator is down,
+as during `pulumi destroy`. Children are deleted by the garbage collector through owner
+references: the operator needs no finalizer.
 """
 
 import asyncio
 import contextlib
 import logging
 import os
+import socket
+import threading
+import time
+from concurrent.futures import ThreadPoolExecutor
 from datetime import UTC, datetime
 
 import kopf
 
-from devservers.api import API_VERSION, FLAVORS, GROUP, SERVER_LABEL, SERVERS, VERSION
-from devservers.controller import CpuSamples, Outcome, reconcile
+from devservers.api import API_VERSION, FLAVORS, GROUP, SERVER_LABEL, SERVERS, VERSION, timestamp
+from devservers.controller import CpuSamples, reconcile
 
 IDLE_CHECK_SECONDS = float(os.environ.get("DEVSERVERS_IDLE_CHECK_SECONDS", "60"))
+# Servers checked at once. A check waits on the API server and the pods' execs, not on this
+# process's CPU; a hung shell holds one worker for its exec's bound.
+CHECK_WORKERS = int(os.environ.get("DEVSERVERS_CHECK_WORKERS", "32"))
+# kopf's sync handlers (creates, spec changes, pod events) run in a pool of this size.
+HANDLER_WORKERS = 16
+METRICS_PORT = int(os.environ.get("DEVSERVERS_METRICS_PORT", "8081"))
+COMPONENT = "devserver-operator"
 logger = logging.getLogger(__name__)
 
 
@@ -42,19 +59,36 @@ def servers_by_flavor(namespace, name, spec, **_) -> dict:
     return {spec.get("flavor"): (namespace, name)}
 
 
+def configure_kopf(settings: kopf.OperatorSettings) -> None:
+    """kopf's bookkeeping, and bounds on its own calls: a watch that stalls is dropped and
+    reopened, a request that gets no answer fails (kopf retries it)."""
+    # kopf's bookkeeping goes to annotations: the DevServer status schema is closed.
+    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
+    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
+    settings.posting.level = logging.WARNING
+    settings.networking.connect_timeout = 10
+    settings.networking.request_timeout = 60
+    settings.watching.connect_timeout = 10
+    settings.watching.server_timeout = 300
+    settings.watching.client_timeout = 330
+    settings.execution.max_workers = HANDLER_WORKERS
+
+
 @kopf.on.startup()
 async def configure(
     settings: kopf.OperatorSettings, memo: kopf.Memo, servers_by_flavor: kopf.Index, **_
 ) -> None:
     from devservers.kube import KubeCluster, settings_from_env
+    from devservers.metrics import Metrics
 
-    # kopf's bookkeeping goes to annotations: the DevServer status schema is closed.
-    settings.persistence.progress_storage = kopf.AnnotationsProgressStorage(prefix=GROUP)
-    settings.persistence.diffbase_storage = kopf.AnnotationsDiffBaseStorage(prefix=GROUP)
-    settings.posting.level = logging.WARNING
+    configure_kopf(settings)
     memo.cluster = KubeCluster()
     memo.settings = settings_from_env()
     memo.cpu_samples = CpuSamples()
+    memo.locks = {}
+    memo.metrics = Metrics()
+    memo.metrics.serve(METRICS_PORT)
+    memo.checks = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="idle-check")
     memo.idle_checks = asyncio.create_task(check_activity(memo, servers_by_flavor))
 
 
@@ -63,6 +97,7 @@ async def stop_idle_checks(memo: kopf.Memo, **_) -> None:
     memo.idle_checks.cancel()
     with contextlib.suppress(asyncio.CancelledError):
         await memo.idle_checks
+    memo.checks.shutdown(wait=False, cancel_futures=True)
 
 
 def _servers(index: kopf.Index, flavor: str | None = None) -> list[tuple[str, str]]:
@@ -75,13 +110,44 @@ async def check_activity(memo: kopf.Memo, index: kopf.Index) -> None:
     """Measure every server's activity, and stop the idle ones, every IDLE_CHECK_SECONDS."""
     while True:
         await asyncio.sleep(IDLE_CHECK_SECONDS)
-        servers = _servers(index)
-        for namespace, name in servers:
-            try:
-                await asyncio.to_thread(_refresh, memo, name, namespace, True)
-            except Exception as e:  # noqa: BLE001 (one server's failure must not stop the rest)
-                logger.warning("activity check of %s/%s failed: %s", namespace, name, e)
-        memo.cpu_samples.retain(set(servers))
+        await sweep(memo, _servers(index))
+
+
+async def sweep(memo: kopf.Memo, servers: list[tuple[str, str]]) -> float:
+    """One idle check of `servers`, CHECK_WORKERS at a time; returns how long it took."""
+    started = time.monotonic()
+    await _each(memo, servers, measure=True)
+    memo.cpu_samples.retain(set(servers))
+    memo.metrics.retain(set(servers))
+    for key in set(memo.locks) - set(servers):
+        memo.locks.pop(key, None)
+    took = time.monotonic() - started
+    memo.metrics.check_seconds.set(took)
+    memo.metrics.checked.set(len(servers))
+    logger.info("idle check of %d servers took %.1f s", len(servers), took)
+    return took
+
+
+async def _each(memo: kopf.Memo, servers: list[tuple[str, str]], measure: bool) -> None:
+    """_refresh every server in the check workers; one server's failure stops no other."""
+    loop = asyncio.get_running_loop()
+    results = await asyncio.gather(
+        *(
+            loop.run_in_executor(memo.checks, _refresh, memo, name, namespace, measure)
+            for namespace, name in servers
+        ),
+        return_exceptions=True,
+    )
+    for (namespace, name), result in zip(servers, results, strict=True):
+        if isinstance(result, Exception):
+            logger.warning("check of %s/%s failed: %s", namespace, name, result)
+
+
+@kopf.on.resume(GROUP, VERSION, SERVERS)
+@kopf.on.create(GROUP, VERSION, SERVERS)
+@kopf.on.update(GROUP, VERSION, SERVERS, field="spec")
+def on_server(name, namespace, memo: kopf.Memo, **_) -> None:
+    _refresh(memo, name, namespace)
 
 
 def _changed(server: dict, status: dict) -> dict:
@@ -90,44 +156,63 @@ def _changed(server: dict, status: dict) -> dict:
     return {k: v for k, v in status.items() if previous.get(k) != v}
 
 
-def _apply(patch: kopf.Patch, server: dict, outcome: Outcome) -> None:
-    patch.status.update(_changed(server, outcome.status))
-    patch.spec.update(outcome.spec)
-
-
-def _server(body) -> dict:
-    return {
-        "metadata": dict(body["metadata"]),
-        "spec": dict(body["spec"]),
-        "status": dict(body.get("status") or {}),
-    }
-
-
-@kopf.on.resume(GROUP, VERSION, SERVERS)
-@kopf.on.create(GROUP, VERSION, SERVERS)
-@kopf.on.update(GROUP, VERSION, SERVERS, field="spec")
-def on_server(body, patch: kopf.Patch, memo: kopf.Memo, **_) -> None:
-    server = _server(body)
-    _apply(patch, server, reconcile(memo.cluster, server, memo.settings, now()))
-
-
 def _refresh(memo: kopf.Memo, name: str, namespace: str, measure: bool = False) -> None:
-    """Reconcile a server that kopf did not hand us, and record the outcome ourselves."""
-    server = memo.cluster.get(API_VERSION, "DevServer", name, namespace)
-    if server is None or server["metadata"].get("deletionTimestamp"):
-        return
-    samples = memo.cpu_samples if measure else None
-    outcome = reconcile(memo.cluster, server, memo.settings, now(), measure=samples)
-    changed = _changed(server, outcome.status)
-    if changed:
-        memo.cluster.patch_status(name, namespace, changed)
-    if outcome.spec:
-        memo.cluster.patch(API_VERSION, "DevServer", name, namespace, {"spec": outcome.spec})
+    """Reconcile a server as it is now, write what changed, and emit its Events; one thread
+    per server at a time."""
+    lock = memo.locks.setdefault((namespace, name), threading.Lock())
+    with lock:
+        server = memo.cluster.get(API_VERSION, "DevServer", name, namespace)
+        if server is None or server["metadata"].get("deletionTimestamp"):
+            return
+        samples = memo.cpu_samples if measure else None
+        moment = now()
+        outcome = reconcile(memo.cluster, server, memo.settings, moment, measure=samples)
+        changed = _changed(server, outcome.status)
+        if changed:
+            memo.cluster.patch_status(name, namespace, changed)
+        if outcome.spec:
+            memo.cluster.patch(API_VERSION, "DevServer", name, namespace, {"spec": outcome.spec})
+        for kind, reason, message in outcome.events:
+            _event(memo, server, kind, reason, message, moment)
+        memo.metrics.observe(server, outcome.status.get("usage") or [], outcome.events)
+
+
+def _event(memo: kopf.Memo, server: dict, kind: str, reason: str, message: str, moment) -> None:
+    """A core/v1 Event about the server, as `kubectl describe devserver` lists them."""
+    meta = server["metadata"]
+    stamp = timestamp(moment)
+    event = {
+        "apiVersion": "v1",
+        "kind": "Event",
+        "metadata": {"generateName": f"{meta['name']}.", "namespace": meta["namespace"]},
+        "involvedObject": {
+            "apiVersion": API_VERSION,
+            "kind": "DevServer",
+            "name": meta["name"],
+            "namespace": meta["namespace"],
+            "uid": meta.get("uid", ""),
+        },
+        "type": kind,
+        "reason": reason,
+        "message": message[:1024],
+        "firstTimestamp": stamp,
+        "lastTimestamp": stamp,
+        "count": 1,
+        "source": {"component": COMPONENT},
+        "reportingComponent": COMPONENT,
+        "reportingInstance": socket.gethostname(),
+    }
+    try:
+        memo.cluster.create(event)
+    except OSError as e:  # the status holds what happened; an Event is for those who watch
+        logger.warning("event %s about %s/%s: %s", reason, meta["namespace"], meta["name"], e)
 
 
 @kopf.on.event("v1", "pods", labels={SERVER_LABEL: kopf.PRESENT})
-def on_pod(labels, namespace, memo: kopf.Memo, **_) -> None:
+def on_pod(type, labels, namespace, memo: kopf.Memo, **_) -> None:
     """A pod became ready, was admitted or went away: the server's phase follows at once."""
+    if type is None:
+        return  # the listing at start: kopf resumes every server anyway
     _refresh(memo, labels[SERVER_LABEL], namespace)
 
 
@@ -136,5 +221,4 @@ async def on_flavor(type, name, memo: kopf.Memo, servers_by_flavor: kopf.Index, 
     """A changed or deleted flavor reaches every server using it (their pods are replaced)."""
     if type is None:
         return  # the listing at start: nothing changed (kopf resumes every server anyway)
-    for namespace, server in _servers(servers_by_flavor, name):
-        await asyncio.to_thread(_refresh, memo, server, namespace)
+    await _each(memo, _servers(servers_by_flavor, name), measure=False)

@@ -130,6 +130,13 @@ class Settings:
     # Idle floors (devServers.idle), unless a server sets its own (lifecycle.idle*Percent).
     idle_gpu_percent: float = 5.0
     idle_cpu_percent: float = 10.0
+    # Registries and repositories whose images servers may run (devservers.images); empty:
+    # none, every server is refused.
+    allowed_images: tuple[str, ...] = field(default_factory=tuple)
+    require_image_digest: bool = False
+    # USD per hour of the instance types the flavors' pools launch (the stack's price file),
+    # for the savings idle stops report.
+    prices: dict[str, float] = field(default_factory=dict)
 
 
 def world_size(server: dict) -> int:

@@ -12,7 +12,7 @@ from dataclasses import dataclass
 from devservers.api import user_namespace
 from infra.config import ConfigError, StackConfig, load_stack_file
 from infra.paths import PROJECT_DIR
-from workloads.image import stack_targets, trainer_repository, trainer_tag
+from workloads.image import stack_targets, trainer_image_repository, trainer_tag
 
 
 class StackDefaultsError(ValueError):
@@ -77,10 +77,9 @@ class StackDefaults:
                 "pass --image or set DEVCTL_IMAGE"
             )
         target = "runtime" if "runtime" in targets else targets[0]
-        repository = trainer_repository(self.config.cluster.name)
-        registry = f"<account>.dkr.ecr.{self.config.region}.amazonaws.com"
+        repository = trainer_image_repository(self.config, "<account>")
         return (
-            f"{registry}/{repository}:{trainer_tag(target)}",
+            f"{repository}:{trainer_tag(target)}",
             f"the {target} trainer image pulumi up builds for {self.file}: put your AWS account "
             "in place of <account>, or pass --image",
         )

@@ -398,6 +398,18 @@ class RecordingMonitor(mocks.MockMonitor):
         return resource_pb2.RegisterResourceResponse(urn=urn, id=id_, object=obj)
 
 
+def _ensure_event_loop() -> None:
+    """The SDK registers resources on the thread's event loop; asyncio.run, run earlier in the
+    same process (kopf, a test), leaves the main thread with none, or a closed one."""
+    policy = asyncio.get_event_loop_policy()
+    try:
+        if not policy.get_event_loop().is_closed():
+            return
+    except RuntimeError:
+        pass
+    policy.set_event_loop(policy.new_event_loop())
+
+
 def run_offline(
     program: Callable[[], None],
     stack: str,
@@ -412,6 +424,7 @@ def run_offline(
     strings, as the Pulumi engine does. `deployed_outputs` are the stack's outputs as its last
     update left them (what a StackReference to the stack itself reads); none: a new stack.
     """
+    _ensure_event_loop()
     region = str(config.get("aws:region", "us-east-1"))
     monitor = RecordingMonitor(PlatformMocks(region, partition, deployed_outputs))
     settings.ROOT.set(None)

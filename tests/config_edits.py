@@ -96,6 +96,7 @@ def candidates(value: Any, annotation: Any, names: list[str] = ()) -> list[Any]:
             found.append([*map(str, value), "198.18.77.0/24"])
         if all(isinstance(v, str) for v in value) and PRINCIPAL not in value:
             found.append([*value, PRINCIPAL])
+            found.append([*value, "ghcr.io"])  # a registry (devServers.allowedImageRegistries)
         return [*found, [*value, *value[:1]]]
     if value is None:
         return [*others, "30m", True, 1, 250, 2**30, []]

@@ -22,6 +22,7 @@ from tests.conftest import ROOT
 from tests.kube_api import ADMIN, from_plan, service_account, user
 from tests.kueue_rules import workload_crd
 from tests.openssh import account as image_user
+from tests.test_devservers_render import IMAGE
 
 DEPLOYMENT = "dev-servers-operator"
 
@@ -56,6 +57,7 @@ class Cluster:
         deployment = plan.one("kubernetes:apps/v1:Deployment", DEPLOYMENT).inputs
         pod = deployment["spec"]["template"]["spec"]
         (self.container,) = pod["containers"]
+        self.operator_env = {e["name"]: e["value"] for e in self.container["env"]}
         account = service_account(deployment["metadata"]["namespace"], pod["serviceAccountName"])
         self.kubeconfigs = {"operator": self._kubeconfig("operator", account)}
         self.kubeconfigs["admin"] = self._kubeconfig("admin", ADMIN)
@@ -113,7 +115,7 @@ class Cluster:
         port = free_port()
         environment = {
             **os.environ,
-            **{e["name"]: e["value"] for e in self.container["env"]},
+            **self.operator_env,
             "KUBECONFIG": str(self.kubeconfigs["operator"]),
             "PYTHONPATH": str(ROOT),
             "TMPDIR": str(self.dir),  # the kubernetes client's discovery cache
@@ -181,7 +183,7 @@ class Cluster:
         """`devctl create` of a cpu-small server as alice, with `flags`; its status once it runs
         (the operator must be up)."""
         created = self.devctl(
-            "alice", "create", name, "--flavor", "cpu-small", "--image", "repo/dev:1", *flags
+            "alice", "create", name, "--flavor", "cpu-small", "--image", IMAGE, *flags
         )
         assert created.returncode == 0, created.stderr
         self.wait(lambda: self.status(name).get("phase") == "Running", f"{name} Running", 60)

@@ -1,6 +1,7 @@
 """The DevServers component in the offline plan: CRDs, operator, least-privilege RBAC, flavors,
 user namespaces with queue, quota, shared claim and an EKS access entry."""
 
+import json
 import re
 from dataclasses import replace
 
@@ -74,6 +75,40 @@ def test_the_operator_runs_on_system_nodes_as_a_restricted_pod_of_its_own_image(
     assert image["target"] == "operator"
 
 
+def operator_env(plan) -> dict[str, str]:
+    deployment = plan.one("kubernetes:apps/v1:Deployment", "dev-servers-operator").inputs
+    (container,) = deployment["spec"]["template"]["spec"]["containers"]
+    return {e["name"]: e["value"] for e in container["env"]}
+
+
+def test_the_operator_is_told_the_allowed_images_and_its_flavors_prices(dev_plan):
+    env = operator_env(dev_plan)
+    # The ECR repository pulumi up builds the trainer into, in the (mocked) account.
+    assert env["DEVSERVERS_ALLOWED_IMAGES"] == (
+        "123456789012.dkr.ecr.us-west-2.amazonaws.com/tp-dev/trainer"
+    )
+    assert env["DEVSERVERS_REQUIRE_IMAGE_DIGEST"] == "false"
+    # Every instance type the flavors' pools (cpu, gpu-small, gpu-large) launch, priced.
+    prices = load_prices("us-west-2")
+    types = ["g5.12xlarge", "m6i.2xlarge", "m6i.4xlarge", "p4d.24xlarge"]
+    assert json.loads(env["DEVSERVERS_PRICES"]) == {t: prices.instance(t) for t in types}
+    prebuilt = "registry.example.com/ml/trainer@sha256:" + "b" * 64
+    edited = operator_env(
+        plan_of(
+            "dev",
+            image={"uri": prebuilt},
+            devServers={
+                "allowedImageRegistries": ["ghcr.io/my-org", "docker.io/library"],
+                "requireImageDigest": True,
+            },
+        )
+    )
+    assert edited["DEVSERVERS_ALLOWED_IMAGES"] == (
+        "registry.example.com/ml/trainer,ghcr.io/my-org,docker.io/library"
+    )
+    assert edited["DEVSERVERS_REQUIRE_IMAGE_DIGEST"] == "true"
+
+
 def test_rbac_is_least_privilege(dev_plan):
     roles = named(dev_plan, f"{RBAC}:ClusterRole")
     every_rule = [
@@ -135,6 +170,11 @@ def test_each_user_gets_a_restricted_namespace_queue_quota_claim_and_access_entr
         # The storage of gp3 claims (homes), by kubernetes' quota key for a storage class
         # (pkg/quota/v1/evaluator/core/persistent_volume_claims.go, V1ResourceByStorageClass).
         "gp3-home.storageclass.storage.k8s.io/requests.storage": "500Gi",
+        # Derived: two servers within 16 GPUs ask for most as two a100-8 (86 vCPU, 979 GiB).
+        "requests.cpu": "172",
+        "limits.cpu": "172",
+        "requests.memory": "1958Gi",
+        "limits.memory": "1958Gi",
     }
     claims = named(dev_plan, "kubernetes:core/v1:PersistentVolumeClaim")
     assert claims["efs-dev-alice"]["metadata"]["name"] == "efs-shared"
@@ -144,6 +184,47 @@ def test_each_user_gets_a_restricted_namespace_queue_quota_claim_and_access_entr
     assert entry["kubernetesGroups"] == ["dev:bob", "dev:users"] and entry["type"] == "STANDARD"
     associations = dev_plan.of_type("aws:eks/accessPolicyAssociation:AccessPolicyAssociation")
     assert not [a for a in associations if "dev-servers" in a.name]
+
+
+def cpu_and_memory(plan, user: str) -> tuple[str, str]:
+    hard = plan.one("kubernetes:core/v1:ResourceQuota", f"dev-servers-quota-{user}").inputs
+    hard = hard["spec"]["hard"]
+    assert (hard["requests.cpu"], hard["requests.memory"]) == (
+        hard["limits.cpu"],
+        hard["limits.memory"],
+    )
+    return hard["requests.cpu"], hard["requests.memory"]
+
+
+def test_a_users_cpu_and_memory_quota_admits_what_their_servers_and_gpus_allow(dev_plan):
+    """alice: three servers within 8 GPUs. By hand, from the dev flavors (GPUs, vCPU, GiB):
+    cpu-small (0, 4, 16), gpu-1 (1, 8, 40), gpu-4 (4, 43, 163), a100-8 (8, 86, 979). Most vCPU:
+    a100-8 and two cpu-small, 86 + 4 + 4 = 94 (two gpu-4 and a cpu-small make 90); most memory:
+    the same three, 979 + 16 + 16 = 1011 GiB. Without a GPU quota: three cpu-small."""
+    assert cpu_and_memory(dev_plan, "alice") == ("94", "1011Gi")
+    no_gpus = plan_of(
+        "dev",
+        devServers={
+            "users": [
+                {
+                    "name": "alice",
+                    "email": "alice@example.com",
+                    "team": "team-a",
+                    "quota": {"servers": 3, "gpus": 0},
+                    "iamPrincipalArn": "arn:aws:iam::123456789012:role/dev-alice",
+                },
+                {
+                    "name": "bob",
+                    "email": "bob@example.com",
+                    "team": "research",
+                    "quota": {"servers": 2, "gpus": 16, "cpu": 40, "memoryGib": 200},
+                    "iamPrincipalArn": "arn:aws:iam::123456789012:user/bob",
+                },
+            ]
+        },
+    )
+    assert cpu_and_memory(no_gpus, "alice") == ("12", "48Gi")
+    assert cpu_and_memory(no_gpus, "bob") == ("40", "200Gi")  # as set
 
 
 def test_kueue_admits_statefulsets_as_pod_groups(dev_plan):

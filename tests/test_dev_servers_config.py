@@ -61,6 +61,10 @@ def test_a_flavor_must_fit_its_pools_smallest_instance_type(flavor, key, allowed
         ({"iamPrincipalArn": "alice"}, "users[alice].iamPrincipalArn", "does not match"),
         ({"quota": {"gpus": -1}}, "users[alice].quota.gpus", "greater than or equal to 0"),
         ({"quota": {"homeGib": 0}}, "users[alice].quota.homeGib", "greater than or equal to 1"),
+        ({"quota": {"cpu": 0}}, "users[alice].quota.cpu", "greater than or equal to 1"),
+        ({"quota": {"cpu": 3}}, "users[alice].quota.cpu", "allowed: at least 4"),
+        ({"quota": {"memoryGib": 8}}, "users[alice].quota.memoryGib", "allowed: at least 16"),
+        ({"quota": {"memoryGib": "16Gi"}}, "users[alice].quota.memoryGib", "integer"),
         ({"name": "Alice"}, "users[0].name", "does not match"),
     ],
 )
@@ -69,6 +73,33 @@ def test_users_are_checked_key_by_key(patch, key, allowed):
     message = error_for({"flavors": [flavor], "users": [{**USER, **patch}]})
     assert f"training-platform:devServers.{key}:" in message
     assert allowed in message
+
+
+@pytest.mark.parametrize(
+    ("entry", "allowed"),
+    [
+        ("ghcr.io/my-org", True),
+        ("123456789012.dkr.ecr.us-west-2.amazonaws.com/team-images", True),
+        ("localhost:5000", True),
+        ("docker.io/library", True),
+        ("ubuntu", False),  # a Docker Hub repository, not a registry: docker.io/library/ubuntu
+        ("ghcr.io/my-org:latest", False),  # no tags or digests: a registry or a path
+        ("ghcr.io/My-Org", False),
+        ("ghcr.io/", False),
+    ],
+)
+def test_allowed_image_registries_are_registries_with_an_optional_path(entry, allowed):
+    flavor = {"name": "cpu-small", "nodePool": "cpu", "cpu": 4, "memoryGib": 16}
+    section = {"flavors": [flavor], "users": [USER], "allowedImageRegistries": [entry]}
+    if allowed:
+        values = stack_values("dev")
+        values["training-platform:devServers"] = section
+        config = parse_stack_config(values, "Pulumi.dev.yaml").dev_servers
+        assert config.allowed_image_registries == [entry]
+    else:
+        message = error_for(section)
+        assert "devServers.allowedImageRegistries[0]:" in message
+        assert "a registry host, optionally with a repository path" in message
 
 
 def test_names_repeat_and_enabled_without_flavors_are_errors():

@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
@@ -21,11 +23,12 @@ from devservers import cli, operator
 from devservers.activity import pod_activity
 from devservers.api import API_VERSION, GPU, QUEUE_LABEL
 from devservers.controller import KUEUE_GATE, WARN, WARN_BEFORE, CpuSamples, parse_timestamp
-from devservers.kube import KubeCluster
-from devservers.render import CONTAINER, SHAPE_ANNOTATION, Settings, host_public_key
+from devservers.kube import KubeCluster, settings_from_env
+from devservers.metrics import Metrics
+from devservers.render import CONTAINER, SHAPE_ANNOTATION, host_public_key
 from tests.devservers_cluster import Cluster, wait_for
 from tests.openssh import OpenSsh
-from tests.test_devservers_render import KEY
+from tests.test_devservers_render import IMAGE, KEY, TRAINER_REPOSITORY
 from tests.test_devservers_render import server as server_manifest
 from trainer.launch import children
 
@@ -34,13 +37,19 @@ GROUP = API_VERSION.split("/")[0]
 
 
 class World:
-    """The dev stack's API, the operator's cluster boundary and a clock the test moves."""
+    """The dev stack's API, the operator's cluster boundary (its settings from the plan's
+    Deployment, with `settings` laid over them) and a clock the test moves."""
 
-    def __init__(self, dev_cluster: Cluster, monkeypatch, settings: Settings | None = None):
+    def __init__(self, dev_cluster: Cluster, monkeypatch, **settings):
         self.dev_cluster, self.api = dev_cluster, dev_cluster.api
         client = config.new_client_from_config(str(dev_cluster.kubeconfigs["operator"]))
         self.memo = kopf.Memo(
-            cluster=KubeCluster(client), settings=settings or Settings(), cpu_samples=CpuSamples()
+            cluster=KubeCluster(client),
+            settings=replace(settings_from_env(dev_cluster.operator_env), **settings),
+            cpu_samples=CpuSamples(),
+            locks={},
+            metrics=Metrics(),
+            checks=ThreadPoolExecutor(operator.CHECK_WORKERS),
         )
         self.users = {"alice": dev_cluster.client("alice")}
         self.clock = START
@@ -60,9 +69,9 @@ class World:
     def status(self, name="box") -> dict:
         return self.server(name).get("status") or {}
 
-    def refresh(self, name="box", measure=False) -> None:
+    def refresh(self, name="box", measure=False, namespace="dev-alice") -> None:
         """The operator's reconcile of one server, then the dev_cluster's controllers."""
-        operator._refresh(self.memo, name, "dev-alice", measure)
+        operator._refresh(self.memo, name, namespace, measure)
         self.api.settle()
 
     def create(self, name="box", **spec) -> dict:
@@ -335,7 +344,7 @@ def test_processes_the_owner_names_keep_it(world, monkeypatch, tmux):
 def test_the_gpu_floor_is_the_servers_or_the_platforms(
     dev_cluster, monkeypatch, lifecycle, platform, stopped
 ):
-    world = World(dev_cluster, monkeypatch, Settings(idle_gpu_percent=platform))
+    world = World(dev_cluster, monkeypatch, idle_gpu_percent=platform)
     world.create(lifecycle={"idleTimeout": "30m", **lifecycle})
     gpu_at(world, monkeypatch, 30.0)
     world.clock = START + timedelta(minutes=31)
@@ -425,6 +434,43 @@ def test_unknown_flavor_and_foreign_namespace_fail_with_a_reason(world):
     assert "sneaky" not in world.names("statefulsets", "apps")
 
 
+def test_an_image_from_elsewhere_is_refused_and_stops_a_server_switched_to_one(world):
+    """Only the stack's trainer repository is allowed in the dev stack (no
+    allowedImageRegistries): a look-alike is refused with a Warning Event, once; a running
+    server whose image is switched to one stops (home kept), or its user could keep it out of
+    idle checks with a spec the operator refuses."""
+    look_alike = f"{TRAINER_REPOSITORY}.evil.com/tp-dev/trainer:1"
+    world.create(name="evil", image=look_alike)
+    status = world.status("evil")
+    assert (status["phase"], status["reason"]) == ("Failed", "ImageNotAllowed")
+    assert status["message"] == (
+        f"image {look_alike} is not in a registry this platform allows; allowed: "
+        f"{TRAINER_REPOSITORY}"
+    )
+    assert "evil" not in world.names("statefulsets", "apps")
+    world.create()
+    assert world.status()["phase"] == "Running"
+    world.patch("DevServer", "box", {"spec": {"image": "ghcr.io/someone/miner:1"}})
+    world.refresh()
+    assert world.status()["reason"] == "ImageNotAllowed"
+    assert world.api.read("statefulsets", "dev-alice", "box", group="apps")["spec"]["replicas"] == 0
+    assert "box-0" not in world.names("pods")
+    assert "home-box-0" in world.names("persistentvolumeclaims")
+    events = [
+        (e["involvedObject"]["name"], e["type"], e["reason"])
+        for e in world.api.objects("events", "dev-alice")
+    ]
+    assert sorted(events) == [
+        ("box", "Warning", "ImageNotAllowed"),
+        ("evil", "Warning", "ImageNotAllowed"),
+    ]  # one each, though both were reconciled again
+    world.patch("DevServer", "box", {"spec": {"image": IMAGE}})
+    world.refresh()
+    world.refresh()
+    assert world.status()["phase"] == "Running"
+    assert world.api.refusals == []
+
+
 def test_distributed_servers_get_world_size_pods_and_homes(world):
     world.create(mode="distributed", distributed={"worldSize": 3, "backend": "nccl"})
     assert {f"box-{i}" for i in range(3)} <= world.names("pods")
@@ -435,7 +481,7 @@ def test_distributed_servers_get_world_size_pods_and_homes(world):
 
 
 def test_switching_ssh_to_a_load_balancer_recreates_the_ssh_service(dev_cluster, monkeypatch):
-    world = World(dev_cluster, monkeypatch, Settings(ssh_cidrs=("203.0.113.0/24",)))
+    world = World(dev_cluster, monkeypatch, ssh_cidrs=("203.0.113.0/24",))
     world.create()
     ssh = {"serviceType": "LoadBalancer", "authorizedKeys": [KEY]}
     world.patch("DevServer", "box", {"spec": {"ssh": ssh}})

@@ -12,6 +12,7 @@ from pathlib import Path
 from devservers.api import API_VERSION
 from tests.devserver_pods import serve_pod
 from tests.openssh import OpenSsh
+from tests.test_devservers_render import IMAGE
 
 FLAVOR = "cpu-small"
 
@@ -24,10 +25,21 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
     api, admin = dev_cluster.api, dev_cluster.client()
     servers = admin.resources.get(api_version=API_VERSION, kind="DevServer")
     flavors = admin.resources.get(api_version=API_VERSION, kind="DevServerFlavor")
+    # The node the scheduler binds the pods to: the operator reads its instance type.
+    node = {"name": "ip-10-20-1-5", "labels": {"node.kubernetes.io/instance-type": "m6i.2xlarge"}}
+    admin.resources.get(api_version="v1", kind="Node").create(
+        body={"metadata": node, "status": {"capacity": {"cpu": "8", "memory": "32Gi"}}}
+    )
+
+    def bind(kind, obj):
+        if kind.kind == "Pod":
+            obj["spec"]["nodeName"] = node["name"]
+
+    api.admission.append(bind)
     dev_cluster.start_operator(DEVSERVERS_IDLE_CHECK_SECONDS="1")
 
     created = dev_cluster.devctl(
-        "alice", "create", "box", "--flavor", FLAVOR, "--image", "repo/dev:1",
+        "alice", "create", "box", "--flavor", FLAVOR, "--image", IMAGE,
         "--idle-timeout", "1h", "--keep-alive-process", Path(sys.executable).name,
     )  # fmt: skip
     assert created.returncode == 0, created.stderr
@@ -115,9 +127,18 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
     )
     assert "box-0" not in dev_cluster.names("pods")
     assert "home-box-0" in dev_cluster.names("persistentvolumeclaims")
+    # The stop is recorded (what it saves) and announced as an Event, under the operator's RBAC.
+    usage = dev_cluster.status()["usage"]
+    assert [(p["state"], p["instanceType"]) for p in usage][-2:] == [
+        ("Running", "m6i.2xlarge"),
+        ("IdleStopped", "m6i.2xlarge"),
+    ]
+    reasons = [e["reason"] for e in api.objects("events", "dev-alice")]
+    assert "IdleStop" in reasons
     started = dev_cluster.devctl("alice", "start", "box")
     assert started.returncode == 0, started.stderr
     dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Running", "box Running again")
+    assert "IdleRestart" in [e["reason"] for e in api.objects("events", "dev-alice")]
     assert api.refusals == []
 
     # With the operator down (as during `pulumi destroy`), deletion completes: no finalizer.

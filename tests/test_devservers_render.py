@@ -20,10 +20,17 @@ from devservers.render import (
     owner_of_namespace,
     stateful_set,
 )
+from infra.offline import ACCOUNT_ID
 from tests.crd_schema import cel_violations, conformance_errors, with_defaults
 from tests.test_devservers_crds import gpu_flavor
 
 KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIOr4 alice@laptop"
+
+
+# The dev stack's trainer repository (devServers' allowed images by default), in the account the
+# offline plan's mocks give.
+TRAINER_REPOSITORY = f"{ACCOUNT_ID}.dkr.ecr.us-west-2.amazonaws.com/tp-dev/trainer"
+IMAGE = f"{TRAINER_REPOSITORY}@sha256:" + "a" * 64
 
 
 def server(**spec) -> dict:
@@ -34,7 +41,7 @@ def server(**spec) -> dict:
         "spec": {
             "owner": "alice",
             "flavor": "gpu-1",
-            "image": "repo/dev@sha256:" + "a" * 64,
+            "image": IMAGE,
             "ssh": {"authorizedKeys": [KEY]},
             **spec,
         },

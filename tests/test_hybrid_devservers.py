@@ -366,7 +366,10 @@ def test_the_operator_gives_a_hybrid_server_a_home_on_its_machine_and_keeps_it_t
     )
     after = world.api.read("statefulsets", "dev-alice", "box", group="apps")
     assert after["metadata"]["uid"] == sts["metadata"]["uid"]  # left as it was
+    # A refused spec stops the server's pods (its home kept); the fixed one starts them again.
+    assert after["spec"]["replicas"] == 0
     world.patch("DevServer", "box", {"spec": {"flavor": "rtx-1"}}, namespace="dev-alice")
     world.refresh()
+    world.refresh()  # once the pods run
     assert world.status()["phase"] == "Running"
     assert world.api.refusals == []

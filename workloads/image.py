@@ -25,6 +25,15 @@ def trainer_repository(cluster_name: str) -> str:
     return repository_name(cluster_name, TRAINER)
 
 
+def trainer_image_repository(config: StackConfig, account: str) -> str:
+    """Where the stack's trainer images live, registry included: the prebuilt image.uri's
+    repository, else the ECR repository `pulumi up` builds into in `account`."""
+    if config.image.uri:
+        return config.image.uri.partition("@")[0]
+    registry = f"{account}.dkr.ecr.{config.region}.amazonaws.com"
+    return f"{registry}/{trainer_repository(config.cluster.name)}"
+
+
 def stack_targets(config: StackConfig) -> list[str]:
     """The targets a stack builds: those its jobs run, those of every NodePool, whose
     ClusterTrainingRuntime (workloads/training_runtimes.py) and fabric check (workloads/

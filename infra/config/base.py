@@ -143,6 +143,27 @@ PATTERN_HINTS[IAM_PRINCIPAL_ARN] = (
 IamPrincipalArn = Annotated[str, Field(pattern=IAM_PRINCIPAL_ARN)]
 
 
+# A registry host (with a dot or a port, or localhost, so that it cannot be read as a Docker Hub
+# repository), then optionally a repository path: a subset of what the DevServers operator reads
+# (devservers/images.py, distribution/reference's grammar), so the operator accepts every entry.
+_HOST_LABEL = r"[a-z0-9]([a-z0-9-]*[a-z0-9])?"
+_PATH_COMPONENT = r"[a-z0-9]+([._-][a-z0-9]+)*"
+IMAGE_REGISTRY = (
+    rf"^({_HOST_LABEL}(\.{_HOST_LABEL})+(:[0-9]{{1,5}})?|localhost(:[0-9]{{1,5}})?|"
+    rf"{_HOST_LABEL}:[0-9]{{1,5}})(/{_PATH_COMPONENT})*$"
+)
+
+
+PATTERN_HINTS[IMAGE_REGISTRY] = (
+    "a registry host, optionally with a repository path and no tag or digest, e.g. "
+    "123456789012.dkr.ecr.us-west-2.amazonaws.com/team-images or ghcr.io/my-org; Docker Hub "
+    "as docker.io/library (official images) or docker.io/<org>"
+)
+
+
+ImageRegistry = Annotated[str, Field(pattern=IMAGE_REGISTRY, max_length=255)]
+
+
 class ImageConfig(Model):
     """A prebuilt image by digest, or empty: pulumi up builds its Dockerfile and pushes to ECR."""
 

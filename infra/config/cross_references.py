@@ -110,6 +110,23 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
                 )
             )
     for i, user in enumerate(section.users):
+        for key, asked, smallest in (
+            ("cpu", user.quota.cpu, min((f.cpu for f in section.flavors), default=0)),
+            (
+                "memoryGib",
+                user.quota.memory_gib,
+                min((f.memory_gib for f in section.flavors), default=0),
+            ),
+        ):
+            if asked is not None and asked < smallest:
+                problems.append(
+                    (
+                        ("devServers", "users", i, "quota", key),
+                        f"{asked} is less than the smallest flavor asks for, so no server of "
+                        f"{user.name}'s could start; allowed: at least {smallest}, or unset "
+                        "(derived from the flavors, servers and gpus)",
+                    )
+                )
         if user.team not in teams:
             problems.append(
                 (

@@ -10,6 +10,7 @@ from infra.config.base import (
     Cidr,
     IamPrincipalArn,
     ImageConfig,
+    ImageRegistry,
     K8sName,
     Model,
     allowed_list,
@@ -49,6 +50,20 @@ class DevServerQuota(Model):
         description="GiB of gp3 home volumes of all the user's servers, running, stopped or "
         "kept after a delete or a shrink; the plan prices this cap. Homes on hybrid machines "
         "are not counted.",
+    )
+    cpu: int | None = Field(
+        default=None,
+        ge=1,
+        le=100_000,
+        description="vCPU requests (= limits) of all the user's pods. Unset: the most that "
+        "`servers` one-pod servers of the stack's flavors can ask for within `gpus`, so only "
+        "distributed servers' extra pods meet it.",
+    )
+    memory_gib: int | None = Field(
+        default=None,
+        ge=1,
+        le=1_000_000,
+        description="GiB of memory requests (= limits) of all the user's pods; unset, as `cpu`.",
     )
 
 
@@ -109,6 +124,29 @@ class DevServersConfig(Model):
         description="The operator's image by digest; empty: built from devservers/Dockerfile and "
         "pushed to ECR by pulumi up.",
     )
+    allowed_image_registries: list[ImageRegistry] = Field(
+        default_factory=list,
+        max_length=50,
+        description="Where servers' images may come from, beside the stack's own trainer "
+        "repository (always allowed): registries (`ghcr.io`) or repositories and the paths below "
+        "them (`123456789012.dkr.ecr.us-west-2.amazonaws.com/team-images`), matched component "
+        "by component (devservers/images.py), never as substrings.",
+    )
+    require_image_digest: bool = Field(
+        default=False,
+        description="Refuse images named by tag alone. Off by default: the trainer repository's "
+        "tags are immutable (ECR IMMUTABLE), so its tags already name one image each.",
+    )
+
+    def cpu_and_memory_quota(self, user: DevServerUser) -> tuple[int, int]:
+        """(vCPU, GiB) of `user`'s ResourceQuota: as set, else the most that `servers` one-pod
+        servers can request within the user's GPU quota, each of any flavor."""
+        quota = user.quota
+        if quota.cpu is not None and quota.memory_gib is not None:
+            return quota.cpu, quota.memory_gib
+        cpu = _most(self.flavors, quota.servers, quota.gpus, lambda f: f.cpu)
+        memory = _most(self.flavors, quota.servers, quota.gpus, lambda f: f.memory_gib)
+        return quota.cpu or max(cpu, 1), quota.memory_gib or max(memory, 1)
 
     def flavor(self, name: str) -> DevServerFlavorConfig:
         """The flavor `name`, else a ValueError naming a close one and the allowed ones."""
@@ -117,6 +155,20 @@ class DevServersConfig(Model):
     def user(self, name: str) -> DevServerUser:
         """The user `name`, else a ValueError naming a close one and the allowed ones."""
         return _named(self.users, name, f"{name!r} is not a DevServers user")
+
+
+def _most(flavors: list[DevServerFlavorConfig], servers: int, gpus: int, amount) -> int:
+    """The largest sum of `amount(flavor)` over at most `servers` flavors (repeats allowed)
+    whose GPUs add up to at most `gpus`: a knapsack over (servers, GPUs)."""
+    gpus = min(gpus, servers * max((f.gpus for f in flavors), default=0))
+    best = [[0] * (gpus + 1) for _ in range(servers + 1)]
+    for n in range(1, servers + 1):
+        for g in range(gpus + 1):
+            best[n][g] = max(
+                [best[n - 1][g]]
+                + [best[n - 1][g - f.gpus] + amount(f) for f in flavors if f.gpus <= g]
+            )
+    return best[servers][gpus]
 
 
 def _named(items: list, name: str, unknown: str):

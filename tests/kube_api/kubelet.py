@@ -21,6 +21,7 @@ import asyncio
 import base64
 import contextlib
 import copy
+import functools
 import json
 import os
 import re
@@ -31,6 +32,7 @@ import subprocess
 import sys
 import tempfile
 import time
+from concurrent.futures import Future, ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from urllib.parse import parse_qs
@@ -150,6 +152,7 @@ HOST_PATHS = ("/dev", "/sys", "/tmp")
 POD_IP = "127.0.0.1"  # every pod's address: they share this machine's network
 CLUSTER_DOMAIN = "cluster.local"
 START_SECONDS = 60  # a loaded 2-core machine can take a while to set up a container
+STARTS_AT_ONCE = 8  # containers set up at once (each mostly waits on its setup processes)
 
 
 @dataclass
@@ -256,6 +259,9 @@ class Kubelet:
         self.account = account
         self.dir = Path(tempfile.mkdtemp(prefix="kubelet-"))
         self.running: dict[str, _Running] = {}  # pod uid -> its container
+        self.starting: dict[str, Future] = {}  # pod uid -> its container being set up
+        self._workers = ThreadPoolExecutor(STARTS_AT_ONCE, thread_name_prefix="kubelet")
+        self._failures: list[BaseException] = []  # raised by the next run_pods
         self.ports: dict[tuple[str, str, int], int] = {}  # (namespace, pod, port) -> local port
 
     @property
@@ -289,6 +295,15 @@ class Kubelet:
         """Start `command` inside a running pod (a process the pod's user would have started)."""
         running = self.running[pod["metadata"]["uid"]]
         return subprocess.Popen(self._enter(running, command), env=running.env, **popen)
+
+    def write(self, pod: dict, path: str, text: str, mode: int = 0o755) -> None:
+        """Put a file at `path` in a running pod's root, as its image or its root user would
+        have it: in the container's own writable layer, which no other pod sees."""
+        inside = self._inside(self.running[pod["metadata"]["uid"]])
+        script = 'cat > "$0" && chmod "$1" "$0"'
+        subprocess.run(
+            [*inside, "sh", "-c", script, path, f"{mode:o}"], input=text.encode(), check=True
+        )
 
     def processes(self, pod: dict) -> list[str]:
         """The names of the live processes of a running pod (its PID namespace's; zombies,
@@ -362,7 +377,16 @@ class Kubelet:
         hostname = pod["spec"].get("hostname") or pod["metadata"]["name"]
         return _start_container(_container_script(hostname, layers, mounts, command), env)
 
+    def busy(self) -> bool:
+        """Whether containers are being set up (KubeAPI.settle waits for them)."""
+        return bool(self.starting)
+
     def run_pods(self, api: KubeAPI) -> None:
+        """Start the containers of pods that should run, each in a worker of its own (as the
+        kubelet's pod workers do), so the API answers meanwhile; kill those of pods that should
+        not; keep every running pod's /etc/hosts current."""
+        if self._failures:
+            raise self._failures.pop(0)
         pods = _kind(api, "", "pods")
         wanted = set()
         for pod in api.select(pods):
@@ -370,57 +394,84 @@ class Kubelet:
             if meta.get("deletionTimestamp") or spec.get("schedulingGates"):
                 continue
             wanted.add(meta["uid"])
-            if meta["uid"] in self.running:
+            if meta["uid"] in self.running or meta["uid"] in self.starting:
                 continue
             volumes = self._volumes(api, pod)
             if volumes is None:
                 continue  # ContainerCreating until its ConfigMaps and Secrets exist
-            self.running[meta["uid"]] = self._start(pod, volumes)
-            stamp = now()
-            conditions = [
-                {"type": t, "status": "True", "lastTransitionTime": stamp}
-                for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
-            ]
-            containers = [
-                {
-                    "name": c["name"],
-                    "image": c.get("image", ""),
-                    "ready": True,
-                    "started": True,
-                    "restartCount": 0,
-                    "state": {"running": {"startedAt": stamp}},
-                }
-                for c in spec.get("containers", [])
-            ]
-            status = {
-                "phase": "Running",
-                "podIP": POD_IP,
-                "hostIP": POD_IP,
-                "startTime": stamp,
-                "conditions": conditions,
-                "containerStatuses": containers,
-            }
-            api.replace(pods, pod, {**pod, "status": status})
+            started = self._workers.submit(self._start, pod, volumes)
+            self.starting[meta["uid"]] = started
+            asyncio.wrap_future(started).add_done_callback(
+                functools.partial(self._started, api, meta["namespace"], meta["name"], meta["uid"])
+            )
         for uid in set(self.running) - wanted:
             self._kill(self.running.pop(uid))
+        hosts = {}
         for pod in api.select(pods):
             running = self.running.get(pod["metadata"]["uid"])
-            hosts = _hosts(api, pod["metadata"]["namespace"])
-            if running is not None and running.hosts != hosts:
-                Path(f"/proc/{running.init}/root/etc/hosts").write_text(hosts)
-                running.hosts = hosts
+            namespace = pod["metadata"]["namespace"]
+            if running is None:
+                continue
+            if namespace not in hosts:
+                hosts[namespace] = _hosts(api, namespace)
+            if running.hosts != hosts[namespace]:
+                Path(f"/proc/{running.init}/root/etc/hosts").write_text(hosts[namespace])
+                running.hosts = hosts[namespace]
+
+    def _started(self, api: KubeAPI, namespace: str, name: str, uid: str, _) -> None:
+        """A container is set up (on the API's loop): the pod runs and is ready, unless it was
+        deleted meanwhile."""
+        started = self.starting.pop(uid)
+        api._notify()
+        if started.exception() is not None:
+            self._failures.append(started.exception())
+            return
+        pods = _kind(api, "", "pods")
+        pod = api.store.get((pods.group, pods.plural, namespace, name))
+        if pod is None or pod["metadata"]["uid"] != uid or pod["metadata"].get("deletionTimestamp"):
+            self._kill(started.result())
+            return
+        self.running[uid] = started.result()
+        stamp = now()
+        conditions = [
+            {"type": t, "status": "True", "lastTransitionTime": stamp}
+            for t in ("PodScheduled", "Initialized", "ContainersReady", "Ready")
+        ]
+        containers = [
+            {
+                "name": c["name"],
+                "image": c.get("image", ""),
+                "ready": True,
+                "started": True,
+                "restartCount": 0,
+                "state": {"running": {"startedAt": stamp}},
+            }
+            for c in pod["spec"].get("containers", [])
+        ]
+        status = {
+            "phase": "Running",
+            "podIP": POD_IP,
+            "hostIP": POD_IP,
+            "startTime": stamp,
+            "conditions": conditions,
+            "containerStatuses": containers,
+        }
+        api.replace(pods, pod, {**pod, "status": status})
 
     @staticmethod
-    def _kill(running: _Running) -> None:
-        try:
-            os.killpg(running.process.pid, signal.SIGKILL)
-        except ProcessLookupError:
-            pass
-        running.process.wait()
+    def _kill(*containers: _Running) -> None:
+        """Kill the containers' process groups, all of them first, then wait for each."""
+        for running in containers:
+            with contextlib.suppress(ProcessLookupError):
+                os.killpg(running.process.pid, signal.SIGKILL)
+        for running in containers:
+            running.process.wait()
 
     def stop(self) -> None:
-        for running in self.running.values():
-            self._kill(running)
+        self._workers.shutdown(wait=True)
+        started = [s.result() for s in self.starting.values() if s.exception() is None]
+        self._kill(*started, *self.running.values())
+        self.starting.clear()
         self.running.clear()
         shutil.rmtree(self.dir, ignore_errors=True)
 

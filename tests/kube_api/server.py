@@ -329,6 +329,9 @@ class KubeAPI:
         for kind in kinds:
             self.serve(kind)
         self.store: dict[tuple[str, str, str, str], dict] = {}  # (group, plural, ns, name)
+        # The same objects by (group, plural), then namespace, then name: what a list reads, so
+        # that a list costs what it returns, not the whole store.
+        self.by_kind: dict[tuple[str, str], dict[str, dict[str, dict]]] = {}
         self.history: list[tuple[int, Kind, str, dict, dict | None]] = []
         self.revision = 0
         self.tokens: dict[str, User] = {}
@@ -393,12 +396,15 @@ class KubeAPI:
         return asyncio.run_coroutine_threadsafe(run(), self._loop).result(60)
 
     def settle(self, timeout: float = 90) -> None:
-        """Wait until the controllers have nothing left to do. The kubelet starts containers on
-        the loop, each in seconds here and in tens of them on a 2-core machine under load: the
+        """Wait until the controllers and the kubelet have nothing left to do. The kubelet sets up
+        a container in seconds here, in tens of them on a 2-core machine under load: the
         timeout is for a hang, not a measure."""
 
+        def busy() -> bool:
+            return self._dirty.is_set() or bool(self.runtime and self.runtime.busy())
+
         async def settled():
-            while self._dirty.is_set():
+            while busy():
                 if self._controllers_task.done():  # a controller raised: say what, not a timeout
                     self._controllers_task.result()
                 await asyncio.sleep(0.02)
@@ -453,10 +459,13 @@ class KubeAPI:
         obj["metadata"]["resourceVersion"] = str(self.revision)
         meta = obj["metadata"]
         key = (kind.group, kind.plural, meta.get("namespace", ""), meta["name"])
+        names = self.by_kind.setdefault(key[:2], {}).setdefault(key[2], {})
         if event == "DELETED":
             del self.store[key]
+            del names[key[3]]
         else:
             self.store[key] = obj
+            names[key[3]] = obj
         self.history.append((self.revision, kind, event, obj, old))
         self._notify()
         return obj
@@ -468,13 +477,15 @@ class KubeAPI:
         return found
 
     def select(self, kind: Kind, namespace: str = "", labels: str = "", fields: str = ""):
+        """Objects of `kind` (of `namespace`, unless empty) matching the selectors, sorted by
+        namespace and name."""
+        spaces = self.by_kind.get((kind.group, kind.plural), {})
+        chosen = [namespace] if namespace else sorted(spaces)
         return [
             o
-            for (g, p, ns, _), o in sorted(self.store.items())
-            if (g, p) == (kind.group, kind.plural)
-            and namespace in ("", ns)
-            and labels_match(labels, o["metadata"].get("labels") or {})
-            and fields_match(fields, o)
+            for ns in chosen
+            for _, o in sorted(spaces.get(ns, {}).items())
+            if labels_match(labels, o["metadata"].get("labels") or {}) and fields_match(fields, o)
         ]
 
     def _admit(self, kind: Kind, obj: dict) -> dict:
@@ -532,7 +543,9 @@ class KubeAPI:
         obj["apiVersion"], obj["kind"] = kind.api_version, kind.kind
         meta.update(uid=str(uuid.uuid4()), creationTimestamp=now(), generation=1)
         meta.pop("deletionTimestamp", None)
-        if "status" in kind.subresources:
+        # Status is the /status subresource's, except a Node's: "Nodes allow *all* fields,
+        # including status, to be set on create" (pkg/registry/core/node/strategy.go).
+        if "status" in kind.subresources and kind.plural != "nodes":
             obj.pop("status", None)
         if kind.plural == "namespaces":
             obj["spec"] = {"finalizers": ["kubernetes"]}
@@ -867,9 +880,9 @@ def _without_finalizer(obj: dict, finalizer: str) -> dict:
 
 
 def _everything(api: KubeAPI):
+    kinds = {(k.group, k.plural): k for k in api.kinds.values()}
     for (group, plural, _, _), obj in list(api.store.items()):
-        kind = next(k for k in api.kinds.values() if (k.group, k.plural) == (group, plural))
-        yield kind, obj
+        yield kinds[(group, plural)], obj
 
 
 def garbage_collector(api: KubeAPI) -> None:
