@@ -26,7 +26,7 @@ from infra.components.queues import TEAM_LABEL
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import HybridConfig
 from infra.system_capacity import SYSTEM_LABELS, SYSTEM_TAINT
-from tests.admission_rules import admitted, refusals
+from tests.admission_rules import ENV, admitted, refusals
 from tests.test_hybrid import HYBRID
 from tests.test_hybrid_devservers import plan_of_values
 from tests.test_hybrid_jobs import (
@@ -394,6 +394,16 @@ def test_jobs_and_flavors_select_nodes_by_a_label_no_kubelet_sets(plan):
         if what == "controllers":  # the system nodes' label: the registration policy guards it
             continue
         assert not all(kubelet_may_set(k) for k in pod["nodeSelector"]), what
+
+
+def test_every_expression_of_the_policies_parses_as_cel(admission):
+    """The messages included, which the evaluations above never need; the API server refuses a
+    policy whose CEL does not compile."""
+    for spec in admission.values():
+        for item in (*spec.get("matchConditions", []), *spec["variables"], *spec["validations"]):
+            for key in ("expression", "messageExpression"):
+                if key in item:
+                    ENV.compile(item[key])
 
 
 # --- the registration policy itself --------------------------------------------------------------

@@ -63,6 +63,12 @@ HYBRID_NODE_LABEL_KEYS = (
 CILIUM_OPERATOR = "system:serviceaccount:kube-system:cilium-operator"
 
 
+def resource_rules(group: str, resource: str, operations: list[str]) -> dict:
+    """matchConstraints for `operations` on `resource` of `group`, every version."""
+    rule = {"apiGroups": [group], "apiVersions": ["*"], "operations": operations}
+    return {"resourceRules": [{**rule, "resources": [resource]}]}
+
+
 def cel(value) -> str:
     """A JSON value as a CEL literal: JSON strings, lists and maps are CEL's too."""
     return json.dumps(value, sort_keys=True)
@@ -106,16 +112,7 @@ def node_registration_policy(config: HybridConfig) -> dict:
     taint = HYBRID_TAINT
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": {
-            "resourceRules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["nodes"],
-                }
-            ]
-        },
+        "matchConstraints": resource_rules("", "nodes", ["CREATE", "UPDATE"]),
         "matchConditions": [{"name": "hybrid-node", "expression": hybrid_node(config)}],
         "variables": LABEL_VARIABLES,
         "validations": [
@@ -161,16 +158,7 @@ def gateway_labels_policy(config: HybridConfig) -> dict:
     machines = cel([m.name for m in config.machines])
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": {
-            "resourceRules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["UPDATE"],
-                    "resources": ["nodes"],
-                }
-            ]
-        },
+        "matchConstraints": resource_rules("", "nodes", ["UPDATE"]),
         "matchConditions": [
             {"name": "gateway", "expression": f"'{GATEWAY_GROUP}' in request.userInfo.groups"}
         ],
@@ -223,14 +211,7 @@ def machine_tolerations_policy(config: HybridConfig, user_label: str) -> dict:
         "failurePolicy": "Fail",
         "matchConstraints": {
             "namespaceSelector": {"matchExpressions": [{"key": TEAM_LABEL, "operator": "Exists"}]},
-            "resourceRules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["pods"],
-                }
-            ],
+            **resource_rules("", "pods", ["CREATE", "UPDATE"]),
         },
         "variables": [
             {"name": "tenants", "expression": tenants},
@@ -266,16 +247,7 @@ def ciliumnode_policy() -> dict:
     cidrs = "has({o}.spec) && has({o}.spec.ipam) && has({o}.spec.ipam.podCIDRs) ? "
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": {
-            "resourceRules": [
-                {
-                    "apiGroups": ["cilium.io"],
-                    "apiVersions": ["*"],
-                    "operations": ["CREATE", "UPDATE"],
-                    "resources": ["ciliumnodes"],
-                }
-            ]
-        },
+        "matchConstraints": resource_rules("cilium.io", "ciliumnodes", ["CREATE", "UPDATE"]),
         "matchConditions": [
             {
                 "name": "not-the-operator",

@@ -128,8 +128,13 @@ def kueue_flavor(config: HybridConfig) -> Flavor:
     pkg/scheduler/flavorassigner/flavorassigner.go, checkFlavorForPodSets and flavorSelector).
     Were the toleration injected, a pod set without a pool selector (a user's own GPU job) could
     spill onto the machines when the EC2 flavors are full; without it, only pods that carry the
-    toleration (placement.py, for `nodePool: hybrid`) get this flavor. The annotation lists the
-    machines' vCPUs, which EKS bills per hour (infra/cost.py).
+    toleration (placement.py, for `nodePool: hybrid`) get this flavor. One flavor for all
+    machines: Kueue gives a PodSet one flavor for all its pods, so a flavor per machine would
+    admit no job across machines, and one per tenant would let a pod that tolerates the taint
+    take any tenant's (its node labels are a pod's to match, not the namespace's). Which machines
+    a pod may use its own affinity and tolerations say (placement.py), and the machine-tolerations
+    admission policy holds tenants' own pods to them. The annotation lists the machines' vCPUs,
+    which EKS bills per hour (infra/cost.py).
     """
     ceiling = config.pool().ceiling()
     vcpus = [{"name": m.name, "vcpu": m.vcpu} for m in config.machines]

@@ -30,6 +30,13 @@ HYBRID_ALLOWED_RANGES = [
 ]
 
 
+def _gone(data: Any, key: str, why: str) -> Any:
+    """A model's raw data, unless it still has `key`, which an earlier version took."""
+    if isinstance(data, dict) and key in data:
+        raise ValueError(f"{key} is gone: {why}; allowed: remove {key}")
+    return data
+
+
 def _public_ipv4(value: Any) -> ipaddress.IPv4Address:
     try:
         address = ipaddress.IPv4Address(value)
@@ -146,13 +153,12 @@ class HybridMachine(Model):
     @model_validator(mode="before")
     @classmethod
     def _no_pod_cidr(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "podCidr" in data:
-            raise ValueError(
-                "podCidr is gone: Cilium's cluster-pool IPAM now gives each node its slice of "
-                "remotePodCidrs when it joins (size: hybrid.podCidrMaskSize), and the gateway "
-                "routes whatever slice it got; allowed: remove podCidr"
-            )
-        return data
+        return _gone(
+            data,
+            "podCidr",
+            "Cilium's cluster-pool IPAM now gives each node its slice of remotePodCidrs when it "
+            "joins (size: hybrid.podCidrMaskSize), and the gateway routes whatever slice it got",
+        )
 
 
 class SsmActivation(Model):
@@ -183,13 +189,12 @@ class SsmActivation(Model):
     @model_validator(mode="before")
     @classmethod
     def _no_registration_limit(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "registrationLimit" in data:
-            raise ValueError(
-                "registrationLimit is gone: each machine has an activation of its own that "
-                "admits one registration (machines[].ssmActivationStart gives one machine a new "
-                "one); allowed: remove registrationLimit"
-            )
-        return data
+        return _gone(
+            data,
+            "registrationLimit",
+            "each machine has an activation of its own that admits one registration "
+            "(machines[].ssmActivationStart gives one machine a new one)",
+        )
 
     def expiration_date(self, start: datetime.date | None = None) -> str:
         """RFC 3339, as SSM's CreateActivation and the aws provider take it."""
