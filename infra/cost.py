@@ -768,6 +768,8 @@ FREE: dict[str, str] = {
     **{
         f"kubernetes:{kind}": _K8S
         for kind in (
+            "admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy",
+            "admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding",
             "apiextensions.k8s.io/v1:CustomResourceDefinition",
             "core/v1:Namespace",
             "core/v1:ServiceAccount",
