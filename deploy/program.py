@@ -5,6 +5,7 @@ from pathlib import Path
 import pulumi
 import pulumi_aws as aws
 
+from devservers.api import OWNER_LABEL
 from devservers.component import DevServers
 from infra.catalog import load_prices
 from infra.components.block_storage import BlockStorage
@@ -122,7 +123,9 @@ def build_platform(config: StackConfig) -> None:
         )
     hybrid = None
     if config.hybrid:
-        hybrid = HybridNodes("hybrid", config.hybrid, platform, config.cluster.kubernetes_version)
+        hybrid = HybridNodes(
+            "hybrid", config.hybrid, platform, config.cluster.kubernetes_version, OWNER_LABEL
+        )
         pulumi.export("hybridGatewayIp", hybrid.gateway_public_ip)
         pulumi.export("hybridPeerConfigs", hybrid.peer_configs)
         pulumi.export("hybridBootstrap", hybrid.bootstraps)
@@ -164,7 +167,7 @@ def build_platform(config: StackConfig) -> None:
     )
     dev_namespaces = {}
     if config.dev_servers.enabled:
-        flavor_pools = {f.name: config.pool_named(f.node_pool) for f in config.dev_servers.flavors}
+        flavor_pools = {f.name: config.flavor_pool(f) for f in config.dev_servers.flavors}
         home_prerequisites = []
         if any(pool.hybrid for pool in flavor_pools.values()):
             # Homes on the machines' disks: their provisioner outlives the user namespaces

@@ -88,7 +88,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     objects = children(
         server,
-        flavor_manifest(flavor, config.pool_named(flavor.node_pool), config.storage.efs.enabled),
+        flavor_manifest(flavor, config.flavor_pool(flavor), config.storage.efs.enabled),
         settings,
     )
     print(

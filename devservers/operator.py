@@ -74,21 +74,29 @@ def configure_kopf(settings: kopf.OperatorSettings) -> None:
     settings.execution.max_workers = HANDLER_WORKERS
 
 
+def with_state(memo: kopf.Memo, cluster, settings) -> kopf.Memo:
+    """`memo` with what the handlers share: the cluster, the platform's settings, CPU samples,
+    one lock per server, the metrics, and the idle checks' workers."""
+    from devservers.metrics import Metrics
+
+    memo.cluster = cluster
+    memo.settings = settings
+    memo.cpu_samples = CpuSamples()
+    memo.locks = {}
+    memo.metrics = Metrics()
+    memo.checks = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="idle-check")
+    return memo
+
+
 @kopf.on.startup()
 async def configure(
     settings: kopf.OperatorSettings, memo: kopf.Memo, servers_by_flavor: kopf.Index, **_
 ) -> None:
     from devservers.kube import KubeCluster, settings_from_env
-    from devservers.metrics import Metrics
 
     configure_kopf(settings)
-    memo.cluster = KubeCluster()
-    memo.settings = settings_from_env()
-    memo.cpu_samples = CpuSamples()
-    memo.locks = {}
-    memo.metrics = Metrics()
+    with_state(memo, KubeCluster(), settings_from_env())
     memo.metrics.serve(METRICS_PORT)
-    memo.checks = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="idle-check")
     memo.idle_checks = asyncio.create_task(check_activity(memo, servers_by_flavor))
 
 

@@ -3,6 +3,7 @@ namespaces for tests that run real WireGuard, and the dev stack's DevServers on 
 Kubernetes API."""
 
 import copy
+import json
 import os
 import shutil
 import subprocess
@@ -40,6 +41,25 @@ def suite_temp_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
+# The modules that take longest (seconds, two workers, 2026-11-26), run first: xdist's loadfile
+# hands modules out in collection order, and a long one left for last runs alone.
+SLOWEST_FIRST = [
+    "test_trainer.py",  # 280
+    "test_mesh.py",  # 140
+    "test_devctl_run.py",  # 60
+    "test_docs_examples.py",  # 50
+    "test_watch_and_fetch.py",  # 40
+    "test_mesh_netns.py",  # 38
+    "test_day_two_running.py",  # 36
+    "test_day_two_edits.py",  # 33
+]
+
+
+def pytest_collection_modifyitems(items: list[pytest.Item]) -> None:
+    rank = {name: i for i, name in enumerate(SLOWEST_FIRST)}
+    items.sort(key=lambda item: rank.get(item.path.name, len(rank)))
+
+
 def deep_merge(base: Any, patch: Any) -> Any:
     """`patch` laid over `base`: mappings merge key by key, anything else replaces."""
     if isinstance(base, dict) and isinstance(patch, dict):
@@ -66,11 +86,18 @@ def hadolint(dockerfile: Path) -> str:
     return "" if done.returncode == 0 else done.stdout + done.stderr
 
 
+_PLANS: dict[str, Plan] = {}
+
+
 def plan_of(stack: str, **sections: Any) -> Plan:
-    """Offline plan of `stack`, optionally with config sections patched (camelCase keys)."""
+    """Offline plan of `stack`, optionally with config sections patched (camelCase keys). A
+    config planned before in this process is not planned again: the caller gets a copy."""
     values = stack_values(stack, **sections)
-    config = parse_stack_config(values, f"Pulumi.{stack}.yaml")
-    return run_offline(lambda: build_platform(config), stack, values)
+    key = json.dumps([stack, values], sort_keys=True, default=str)
+    if key not in _PLANS:
+        config = parse_stack_config(values, f"Pulumi.{stack}.yaml")
+        _PLANS[key] = run_offline(lambda: build_platform(config), stack, values)
+    return copy.deepcopy(_PLANS[key])
 
 
 @pytest.fixture(scope="session")

@@ -119,6 +119,8 @@ class Cluster:
             "KUBECONFIG": str(self.kubeconfigs["operator"]),
             "PYTHONPATH": str(ROOT),
             "TMPDIR": str(self.dir),  # the kubernetes client's discovery cache
+            # Not the Deployment's fixed port: another test's operator may be running.
+            "DEVSERVERS_METRICS_PORT": str(free_port()),
             **env,
         }
         environment.pop("KUBERNETES_SERVICE_HOST", None)

@@ -414,7 +414,9 @@ def test_every_pod_set_on_a_topology_flavor_asks_for_topology_kueue_can_satisfy(
     asked = {}
     for job in jobs:
         pool_of = {
-            role: spec["template"]["spec"]["nodeSelector"]["training-platform/pool"]
+            role: spec["template"]["spec"]["nodeSelector"][
+                "training-platform.node-restriction.kubernetes.io/pool"
+            ]
             for role, spec in (
                 job["spec"].get("pytorchReplicaSpecs") or job["spec"]["mpiReplicaSpecs"]
             ).items()

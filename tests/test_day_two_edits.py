@@ -182,6 +182,8 @@ NOT_EDITABLE = {
     "jobs[gpt-large-mpi].maxNodes": "an MPIJob's minNodes equals its maxNodes (COORDINATED)",
     "jobs[gpt-large-mpi].args": "trainer arguments (COORDINATED)",
     "devServers.flavors[a100-8].nodePool": "no other pool holds 8 GPUs and 979 GiB",
+    "devServers.flavors[gpu-1].machine": "a machine goes with nodePool hybrid (none here)",
+    "devServers.flavors[a100-8].machine": "a machine goes with nodePool hybrid (none here)",
     "hybrid": "the hybrid section: tests/test_hybrid.py plans its edits",
     "acknowledgeDataLoss": "what the other edits are checked with",
 }

@@ -41,7 +41,9 @@ def test_flavors_come_from_stack_config_with_their_pools_placement(dev_plan):
     flavors = named(dev_plan, "kubernetes:dev.training-platform.io/v1alpha1:DevServerFlavor")
     gpu4 = flavors["dev-servers-flavor-gpu-4"]
     assert conformance_errors(gpu4) == []
-    assert gpu4["spec"]["nodeSelector"] == {"training-platform/pool": "gpu-small"}
+    assert gpu4["spec"]["nodeSelector"] == {
+        "training-platform.node-restriction.kubernetes.io/pool": "gpu-small"
+    }
     assert gpu4["spec"]["tolerations"][0]["key"] == "nvidia.com/gpu"
     assert gpu4["spec"]["resources"]["limits"] == {
         "cpu": "43",

@@ -10,7 +10,6 @@ import os
 import shutil
 import subprocess
 import sys
-from concurrent.futures import ThreadPoolExecutor
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
@@ -22,9 +21,8 @@ from kubernetes import config
 from devservers import cli, operator
 from devservers.activity import pod_activity
 from devservers.api import API_VERSION, GPU, QUEUE_LABEL
-from devservers.controller import KUEUE_GATE, WARN, WARN_BEFORE, CpuSamples, parse_timestamp
+from devservers.controller import KUEUE_GATE, WARN, WARN_BEFORE, parse_timestamp
 from devservers.kube import KubeCluster, settings_from_env
-from devservers.metrics import Metrics
 from devservers.render import CONTAINER, SHAPE_ANNOTATION, host_public_key
 from tests.devservers_cluster import Cluster, wait_for
 from tests.openssh import OpenSsh
@@ -43,13 +41,10 @@ class World:
     def __init__(self, dev_cluster: Cluster, monkeypatch, **settings):
         self.dev_cluster, self.api = dev_cluster, dev_cluster.api
         client = config.new_client_from_config(str(dev_cluster.kubeconfigs["operator"]))
-        self.memo = kopf.Memo(
-            cluster=KubeCluster(client),
-            settings=replace(settings_from_env(dev_cluster.operator_env), **settings),
-            cpu_samples=CpuSamples(),
-            locks={},
-            metrics=Metrics(),
-            checks=ThreadPoolExecutor(operator.CHECK_WORKERS),
+        self.memo = operator.with_state(
+            kopf.Memo(),
+            KubeCluster(client),
+            replace(settings_from_env(dev_cluster.operator_env), **settings),
         )
         self.users = {"alice": dev_cluster.client("alice")}
         self.clock = START

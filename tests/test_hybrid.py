@@ -1,6 +1,7 @@
 """EKS Hybrid Nodes through the offline plan: cluster remote networks, IAM and credentials, the
 WireGuard gateway, Kueue opt-in, and the per-machine pages; plus the `hybrid` config checks."""
 
+import ast
 import datetime
 import hashlib
 import ipaddress
@@ -17,15 +18,21 @@ from pulumi.runtime.sync_await import _sync_await
 
 from deploy import hybrid_bootstrap
 from deploy.program import build_platform
+from infra.components.hybrid_gateway import wireguard_sources
 from infra.components.hybrid_gateway_boot import (
+    FORWARD_SCRIPT,
     KEY_PLACEHOLDER,
-    SYNC_SCRIPT,
+    SYNC_PROGRAM,
+    SYNC_SETTINGS,
+    GatewayNetworks,
     SyncTarget,
-    sync_script,
+    forward_rules,
+    sync_program,
     sync_units,
 )
 from infra.components.hybrid_machines import HYBRID_TAINT
 from infra.components.hybrid_nodes import remote_network_transform
+from infra.components.node_pools import MACHINE_LABEL, POOL_LABEL
 from infra.config import ConfigError, HybridConfig, SsmActivation, parse_stack_config
 from infra.offline import run_offline
 from policies.offline import check
@@ -43,11 +50,30 @@ HYBRID = {
             "gpuModel": "RTX 4090",
             "vcpu": 16,
             "memoryGib": 64,
+            # Alice's, lent to her team's jobs (and its members' DevServers).
+            "owner": "user:alice",
+            "allow": ["team:team-a"],
         },
-        {"name": "bob-cpu", "address": "10.200.0.3", "gpus": 0, "vcpu": 8, "memoryGib": 32},
+        # Bob's (of team research), lent to team-a too.
+        {
+            "name": "bob-cpu",
+            "address": "10.200.0.3",
+            "gpus": 0,
+            "vcpu": 8,
+            "memoryGib": 32,
+            "owner": "user:bob",
+            "allow": ["team:team-a"],
+        },
     ],
 }
-CAROL = {"name": "carol-3090", "address": "10.200.0.4", "gpus": 1, "vcpu": 8, "memoryGib": 32}
+CAROL = {
+    "name": "carol-3090",
+    "address": "10.200.0.4",
+    "gpus": 1,
+    "vcpu": 8,
+    "memoryGib": 32,
+    "owner": "team:research",
+}
 PRIVATE_ENDPOINT_OFF = {"endpoint": {"privateAccess": False}}
 CA_PEM = "-----BEGIN CERTIFICATE-----\nMIIBofflineCA\n-----END CERTIFICATE-----\n"
 
@@ -117,6 +143,11 @@ def test_hybrid_node_role_access_entry_and_ssm_activation(plan):
     inline = json.loads(plan.one("aws:iam/rolePolicy:RolePolicy", "hybrid-node").inputs["policy"])
     describe = next(s for s in inline["Statement"] if s["Action"] == "eks:DescribeCluster")
     assert describe["Resource"] == "arn:aws:eks:us-west-2:123456789012:cluster/tp-dev"
+    # No machine may deregister, or list, another: nothing of SSM's beyond the managed policy.
+    assert [s["Action"] for s in inline["Statement"]] == [
+        "eks:DescribeCluster",
+        "eks-auth:AssumeRoleForPodIdentity",
+    ]
     attached = {
         r.inputs["policyArn"]
         for r in plan.of_type("aws:iam/rolePolicyAttachment:RolePolicyAttachment")
@@ -132,12 +163,35 @@ def test_hybrid_node_role_access_entry_and_ssm_activation(plan):
         r"arn:aws:iam::123456789012:role/hybrid-node-\w+", entry.inputs["principalArn"]
     )
     assert any(d.endswith("::hybrid-node") for d in entry.dependencies)
-    activation = plan.one("aws:ssm/activation:Activation", "hybrid-activation")
-    # A ceiling of its own (10 unless told), not the machine count: see the next tests.
-    assert activation.inputs["registrationLimit"] == 10
-    # Not SSM's silent 24 hours: start + days from the stack config, at 00:00 UTC.
-    assert activation.inputs["expirationDate"] == "2026-11-29T00:00:00Z"
+    # One activation per machine, each admitting one registration, named after its machine.
+    activations = {r.name: r.inputs for r in plan.of_type("aws:ssm/activation:Activation")}
+    assert set(activations) == {"hybrid-activation-alice-4090", "hybrid-activation-bob-cpu"}
+    for machine in ("alice-4090", "bob-cpu"):
+        activation = activations[f"hybrid-activation-{machine}"]
+        assert activation["registrationLimit"] == 1
+        assert activation["name"] == machine
+        assert activation["tags"]["training-platform/machine"] == machine
+        # Not SSM's silent 24 hours: start + days from the stack config, at 00:00 UTC.
+        assert activation["expirationDate"] == "2026-11-29T00:00:00Z"
+    # Each page carries its own machine's code.
+    pages = plan.outputs["hybridBootstrap"]
+    assert "activationId: hybrid-activation-alice-4090-" in pages["alice-4090"]
+    assert "activationId: hybrid-activation-bob-cpu-" in pages["bob-cpu"]
     assert not plan.of_type("aws:rolesanywhere/trustAnchor:TrustAnchor")
+
+
+def test_a_machine_cannot_read_the_gateways_key(plan):
+    """AmazonSSMManagedInstanceCore grants ssm:GetParameter(s) on every parameter; an explicit
+    Deny on the node role wins over it (IAM policy evaluation logic) for the gateway's key."""
+    denied = json.loads(
+        plan.one("aws:iam/rolePolicy:RolePolicy", "hybrid-node-denied").inputs["policy"]
+    )
+    (statement,) = denied["Statement"]
+    key = plan.one("aws:ssm/parameter:Parameter", "hybrid-gateway-key")
+    assert statement["Effect"] == "Deny"
+    assert statement["Resource"].endswith(":hybrid-gateway-key")
+    assert {"ssm:GetParameter", "ssm:GetParameters"} <= set(statement["Action"])
+    assert key.inputs["type"] == "SecureString"
 
 
 def test_hybrid_nodes_and_pods_reach_the_api_server_and_coredns_in_the_vpc(plan):
@@ -180,8 +234,13 @@ def test_wireguard_gateway_is_open_on_udp_51820_only_and_routes_the_remote_cidrs
             "description": "WireGuard from the machines",
         }
     ]
+    # From the VPC: TCP (kubelets, pods) and path MTU discovery; no UDP, nothing else.
     others = [r for r in group.inputs["ingress"] if r not in public]
-    assert [r["cidrBlocks"] for r in others] == [["10.20.0.0/16"]]  # the VPC only
+    assert {(r["protocol"], r["fromPort"], r["toPort"]) for r in others} == {
+        ("tcp", 0, 65535),
+        ("icmp", 3, 4),
+    }
+    assert {c for r in others for c in r["cidrBlocks"]} == {"10.20.0.0/16"}
     instance = plan.one("aws:ec2/instance:Instance", "hybrid-gateway")
     assert instance.inputs["sourceDestCheck"] is False
     assert instance.inputs["metadataOptions"]["httpTokens"] == "required"
@@ -205,6 +264,20 @@ def test_wireguard_gateway_is_open_on_udp_51820_only_and_routes_the_remote_cidrs
     assert eip.inputs["instance"].startswith("i-")
 
 
+def test_wireguard_comes_only_from_the_machines_addresses_when_every_one_is_known():
+    alice, bob = HYBRID["machines"]
+    known = hybrid_plan(
+        [{**alice, "publicAddress": "198.51.100.7"}, {**bob, "publicAddress": "203.0.113.99"}]
+    )
+    group = known.one("aws:ec2/securityGroup:SecurityGroup", "hybrid-gateway")
+    (wireguard,) = [r for r in group.inputs["ingress"] if r["protocol"] == "udp"]
+    assert wireguard["cidrBlocks"] == ["198.51.100.7/32", "203.0.113.99/32"]
+    assert not [r for r in group.inputs["ingress"] if "0.0.0.0/0" in r["cidrBlocks"]]
+    # One machine without a fixed address could not join from a restricted list: anywhere.
+    partly = {**HYBRID, "machines": [{**alice, "publicAddress": "198.51.100.7"}, bob]}
+    assert wireguard_sources(HybridConfig.model_validate(partly)) == ["0.0.0.0/0"]
+
+
 def test_kueue_flavor_is_opt_in_and_the_device_plugin_reaches_hybrid_gpus(plan):
     flavor = next(
         r
@@ -212,7 +285,7 @@ def test_kueue_flavor_is_opt_in_and_the_device_plugin_reaches_hybrid_gpus(plan):
         if r.inputs["metadata"]["name"] == "hybrid"
     )
     assert flavor.inputs["spec"] == {
-        "nodeLabels": {"training-platform/pool": "hybrid"},
+        "nodeLabels": {POOL_LABEL: "hybrid"},
         "nodeTaints": [HYBRID_TAINT],
     }
     queue = next(
@@ -321,11 +394,12 @@ def test_peer_configs_and_gateway_agree_and_bootstrap_pages_join_the_cluster(pla
     alice = pages["alice-4090"]
     assert "nodeadm install 1.35 --credential-provider ssm" in alice  # the stack's version
     assert "--node-ip=10.200.0.2" in alice
+    # No label pods select by: those are the gateway's to set (a kubelet cannot).
+    assert "--node-labels=training-platform/node-role=hybrid,nvidia.com/gpu.present=true" in alice
     assert (
-        "--node-labels=training-platform/pool=hybrid,training-platform/node-role=hybrid,"
-        "training-platform/machine=alice-4090,nvidia.com/gpu.present=true" in alice
+        "--register-with-taints=training-platform/hybrid=true:NoSchedule,"
+        "training-platform/machine=alice-4090:NoSchedule" in alice
     )
-    assert "--register-with-taints=training-platform/hybrid=true:NoSchedule" in alice
     assert re.search(r"activationCode: offline-activation-code-\w+", alice)
     # Pod credentials (S3 checkpoints) through the Pod Identity agent's hybrid DaemonSet.
     assert "  hybrid:\n    enableCredentialsFile: true\n" in alice
@@ -345,23 +419,34 @@ def heredoc(user_data: str, path: str) -> str:
 
 def test_gateway_boot_installs_the_sync_for_this_stack(plan):
     user_data = plan.one("aws:ec2/instance:Instance", "hybrid-gateway").inputs["userData"]
+    pods = (ipaddress.IPv4Network("10.201.0.0/16"),)
     target = SyncTarget(
         "us-west-2",
         "tp-dev",
         "/training-platform/dev/hybrid-wireguard-peers",
-        (ipaddress.IPv4Network("10.201.0.0/16"),),
+        pods,
+        POOL_LABEL,
+        MACHINE_LABEL,
     )
-    assert heredoc(user_data, SYNC_SCRIPT) == sync_script(target)
+    assert heredoc(user_data, SYNC_PROGRAM) == sync_program()
+    # AL2023's python3 is 3.9: the program parses as 3.9 (it runs as 3.11 in the netns tests).
+    ast.parse(sync_program(), feature_version=(3, 9))
+    assert heredoc(user_data, SYNC_SETTINGS) == target.settings() + "\n"
+    networks = GatewayNetworks(
+        ipaddress.IPv4Network("10.20.0.0/16"), (ipaddress.IPv4Network("10.200.0.0/24"),), pods
+    )
+    assert heredoc(user_data, FORWARD_SCRIPT) == forward_rules(networks)
     for name, text in sync_units().items():
         assert heredoc(user_data, f"/etc/systemd/system/{name}") == text
     assert "systemctl enable --now wg-quick@wg0 hybrid-wireguard-peers.timer" in user_data
+    assert f"PostUp = {FORWARD_SCRIPT} up %i" in user_data
     (hub,) = sections(user_data.split("<<'WIREGUARD'\n")[1].split("\nWIREGUARD")[0])
     assert hub["PrivateKey"] == KEY_PLACEHOLDER  # read from SSM at boot, never in user data
     syntax = subprocess.run(["bash", "-n"], input=user_data, text=True, capture_output=True)
     assert syntax.returncode == 0, syntax.stderr
 
 
-def test_gateway_may_read_its_peers_and_list_ciliumnodes_and_nothing_else(plan):
+def test_gateway_may_read_its_machines_list_ciliumnodes_and_label_nodes_only(plan):
     policy = plan.one("aws:iam/rolePolicy:RolePolicy", "hybrid-gateway").inputs["policy"]
     statements = json.loads(policy)["Statement"]
     # The key parameter's ARN (the offline mock's ARN of hybrid-gateway-key).
@@ -375,6 +460,9 @@ def test_gateway_may_read_its_peers_and_list_ciliumnodes_and_nothing_else(plan):
             "Resource": "arn:aws:ssm:us-west-2:123456789012:parameter/training-platform/dev/"
             "hybrid-wireguard-peers",
         },
+        # Which managed instance each machine's activation registered: a List action, which
+        # has no resource-level permission.
+        {"Effect": "Allow", "Action": "ssm:DescribeInstanceInformation", "Resource": "*"},
         {
             "Effect": "Allow",
             "Action": "eks:DescribeCluster",
@@ -389,7 +477,9 @@ def test_gateway_may_read_its_peers_and_list_ciliumnodes_and_nothing_else(plan):
     )
     role = plan.one("kubernetes:rbac.authorization.k8s.io/v1:ClusterRole", "hybrid-gateway")
     assert role.inputs["rules"] == [
-        {"apiGroups": ["cilium.io"], "resources": ["ciliumnodes"], "verbs": ["list"]}
+        {"apiGroups": ["cilium.io"], "resources": ["ciliumnodes"], "verbs": ["list"]},
+        # Labels the machines' nodes: the gateway admission policy lets it change nothing else.
+        {"apiGroups": [""], "resources": ["nodes"], "verbs": ["list", "patch"]},
     ]
     binding = plan.one(
         "kubernetes:rbac.authorization.k8s.io/v1:ClusterRoleBinding", "hybrid-gateway"
@@ -408,49 +498,69 @@ def hybrid_plan(machines: list[dict]):
     return plan_of("dev", hybrid={**HYBRID, "machines": machines}, cluster=PRIVATE_ENDPOINT_OFF)
 
 
-# What a machine's tunnel and registration hang on besides its own parameter, page and config.
-# The gateway instance's user data is replace-on-change (it runs once, at boot); every argument
-# of an SSM activation is ForceNew (terraform-provider-aws internal/service/ssm/activation.go,
-# which pulumi-aws bridges: no update function), and a new activation puts a new code in every
-# bootstrap page. So any change of their inputs churns every machine.
+# What a machine's tunnel and registration hang on besides its own parameter, activation, page
+# and config. The gateway instance's user data is replace-on-change (it runs once, at boot), so
+# any change of their inputs churns every machine.
 SHARED_BY_ALL_MACHINES = [
     ("aws:ec2/instance:Instance", "hybrid-gateway"),
     ("aws:ec2/eip:Eip", "hybrid-gateway"),
     ("aws:ec2/securityGroup:SecurityGroup", "hybrid-gateway"),
     ("aws:iam/rolePolicy:RolePolicy", "hybrid-gateway"),
     ("aws:ssm/parameter:Parameter", "hybrid-gateway-key"),
-    ("aws:ssm/activation:Activation", "hybrid-activation"),
 ]
 
 
 def assert_machines_unchanged(before, after, names: list[str]) -> None:
-    """`names` keep their gateway peer, tunnel config and bootstrap page; nothing they share
-    with the other machines changes."""
+    """`names` keep their gateway peer, activation, tunnel config and bootstrap page; nothing
+    they share with the other machines changes. Every argument of an SSM activation is ForceNew
+    (terraform-provider-aws internal/service/ssm/activation.go, which pulumi-aws bridges: no
+    update function), so an unchanged activation is one whose inputs are all unchanged."""
     for type_, name in SHARED_BY_ALL_MACHINES:
         assert after.one(type_, name).inputs == before.one(type_, name).inputs, name
     for name in names:
+        activation = f"hybrid-activation-{name}"
+        kept = after.one("aws:ssm/activation:Activation", activation).inputs
+        assert kept == before.one("aws:ssm/activation:Activation", activation).inputs, name
         peer = f"hybrid-peer-{name}"
         kept = after.one("aws:ssm/parameter:Parameter", peer).inputs
         assert kept == before.one("aws:ssm/parameter:Parameter", peer).inputs, name
-        # The value itself is compared (public: not redacted as a secret would be), and it
-        # routes to the address the machine's tunnel has.
+        # The value itself is compared (public: not redacted as a secret would be), and names
+        # the address the machine's tunnel has.
         address = sections(after.outputs["hybridPeerConfigs"][name])[0]["Address"].split("/")[0]
-        assert f"AllowedIPs = {address}/32" in kept["insecureValue"], kept
+        assert json.loads(kept["insecureValue"])["address"] == address, kept
         for output in ("hybridPeerConfigs", "hybridBootstrap"):
             assert after.outputs[output][name] == before.outputs[output][name], (output, name)
 
 
-def test_adding_a_machine_adds_a_peer_parameter_and_leaves_the_others_alone(plan):
-    """A new machine leaves every input of the gateway instance and the activation as it was,
-    so the engine has nothing to change there and no tunnel drops, and the others' pages stand;
-    the new peer arrives as one more SSM parameter the sync picks up."""
-    bigger = hybrid_plan([*HYBRID["machines"], CAROL])
+def test_adding_a_machine_adds_its_activation_and_peer_and_leaves_the_others_alone(plan):
+    """A new machine (joining weeks later, with an activation start of its own) leaves every
+    input of the gateway instance and of the other machines' activations as they were, so the
+    engine has nothing to change there, no tunnel drops and the others' pages stand; the new
+    peer arrives as one more SSM parameter the sync picks up."""
+    bigger = hybrid_plan([*HYBRID["machines"], {**CAROL, "ssmActivationStart": "2026-12-20"}])
     assert_machines_unchanged(plan, bigger, ["alice-4090", "bob-cpu"])
     added = bigger.one("aws:ssm/parameter:Parameter", "hybrid-peer-carol-3090")
     assert added.inputs["name"] == "/training-platform/dev/hybrid-wireguard-peers/carol-3090"
+    activation = bigger.one("aws:ssm/activation:Activation", "hybrid-activation-carol-3090")
+    assert activation.inputs["expirationDate"] == "2026-12-27T00:00:00Z"
+    assert activation.inputs["registrationLimit"] == 1
     assert set(bigger.outputs["hybridPeerConfigs"]) == {"alice-4090", "bob-cpu", "carol-3090"}
     carol_conf = sections(bigger.outputs["hybridPeerConfigs"]["carol-3090"])[0]
     assert carol_conf["Address"] == "10.200.0.4/24"
+
+
+def test_a_machine_joining_again_gets_a_new_activation_alone(plan):
+    """A new start for one machine replaces its activation (a new code on its page) and no
+    other's: the others' activations, peers and pages stay."""
+    alice, bob = HYBRID["machines"]
+    redated = hybrid_plan([alice, {**bob, "ssmActivationStart": "2026-12-01"}])
+    assert_machines_unchanged(plan, redated, ["alice-4090"])
+    before = plan.one("aws:ssm/activation:Activation", "hybrid-activation-bob-cpu").inputs
+    after = redated.one("aws:ssm/activation:Activation", "hybrid-activation-bob-cpu").inputs
+    assert (before["expirationDate"], after["expirationDate"]) == (
+        "2026-11-29T00:00:00Z",
+        "2026-12-08T00:00:00Z",
+    )
 
 
 def test_removing_the_first_machine_and_reordering_moves_no_other_machine(plan):
@@ -520,12 +630,15 @@ def test_bootstrap_installs_the_pinned_nodeadm_only_if_its_checksum_matches(
 
 def test_roles_anywhere_variant_without_gpu_pools():
     cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
+    # No DevServers: the machines are the team's.
+    machines = [{**m, "owner": "team:team-a", "allow": []} for m in HYBRID["machines"]]
     plan = plan_of(
         "dev",
         hybrid={
             **{k: v for k, v in HYBRID.items() if k != "ssmActivation"},
             "credentialProvider": "iam-roles-anywhere",
             "caBundlePem": CA_PEM,
+            "machines": machines,
         },
         cluster=PRIVATE_ENDPOINT_OFF,
         nodePools=cpu_only,
@@ -635,13 +748,43 @@ def hybrid_error(**overrides) -> str:
             "allowed: a host address in remoteNodeCidrs[0]",
         ),
         (
-            {"ssmActivation": {"start": "2026-11-22", "registrationLimit": 1}},
-            "hybrid: ssmActivation.registrationLimit 1 admits fewer registrations than the 2 "
-            "machines need; allowed: at least 2",
+            {"ssmActivation": {"start": "2026-11-22", "registrationLimit": 10}},
+            "hybrid.ssmActivation: registrationLimit is gone: each machine has an activation of "
+            "its own that admits one registration",
         ),
         (
-            {"ssmActivation": {"start": "2026-11-22", "registrationLimit": 1001}},
-            "hybrid.ssmActivation.registrationLimit: Input should be less than or equal to 1000",
+            {"machines": [{k: v for k, v in HYBRID["machines"][0].items() if k != "owner"}]},
+            "hybrid.machines[alice-4090].owner: missing; this key is required",
+        ),
+        (
+            {"machines": [{**HYBRID["machines"][0], "owner": "alice"}]},
+            "allowed: user:<a devServers.users name> or team:<a queues.teams name>, e.g. "
+            "user:alice",
+        ),
+        (
+            {"machines": [{**HYBRID["machines"][0], "owner": "user:alcie"}]},
+            "hybrid.machines[alice-4090].owner: 'user:alcie' names no user of "
+            "devServers.users; did you mean 'alice'? allowed: user:alice, user:bob",
+        ),
+        (
+            {"machines": [{**HYBRID["machines"][0], "allow": ["team:vision"]}]},
+            "hybrid.machines[alice-4090].allow[0]: 'team:vision' names no team of queues.teams; "
+            "allowed: team:team-a, team:research",
+        ),
+        (
+            {"machines": [{**HYBRID["machines"][0], "publicAddress": "192.168.1.10"}]},
+            "hybrid.machines[alice-4090].publicAddress: '192.168.1.10' is not a public IPv4 "
+            "address",
+        ),
+        (
+            {
+                "credentialProvider": "iam-roles-anywhere",
+                "caBundlePem": CA_PEM,
+                "ssmActivation": None,
+                "machines": [{**HYBRID["machines"][0], "ssmActivationStart": "2026-12-01"}],
+            },
+            "hybrid: machines alice-4090 set ssmActivationStart, which goes with "
+            "credentialProvider ssm",
         ),
         (
             {"machines": [{**HYBRID["machines"][0], "podCidr": "10.201.1.0/24"}]},

@@ -13,7 +13,8 @@ import yaml
 
 from deploy.program import OVERLAYS, build_platform
 from infra.components.hybrid_homes import NAMESPACE, OVERLAY, PROVISIONER, STORAGE_CLASS
-from infra.components.hybrid_machines import HYBRID_TAINT
+from infra.components.hybrid_machines import HYBRID_TAINT, MACHINE_TOLERATION, machine_taint
+from infra.components.node_pools import MACHINE_LABEL, POOL_LABEL
 from infra.components.placement import node_selector, tolerations
 from infra.config import parse_stack_config
 from infra.config.queues import SYSTEM_NAMESPACES
@@ -28,7 +29,14 @@ from tests.test_policies import plan_with
 FLAVOR = "kubernetes:dev.training-platform.io/v1alpha1:DevServerFlavor"
 STORAGE_CLASSES = "kubernetes:storage.k8s.io/v1:StorageClass"
 # One RTX 4090 with most of alice-4090's room (pod_room: 14 vCPU, 54 GiB).
-RTX_FLAVOR = {"name": "rtx-1", "nodePool": "hybrid", "gpus": 1, "cpu": 12, "memoryGib": 48}
+RTX_FLAVOR = {
+    "name": "rtx-1",
+    "nodePool": "hybrid",
+    "machine": "alice-4090",
+    "gpus": 1,
+    "cpu": 12,
+    "memoryGib": 48,
+}
 
 
 def hybrid_dev_servers() -> dict:
@@ -47,8 +55,19 @@ def plan():
     return plan_of_values(hybrid_values(devServers=hybrid_dev_servers()))
 
 
-def hybrid_pool():
-    return parse_stack_config(hybrid_values(), "Pulumi.dev.yaml").pool_named("hybrid")
+def rtx_pool():
+    values = hybrid_values(devServers=hybrid_dev_servers())
+    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    (flavor,) = [f for f in config.dev_servers.flavors if f.name == "rtx-1"]
+    return config.flavor_pool(flavor)
+
+
+# Its servers' pods: alice-4090 alone, which they select and whose taint they tolerate.
+RTX_SELECTOR = {POOL_LABEL: "hybrid", MACHINE_LABEL: "alice-4090"}
+RTX_TOLERATIONS = [
+    {**HYBRID_TAINT, "operator": "Equal"},
+    {**machine_taint("alice-4090"), "operator": "Equal"},
+]
 
 
 def flavor_specs(plan) -> dict[str, dict]:
@@ -61,9 +80,9 @@ def flavor_specs(plan) -> dict[str, dict]:
 def test_a_hybrid_flavor_goes_to_the_machines_with_its_homes_on_their_disks(plan):
     specs = flavor_specs(plan)
     rtx = specs["rtx-1"]
-    pool = hybrid_pool()
-    assert rtx["nodeSelector"] == node_selector(pool) == {"training-platform/pool": "hybrid"}
-    assert rtx["tolerations"] == tolerations(pool) == [{**HYBRID_TAINT, "operator": "Equal"}]
+    pool = rtx_pool()
+    assert rtx["nodeSelector"] == node_selector(pool) == RTX_SELECTOR
+    assert rtx["tolerations"] == tolerations(pool) == RTX_TOLERATIONS
     assert rtx["homeStorageClass"] == STORAGE_CLASS and rtx["sharedFileSystem"] is False
     assert rtx["resources"]["limits"] == {"cpu": "12", "memory": "48Gi", "nvidia.com/gpu": "1"}
     flavor = next(r.inputs for r in plan.of_type(FLAVOR) if r.name == "dev-servers-flavor-rtx-1")
@@ -97,26 +116,49 @@ def test_kueue_gives_a_hybrid_servers_pods_the_hybrid_flavor_and_no_other(plan):
 # --- stack config ----------------------------------------------------------------------------
 
 
+def flavor_on(machine: str, **size) -> dict:
+    return {"name": "f", "nodePool": "hybrid", "machine": machine, **size}
+
+
 @pytest.mark.parametrize(
-    ("flavor", "fits"),
+    ("flavor", "error"),
     [
-        (RTX_FLAVOR, True),
-        ({"name": "f", "nodePool": "hybrid", "cpu": 7, "memoryGib": 27}, True),  # either machine
-        ({"name": "f", "nodePool": "hybrid", "gpus": 1, "cpu": 15, "memoryGib": 48}, False),
-        ({"name": "f", "nodePool": "hybrid", "gpus": 2, "cpu": 4, "memoryGib": 8}, False),
-        ({"name": "f", "nodePool": "hybrid", "cpu": 8, "memoryGib": 55}, False),
+        (RTX_FLAVOR, None),
+        (flavor_on("bob-cpu", cpu=7, memoryGib=27), None),
+        (
+            flavor_on("alice-4090", gpus=1, cpu=15, memoryGib=48),
+            "devServers.flavors[f]: 1 GPUs, 15 vCPU, 48 GiB does not fit machine alice-4090; "
+            "allowed: at most 1 GPUs, 14 vCPU, 54 GiB",
+        ),
+        (
+            flavor_on("bob-cpu", gpus=1, cpu=4, memoryGib=8),
+            "devServers.flavors[f]: 1 GPUs, 4 vCPU, 8 GiB does not fit machine bob-cpu; "
+            "allowed: at most 0 GPUs, 7 vCPU, 27 GiB",
+        ),
+        # Its servers run on the one machine their homes are on: it names it.
+        (
+            {"name": "f", "nodePool": "hybrid", "cpu": 4, "memoryGib": 8},
+            "devServers.flavors[f].machine: none: a hybrid flavor names the machine its servers "
+            "run on; allowed: alice-4090, bob-cpu",
+        ),
+        (
+            flavor_on("bob-cpuu", cpu=4, memoryGib=8),
+            "devServers.flavors[f].machine: 'bob-cpuu': a hybrid flavor names the machine its "
+            "servers run on; did you mean 'bob-cpu'? allowed: alice-4090, bob-cpu",
+        ),
+        (
+            {"name": "f", "nodePool": "cpu", "machine": "bob-cpu", "cpu": 1, "memoryGib": 1},
+            "devServers.flavors[f].machine: 'bob-cpu' on pool cpu: a machine goes with nodePool "
+            "hybrid only; allowed: none",
+        ),
     ],
 )
-def test_a_hybrid_flavor_must_fit_one_machine_at_least(flavor, fits):
+def test_a_hybrid_flavor_names_its_machine_and_fits_it(flavor, error):
     values = hybrid_values(devServers={**hybrid_dev_servers(), "flavors": [flavor]})
-    if fits:
+    if error is None:
         parse_stack_config(values, "Pulumi.dev.yaml")
         return
-    assert (
-        f"devServers.flavors[f]: {flavor.get('gpus', 0)} GPUs, {flavor['cpu']} vCPU, "
-        f"{flavor['memoryGib']} GiB fits none of the hybrid machines; allowed: at most 1 GPUs, "
-        "14 vCPU, 54 GiB (alice-4090); 0 GPUs, 7 vCPU, 27 GiB (bob-cpu)"
-    ) in error_of(values)
+    assert error in error_of(values)
 
 
 # --- the home StorageClass and the provisioner -------------------------------------------------
@@ -281,12 +323,15 @@ def test_helper_pods_are_a_valid_template_run_on_the_machines_only_with_the_pinn
     assert container["name"] == HELPER_CONTAINER
     assert container["image"] == LOCAL_PATH_HELPER_IMAGE and "@" not in LOCAL_PATH_HELPER_IMAGE
     assert ":" in LOCAL_PATH_HELPER_IMAGE.rsplit("/", 1)[1]  # a tag, not upstream's bare name
-    # Where any pod of the hybrid pool goes (placement.py), and the disk-pressure toleration
-    # upstream adds only when a template has none.
-    pool = hybrid_pool()
+    # On any machine (the node the claim's pod went to: the provisioner sets nodeName), and the
+    # disk-pressure toleration upstream adds only when a template has none.
     spec = template["spec"]
-    assert spec["nodeSelector"] == node_selector(pool)
-    assert spec["tolerations"] == [DISK_PRESSURE_TOLERATION, *tolerations(pool)]
+    assert spec["nodeSelector"] == {POOL_LABEL: "hybrid"}
+    assert spec["tolerations"] == [
+        DISK_PRESSURE_TOLERATION,
+        {**HYBRID_TAINT, "operator": "Equal"},
+        MACHINE_TOLERATION,
+    ]
     # The rules are upstream's: what createHelperPod adds itself, a template may not set.
     made = helper_pod(template, "mi-0123456789abcdef0", f"{UPSTREAM_BASE}/pvc-1_dev-alice_home")
     assert helper_template_refusals(made) == [
@@ -350,8 +395,8 @@ def test_the_operator_gives_a_hybrid_server_a_home_on_its_machine_and_keeps_it_t
     (claim,) = sts["spec"]["volumeClaimTemplates"]
     assert claim["spec"]["storageClassName"] == STORAGE_CLASS
     pod = world.api.read("pods", "dev-alice", "box-0")["spec"]
-    assert pod["nodeSelector"] == {"training-platform/pool": "hybrid"}
-    assert pod["tolerations"] == [{**HYBRID_TAINT, "operator": "Equal"}]
+    assert pod["nodeSelector"] == RTX_SELECTOR
+    assert pod["tolerations"] == RTX_TOLERATIONS
     assert "shared" not in {v["name"] for v in pod["volumes"]}
     home = world.api.read("persistentvolumeclaims", "dev-alice", "home-box-0")
     assert home["spec"]["storageClassName"] == STORAGE_CLASS

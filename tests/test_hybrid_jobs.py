@@ -7,19 +7,42 @@ import pytest
 import yaml
 
 from deploy.program import build_platform
-from infra.components.hybrid_machines import HYBRID_TAINT
+from infra.components.hybrid_machines import HYBRID_TAINT, machine_taint
+from infra.components.node_pools import MACHINE_LABEL, POOL_LABEL
 from infra.config import ConfigError, load_stack_file, parse_stack_config, read_stack_file
 from infra.offline import run_offline
 from tests.conftest import stack_values
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 from workloads import local
 
-POOL = "training-platform/pool"
+POOL = POOL_LABEL
 RESOURCE_FLAVOR = "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor"
 CLUSTER_QUEUE = "kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue"
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
 HYBRID_TOLERATION = {**HYBRID_TAINT, "operator": "Equal"}
+# Both machines admit team-a (tests.test_hybrid HYBRID): its pods tolerate both and select them.
+TEAM_A_TOLERATIONS = [
+    HYBRID_TOLERATION,
+    *({**machine_taint(m), "operator": "Equal"} for m in ("alice-4090", "bob-cpu")),
+]
+TEAM_A_AFFINITY = {
+    "nodeAffinity": {
+        "requiredDuringSchedulingIgnoredDuringExecution": {
+            "nodeSelectorTerms": [
+                {
+                    "matchExpressions": [
+                        {
+                            "key": MACHINE_LABEL,
+                            "operator": "In",
+                            "values": ["alice-4090", "bob-cpu"],
+                        }
+                    ]
+                }
+            ]
+        }
+    }
+}
 # HYBRID's machines: alice-4090 (1 GPU, 16 vCPU, 64 GiB) and bob-cpu (8 vCPU, 32 GiB).
 HYBRID_JOBS = [
     # One pod: sized for the largest machine, alice-4090.
@@ -81,7 +104,8 @@ def test_a_one_pod_job_takes_the_largest_machine_whole(plan):
     assert job["spec"]["nprocPerNode"] == "1"  # alice-4090's one GPU
     pod = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert pod["nodeSelector"] == {POOL: "hybrid"}
-    assert pod["tolerations"] == [HYBRID_TOLERATION]
+    assert pod["affinity"] == TEAM_A_AFFINITY
+    assert pod["tolerations"] == TEAM_A_TOLERATIONS
     (container,) = pod["containers"]
     # pod_room of 16 vCPU and 64 GiB: min(15, 14.4) vCPU, 85 % of the memory.
     limits = {"memory": "54Gi", "nvidia.com/gpu": "1"}
@@ -99,7 +123,8 @@ def test_a_two_pod_job_is_sized_for_the_smaller_machine_and_runs_gloo(plan):
     launcher = pod_sets["Launcher"]["template"]["spec"]
     for spec in (worker, launcher):  # every pod set: Kueue assigns a flavor to each
         assert spec["nodeSelector"] == {POOL: "hybrid"}
-        assert spec["tolerations"] == [HYBRID_TOLERATION]
+        assert spec["affinity"] == TEAM_A_AFFINITY
+        assert spec["tolerations"] == TEAM_A_TOLERATIONS
     (container,) = worker["containers"]
     assert container["resources"] == {  # bob-cpu: 8 vCPU, 32 GiB, no GPU
         "requests": {"cpu": "7", "memory": "27Gi"},
@@ -237,6 +262,12 @@ def one_job(**changes) -> list[dict]:
     return [{"name": "j", "nodePool": "hybrid", "queue": "team-a", **changes}]
 
 
+def admitting_research(values: dict) -> dict:
+    """`values` with both machines admitting team research too."""
+    machines = [{**m, "allow": [*m["allow"], "team:research"]} for m in HYBRID["machines"]]
+    return {**values, "training-platform:hybrid": {**HYBRID, "machines": machines}}
+
+
 @pytest.mark.parametrize(
     ("values", "message"),
     [
@@ -253,19 +284,27 @@ def one_job(**changes) -> list[dict]:
         ),
         (
             hybrid_values(jobs=one_job(maxNodes=3)),
-            "jobs[j].maxNodes: 3 exceeds the 2 hybrid machines (one pod each); allowed: at most 2",
+            "jobs[j].maxNodes: 3 exceeds the 2 hybrid machines that admit team team-a (one pod "
+            "each: alice-4090, bob-cpu; a machine's owner and allow say whom it admits); allowed: "
+            "at most 2",
+        ),
+        # research borrows at most 50 % of the hybrid quota: its one GPU, but 12 of 24 vCPU,
+        # and a pod on alice-4090 asks 14. Kueue admits a job only if every resource fits.
+        (
+            admitting_research(hybrid_values(jobs=one_job(queue="research"))),
+            "jobs[j].maxNodes: needs 14 cpu in pool hybrid but team research's queue can admit "
+            "at most 12",
+        ),
+        # No machine admits research's jobs: bob-cpu is bob's (his DevServers) and team-a's.
+        (
+            hybrid_values(jobs=one_job(queue="research")),
+            "jobs[j].maxNodes: 1 exceeds the 0 hybrid machines that admit team research (one pod "
+            "each: none;",
         ),
         (
             hybrid_values(jobs=one_job(checkpoint="efs")),
             "jobs[j].checkpoint: efs is not mounted on the hybrid machines, whose nodes run no "
             "EFS or FSx CSI agent; allowed: s3",
-        ),
-        # research borrows at most 50 % of the hybrid quota: its one GPU, but 12 of 24 vCPU,
-        # and a pod on alice-4090 asks 14. Kueue admits a job only if every resource fits.
-        (
-            hybrid_values(jobs=one_job(queue="research")),
-            "jobs[j].maxNodes: needs 14 cpu in pool hybrid but team research's queue can admit "
-            "at most 12",
         ),
         (
             hybrid_values(

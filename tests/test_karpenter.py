@@ -66,7 +66,12 @@ def test_requirements_taints_and_labels_per_pool(dev_plan):
         assert gpu_pool["template"]["spec"]["taints"] == [GPU_TAINT]
         assert gpu_pool["template"]["spec"]["expireAfter"] == "720h"
     assert "taints" not in cpu["template"]["spec"]
-    assert small["template"]["metadata"]["labels"]["training-platform/pool"] == "gpu-small"
+    assert (
+        small["template"]["metadata"]["labels"][
+            "training-platform.node-restriction.kubernetes.io/pool"
+        ]
+        == "gpu-small"
+    )
     assert small["template"]["spec"]["nodeClassRef"] == {
         "group": "karpenter.k8s.aws",
         "kind": "EC2NodeClass",

@@ -16,8 +16,7 @@ from devservers import operator
 from devservers.api import API_VERSION
 from devservers.cli import main as devctl
 from devservers.controller import JOB_UID_LABEL, kueue_state
-from devservers.kube import KubeCluster
-from devservers.render import Settings
+from devservers.kube import KubeCluster, settings_from_env
 from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
 from infra.config import parse_stack_config
 from tests import kueue_rules as kueue
@@ -203,7 +202,9 @@ def test_devctl_list_shows_the_servers_kueue_state(dev_cluster, monkeypatch):
     manifest = server_manifest()
     manifest["metadata"] = {"name": "box", "namespace": "dev-alice"}
     admin.resources.get(api_version=API_VERSION, kind="DevServer").create(body=manifest)
-    memo = kopf.Memo(cluster=operator_boundary, settings=Settings())
+    # The settings of the plan's operator Deployment (its allowed images among them).
+    settings = settings_from_env(dev_cluster.operator_env)
+    memo = operator.with_state(kopf.Memo(), operator_boundary, settings)
     monkeypatch.setattr(operator, "now", lambda: NOW)
     operator._refresh(memo, "box", "dev-alice")
     dev_cluster.api.settle()

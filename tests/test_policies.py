@@ -34,7 +34,7 @@ def plan_with(*resources: tuple[str, dict], stack: str = "dev") -> Plan:
 
 def job(image="repo@sha256:" + "a" * 64, label=True, shm=True, annotate=True, gpus=0) -> dict:
     pod = {
-        "nodeSelector": {"training-platform/pool": "p"},
+        "nodeSelector": {"training-platform.node-restriction.kubernetes.io/pool": "p"},
         "containers": [
             {
                 "name": "pytorch",

@@ -206,7 +206,9 @@ def test_platform_quota_equals_each_pools_karpenter_ceiling(stack, request):
 
 def test_flavors_select_their_pool_and_carry_the_gpu_taint(dev_plan):
     flavors = by_name(dev_plan, KUEUE_TYPES[0])
-    assert flavors["gpu-small"]["nodeLabels"] == {"training-platform/pool": "gpu-small"}
+    assert flavors["gpu-small"]["nodeLabels"] == {
+        "training-platform.node-restriction.kubernetes.io/pool": "gpu-small"
+    }
     assert flavors["gpu-small"]["nodeTaints"] == [
         {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
     ]

@@ -61,7 +61,9 @@ def test_elastic_pytorchjob_on_a_gpu_pool(dev_plan):
     template = worker["template"]
     assert template["metadata"]["annotations"] == {"karpenter.sh/do-not-disrupt": "true"}
     pod = template["spec"]
-    assert pod["nodeSelector"] == {"training-platform/pool": "gpu-small"}
+    assert pod["nodeSelector"] == {
+        "training-platform.node-restriction.kubernetes.io/pool": "gpu-small"
+    }
     assert {
         "key": "nvidia.com/gpu",
         "operator": "Equal",
@@ -136,7 +138,7 @@ def test_cpu_variant_runs_on_the_cpu_pool_without_gpus(dev_plan):
     spec = job_of(dev_plan, "smoke-cpu").inputs["spec"]
     pod = spec["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]
     assert spec["nprocPerNode"] == "1"
-    assert pod["nodeSelector"] == {"training-platform/pool": "cpu"}
+    assert pod["nodeSelector"] == {"training-platform.node-restriction.kubernetes.io/pool": "cpu"}
     assert "tolerations" not in pod
     assert "nvidia.com/gpu" not in json.dumps(container({"spec": pod})["resources"])
 

@@ -12,7 +12,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.components.lustre import CLAIM as FSX_CLAIM
-from infra.components.placement import node_selector, tolerations
+from infra.components.placement import pod_placement
 from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
@@ -229,7 +229,7 @@ def pod_template(
         # call the Kubernetes API, so they get no API token.
         "automountServiceAccountToken": False,
         "securityContext": POD_SECURITY,
-        "nodeSelector": node_selector(pool),
+        **pod_placement(pool),
         "terminationGracePeriodSeconds": GRACE_SECONDS,
         "containers": [
             {
@@ -249,8 +249,6 @@ def pod_template(
         ],
         "volumes": volumes,
     }
-    if tolerations(pool):
-        spec["tolerations"] = tolerations(pool)
     if pods.fsx_folder:
         spec["initContainers"] = [checkpoint_dir_init(image, pods.fsx_folder)]
     metadata = {"labels": dict(pods.labels)} if pods.labels else {}

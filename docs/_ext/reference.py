@@ -37,6 +37,7 @@ LOG = logging.getLogger(__name__)
 VALIDATED = {
     "ipv4_network": "IPv4 CIDR",
     "_ipv4_address": "IPv4 address",
+    "_public_ipv4": "public IPv4 address",
     "_utc_date": "date (YYYY-MM-DD)",
 }
 SCALARS = {bool: "boolean", int: "integer", float: "number", str: "string"}

@@ -1,5 +1,5 @@
-"""The hybrid nodes' IAM role and where the machines get it: an SSM hybrid activation or IAM Roles
-Anywhere, and each machine's spec.hybrid block for its NodeConfig."""
+"""The hybrid nodes' IAM role and where the machines get it: an SSM hybrid activation per machine
+or IAM Roles Anywhere, and each machine's spec.hybrid block for its NodeConfig."""
 
 import json
 
@@ -10,6 +10,9 @@ from infra.components.hybrid_machines import IRA_CERTIFICATE, IRA_PRIVATE_KEY
 from infra.components.iam import managed_policy_arn, partition, policy_document
 from infra.config import HybridConfig
 
+# The tag naming the machine an activation is for.
+MACHINE_TAG = "training-platform/machine"
+
 
 def node_credentials(
     owner: pulumi.Resource,
@@ -19,8 +22,9 @@ def node_credentials(
     account: str,
     cluster_arn: pulumi.Output[str],
     tags: dict[str, str],
-) -> tuple[aws.iam.Role, pulumi.Output[dict[str, dict]]]:
-    """The hybrid node role, its credential source, and each machine's spec.hybrid block."""
+) -> tuple[aws.iam.Role, pulumi.Output[dict[str, dict]], dict[str, pulumi.Output[str]]]:
+    """The hybrid node role, its credential source, each machine's spec.hybrid block, and (SSM)
+    each machine's activation ID, which the gateway matches its node by."""
     child = pulumi.ResourceOptions(parent=owner)
     inline = [
         # nodeadm reads the endpoint, CA and service CIDR of the cluster.
@@ -52,17 +56,13 @@ def node_credentials(
                 ],
             }
         )
+        # No ssm:DeregisterManagedInstance: its one resource is the managed instance the request
+        # names, and IAM offers no way to tie it to the caller's own (the caller's is known only
+        # as a whole ARN, ${ssm:SourceInstanceARN}, never as the mi-id a Resource ARN ends
+        # with), so any grant would let one machine deregister every other. The administrator
+        # deregisters a machine that leaves (docs: GPUs outside AWS); `nodeadm uninstall`
+        # reports its own deregistration step as denied and removes the rest.
         managed.append(managed_policy_arn("AmazonSSMManagedInstanceCore"))
-        # `nodeadm uninstall` deregisters the machine from SSM: a write, so only on this
-        # account's managed instances (the action's resource type); describing needs "*".
-        inline += [
-            {
-                "Effect": "Allow",
-                "Action": "ssm:DeregisterManagedInstance",
-                "Resource": f"arn:{partition()}:ssm:{region}:{account}:managed-instance/*",
-            },
-            {"Effect": "Allow", "Action": "ssm:DescribeInstanceInformation", "Resource": "*"},
-        ]
     else:
         anchor = aws.rolesanywhere.TrustAnchor(
             f"{name}-anchor",
@@ -110,22 +110,30 @@ def node_credentials(
         opts=child,
     )
     if config.credential_provider == "ssm":
-        activation = aws.ssm.Activation(
-            f"{name}-activation",
-            description=f"EKS hybrid nodes of {name}",
-            iam_role=role.name,
-            registration_limit=config.ssm_activation.registration_limit,
-            expiration_date=config.ssm_activation.expiration_date(),
-            tags=tags,
-            opts=pulumi.ResourceOptions(parent=owner, depends_on=[role]),
-        )
-        block = pulumi.Output.all(activation.activation_code, activation.id).apply(
-            lambda a: {
-                "enableCredentialsFile": True,  # for POD_IDENTITY_ON_HYBRID_NODES
-                "ssm": {"activationCode": a[0], "activationId": a[1]},
-            }
-        )
-        return role, block.apply(lambda b: {m.name: b for m in config.machines})
+        blocks, activation_ids = {}, {}
+        for machine in config.machines:
+            # One registration each: the code joins this machine once, as mi-<id>, which the
+            # gateway matches to the machine by the activation it came from.
+            activation = aws.ssm.Activation(
+                f"{name}-activation-{machine.name}",
+                name=machine.name,
+                description=f"EKS hybrid node {machine.name} of {name}",
+                iam_role=role.name,
+                registration_limit=1,
+                expiration_date=config.activation_expiration(machine),
+                tags={**tags, MACHINE_TAG: machine.name},
+                opts=pulumi.ResourceOptions(parent=owner, depends_on=[role]),
+            )
+            activation_ids[machine.name] = activation.id
+            blocks[machine.name] = pulumi.Output.all(
+                activation.activation_code, activation.id
+            ).apply(
+                lambda a: {
+                    "enableCredentialsFile": True,  # for POD_IDENTITY_ON_HYBRID_NODES
+                    "ssm": {"activationCode": a[0], "activationId": a[1]},
+                }
+            )
+        return role, pulumi.Output.all(**blocks), activation_ids
     profile = aws.rolesanywhere.Profile(
         f"{name}-profile",
         name=f"{name}-hybrid-nodes",
@@ -135,7 +143,7 @@ def node_credentials(
         opts=child,
     )
     arns = pulumi.Output.all(anchor.arn, profile.arn, role.arn)
-    return role, arns.apply(
+    blocks = arns.apply(
         lambda a: {
             m.name: {
                 "enableCredentialsFile": True,
@@ -151,3 +159,4 @@ def node_credentials(
             for m in config.machines
         }
     )
+    return role, blocks, {}

@@ -1,23 +1,38 @@
-"""What a hybrid machine is to the cluster and what it runs to join it: the label and taint its
-node registers with (and what tolerates them), its nodeadm NodeConfig, the one-page bootstrap its
-owner runs, and its WireGuard spoke.
+"""What a hybrid machine is to the cluster and what it runs to join it: the labels and taints its
+node registers with, the ones the platform gives it (and what tolerates them), its nodeadm
+NodeConfig, the one-page bootstrap its owner runs, and its WireGuard spoke.
+
+A machine's owner is root on it and controls its kubelet: whatever its node registers with
+(labels outside the kubernetes.io, k8s.io and node-restriction.kubernetes.io domains, any
+taints) she chooses. So nothing that decides where a pod goes rests on them: pods select the
+machines they may run on by MACHINE_LABEL and POOL_LABEL, in the node-restriction domain no
+kubelet may set on its own Node, which the gateway's sync sets once it has matched the node to a
+machine by its credentials (hybrid_gateway_boot.py); the node admission policy
+(hybrid_admission.py) holds every hybrid node to its hybrid label and taint.
 """
 
 import yaml
 
 from infra.components.hybrid_gateway import WIREGUARD_PORT
-from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION, POOL_LABEL
+from infra.components.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
 from infra.config import HYBRID_POOL, HybridConfig, HybridMachine
 from infra.versions import NODEADM_VERSION, NVIDIA_CONTAINER_TOOLKIT_VERSION
 from mesh.wireguard import Spoke
 
 HYBRID_FLAVOR = HYBRID_POOL
-HYBRID_LABELS = {POOL_LABEL: HYBRID_FLAVOR, "training-platform/node-role": "hybrid"}
+# What a machine's kubelet registers with: a role for people reading `kubectl get nodes`.
+HYBRID_NODE_LABELS = {"training-platform/node-role": "hybrid"}
+# Every hybrid node registers with it (the node admission policy refuses one without): it keeps
+# off every pod that does not opt in to the machines.
 HYBRID_TAINT = {"key": "training-platform/hybrid", "value": "true", "effect": "NoSchedule"}
+# And with its own machine's: a pod runs on a machine only if it tolerates that machine's taint,
+# which the pod admission policy lets only the namespaces the machine admits do.
+MACHINE_TAINT_KEY = "training-platform/machine"
 # For node agents (device plugins): a workload opts in through Kueue's flavor instead.
 HYBRID_TOLERATION = {"key": HYBRID_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
+MACHINE_TOLERATION = {"key": MACHINE_TAINT_KEY, "operator": "Exists", "effect": "NoSchedule"}
 # Agents every GPU node runs (device plugin, DCGM exporter), pool nodes and hybrid ones alike.
-GPU_AGENT_TOLERATIONS = [GPU_TOLERATION, HYBRID_TOLERATION]
+GPU_AGENT_TOLERATIONS = [GPU_TOLERATION, HYBRID_TOLERATION, MACHINE_TOLERATION]
 # The label EKS gives every hybrid node. The VPC CNI (aws-node) and the EBS and EFS CSI node
 # agents are required to run on nodes without it (their charts at the pinned add-on versions).
 HYBRID_NODE_AFFINITY = {
@@ -52,20 +67,24 @@ IRA_CERTIFICATE = "/etc/iam/pki/server.pem"
 IRA_PRIVATE_KEY = "/etc/iam/pki/server.key"
 
 
+def machine_taint(name: str) -> dict:
+    return {"key": MACHINE_TAINT_KEY, "value": name, "effect": "NoSchedule"}
+
+
 def node_labels(machine: HybridMachine) -> dict[str, str]:
-    # SSM-registered nodes are named after their managed instance id (mi-...): the machine label
-    # says which machine a node is.
-    labels = {**HYBRID_LABELS, "training-platform/machine": machine.name}
-    if machine.gpus:
-        labels.update(GPU_NODE_LABELS)
-    return labels
+    """What its kubelet registers with (nodeadm adds eks.amazonaws.com/compute-type=hybrid)."""
+    return {**HYBRID_NODE_LABELS, **(GPU_NODE_LABELS if machine.gpus else {})}
+
+
+def node_taints(machine: HybridMachine) -> list[dict]:
+    return [HYBRID_TAINT, machine_taint(machine.name)]
 
 
 def node_config(
     cluster_name: str, region: str, machine: HybridMachine, node_ip: str, hybrid: dict
 ) -> str:
     """nodeadm's NodeConfig for one machine; `hybrid` is its spec.hybrid credentials block."""
-    taint = f"{HYBRID_TAINT['key']}={HYBRID_TAINT['value']}:{HYBRID_TAINT['effect']}"
+    taints = ",".join(f"{t['key']}={t['value']}:{t['effect']}" for t in node_taints(machine))
     labels = ",".join(f"{k}={v}" for k, v in node_labels(machine).items())
     document = {
         "apiVersion": "node.eks.aws/v1alpha1",
@@ -77,7 +96,7 @@ def node_config(
                 "flags": [
                     f"--node-ip={node_ip}",
                     f"--node-labels={labels}",
-                    f"--register-with-taints={taint}",
+                    f"--register-with-taints={taints}",
                 ]
             },
         },
@@ -144,7 +163,7 @@ curl -fsSLo "$download/nodeadm.sha256" "$release/nodeadm.sha256"
 install -m 755 "$download/nodeadm" /usr/local/bin/nodeadm
 nodeadm install {kubernetes_version} --credential-provider {provider}
 
-# 3. Join: the node registers with its WireGuard address, hybrid label and taint.
+# 3. Join: the node registers with its WireGuard address, its labels and taints.
 install -d /etc/nodeadm
 install -m 600 /dev/stdin /etc/nodeadm/nodeConfig.yaml <<'NODECONFIG'
 {node_config_yaml.rstrip()}

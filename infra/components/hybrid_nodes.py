@@ -4,11 +4,16 @@ A small gateway instance in a public subnet is the WireGuard hub: every machine 
 51820, the only port open to the internet), the VPC's route tables send the remote node and pod
 CIDRs to it. Each machine's node IP is its WireGuard address. Cilium gives each node a slice of
 the remote pod CIDRs as it joins; the gateway routes each slice to its node, so VPC pods, the
-control plane and Prometheus reach pods on the machines (hybrid_gateway_boot.py). Credentials
-come from an SSM hybrid activation or IAM Roles Anywhere, mapped into the cluster by a
-HYBRID_LINUX access entry. Hybrid nodes carry a label and a taint and have their own Kueue
-flavor, so only pods that opt in (jobs naming `nodePool: hybrid`, which tolerate the taint) run
-there.
+control plane and Prometheus reach pods on the machines (hybrid_gateway_sync.py). Credentials
+come from an SSM hybrid activation per machine or IAM Roles Anywhere, mapped into the cluster by
+a HYBRID_LINUX access entry.
+
+Each machine's owner is root on it: the platform trusts nothing her node says about itself. The
+gateway labels each machine's node once it has matched it to the machine by its credentials;
+pods of a job or DevServer flavor on `hybrid` select the machines that admit their team or user
+by those labels and tolerate those machines' taints (placement.py); admission policies hold
+hybrid nodes, the gateway, tenants' pods and Cilium agents to the rest (hybrid_admission.py).
+The machines have their own Kueue flavor, which injects no toleration.
 """
 
 import json
@@ -19,6 +24,7 @@ import pulumi_random as random
 
 from infra.components.context import ClusterContext
 from infra.components.helm import helm_release
+from infra.components.hybrid_admission import hybrid_admission
 from infra.components.hybrid_credentials import node_credentials
 from infra.components.hybrid_gateway import WIREGUARD_PORT, wireguard_gateway
 from infra.components.hybrid_machines import (
@@ -29,7 +35,7 @@ from infra.components.hybrid_machines import (
     node_config,
     spokes,
 )
-from infra.components.iam import partition
+from infra.components.iam import partition, policy_document
 from infra.components.node_pools import POOL_LABEL
 from infra.components.queues import Flavor
 from infra.components.system_nodes import SYSTEM_PLACEMENT
@@ -122,8 +128,13 @@ def kueue_flavor(config: HybridConfig) -> Flavor:
     pkg/scheduler/flavorassigner/flavorassigner.go, checkFlavorForPodSets and flavorSelector).
     Were the toleration injected, a pod set without a pool selector (a user's own GPU job) could
     spill onto the machines when the EC2 flavors are full; without it, only pods that carry the
-    toleration (placement.py, for `nodePool: hybrid`) get this flavor. The annotation lists the
-    machines' vCPUs, which EKS bills per hour (infra/cost.py).
+    toleration (placement.py, for `nodePool: hybrid`) get this flavor. One flavor for all
+    machines: Kueue gives a PodSet one flavor for all its pods, so a flavor per machine would
+    admit no job across machines, and one per tenant would let a pod that tolerates the taint
+    take any tenant's (its node labels are a pod's to match, not the namespace's). Which machines
+    a pod may use its own affinity and tolerations say (placement.py), and the machine-tolerations
+    admission policy holds tenants' own pods to them. The annotation lists the machines' vCPUs,
+    which EKS bills per hour (infra/cost.py).
     """
     ceiling = config.pool().ceiling()
     vcpus = [{"name": m.name, "vcpu": m.vcpu} for m in config.machines]
@@ -150,6 +161,7 @@ class HybridNodes(pulumi.ComponentResource):
         config: HybridConfig,
         cluster: ClusterContext,
         kubernetes_version: str,
+        user_label: str,  # the label naming a DevServer namespace's user
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:HybridNodes", name, None, opts)
@@ -161,7 +173,7 @@ class HybridNodes(pulumi.ComponentResource):
         )
         remote_cidrs = [str(c) for c in config.remote_node_cidrs + config.remote_pod_cidrs]
 
-        role, hybrid_credentials = node_credentials(
+        role, hybrid_credentials, activation_ids = node_credentials(
             self, name, config, region, account, cluster_arn, cluster.tags
         )
         access_entry = aws.eks.AccessEntry(
@@ -173,7 +185,7 @@ class HybridNodes(pulumi.ComponentResource):
             opts=child,
         )
         # Hybrid nodes stay NotReady until a CNI runs on them; the VPC CNI never does.
-        helm_release(
+        cilium = helm_release(
             "cilium",
             CILIUM_CHART,
             "kube-system",
@@ -205,7 +217,7 @@ class HybridNodes(pulumi.ComponentResource):
         machine_spokes = pulumi.Output.all(*[keys[m.name].base64 for m in config.machines]).apply(
             lambda private_keys: spokes(config, private_keys)
         )
-        gateway_ip = wireguard_gateway(
+        gateway_ip, gateway_key_arn = wireguard_gateway(
             self,
             name,
             config,
@@ -216,7 +228,32 @@ class HybridNodes(pulumi.ComponentResource):
             remote_cidrs,
             machine_spokes,
             gateway_key,
+            activation_ids,
         )
+        # AmazonSSMManagedInstanceCore lets a managed node read every SSM parameter, SecureStrings
+        # under aws/ssm included: not the gateway's WireGuard key, with which a machine's owner
+        # could answer the other machines as their hub.
+        aws.iam.RolePolicy(
+            f"{name}-node-denied",
+            role=role.name,
+            policy=gateway_key_arn.apply(
+                lambda arn: policy_document(
+                    [
+                        {
+                            "Effect": "Deny",
+                            "Action": [
+                                "ssm:GetParameter",
+                                "ssm:GetParameters",
+                                "ssm:GetParameterHistory",
+                            ],
+                            "Resource": arn,
+                        }
+                    ]
+                )
+            ),
+            opts=child,
+        )
+        hybrid_admission(self, config, cluster, user_label, cilium)
 
         def render(args: list) -> tuple[dict[str, str], dict[str, str]]:
             public_ip, gateway_private, credentials, all_spokes = args

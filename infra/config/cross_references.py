@@ -51,26 +51,16 @@ def dev_servers_errors(config: "StackConfig") -> list[tuple[tuple, str]]:
             problems.append(((*loc, "nodePool"), _not_a_pool(flavor.node_pool, config)))
             continue
         if pool.hybrid:
-            # A server's pod may land on any machine that holds it, then stays on the one its
-            # home is on (infra/components/hybrid_homes.py): it must fit one machine at least,
-            # with the room a job pod gets there (pod_room).
-            rooms = {m.name: (m.gpus, *pod_room(m)) for m in pool.machines}
-            if not any(
-                flavor.gpus <= gpus and flavor.cpu <= vcpu and flavor.memory_gib <= memory
-                for gpus, vcpu, memory in rooms.values()
-            ):
-                problems.append(
-                    (
-                        loc,
-                        f"{flavor.gpus} GPUs, {flavor.cpu} vCPU, {flavor.memory_gib} GiB fits none "
-                        "of the hybrid machines; allowed: at most "
-                        + "; ".join(
-                            f"{gpus} GPUs, {vcpu} vCPU, {memory} GiB ({name})"
-                            for name, (gpus, vcpu, memory) in rooms.items()
-                        ),
-                    )
-                )
+            problems += _hybrid_flavor_errors(flavor, loc, config)
             continue
+        if flavor.machine is not None:
+            problems.append(
+                (
+                    (*loc, "machine"),
+                    f"{flavor.machine!r} on pool {pool.name}: a machine goes with nodePool "
+                    f"{HYBRID_POOL} only; allowed: none",
+                )
+            )
         if pool.topology:
             # Kueue admits onto a topology flavor only pods that ask for topology (the platform
             # queue is not topology-only; kueue pkg/scheduler/flavorassigner/tas_flavorassigner.go,
@@ -221,7 +211,9 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
             )
         elif job.max_nodes > pool.max_nodes:
             most = (
-                f"the {pool.max_nodes} hybrid machines (one pod each)"
+                f"the {pool.max_nodes} hybrid machines that admit team {job.queue} (one pod "
+                f"each: {', '.join(m.name for m in pool.machines) or 'none'}; a machine's owner "
+                "and allow say whom it admits)"
                 if pool.hybrid
                 else f"pool {pool.name}'s maxNodes {pool.max_nodes}"
             )
@@ -336,11 +328,64 @@ def _public_ingress_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     ]
 
 
+def _hybrid_flavor_errors(flavor, loc: tuple, config: StackConfig) -> list[tuple[tuple, str]]:
+    """A hybrid flavor names its machine, and fits it with the room a job pod gets there
+    (pod_room): its servers run there alone, as their homes are on its disk."""
+    machines = {m.name: m for m in config.hybrid.machines}
+    if flavor.machine not in machines:
+        found = "none" if flavor.machine is None else repr(flavor.machine)
+        return [
+            (
+                (*loc, "machine"),
+                f"{found}: a hybrid flavor names the machine its servers run on; "
+                + did_you_mean(flavor.machine or "", [*machines])
+                + allowed_list([*machines], "allowed: a hybrid.machines name"),
+            )
+        ]
+    machine = machines[flavor.machine]
+    vcpu, memory = pod_room(machine)
+    if flavor.gpus <= machine.gpus and flavor.cpu <= vcpu and flavor.memory_gib <= memory:
+        return []
+    return [
+        (
+            loc,
+            f"{flavor.gpus} GPUs, {flavor.cpu} vCPU, {flavor.memory_gib} GiB does not fit "
+            f"machine {machine.name}; allowed: at most {machine.gpus} GPUs, {vcpu} vCPU, "
+            f"{memory} GiB",
+        )
+    ]
+
+
+def _tenant_errors(config: StackConfig) -> list[tuple[tuple, str]]:
+    """Each machine's owner and allowed tenants are users and teams of this stack."""
+    known = {
+        "user": [u.name for u in config.dev_servers.users],
+        "team": [t.name for t in config.queues.teams],
+    }
+    where = {"user": "devServers.users", "team": "queues.teams"}
+    problems = []
+    for i, machine in enumerate(config.hybrid.machines):
+        named = [(("owner",), machine.owner)]
+        named += [(("allow", j), tenant) for j, tenant in enumerate(machine.allow)]
+        for key, tenant in named:
+            kind, name = tenant.split(":", 1)
+            if name not in known[kind]:
+                problems.append(
+                    (
+                        ("hybrid", "machines", i, *key),
+                        f"{tenant!r} names no {kind} of {where[kind]}; "
+                        + did_you_mean(name, known[kind])
+                        + allowed_list([f"{kind}:{n}" for n in known[kind]], "allowed: none yet"),
+                    )
+                )
+    return problems
+
+
 def _hybrid_errors(config: StackConfig) -> list[tuple[tuple, str]]:
     """Hybrid nodes against the rest of the stack: endpoint mode and the VPC's addresses."""
     if config.hybrid is None:
         return []
-    problems = []
+    problems = _tenant_errors(config)
     endpoint = config.cluster.endpoint
     if endpoint.public_access and endpoint.private_access:
         problems.append(

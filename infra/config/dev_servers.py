@@ -36,6 +36,11 @@ class DevServerFlavorConfig(Model):
     memory_gib: int = Field(
         ge=1, le=4096, description="Memory per pod, GiB, leaving 15 % of the node's memory."
     )
+    machine: K8sName | None = Field(
+        default=None,
+        description="On `hybrid` only, and required there: the machine (hybrid.machines) its "
+        "servers run on. Only the users it admits (its owner and allow) can start them.",
+    )
 
 
 class DevServerQuota(Model):

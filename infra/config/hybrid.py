@@ -12,7 +12,15 @@ from pydantic import (
     model_validator,
 )
 
-from infra.config.base import HYBRID_POOL, Cidr, CpuInstanceType, K8sName, Model
+from infra.config.base import (
+    HYBRID_POOL,
+    K8S_NAME,
+    PATTERN_HINTS,
+    Cidr,
+    CpuInstanceType,
+    K8sName,
+    Model,
+)
 from infra.config.pools import NodePoolConfig, PoolCeiling, smallest_room
 
 # Address ranges EKS accepts for hybrid nodes' remote node and pod networks (RFC 1918, CGNAT).
@@ -20,6 +28,33 @@ HYBRID_ALLOWED_RANGES = [
     ipaddress.IPv4Network(n)
     for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 ]
+
+
+def _gone(data: Any, key: str, why: str) -> Any:
+    """A model's raw data, unless it still has `key`, which an earlier version took."""
+    if isinstance(data, dict) and key in data:
+        raise ValueError(f"{key} is gone: {why}; allowed: remove {key}")
+    return data
+
+
+def _public_ipv4(value: Any) -> ipaddress.IPv4Address:
+    try:
+        address = ipaddress.IPv4Address(value)
+    except (ValueError, TypeError):
+        address = None
+    # Not a network the machine's own router keeps to itself (RFC 1918, CGNAT) nor a special one.
+    special = (
+        address is None
+        or any(address in r for r in HYBRID_ALLOWED_RANGES)
+        or (address.is_loopback or address.is_link_local or address.is_multicast)
+        or address.is_unspecified
+    )
+    if special:
+        raise ValueError(
+            f"{value!r} is not a public IPv4 address; allowed: the address the machine's "
+            "packets leave its network with, e.g. 198.51.100.7, or none"
+        )
+    return address
 
 
 def _ipv4_address(value: Any) -> ipaddress.IPv4Address:
@@ -32,8 +67,37 @@ def _ipv4_address(value: Any) -> ipaddress.IPv4Address:
         ) from None
 
 
+# Who a machine runs workloads for: a DevServer user (their servers) or a team (its jobs and its
+# members' servers).
+TENANT = rf"^(user|team):{K8S_NAME[1:-1]}$"
+PATTERN_HINTS[TENANT] = (
+    "user:<a devServers.users name> or team:<a queues.teams name>, e.g. user:alice"
+)
+Tenant = Annotated[str, Field(pattern=TENANT)]
+
+
+def _utc_date(value: Any) -> datetime.date:
+    """A YYYY-MM-DD date: YAML reads one as a date, the Pulumi engine hands over a string."""
+    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
+        return value
+    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
+        try:
+            return datetime.date.fromisoformat(value)
+        except ValueError:
+            pass
+    raise ValueError(f"{value!r} is not a date; allowed: YYYY-MM-DD (UTC), e.g. 2026-11-22")
+
+
+UtcDate = Annotated[Any, AfterValidator(_utc_date)]
+
+
 class HybridMachine(Model):
-    """A machine outside AWS joining the cluster as an EKS hybrid node."""
+    """A machine outside AWS joining the cluster as an EKS hybrid node.
+
+    Its owner is root on it and sees everything of the pods that run there (their files,
+    processes, environment, and the Pod Identity credentials of their service accounts): it runs
+    the workloads of `owner` and of those `allow` names, nobody else's.
+    """
 
     name: K8sName = Field(description="The machine's name (its node's label and bootstrap page).")
     address: Annotated[Any, AfterValidator(_ipv4_address)] = Field(
@@ -53,64 +117,88 @@ class HybridMachine(Model):
         "per vCPU-hour: declare every hardware thread, as EKS counts them.",
     )
     memory_gib: int = Field(ge=1, le=8192, description="Its memory, GiB.")
+    owner: Tenant = Field(
+        description="Whose machine it is: user:<name> (a devServers.users name: their "
+        "DevServers) or team:<name> (a queues.teams name: its jobs and its members' "
+        "DevServers). It runs their workloads and, unless `allow` adds others, no one else's."
+    )
+    allow: list[Tenant] = Field(
+        default_factory=list,
+        max_length=50,
+        description="Users and teams whose workloads it also runs (user:<name>, team:<name>); "
+        "none by default. Its owner sees everything of them: allow only whom the owner may see.",
+    )
+    public_address: Annotated[Any, AfterValidator(_public_ipv4)] | None = Field(
+        default=None,
+        description="The public IPv4 address its WireGuard packets come from (its router's), "
+        "if fixed. When every machine has one, the gateway admits WireGuard from those alone; "
+        "otherwise from anywhere.",
+    )
+    ssm_activation_start: UtcDate | None = Field(
+        default=None,
+        description="The start day (YYYY-MM-DD, UTC) of this machine's own SSM activation; "
+        "default ssmActivation.start. A new date gives this machine alone a new activation "
+        "(a new code on its bootstrap page), e.g. to add it later or join it again.",
+    )
+
+    def tenants(self) -> tuple[str, ...]:
+        return (self.owner, *self.allow)
+
+    def admits(self, team: str, user: str | None = None) -> bool:
+        """Whether it runs a workload of namespace of `team` (a team's namespace) or of `user`
+        in `team` (the user's DevServer namespace)."""
+        wanted = {f"team:{team}"} | ({f"user:{user}"} if user else set())
+        return bool(wanted & set(self.tenants()))
 
     @model_validator(mode="before")
     @classmethod
     def _no_pod_cidr(cls, data: Any) -> Any:
-        if isinstance(data, dict) and "podCidr" in data:
-            raise ValueError(
-                "podCidr is gone: Cilium's cluster-pool IPAM now gives each node its slice of "
-                "remotePodCidrs when it joins (size: hybrid.podCidrMaskSize), and the gateway "
-                "routes whatever slice it got; allowed: remove podCidr"
-            )
-        return data
-
-
-def _utc_date(value: Any) -> datetime.date:
-    """A YYYY-MM-DD date: YAML reads one as a date, the Pulumi engine hands over a string."""
-    if isinstance(value, datetime.date) and not isinstance(value, datetime.datetime):
-        return value
-    if isinstance(value, str) and re.fullmatch(r"\d{4}-\d{2}-\d{2}", value):
-        try:
-            return datetime.date.fromisoformat(value)
-        except ValueError:
-            pass
-    raise ValueError(f"{value!r} is not a date; allowed: YYYY-MM-DD (UTC), e.g. 2026-11-22")
+        return _gone(
+            data,
+            "podCidr",
+            "Cilium's cluster-pool IPAM now gives each node its slice of remotePodCidrs when it "
+            "joins (size: hybrid.podCidrMaskSize), and the gateway routes whatever slice it got",
+        )
 
 
 class SsmActivation(Model):
-    """The machines' SSM hybrid activation: usable until 00:00 UTC `days` days after `start`, for
-    at most `registrationLimit` registrations.
+    """The machines' SSM hybrid activations: one per machine, admitting one registration, usable
+    until 00:00 UTC `days` days after its start (the machine's ssmActivationStart, else `start`).
 
-    Registered machines keep working once it expires; only a machine that joins later needs a
-    live one. Setting a new `start` and running `pulumi up` replaces it with a fresh one. Every
-    argument of an activation is replace-on-change (terraform-provider-aws, which pulumi-aws
-    bridges: internal/service/ssm/activation.go has no update, each argument is ForceNew), and a
-    new one gives every bootstrap page a new code: so the limit is a ceiling of its own, not the
-    number of machines, and adding or removing a machine leaves the activation as it is.
+    One registration each, so an activation code joins one machine once, and nothing else: a
+    leaked page registers no second node, and a machine that joins again needs a new date of its
+    own. Registered machines keep working once theirs expires. Every argument of an activation is
+    replace-on-change (terraform-provider-aws, which pulumi-aws bridges:
+    internal/service/ssm/activation.go has no update, each argument is ForceNew), and each
+    machine's activation is a resource of its own: adding, removing or re-dating one machine
+    leaves every other machine's activation and page as they are. A new `start` (or `days`)
+    re-dates every machine that has no date of its own.
     """
 
-    start: Annotated[Any, AfterValidator(_utc_date)] = Field(
-        description="YYYY-MM-DD (UTC), the day of the pulumi up creating it; a new date "
-        "replaces the activation (every bootstrap page gets a new code)."
+    start: UtcDate = Field(
+        description="YYYY-MM-DD (UTC), the day of the pulumi up creating the activations; a new "
+        "date replaces those of machines without a date of their own (new codes on their pages)."
     )
     days: int = Field(
         default=7,
         ge=1,
         le=30,
-        description="It expires at 00:00 UTC this many days after start (SSM allows 30).",
-    )
-    registration_limit: int = Field(
-        default=10,
-        ge=1,
-        le=1000,
-        description="Registrations it admits, at least the number of machines; each counts, a "
-        "machine registering again too. A new limit replaces the activation.",
+        description="Each expires at 00:00 UTC this many days after its start (SSM allows 30).",
     )
 
-    def expiration_date(self) -> str:
+    @model_validator(mode="before")
+    @classmethod
+    def _no_registration_limit(cls, data: Any) -> Any:
+        return _gone(
+            data,
+            "registrationLimit",
+            "each machine has an activation of its own that admits one registration "
+            "(machines[].ssmActivationStart gives one machine a new one)",
+        )
+
+    def expiration_date(self, start: datetime.date | None = None) -> str:
         """RFC 3339, as SSM's CreateActivation and the aws provider take it."""
-        return f"{self.start + datetime.timedelta(days=self.days)}T00:00:00Z"
+        return f"{(start or self.start) + datetime.timedelta(days=self.days)}T00:00:00Z"
 
 
 class HybridConfig(Model):
@@ -179,14 +267,13 @@ class HybridConfig(Model):
                 "ssmActivation goes with credentialProvider ssm; allowed: {start: <UTC date of "
                 "the pulumi up>, days: 1..30} for ssm, none for iam-roles-anywhere"
             )
-        activation = self.ssm_activation
-        if activation is not None and activation.registration_limit < len(self.machines):
-            raise ValueError(
-                f"ssmActivation.registrationLimit {activation.registration_limit} admits fewer "
-                f"registrations than the {len(self.machines)} machines need; allowed: at least "
-                f"{len(self.machines)} (a new limit replaces the activation: every bootstrap "
-                "page gets a new code, registered machines keep working)"
-            )
+        if self.ssm_activation is None:
+            dated = [m.name for m in self.machines if m.ssm_activation_start is not None]
+            if dated:
+                raise ValueError(
+                    f"machines {', '.join(dated)} set ssmActivationStart, which goes with "
+                    "credentialProvider ssm; allowed: none for iam-roles-anywhere"
+                )
         names = [m.name for m in self.machines]
         repeated = sorted({n for n in names if names.count(n) > 1})
         if repeated:
@@ -239,18 +326,30 @@ class HybridConfig(Model):
                 raise ValueError(f"{key} is machine {taken[address]}'s too; {allowed}")
             taken[address] = machine.name
 
-    def pool(self, nodes: int = 1) -> "HybridPool":
-        return HybridPool(tuple(self.machines), nodes)
+    def pool(
+        self, nodes: int = 1, machines: tuple[HybridMachine, ...] | None = None
+    ) -> "HybridPool":
+        """All machines as one pool (the Kueue flavor's), or `machines` of them."""
+        return HybridPool(tuple(self.machines) if machines is None else machines, nodes)
+
+    def admitting(self, team: str, user: str | None = None) -> tuple[HybridMachine, ...]:
+        """The machines that run workloads of `team`'s namespace, or of `user`'s (in `team`)."""
+        return tuple(m for m in self.machines if m.admits(team, user))
+
+    def activation_expiration(self, machine: HybridMachine) -> str:
+        assert self.ssm_activation is not None
+        return self.ssm_activation.expiration_date(machine.ssm_activation_start)
 
 
 @dataclass(frozen=True)
 class HybridPool:
-    """The hybrid machines as the pool a job names with `nodePool: hybrid`.
+    """Hybrid machines as the pool a job or DevServer flavor names with `nodePool: hybrid`: all
+    of them (the Kueue flavor's quota), the ones that admit a job's team, or a flavor's machine.
 
     A job pod has a machine to itself, as on a GPU pool a node: a job of `nodes` pods is sized
-    for the `nodes` largest machines (by GPUs, then vCPU, then memory), each pod asking for the
-    GPUs and the pod room of the smallest of those, so that each of them holds one. The Kueue
-    flavor's quota and the most pods a job may have count every machine.
+    for the `nodes` largest of its machines (by GPUs, then vCPU, then memory), each pod asking
+    for the GPUs and the pod room of the smallest of those, so that each of them holds one. Its
+    pods go to these machines alone (infra/components/placement.py).
     """
 
     machines: tuple[HybridMachine, ...]

@@ -11,7 +11,7 @@ from pydantic import (
 from infra.config.base import HYBRID_POOL, ImageConfig, Model, known_region
 from infra.config.cluster import ClusterConfig, KarpenterConfig
 from infra.config.data_loss import DataLossAcknowledgement, holders_once
-from infra.config.dev_servers import DevServersConfig
+from infra.config.dev_servers import DevServerFlavorConfig, DevServersConfig
 from infra.config.hybrid import HybridConfig, Pool
 from infra.config.jobs import JobConfig
 from infra.config.network import NetworkConfig
@@ -85,14 +85,24 @@ class StackConfig(Model):
         return frozenset(a.holder for a in self.acknowledge_data_loss)
 
     def pool_named(self, name: str, nodes: int = 1) -> Pool | None:
-        """The pool a job or DevServer flavor names: a NodePool, or the hybrid machines sized
-        for `nodes` pods (HybridPool); None when there is no such pool."""
+        """The pool `name`: a NodePool, or every hybrid machine sized for `nodes` pods
+        (HybridPool); None when there is no such pool."""
         if name == HYBRID_POOL and self.hybrid is not None:
             return self.hybrid.pool(nodes)
         return next((p for p in self.node_pools if p.name == name), None)
 
     def job_pool(self, job: "JobConfig") -> Pool | None:
+        """Where a job's pods go: its NodePool, or the hybrid machines that admit its team."""
+        if job.node_pool == HYBRID_POOL and self.hybrid is not None:
+            return self.hybrid.pool(job.max_nodes, self.hybrid.admitting(job.queue))
         return self.pool_named(job.node_pool, job.max_nodes)
+
+    def flavor_pool(self, flavor: "DevServerFlavorConfig") -> Pool | None:
+        """Where a DevServer flavor's pods go: its NodePool, or its hybrid machine."""
+        if flavor.node_pool == HYBRID_POOL and self.hybrid is not None:
+            machines = tuple(m for m in self.hybrid.machines if m.name == flavor.machine)
+            return self.hybrid.pool(1, machines) if machines else None
+        return self.pool_named(flavor.node_pool)
 
     @model_validator(mode="after")
     def _unique_pool_names(self) -> "StackConfig":

@@ -7,6 +7,7 @@ from typing import Any
 from pulumi_policy import ReportViolation, ResourceValidationArgs, StackValidationArgs
 
 from infra.catalog import load_catalog
+from infra.components.node_pools import POOL_LABEL
 from infra.declared import dig, listed
 from policies.rules.base import (
     GPU,
@@ -23,7 +24,6 @@ from policies.rules.base import (
 )
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-POOL_LABEL = "training-platform/pool"
 TEAM_LABEL = "training-platform/team"
 # Capabilities Pod Security "baseline" allows a container to add (Kubernetes pod security
 # standards); anything else (SYS_ADMIN, NET_ADMIN, ALL, ...) is host access.
