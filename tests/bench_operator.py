@@ -32,6 +32,7 @@ from pathlib import Path
 from devservers.api import API_VERSION, GROUP, user_namespace
 from tests.conftest import plan_of
 from tests.devservers_cluster import Cluster, wait_for
+from tests.kube_api.kubelet import IMAGE_BIN
 from tests.test_devservers_render import IMAGE, KEY
 
 HANDLED = f"{GROUP}/last-handled-configuration"  # kopf's diff-base, AnnotationsDiffBaseStorage
@@ -196,7 +197,7 @@ def main() -> int:
         hung = sorted(keys)[:: max(len(keys) // max(args.hung, 1), 1)][: args.hung]
         for namespace, name in hung:
             pod = cluster.api.read("pods", namespace, f"{name}-0")
-            cluster.api.runtime.write(pod, f"{Path(sys.executable).parent}/cat", HANGS)
+            cluster.api.runtime.write(pod, f"{IMAGE_BIN}/cat", HANGS)
         done = len(bench.checks())
         print(f"{len(hung)} servers' shells hang from now: {', '.join(n for _, n in hung)}")
         # The next check may have started before the shells hung: the one after it is timed,

@@ -8,10 +8,8 @@ the operator's are in devservers.kube."""
 
 import asyncio
 import socket
-import sys
 import time
 from datetime import timedelta
-from pathlib import Path
 
 import pytest
 from kubernetes import client
@@ -20,18 +18,15 @@ from devservers import kube, operator
 from devservers.activity import PROBE, ProbeCut
 from devservers.kube import KubeCluster
 from devservers.render import CONTAINER
+from tests.kube_api.kubelet import IMAGE_BIN
 from tests.test_devservers_operator import START, World, gpu_at
 
-# The container's PATH starts with this interpreter's folder (tests.kube_api.kubelet.IMAGE_ENV).
-FIRST_ON_PATH = str(Path(sys.executable).parent)
 HANGS = "#!/bin/sh\nexec sleep 60\n"
 FLOODS = "#!/bin/sh\nexec yes devserver-flood-devserver-flood\n"
 
 
 def shadow_cat(world: World, pod: str, script: str) -> None:
-    world.api.runtime.write(
-        world.api.read("pods", "dev-alice", pod), f"{FIRST_ON_PATH}/cat", script
-    )
+    world.api.runtime.write(world.api.read("pods", "dev-alice", pod), f"{IMAGE_BIN}/cat", script)
 
 
 @pytest.fixture

@@ -341,3 +341,11 @@ def test_a_cluster_starts_with_its_system_namespaces_and_keeps_events_where_upst
     pod = {"apiVersion": "v1", "kind": "Pod", "name": "p", "namespace": "kube-public"}
     assert create("default", "p.1", involvedObject=pod).endswith("does not match event.namespace")
     assert create("kube-public", "p.2", involvedObject=pod) == "created"
+
+
+def test_a_file_written_into_a_pod_never_lands_where_the_host_and_every_pod_share_it():
+    """Pods see the host's /tmp (and /dev, /sys): a checkout there, its interpreter's folder on
+    every pod's PATH included, would take a program written for one pod into all of them."""
+    for path in ("/tmp/ci/.venv/bin/cat", "/tmp", "/dev/shm/cat", "relative/cat"):
+        with pytest.raises(ValueError, match="not in the pod's own layer"):
+            Kubelet().write({"metadata": {"uid": "none"}}, path, "#!/bin/sh\n")

@@ -149,6 +149,9 @@ DEVPTS = "nosuid,noexec,newinstance,ptmxmode=0666,mode=0620,gid=5"
 # sysfs and /tmp (where tests leave what their pods run) are the host's.
 IMAGE_ENV = {"PATH": f"{Path(sys.executable).parent}:{SYSTEM_PATH}"}
 HOST_PATHS = ("/dev", "/sys", "/tmp")
+# Where an image's own programs go, on PATH after the interpreter's folder and before the
+# system's: a program written there (Kubelet.write) shadows the system's in that pod alone.
+IMAGE_BIN = "/usr/local/bin"
 POD_IP = "127.0.0.1"  # every pod's address: they share this machine's network
 CLUSTER_DOMAIN = "cluster.local"
 START_SECONDS = 60  # a loaded 2-core machine can take a while to set up a container
@@ -298,7 +301,12 @@ class Kubelet:
 
     def write(self, pod: dict, path: str, text: str, mode: int = 0o755) -> None:
         """Put a file at `path` in a running pod's root, as its image or its root user would
-        have it: in the container's own writable layer, which no other pod sees."""
+        have it: in the container's own writable layer, which no other pod sees. Not under the
+        host's HOST_PATHS, which every pod shares (a checkout under /tmp, its interpreter's
+        folder included)."""
+        shared = [p for p in HOST_PATHS if path == p or path.startswith(f"{p}/")]
+        if shared or not path.startswith("/"):
+            raise ValueError(f"{path}: not in the pod's own layer (HOST_PATHS: {HOST_PATHS})")
         inside = self._inside(self.running[pod["metadata"]["uid"]])
         script = 'cat > "$0" && chmod "$1" "$0"'
         subprocess.run(
