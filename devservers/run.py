@@ -34,7 +34,9 @@ from mesh.workdir import DEFAULT_EXCLUDES, pack
 REMOTE_DIR = "devctl"  # under the pod's home: ~/devctl/<the working directory's name>
 POLL_SECONDS = 0.5
 LOST = 255  # a pod whose command's exit status never came (as ssh's own failures)
-STOP_SECONDS = 15  # for the stops to reach every pod (STOP waits up to 10 s for the group's id)
+# For the stops to reach every pod: STOP waits up to 10 s for the group's id, then up to 5 s for
+# the group to end.
+STOP_SECONDS = 20
 # $1: the directory's name, $2: the archive's size. head reads exactly the archive, so tar ends
 # without the end of stdin, which the exec websocket can signal only from protocol v5.
 SYNC = 'mkdir -p "$HOME/devctl/$1" && head -c "$2" | tar -xof - -C "$HOME/devctl/$1"'
@@ -50,11 +52,16 @@ rm -f "$pidfile"
 exit $code
 """
 # $1: the run's id. The group's id may not be written yet when a stop comes early; without one
-# after 10 s, there is nothing to stop.
+# after 10 s, there is nothing to stop. A stop returns once the group has ended (torchrun passes
+# SIGTERM to its workers and waits for them), or after 5 s.
 STOP = """pidfile="$HOME/.devctl/run-$1.pid"
 i=0
 while [ ! -s "$pidfile" ] && [ $i -lt 100 ]; do sleep 0.1; i=$((i + 1)); done
-if [ -s "$pidfile" ]; then kill -TERM "-$(cat "$pidfile")"; fi
+[ -s "$pidfile" ] || exit 0
+group="$(cat "$pidfile")"
+kill -TERM "-$group"
+i=0
+while kill -0 "-$group" 2>/dev/null && [ $i -lt 50 ]; do sleep 0.1; i=$((i + 1)); done
 """
 
 
