@@ -63,9 +63,10 @@ bench: $(VENV)/.installed
 	$(PY) -m trainer.bench
 
 ## plan: offline plan of STACK (default dev) into build/plan/STACK, with what changed since the
-## last plan there (AGAINST=DIR: another plan; AGAINST_REF=origin/main: the stack file at a ref)
+## last plan there (AGAINST=DIR: another plan; AGAINST_REF=origin/main: the stack file at a ref;
+## AS_OF=YYYY-MM-DD: priced as on that day)
 plan: $(VENV)/.installed
-	$(PY) -m deploy.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))
+	$(PY) -m deploy.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))$(if $(AS_OF), --as-of $(AS_OF))
 
 ## system-packages: what the tests run for real: sshd, WireGuard, iptables, ping, jq, curl, tmux
 ## (tools/system-packages.sh: apt-get, as root or through sudo; nothing when present)

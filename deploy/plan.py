@@ -12,6 +12,7 @@ fails the plan (exit 1), as a mandatory policy does; invalid stack config exits 
 
 import argparse
 import json
+import os
 import shutil
 import subprocess
 import sys
@@ -45,7 +46,7 @@ from infra.declared import Declared, declared_in, dig, listed
 from infra.expected import Expected, expected_cost
 from infra.offline import Plan, RecordedResource, run_offline
 from infra.paths import PROJECT_DIR
-from infra.support import support_on
+from infra.support import PLAN_DAY_VARIABLE, plan_day, support_on
 from infra.system_capacity import SystemFit, system_fit
 from infra.usage import UsageLine, usage_lines
 from infra.versions import KUBERNETES_VERSIONS
@@ -615,14 +616,23 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--resources", action="store_true", help="also count the resources by type (default: off)"
     )
+    parser.add_argument(
+        "--as-of",
+        metavar="YYYY-MM-DD",
+        help="price and warn as on that day, e.g. after the cluster's Kubernetes version leaves "
+        f"standard support (default: today, UTC; also {PLAN_DAY_VARIABLE})",
+    )
     return parser
 
 
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
+    if args.as_of:
+        os.environ[PLAN_DAY_VARIABLE] = args.as_of
     project_dir = args.project_dir or PROJECT_DIR
     out = args.out or Path("build/plan") / args.stack
     try:
+        plan_day()  # a bad --as-of is a config error before anything is planned
         if args.against_ref:
             base = base_at_ref(args.stack, args.against_ref, project_dir)
         else:

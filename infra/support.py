@@ -8,13 +8,32 @@ itself; STANDARD has EKS upgrade it to the next version the day standard support
 """
 
 import datetime
+import os
 from dataclasses import dataclass
 
+from infra.config import ConfigError
 from infra.config import cluster as cluster_config
 from infra.versions import KUBERNETES_VERSIONS
 
 # How long ahead of the end of standard support the plan warns.
 WARN_AHEAD = datetime.timedelta(days=90)
+# The day the plan prices and warns for, when not today (UTC): `make plan AS_OF=2027-04-01`
+# shows the bill after a version leaves standard support; the test suite pins it, so that its
+# figures do not change with the calendar.
+PLAN_DAY_VARIABLE = "TRAINING_PLATFORM_PLAN_DAY"
+
+
+def plan_day() -> datetime.date:
+    value = os.environ.get(PLAN_DAY_VARIABLE)
+    if not value:
+        return cluster_config.utc_today()
+    try:
+        return datetime.date.fromisoformat(value)
+    except ValueError:
+        raise ConfigError(
+            f"plan day {value!r} (--as-of, {PLAN_DAY_VARIABLE}) is not a day; allowed: "
+            "YYYY-MM-DD, or none for today (UTC)"
+        ) from None
 
 
 @dataclass(frozen=True)
@@ -25,7 +44,7 @@ class Support:
 
 
 def support_on(version: str, policy: str, day: datetime.date | None = None) -> Support:
-    day = day or cluster_config.utc_today()
+    day = day or plan_day()
     known = KUBERNETES_VERSIONS.get(version)
     if known is None:
         return Support("standard", f"Kubernetes {version}: no support dates known", None)

@@ -17,12 +17,23 @@ import pytest
 from deploy.program import build_platform
 from infra.config import parse_stack_config, read_stack_file
 from infra.offline import Plan, run_offline
+from infra.support import PLAN_DAY_VARIABLE
 from tests.netns import Namespaces
 
 ROOT = Path(__file__).resolve().parent.parent
 STACKS = ["dev", "prod"]
 # For stack edits that drop the node pools the stack's DevServer flavors live on.
 NO_DEV_SERVERS = {"enabled": False, "flavors": [], "users": []}
+
+
+# The day every plan of the suite, in this process and the ones it starts, prices and warns for:
+# what EKS support a Kubernetes version is in changes with the calendar, the suite's figures must
+# not (tests/test_support.py moves the day on purpose).
+SUITE_PLAN_DAY = "2026-11-28"
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    os.environ[PLAN_DAY_VARIABLE] = SUITE_PLAN_DAY
 
 
 @pytest.fixture(scope="session", autouse=True)

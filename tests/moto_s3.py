@@ -4,47 +4,48 @@ s3torchconnector (the trainer's DCP reader and writer) and TensorBoard's boto3 f
 it through AWS_ENDPOINT_URL; moto's in-process mock_aws would intercept only botocore's calls."""
 
 import contextlib
-import socket
 import subprocess
 import sys
-import time
+import tempfile
 
 import boto3
+
+# moto's server on a port the system picks as it binds (no window in which another process can
+# take a port chosen before), which it prints once it listens.
+SERVE = """
+import threading
+from moto.moto_server.threaded_moto_server import ThreadedMotoServer
+server = ThreadedMotoServer("127.0.0.1", 0, verbose=False)
+server.start()
+print(server.get_host_and_port()[1], flush=True)
+threading.Event().wait()
+"""
 
 
 @contextlib.contextmanager
 def moto_server():
     """The environment that points AWS clients at a fresh moto server (its credentials are
     moto's test ones); the server stops on the way out."""
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
+    log = tempfile.TemporaryFile()  # werkzeug logs every request: a pipe nobody read would fill
     server = subprocess.Popen(
-        [sys.executable, "-m", "moto.server", "-H", "127.0.0.1", "-p", str(port)],
-        stdout=subprocess.DEVNULL,
-        stderr=subprocess.DEVNULL,
+        [sys.executable, "-c", SERVE], stdout=subprocess.PIPE, stderr=log, text=True
     )
-    endpoint = f"http://127.0.0.1:{port}"
-    env = {
-        "AWS_ENDPOINT_URL": endpoint,
-        "AWS_ACCESS_KEY_ID": "testing",
-        "AWS_SECRET_ACCESS_KEY": "testing",
-        "AWS_REGION": "us-east-1",
-        "AWS_EC2_METADATA_DISABLED": "true",
-    }
-    deadline = time.monotonic() + 30
     try:
-        while True:
-            try:
-                socket.create_connection(("127.0.0.1", port), timeout=1).close()
-                break
-            except OSError:
-                assert time.monotonic() < deadline, "moto server did not start"
-                time.sleep(0.1)
-        yield env
+        port = server.stdout.readline().strip()
+        if not port:
+            log.seek(0)
+            raise AssertionError(f"moto server did not start: {log.read()[-2000:].decode()}")
+        yield {
+            "AWS_ENDPOINT_URL": f"http://127.0.0.1:{port}",
+            "AWS_ACCESS_KEY_ID": "testing",
+            "AWS_SECRET_ACCESS_KEY": "testing",
+            "AWS_REGION": "us-east-1",
+            "AWS_EC2_METADATA_DISABLED": "true",
+        }
     finally:
         server.terminate()
         server.wait(timeout=10)
+        log.close()
 
 
 def s3_client(env: dict):

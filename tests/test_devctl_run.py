@@ -3,8 +3,10 @@ operator makes the server, devctl runs as alice (the dev stack's RBAC) and execs
 API; each pod is a process tree with the container's filesystem (the scripts ConfigMap at
 /etc/devserver, its home claim at /home/dev), hostname, environment (RANK, MASTER_ADDR, ...) and
 non-root user (tests.kube_api.kubelet), so the rendered torchrun.sh runs there as in a pod and
-the 2 nodes x 1 process meet over gloo through MASTER_ADDR and MASTER_PORT as rendered (pod 0's
-DNS name: the kubelet's /etc/hosts; 29500, below the ephemeral range that free ports come from).
+the 2 nodes x 1 process meet over gloo through MASTER_ADDR as rendered (pod 0's DNS name: the
+kubelet's /etc/hosts) and MASTER_PORT. The local pods share this machine's network, where the
+rendered 29500 may be taken (another suite's run of this test): each run's pods get a free port
+instead, as each server's pods have their own network on a cluster.
 """
 
 import io
@@ -20,7 +22,7 @@ from devservers import run as devctl_run
 from devservers.cli import Devctl
 from devservers.kube import KubeCluster
 from devservers.render import HOME
-from tests.devservers_cluster import Cluster, wait_for
+from tests.devservers_cluster import Cluster, free_port, wait_for
 
 PODS = ["box-0", "box-1"]
 SCRIPT = """
@@ -64,9 +66,23 @@ def processes(cluster: Cluster, pod: str) -> list[str]:
     return cluster.api.runtime.processes(cluster.api.read("pods", "dev-alice", pod))
 
 
+def own_rendezvous_port(port: int):
+    """Admission that moves the pods' MASTER_PORT to `port`."""
+
+    def admit(kind, obj) -> None:
+        if kind.plural == "pods":
+            for container in obj["spec"]["containers"]:
+                for variable in container.get("env", []):
+                    if variable["name"] == "MASTER_PORT":
+                        variable["value"] = str(port)
+
+    return admit
+
+
 def test_run_syncs_the_workdir_streams_every_node_and_stops_them_all(
     dev_cluster, tmp_path, monkeypatch
 ):
+    dev_cluster.api.admission.append(own_rendezvous_port(free_port()))
     dev_cluster.start_operator()
     dev_cluster.create_server("--distributed", "--replicas", "2", "--backend", "gloo")
     project = tmp_path / "project"

@@ -15,6 +15,7 @@ import re
 import subprocess
 import sys
 import time
+from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
 from cryptography import x509
@@ -157,26 +158,32 @@ except KeyboardInterrupt:  # how the test stops it
     pass
 """
 
-# Listens on TCP ports and answers each connection with the port it came to.
+# Listens on TCP ports and answers each connection with the port it came to; says "listening"
+# once every port is bound, so that a refused connection proves a rule, not a late start.
 LISTENER = """
 import socket, sys, threading
-def serve(port):
-    server = socket.socket()
-    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    server.bind(("0.0.0.0", port))
-    server.listen()
+def serve(server, port):
     while True:
         connection, _ = server.accept()
         connection.sendall(str(port).encode())
         connection.close()
 for port in sys.argv[1:]:
-    threading.Thread(target=serve, args=(int(port),), daemon=True).start()
+    server = socket.socket()
+    server.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    server.bind(("0.0.0.0", int(port)))
+    server.listen()
+    threading.Thread(target=serve, args=(server, port), daemon=True).start()
+print("listening", flush=True)
 threading.Event().wait()
 """
+# A connection that is answered by the port it went to. Forwarded through wireguard-go on a
+# loaded machine an answer can take a while: the timeout is generous, and the checks run at once.
+CONNECT_TIMEOUT_S = 5
 CONNECTS = (
     "import socket, sys\n"
     "try:\n"
-    "    with socket.create_connection((sys.argv[1], int(sys.argv[2])), timeout=0.6) as c:\n"
+    "    to = (sys.argv[1], int(sys.argv[2]))\n"
+    f"    with socket.create_connection(to, timeout={CONNECT_TIMEOUT_S}) as c:\n"
     "        sys.exit(0 if c.recv(16) == sys.argv[2].encode() else 1)\n"
     "except OSError:\n"
     "    sys.exit(1)\n"
@@ -532,7 +539,9 @@ def test_the_gateway_forwards_what_hybrid_nodes_need_and_nothing_else(tmp_path, 
     alice, bob = gateway.ns["alice-4090"], gateway.ns["bob-cpu"]
     namespaces.run(alice, "ip", "addr", "add", "10.201.7.1/32", "dev", "lo")
     listeners = [
-        namespaces.popen(ns, sys.executable, "-c", LISTENER, *ports)
+        namespaces.popen(
+            ns, sys.executable, "-c", LISTENER, *ports, stdout=subprocess.PIPE, text=True
+        )
         for ns, ports in (
             (alice, ("10250", "22", "8080")),
             (bob, ("22",)),
@@ -545,7 +554,7 @@ def test_the_gateway_forwards_what_hybrid_nodes_need_and_nothing_else(tmp_path, 
             gateway.up(machine)
         assert namespaces.reaches(alice, "10.200.0.1")
         assert namespaces.reaches(bob, "10.200.0.1")
-        time.sleep(0.3)  # the listeners bind
+        assert [listener.stdout.readline() for listener in listeners] == ["listening\n"] * 4
         allowed = {
             "VPC to a kubelet": (gateway.vpc, "10.200.0.2", 10250),
             "VPC to a pod": (gateway.vpc, "10.201.7.1", 8080),
@@ -558,12 +567,10 @@ def test_the_gateway_forwards_what_hybrid_nodes_need_and_nothing_else(tmp_path, 
             "machine to machine": (alice, "10.200.0.3", 22),
             "machine to the gateway": (alice, "10.200.0.1", 2222),
         }
-        assert {what: gateway.connects(*to) for what, to in allowed.items()} == {
-            what: True for what in allowed
-        }
-        assert {what: gateway.connects(*to) for what, to in refused.items()} == {
-            what: False for what in refused
-        }
+        checks = {**allowed, **refused}
+        with ThreadPoolExecutor(len(checks)) as pool:
+            answers = pool.map(lambda to: gateway.connects(*to), checks.values())
+        assert dict(zip(checks, answers, strict=True)) == {what: what in allowed for what in checks}
         # Cilium's health checks between nodes: ICMP echo.
         assert namespaces.reaches(alice, "10.200.0.3")
     finally:

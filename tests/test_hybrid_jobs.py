@@ -329,7 +329,8 @@ def test_the_local_twin_runs_a_hybrid_job(tmp_path, monkeypatch, capsys):
     torchrun here. Only where the stack file is read from differs (tmp_path, not the project)."""
     (tmp_path / "Pulumi.twin.yaml").write_text(yaml.safe_dump({"config": hybrid_values()}))
     monkeypatch.setattr(local, "load_stack_for_command", lambda s: load_stack_file(s, tmp_path))
-    assert local.main(["on-alice", "--stack", "twin", "--steps", "2", "--nproc", "1"]) == 0
+    argv = ["on-alice", "--stack", "twin", "--steps", "2", "--nproc", "1"]
+    assert local.main([*argv, "--checkpoint-dir", str(tmp_path / "local")]) == 0
     out = capsys.readouterr().out
     done = json.loads(next(line for line in out.splitlines() if '"done"' in line))
     assert done["step"] == 2

@@ -28,8 +28,9 @@ def test_a_model_too_big_for_cpu_is_refused_with_a_smaller_one_proposed():
     assert "python -m workloads.local gpt-large-mpi --stack dev --model small" in err
 
 
-def test_sigterm_stops_the_workers_with_a_checkpoint_and_the_echoed_command_runs():
-    process = local("smoke-cpu", "--steps", "100000")
+def test_sigterm_stops_the_workers_with_a_checkpoint_and_the_echoed_command_runs(tmp_path):
+    checkpoints = tmp_path / "smoke-cpu"
+    process = local("smoke-cpu", "--steps", "100000", "--checkpoint-dir", str(checkpoints))
     echoed = process.stdout.readline()
     assert echoed.startswith("+ OMP_NUM_THREADS=1 ")
     env, python, *rest = shlex.split(echoed[2:])
@@ -42,7 +43,6 @@ def test_sigterm_stops_the_workers_with_a_checkpoint_and_the_echoed_command_runs
     assert process.returncode == 0, err[-2000:]
     events = [json.loads(x) for x in out.splitlines() if x.startswith("{")]
     assert any(e.get("event") == "checkpoint" for e in events), out[-2000:]
-    checkpoints = ROOT / "build/local-jobs/smoke-cpu"
     assert any((step / "COMMITTED").exists() for step in checkpoints.iterdir())
     assert "OMP_NUM_THREADS" not in err  # torchrun's warning when it is unset
-    assert "checkpoints: build/local-jobs/smoke-cpu/" in out
+    assert f"checkpoints: {checkpoints}/" in out

@@ -496,8 +496,9 @@ def test_a_failing_setup_stops_the_launch_naming_the_node(site, hosts, capsys):
 
 def test_stopping_a_setup_stops_what_it_started(site, hosts, monkeypatch):
     """Ctrl-C during the setup: each node's setup shell and its children (a pip install; here a
-    sleep holding the output open) end, not the shell alone."""
-    monkeypatch.setattr(remote, "STOP_GRACE_SECONDS", 5.0)
+    sleep holding the output open) end, not the shell alone: well within the grace after which
+    what is left would be killed."""
+    monkeypatch.setattr(remote, "STOP_GRACE_SECONDS", 20.0)
     mesh = load_mesh(loopback_mesh(site, hosts))
     commands = {n.name: remote.setup_command(n, "echo started; sleep 30") for n in mesh.nodes}
     log = _Lines()
@@ -512,7 +513,7 @@ def test_stopping_a_setup_stops_what_it_started(site, hosts, monkeypatch):
     finally:
         job.close()
     assert set(job.exit_codes) == {"hub", "peer"}, log.text()
-    assert time.monotonic() - began < 3
+    assert time.monotonic() - began < remote.STOP_GRACE_SECONDS / 2
 
 
 def test_workdir_over_the_size_limit_or_into_a_home_directory_is_refused(tmp_path, capsys):
@@ -557,7 +558,9 @@ def test_run_goes_on_without_a_node_that_leaves(site, hosts, capsys, monkeypatch
     run = site.mkdir("run")
     metrics = run / "metrics.jsonl"
     argv = ["launch", str(loopback_mesh(site, hosts)), "--nnodes", "1:2"]
-    argv += ["--max-restarts", "1", "--", "-m", "trainer", "--steps", "12", "--global-batch"]
+    # The peer leaves after the first checkpoint (step 3): the steps after it are the margin for
+    # a test thread that the machine starves meanwhile.
+    argv += ["--max-restarts", "1", "--", "-m", "trainer", "--steps", "30", "--global-batch"]
     argv += ["4", "--micro-batch", "2", "--checkpoint-every", "3", "--eval-every", "100"]
     argv += ["--threads", "1", "--checkpoint-dir", str(run / "ckpt")]
     argv += ["--metrics", str(metrics), "--collective-timeout", "5"]
@@ -589,8 +592,8 @@ def test_run_goes_on_without_a_node_that_leaves(site, hosts, capsys, monkeypatch
     restart = next(i for i, r in enumerate(rest) if r.get("event") == "start")
     saved = [r["step"] for r in rest[:restart] if r.get("event") == "checkpoint"]
     assert rest[restart]["world_size"] == 1  # the hub alone, without the peer
-    assert saved and rest[restart]["resumed_from"] == saved[-1] < 12
-    assert rest[-1]["event"] == "done" and rest[-1]["step"] == 12
+    assert saved and rest[restart]["resumed_from"] == saved[-1] < 30
+    assert rest[-1]["event"] == "done" and rest[-1]["step"] == 30
     print(f"re-formed and finished {time.monotonic() - left_at:.1f} s after the peer left")
 
 

@@ -5,18 +5,17 @@ import datetime
 
 import pytest
 
-from deploy.plan import summary
-from infra.config import cluster as cluster_config
+from deploy.plan import main, summary
 from infra.config import parse_stack_config
 from infra.cost import plan_cost
-from infra.support import support_on
-from tests.conftest import plan_of, stack_values
+from infra.support import PLAN_DAY_VARIABLE, support_on
+from tests.conftest import SUITE_PLAN_DAY, plan_of, stack_values
 
 OLD = {"kubernetesVersion": "1.34", "upgradePolicy": "EXTENDED"}
 
 
 def on(monkeypatch, day: str) -> None:
-    monkeypatch.setattr(cluster_config, "utc_today", lambda: datetime.date.fromisoformat(day))
+    monkeypatch.setenv(PLAN_DAY_VARIABLE, day)
 
 
 def control_plane(plan):
@@ -67,3 +66,16 @@ def test_the_upgrade_policy_choice_and_its_cost_are_shown_with_a_warning_ahead(m
 def test_after_standard_support_the_policy_decides(day, policy, tier):
     support = support_on("1.34", policy, datetime.date.fromisoformat(day))
     assert support.tier == tier and support.warning
+
+
+def test_as_of_plans_a_later_day_and_refuses_what_is_not_a_day(monkeypatch, tmp_path, capsys):
+    monkeypatch.setenv(PLAN_DAY_VARIABLE, SUITE_PLAN_DAY)  # main() sets it: restored after
+    assert main(["--stack", "dev", "--out", str(tmp_path), "--as-of", "2027-04-01"]) == 0
+    out = capsys.readouterr().out
+    assert "Kubernetes 1.35 on EKS: extended support since 2027-03-27, until 2028-03-27" in out
+    assert "  WARNING: Kubernetes 1.35 is in EKS extended support since 2027-03-27" in out
+    assert main(["--stack", "dev", "--out", str(tmp_path), "--as-of", "April"]) == 2
+    assert capsys.readouterr().err == (
+        "error: plan day 'April' (--as-of, TRAINING_PLATFORM_PLAN_DAY) is not a day; allowed: "
+        "YYYY-MM-DD, or none for today (UTC)\n"
+    )

@@ -328,7 +328,8 @@ def test_local_twin_runs_the_jobs_own_arguments(tmp_path):
         str(tmp_path / "ckpt"),
     ]
     result = subprocess.run(
-        [sys.executable, "-m", "workloads.local", "smoke-cpu", "--steps", "3"],
+        [sys.executable, "-m", "workloads.local", "smoke-cpu", "--steps", "3"]
+        + ["--checkpoint-dir", str(tmp_path / "local")],
         cwd=ROOT,
         capture_output=True,
         text=True,

@@ -123,6 +123,11 @@ def parser() -> argparse.ArgumentParser:
         help="a smaller preset than the job's, for this CPU (default: the job's own --model)",
     )
     parser.add_argument(
+        "--checkpoint-dir",
+        type=Path,
+        help="where the run checkpoints (default: build/local-jobs/<job>)",
+    )
+    parser.add_argument(
         "--resume",
         action="store_true",
         help="carry on from the previous local checkpoints (default: start afresh)",
@@ -154,7 +159,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    checkpoint = Path("build/local-jobs") / args.job
+    checkpoint = args.checkpoint_dir or Path("build/local-jobs") / args.job
     if not args.resume:
         shutil.rmtree(checkpoint, ignore_errors=True)
     job_args = with_option(job_args, "--model", model)
