@@ -23,12 +23,16 @@ The rules, from upstream source at the pinned versions:
   running TrainJobs on it (tests/trainer_rules.py).
 """
 
+import json
+import re
 from dataclasses import dataclass, field
 
 from deploy.replace_rules import changed_paths
 from deploy.steps import CREATE, DELETE, REPLACE, UPDATE, Step
+from devservers.api import API_VERSION as DEVSERVERS_API_VERSION
+from infra.components.container_image import KEPT_BUILDS as ECR_KEPT_BUILDS
 from infra.config import StackConfig
-from infra.data_holders import HOLDER_ANNOTATION, HOLDER_TAG, loss
+from infra.data_holders import BUCKET, EFS, FSX, HOLDER_ANNOTATION, HOLDER_TAG, loss
 from infra.declared import dig, kind_of, listed, pod_sets
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
@@ -39,7 +43,13 @@ JOB_TYPES = {
     "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
 }
 RUNTIME = "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime"
-EKS_CLUSTER = "eks:index:Cluster"
+FLAVOR = f"kubernetes:{DEVSERVERS_API_VERSION}:DevServerFlavor"
+# The control plane: pulumi-eks's component offline (its children are invisible under mocks), the
+# aws:eks Cluster it creates in a real preview.
+EKS_CLUSTERS = {"eks:index:Cluster", "aws:eks/cluster:Cluster"}
+SUBNET = "aws:ec2/subnet:Subnet"
+CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 ACKNOWLEDGE = "training-platform:acknowledgeDataLoss"
@@ -60,7 +70,9 @@ class Consequences:
     losses: list[str] = field(default_factory=list)
     # Replacements and deletions of what holds no data, grouped by what causes them.
     replaced: list[str] = field(default_factory=list)
-    refusals: list[str] = field(default_factory=list)  # losses the stack file does not accept
+    # What fails the plan as a mandatory policy does, each led by its rule: losses the stack file
+    # does not accept (data-loss), a Kubernetes version EKS would refuse (kubernetes-version).
+    refusals: list[str] = field(default_factory=list)
     drifts: list[str] = field(default_factory=list)
     restarts: list[str] = field(default_factory=list)
     notes: list[str] = field(default_factory=list)
@@ -106,9 +118,14 @@ def consequences(
     workloads/training_runtimes.py), where known: what each revision holds back."""
     found = Consequences()
     _data(steps, config, found)
+    _expiring(steps, config, found)
+    _versions(steps, found)
     drifted = _drift(steps, config, found)
     _jobs(steps, config, drifted, stack, found)
     _runtimes(steps, found)
+    _flavors(steps, found)
+    _subnets(steps, found)
+    _claims(steps, found)
     held = [("job", name, entry, f"jobs[{name}]", "it") for name, entry in (jobs or {}).items()]
     held += [
         ("runtime", name, entry, "runtimes", "the TrainJobs running on it")
@@ -119,7 +136,8 @@ def consequences(
             found.restarts.append(
                 f"{what} {name} keeps revision {entry['revision']}: the stack's changes to its "
                 f"{', '.join(entry['heldBack'])} wait for {key}.revision "
-                f"{entry['revision'] + 1}, which restarts {restarted}"
+                f"{entry['revision'] + 1}, which restarts {restarted} (ECR keeps the newest "
+                f"{ECR_KEPT_BUILDS} builds: move it before that many newer ones expire its image)"
             )
     _controllers(steps, found)
     return found
@@ -128,6 +146,7 @@ def consequences(
 def _data(steps: list[Step], config: StackConfig, found: Consequences) -> None:
     released = config.released
     lost = set()
+    lost_mounts: set[str] = set()
     others: dict[str, list[str]] = {}
     for step in steps:
         if step.op not in (REPLACE, DELETE):
@@ -142,17 +161,20 @@ def _data(steps: list[Step], config: StackConfig, found: Consequences) -> None:
         why = f" ({', '.join(step.reasons[:3])})" if step.reasons else ""
         line = f"{step.type.split(':')[-1]} {step.name} is {what}{why}: loses {loss(holder)}"
         found.losses.append(line)
+        if holder in MOUNTED and holder not in lost_mounts:
+            lost_mounts.add(holder)
+            found.restarts.append(MOUNTED[holder](config))
         if holder not in released:
             found.refusals.append(
-                f"{step.name} ({holder}) would be {what}, losing {loss(holder)}; to accept it, "
-                f"add {{holder: {holder}, reason: ...}} to {ACKNOWLEDGE}"
+                f"data-loss: {step.name} ({holder}) would be {what}, losing {loss(holder)}; to "
+                f"accept it, add {{holder: {holder}, reason: ...}} to {ACKNOWLEDGE}"
             )
         elif step.op == DELETE and step.old.protect:
             found.refusals.append(
-                f"{step.name} ({holder}) is protected where it is deployed: the engine deletes "
-                f"it only once a `pulumi up` has lifted its protect. First apply the stack with "
-                f"the acknowledgement and {holder} still in it, then remove it (or `pulumi state "
-                f"unprotect '{step.urn}'`)"
+                f"data-loss: {step.name} ({holder}) is protected where it is deployed: the engine "
+                "deletes it only once a `pulumi up` has lifted its protect. First apply the stack "
+                f"with the acknowledgement and {holder} still in it, then remove it (or `pulumi "
+                f"state unprotect '{step.urn}'`)"
             )
     for cause, names in sorted(others.items(), key=lambda item: -len(item[1])):
         shown = ", ".join(names[:4]) + (f" and {len(names) - 4} more" if len(names) > 4 else "")
@@ -162,6 +184,145 @@ def _data(steps: list[Step], config: StackConfig, found: Consequences) -> None:
             f"{ACKNOWLEDGE} lifts protect from {holder}, which this change does not lose; once "
             "the change that loses it is applied, remove the entry"
         )
+
+
+def _on_shared_file_system(store: str, what: str, config: StackConfig) -> str:
+    on_it = sorted(j.name for j in config.jobs if j.checkpoint == store)
+    resumed = (
+        f"; {', '.join(on_it)} checkpoint there and resume from what reached the bucket"
+        if on_it and store == "fsx"
+        else f"; {', '.join(on_it)} checkpoint there"
+        if on_it
+        else ""
+    )
+    return (
+        f"every pod that mounts {what} loses it, and the update waits for them: stop the jobs, "
+        f"TrainJobs, TensorBoards (and DevServers, for EFS) that use it first{resumed}"
+    )
+
+
+# Holders that running pods mount: what losing one does to them.
+MOUNTED = {
+    FSX: lambda config: _on_shared_file_system("fsx", "FSx for Lustre", config),
+    EFS: lambda config: _on_shared_file_system("efs", "EFS", config),
+}
+
+
+def deleting_updates(steps: list[Step]) -> list[tuple[str, str]]:
+    """(holder, what it deletes) of the in-place updates that delete data: a shorter expiry in
+    the bucket's lifecycle deletes what it no longer keeps as soon as S3 applies it (daily)."""
+    found = []
+    for step in steps:
+        if step.type != LIFECYCLE or step.op != UPDATE:
+            continue
+        old = {r.get("id"): r for r in listed(dig(step.old.inputs, "rules"))}
+        for rule in listed(dig(step.new.inputs, "rules")):
+            before = old.get(rule.get("id")) or {}
+            for path, kept in (
+                (("expiration", "days"), "objects"),
+                (("noncurrentVersionExpiration", "noncurrentDays"), "old versions of objects"),
+            ):
+                was, now = dig(before, *path), dig(rule, *path)
+                if was and now and now < was:
+                    prefix = dig(rule, "filter", "prefix") or "the bucket"
+                    found.append(
+                        (
+                            BUCKET,
+                            f"{step.name} ({BUCKET}) would be updated to delete the {kept} "
+                            f"under {prefix} {now} to {was} days old (rule {rule.get('id')}: "
+                            f"{was} -> {now} days)",
+                        )
+                    )
+    return found
+
+
+def _expiring(steps: list[Step], config: StackConfig, found: Consequences) -> None:
+    for holder, line in deleting_updates(steps):
+        found.losses.append(line)
+        if holder not in config.released:
+            found.refusals.append(
+                f"data-loss: {line}; to accept it, add {{holder: {holder}, reason: ...}} to "
+                f"{ACKNOWLEDGE}"
+            )
+
+
+def _minor(version: object) -> tuple[int, int]:
+    major, minor = str(version).split(".")[:2]
+    return int(major), int(minor)
+
+
+def _version_changes(steps: list[Step]) -> set[tuple[str, str]]:
+    return {
+        (str(s.old.inputs.get("version")), str(s.new.inputs.get("version")))
+        for s in steps
+        if s.type in EKS_CLUSTERS and s.op == UPDATE and "version" in s.reasons
+    }
+
+
+def _versions(steps: list[Step], found: Consequences) -> None:
+    """EKS upgrades a control plane one minor version at a time and never downgrades one
+    (Amazon EKS user guide, "Update existing cluster to new Kubernetes version")."""
+    for old, new in sorted(_version_changes(steps)):
+        (old_major, old_minor), (new_major, new_minor) = _minor(old), _minor(new)
+        if (new_major, new_minor) < (old_major, old_minor):
+            why = "EKS never downgrades a control plane"
+        elif new_major != old_major or new_minor > old_minor + 1:
+            why = "EKS upgrades one minor version at a time"
+        else:
+            continue
+        found.refusals.append(
+            f"kubernetes-version: cluster.kubernetesVersion {old} -> {new}: {why}; allowed: "
+            f"{old}, or {old_major}.{old_minor + 1}"
+        )
+
+
+def _flavors(steps: list[Step], found: Consequences) -> None:
+    """The DevServer operator replaces the pods of every server of a changed flavor, and stops
+    those of a deleted one (devservers/operator.py on_flavor, controller.py _refused)."""
+    for step in steps:
+        if step.type != FLAVOR or step.op == CREATE:
+            continue
+        name = dig((step.new or step.old).inputs, "metadata", "name")
+        if step.op == DELETE:
+            found.restarts.append(
+                f"DevServer flavor {name} is deleted: the servers of that flavor stop (homes "
+                "stay) until their owners pick another"
+            )
+        else:
+            fields = sorted({p.split(".")[1].split("[")[0] for p in step.reasons if "." in p})
+            found.restarts.append(
+                f"DevServer flavor {name} changes ({', '.join(fields) or 'spec'}): every server "
+                "of that flavor restarts on new pods (homes stay; what runs in them ends)"
+            )
+
+
+def _subnets(steps: list[Step], found: Consequences) -> None:
+    """AWS refuses to delete a subnet while network interfaces are in it (EC2 DeleteSubnet:
+    DependencyViolation): its nodes must go first."""
+    for step in steps:
+        if step.type == SUBNET and step.op in (DELETE, REPLACE):
+            found.notes.append(
+                f"subnet {step.name} is {'deleted' if step.op == DELETE else 'replaced'}: AWS "
+                "refuses while a node, a mount target or a load balancer is in it, so the update "
+                "fails until they are gone; Karpenter drifts its nodes (those running a job "
+                "keep it: move them with deploy.roll)"
+            )
+
+
+def _claims(steps: list[Step], found: Consequences) -> None:
+    """A claim bound to another volume keeps its name: the pods that mount it see other files from
+    their next start, while the old volume keeps its own (a Retain volume stays, Released)."""
+    for step in steps:
+        rebound = [
+            r for r in step.reasons if r.startswith(("spec.volumeName", "spec.storageClass"))
+        ]
+        if step.type == CLAIM and step.op == REPLACE and rebound:
+            meta = step.new.inputs.get("metadata") or {}
+            found.notes.append(
+                f"claim {meta.get('namespace')}/{meta.get('name')} is bound to another volume "
+                f"({', '.join(rebound)}): its pods see that volume's files from their next start "
+                "(the old volume's stay on it): copy across what they must keep seeing"
+            )
 
 
 def _pool_nodes(step: Step) -> str:
@@ -175,12 +336,7 @@ def _drift(steps: list[Step], config: StackConfig, found: Consequences) -> set[s
     pools = {
         dig((s.new or s.old).inputs, "metadata", "name"): s for s in steps if s.type == NODEPOOL
     }
-    version = next(
-        (s for s in steps if s.type == EKS_CLUSTER and s.op == UPDATE and "version" in s.reasons),
-        None,
-    )
-    if version is not None:
-        old, new = version.old.inputs.get("version"), version.new.inputs.get("version")
+    for old, new in sorted(_version_changes(steps))[:1]:
         for pool in config.node_pools:
             drifted[pool.name] = (
                 f"{pool.name}: every node (AMI for Kubernetes {old} -> {new}); up to "
@@ -250,9 +406,16 @@ def _jobs(
         if step.op == DELETE:
             found.restarts.append(f"job {name} is deleted: its pods are killed (checkpoints stay)")
         elif step.op == REPLACE:
+            old, new = _checkpoints(step.old), _checkpoints(step.new)
+            resumes = (
+                "it restarts from its newest checkpoint"
+                if old == new
+                else f"it starts again from step 0 at {new[1]} in {new[0]}: its checkpoints stay "
+                f"at {old[1]} in {old[0]}"
+            )
             found.restarts.append(
-                f"job {name} is deleted and created again ({', '.join(step.reasons[:2])}): it "
-                "restarts from its newest checkpoint"
+                f"job {name} is deleted and created again ({', '.join(step.reasons[:2])}): "
+                f"{resumes}"
             )
         else:
             restarting = _kueue_restarts(step)
@@ -272,6 +435,12 @@ def _jobs(
                 f"no terminationGracePeriod); to move it now, restarting it once: "
                 f".venv/bin/python -m deploy.roll --stack {stack} --pool {job.node_pool}"
             )
+
+
+def _checkpoints(job) -> tuple[str, str | None]:
+    """(namespace, --checkpoint-dir) of a job: a shared file system's path is its namespace's."""
+    found = re.search(r'"--checkpoint-dir", "([^"]+)"', json.dumps(job.inputs.get("spec")))
+    return str(dig(job.inputs, "metadata", "namespace")), found.group(1) if found else None
 
 
 def _runtimes(steps: list[Step], found: Consequences) -> None:
@@ -318,16 +487,15 @@ def _kueue_restarts(step: Step) -> list[str]:
 
 
 def _controllers(steps: list[Step], found: Consequences) -> None:
+    for old, new in sorted(_version_changes(steps)):
+        found.notes.append(
+            f"the EKS control plane upgrades {old} -> {new} first; add-ons and the system node "
+            "group follow it (docs/platform/upgrades.md)"
+        )
     for step in steps:
         if step.op != UPDATE:
             continue
-        if step.type == EKS_CLUSTER and "version" in step.reasons:
-            found.notes.append(
-                f"the EKS control plane upgrades {step.old.inputs.get('version')} -> "
-                f"{step.new.inputs.get('version')} first; add-ons and the system node group "
-                "follow it (docs/platform/upgrades.md)"
-            )
-        elif step.type == NODE_GROUP and any(
+        if step.type == NODE_GROUP and any(
             p.startswith(("version", "launchTemplate.version", "releaseVersion"))
             for p in step.reasons
         ):

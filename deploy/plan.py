@@ -31,7 +31,8 @@ from deploy.steps import plan_steps
 from devservers.api import user_namespace
 from infra.catalog import HOURS_PER_MONTH
 from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
-from infra.components.lustre import CLAIM as FSX_CLAIM
+from infra.components.lustre import CHECKPOINTS_CLAIM as FSX_CHECKPOINTS_CLAIM
+from infra.components.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
 from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import (
@@ -392,8 +393,9 @@ def storage_rows(config: StackConfig) -> list[str]:
             [
                 "FSx for Lustre",
                 f"PERSISTENT_2 {fsx.storage_capacity_gib} GiB, "
-                f"{fsx.throughput_per_tib} MB/s/TiB, s3://<bucket>/{fsx.dataset_prefix}; "
-                f"claim {FSX_CLAIM}",
+                f"{fsx.throughput_per_tib} MB/s/TiB; claims {FSX_CHECKPOINTS_CLAIM} (the "
+                f"team's own) and {FSX_DATASETS_CLAIM} (s3://<bucket>/{fsx.dataset_prefix}, "
+                "read-only) in every team namespace",
             ]
         )
     return table(["store", "configuration"], rows)
@@ -666,7 +668,7 @@ def main(argv: list[str] | None = None) -> int:
     refusals = effects.refusals if effects else []
     print(f"\nPolicies: {len(violations) + len(refusals)} violations")
     for refusal in refusals:
-        print(f"  [mandatory] data-loss: {refusal}")
+        print(f"  [mandatory] {refusal}")
     for violation in violations:
         print(f"  {violation}")
     mandatory = refusals or any(v.enforcement == "mandatory" for v in violations)

@@ -59,7 +59,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"What this change does to what exists ({args.stack}, from the real preview):")
     print("\n".join(effects.lines()))
     for refusal in effects.refusals:
-        print(f"[mandatory] data-loss: {refusal}")
+        print(f"[mandatory] {refusal}")
     for error in errors:
         print(f"[engine] {error}")
     return 1 if effects.refusals or errors else 0

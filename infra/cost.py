@@ -735,6 +735,8 @@ FREE: dict[str, str] = {
     "(the bucket's storage and requests are usage)",
     "aws:s3/bucketOwnershipControls:BucketOwnershipControls": "bucket configuration",
     "aws:s3/bucketPolicy:BucketPolicy": "bucket configuration",
+    "aws:s3/bucketObjectv2:BucketObjectv2": "an empty object (FSx's team marker): its PUT and "
+    "storage are too small to price",
     "aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock": "bucket configuration",
     "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration": (
         "bucket configuration (SSE-KMS requests bill on the key's request rate, usage)"

@@ -50,8 +50,10 @@ LOSSES = {
     BUCKET: "every dataset, checkpoint and model in the training bucket (and with its KMS key, "
     "the ability to read them)",
     EFS: "every user's /shared and every team's EFS checkpoints (AWS Backup recovery points stay)",
-    FSX: "every file on FSx for Lustre; checkpoints and datasets that reached S3 through the data "
-    "repository associations stay, files not yet exported are lost (a final backup is taken)",
+    FSX: "every file on FSx for Lustre not yet exported to the bucket (FSx backs up no file "
+    "system linked to S3); what the data repository associations exported stays, in "
+    "s3://<bucket>/fsx/checkpoints/ and the dataset prefix, and a new file system imports it "
+    "again: export what is pending first (docs: day two, FSx)",
     "devServers.users": "the user's namespace: her DevServers stop, her LocalQueue and quota go; "
     "her homes are kept as Released volumes (StorageClass reclaimPolicy Retain)",
     "queues.teams": "the team's namespace: its running jobs are killed and its claims deleted; "

@@ -10,7 +10,7 @@ its own trainer settings over them.
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from infra.components.lustre import CLAIM as FSX_CLAIM
+from infra.components.lustre import CHECKPOINTS_CLAIM as FSX_CLAIM
 from infra.components.node_pools import POOL_LABEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.declared import (

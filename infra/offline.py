@@ -79,10 +79,23 @@ class RecordedResource:
             provider=entry["provider"],
             dependencies=entry["dependencies"],
             inputs=entry["inputs"],
-            custom=entry["custom"],
+            custom=entry.get("custom", _custom(entry["type"])),
             protect=entry.get("protect", False),
             outputs=entry.get("outputs", {}),
         )
+
+
+# The packaged (multi-language) components the program registers: with its own components, all
+# that is not a custom resource. For plans written before `custom` was recorded.
+PACKAGED_COMPONENTS = {
+    "eks:index:Cluster",
+    "kubernetes:kustomize/v2:Directory",
+    "kubernetes:helm.sh/v4:Chart",
+}
+
+
+def _custom(type_: str) -> bool:
+    return not type_.startswith(f"{PROJECT}:") and type_ not in PACKAGED_COMPONENTS
 
 
 @dataclass

@@ -216,3 +216,40 @@ def test_plan_entries_round_trip(tmp_path):
         json.dumps([r.as_plan_entry() for r in plan.resources])
     )
     assert again.region == plan.region and not plan_steps(plan, again)
+
+
+def test_a_plan_written_before_its_later_fields_is_compared_with(tmp_path):
+    """`make plan AGAINST_REF=<an older release>` reads the plan that release's code wrote: the
+    fields added since (custom, protect, outputs) take what such a resource had."""
+    from deploy.plan import PLAN_FILE, read_plan, write_plan
+
+    plan = plan_of("dev")
+    write_plan(plan, tmp_path)
+    entries = json.loads((tmp_path / PLAN_FILE).read_text())
+    for entry in entries:
+        for later in ("custom", "protect", "outputs"):
+            entry.pop(later)
+    (tmp_path / PLAN_FILE).write_text(json.dumps(entries))
+    again = read_plan(tmp_path, "dev")
+    assert [r.custom for r in again.resources] == [r.custom for r in plan.resources]
+
+
+def test_a_claim_bound_to_another_volume_is_named():
+    """Its name stays, its files do not: what moving the EFS claims to access points did to
+    stacks deployed before (their claims' new volumes are new directories)."""
+    old = plan_of("prod")
+    new = copy.deepcopy(old)
+    (claim,) = [
+        r
+        for r in new.of_type("kubernetes:core/v1:PersistentVolumeClaim")
+        if r.inputs["metadata"] == {"name": "efs-shared", "namespace": "team-a"}
+    ]
+    claim.inputs["spec"]["volumeName"] = "efs-elsewhere"
+    effects = consequences(
+        plan_steps(old, new), parse_stack_config(stack_values("prod"), "p"), "prod"
+    )
+    assert effects.notes == [
+        "claim team-a/efs-shared is bound to another volume (spec.volumeName): its pods see that "
+        "volume's files from their next start (the old volume's stay on it): copy across what "
+        "they must keep seeing"
+    ]

@@ -10,7 +10,7 @@ loses data without an INVENTORY line fails the test.
 
 import pytest
 
-from deploy.day_two import consequences, holder_of
+from deploy.day_two import consequences, deleting_updates, holder_of
 from deploy.program import build_platform
 from deploy.steps import DELETE, REPLACE, plan_steps
 from infra.config import parse_stack_config
@@ -33,6 +33,8 @@ INVENTORY = {
     "storage.efs.enabled": {"storage.efs"},
     "storage.fsx.enabled (and the jobs on it)": {"storage.fsx"},
     "storage.fsx.storageCapacityGib 4800 -> 2400": {"storage.fsx"},
+    # S3 deletes the checkpoints the shorter expiry no longer keeps (an update in place).
+    "storage.bucket.checkpointRetentionDays shorter": {"storage.bucket"},
     "devServers.enabled": {CAROL, "images"},
     "devServers.operatorImage.uri": {"images"},
     "karpenter.gpuRegistrationWatchImage.uri": {"images"},
@@ -83,6 +85,13 @@ def _smaller_fsx(values: dict) -> dict:
     return {**values, "training-platform:storage": {**storage, "fsx": fsx}}
 
 
+def _shorter_retention(values: dict) -> dict:
+    storage = _section(values, "storage")
+    days = storage.get("bucket", {}).get("checkpointRetentionDays", 30)
+    bucket = {**storage.get("bucket", {}), "checkpointRetentionDays": days - 1}
+    return {**values, "training-platform:storage": {**storage, "bucket": bucket}}
+
+
 def _mpi_nodes(values: dict) -> dict:
     jobs = [
         {**j, "minNodes": 2, "maxNodes": 2} if j["kind"] == "MPIJob" else j
@@ -130,6 +139,7 @@ COORDINATED = [
     Edit("region (and the EFA pool's zone)", _region),
     Edit("storage.fsx.enabled (and the jobs on it)", _without_fsx),
     Edit("storage.fsx.storageCapacityGib 4800 -> 2400", _smaller_fsx),
+    Edit("storage.bucket.checkpointRetentionDays shorter", _shorter_retention),
     Edit("jobs[gpt-large-mpi].minNodes and maxNodes", _mpi_nodes),
     Edit("jobs[gpt-large-mpi].args", _mpi_args),
     Edit("karpenter.amiAlias", _ami),
@@ -232,6 +242,7 @@ def test_every_key_edit_that_loses_data_is_in_the_inventory_and_refused(base):
         after = run_offline(lambda c=config: build_platform(c), STACK, edited, None, plan.outputs)
         steps = plan_steps(plan, after)
         lost = {holder_of(s.old) for s in steps if s.op in (REPLACE, DELETE)} - {None}
+        lost |= {holder for holder, _ in deleting_updates(steps)}
         expected = set().union(*(INVENTORY.get(e.key, set()) for e in batch))
         assert lost == expected, ([e.key for e in batch], lost ^ expected)
         effects = consequences(steps, config, STACK)

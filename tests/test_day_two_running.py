@@ -143,3 +143,79 @@ def test_an_upgrade_rolls_every_pool_and_the_system_nodes_without_losing_data():
     notes = " ".join(effects.notes)
     assert "control plane upgrades 1.34 -> 1.35 first" in notes
     assert "node group cluster-system: EKS replaces its nodes one at a time" in notes
+
+
+def test_a_kubernetes_downgrade_is_refused_as_eks_refuses_it(base):
+    effects, _ = effects_of(base, cluster={"kubernetesVersion": "1.34"})
+    assert effects.refusals == [
+        "kubernetes-version: cluster.kubernetesVersion 1.35 -> 1.34: EKS never downgrades a "
+        "control plane; allowed: 1.35, or 1.36"
+    ]
+
+
+def test_a_real_previews_cluster_resource_drifts_the_pools_and_skips_no_version():
+    """A real preview names the control plane aws:eks/cluster:Cluster (pulumi-eks's child), not
+    the component the offline plan records: the same rules hold for it."""
+    old_config, old_values = planned(cluster={"kubernetesVersion": "1.34"})
+    old = run_offline(lambda: build_platform(old_config), STACK, old_values)
+    config, values = planned()
+    new = run_offline(lambda: build_platform(config), STACK, values, None, old.outputs)
+    steps = plan_steps(old, new)
+    for step in steps:
+        if step.type == EKS:
+            step.type = "aws:eks/cluster:Cluster"
+    effects = consequences(steps, config, STACK)
+    assert len(effects.drifts) == 3 and "control plane upgrades 1.34 -> 1.35" in effects.notes[0]
+    # Two minor versions at once: EKS refuses it, so does the plan.
+    (cluster,) = [s for s in steps if s.type == "aws:eks/cluster:Cluster"]
+    cluster.old.inputs["version"] = "1.33"
+    assert consequences(steps, config, STACK).refusals == [
+        "kubernetes-version: cluster.kubernetesVersion 1.33 -> 1.35: EKS upgrades one minor "
+        "version at a time; allowed: 1.33, or 1.34"
+    ]
+
+
+def test_losing_fsx_names_the_running_work_on_it(base):
+    fsx = stack_values(STACK)["training-platform:storage"]["fsx"]
+    ack = [{"holder": "storage.fsx", "reason": "shrink"}]
+    effects, _ = effects_of(
+        base, storage={"fsx": {**fsx, "storageCapacityGib": 2400}}, acknowledgeDataLoss=ack
+    )
+    assert not effects.refusals
+    (line,) = [r for r in effects.restarts if "FSx for Lustre" in r]
+    assert line.startswith("every pod that mounts FSx for Lustre loses it")
+    assert "gpt-large checkpoint there and resume from what reached the bucket" in line
+
+
+def test_a_flavor_edit_restarts_its_servers_and_a_removed_one_stops_them(base):
+    flavors = stack_values(STACK)["training-platform:devServers"]["flavors"]
+    smaller = [{**f, "cpu": 6} if f["name"] == "gpu-1" else f for f in flavors]
+    effects, _ = effects_of(base, devServers={"flavors": smaller})
+    assert effects.restarts == [
+        "DevServer flavor gpu-1 changes (resources): every server of that flavor restarts on new "
+        "pods (homes stay; what runs in them ends)"
+    ]
+    effects, _ = effects_of(base, devServers={"flavors": flavors[:1]})
+    assert effects.restarts == [
+        "DevServer flavor a100-8 is deleted: the servers of that flavor stop (homes stay) until "
+        "their owners pick another"
+    ]
+
+
+def test_fewer_zones_say_the_subnets_nodes_must_go_first(base):
+    effects, _ = effects_of(base, network={"azCount": 2})
+    deleted = [n for n in effects.notes if n.startswith("subnet ")]
+    assert {n.split(" ")[1] for n in deleted} >= {"network-private-2", "network-public-2"}
+    assert all("AWS refuses while a node" in n for n in deleted)
+
+
+def test_a_job_moved_to_another_queue_starts_again_from_step_0(base):
+    jobs = stack_values(STACK)["training-platform:jobs"]
+    moved = [{**j, "queue": "team-a"} if j["name"] == "gpt-large-mpi" else j for j in jobs]
+    effects, _ = effects_of(base, jobs=moved)
+    (line,) = [r for r in effects.restarts if r.startswith("job gpt-large-mpi")]
+    assert (
+        "it starts again from step 0 at s3://" in line
+        and "/checkpoints/team-a/gpt-large-mpi in team-a: its checkpoints stay at" in line
+        and "/checkpoints/research-jobs/gpt-large-mpi in research-jobs" in line
+    )

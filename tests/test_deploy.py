@@ -876,7 +876,10 @@ def test_job_roles_may_use_the_bucket_key_when_the_bucket_is_sse_kms(prod_plan, 
 
 def test_fsx_checkpoints_are_writable_by_the_trainer_user(prod_plan):
     (job,) = [
-        r for t in JOBS for r in prod_plan.of_type(t) if "/fsx/" in json.dumps(r.inputs["spec"])
+        r
+        for t in JOBS
+        for r in prod_plan.of_type(t)
+        if '"--checkpoint-dir", "/fsx/' in json.dumps(r.inputs["spec"])
     ]
     for template in pod_templates(job.inputs):
         if "initContainers" not in template["spec"]:

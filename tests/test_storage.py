@@ -7,6 +7,7 @@ import pytest
 
 from infra.components.bucket import prefix_access_policy
 from infra.config import ConfigError, parse_stack_config
+from infra.data_holders import FSX, loss
 from infra.versions import DEFAULT_KUBERNETES_VERSION, KUBERNETES_VERSIONS
 from tests.conftest import stack_values
 
@@ -146,6 +147,14 @@ def test_default_gp3_storage_class(dev_plan):
     assert gp3["metadata"]["annotations"] == {"storageclass.kubernetes.io/is-default-class": "true"}
 
 
+@pytest.mark.parametrize("name", ["gp3", "gp3-home"])
+def test_every_volume_is_tagged_with_its_cluster_and_namespace(dev_plan, name):
+    """What finds the volumes a destroyed cluster left (docs: upgrades, destroy cleanly)."""
+    parameters = storage_class(dev_plan, name)["parameters"]
+    assert parameters["tagSpecification_1"] == "training-platform:cluster=tp-dev"
+    assert parameters["tagSpecification_2"] == "training-platform:namespace={{ .PVCNamespace }}"
+
+
 def cluster_sg(plan):
     return plan.one("aws:ec2/tag:Tag", "cluster-cluster-sg-discovery").inputs["resourceId"]
 
@@ -230,7 +239,7 @@ def test_datasets_and_checkpoints_sync_both_ways_with_the_bucket(prod_plan):
         assert inputs["s3"]["autoExportPolicy"]["events"] == ["NEW", "CHANGED", "DELETED"]
         assert inputs["batchImportMetaDataOnCreate"] is True
         assert bucket.urn in dra.dependencies
-    assert paths == {"/datasets": "datasets", "/checkpoints": "checkpoints/_fsx"}
+    assert paths == {"/datasets": "datasets", "/checkpoints": "fsx/checkpoints"}
     # Jobs checkpointing to FSx write under the exported path.
     job = prod_plan.one("kubernetes:kubeflow.org/v1:PyTorchJob").inputs
     command = job["spec"]["pytorchReplicaSpecs"]["Worker"]["template"]["spec"]["containers"][0]
@@ -238,11 +247,26 @@ def test_datasets_and_checkpoints_sync_both_ways_with_the_bucket(prod_plan):
     assert checkpoint.startswith("/fsx/checkpoints/")
 
 
-def test_fsx_is_backed_up_daily_and_on_deletion(prod_plan):
+def test_fsx_asks_for_no_backup_aws_refuses_and_its_export_is_outside_the_retention(prod_plan):
+    """FSx backs up no file system linked to S3 ("Backups cannot be enabled on S3-linked file
+    systems": FSx API reference, DeleteFileSystem; Lustre user guide, Protecting your data with
+    backups): what keeps its files is their export, which the bucket's checkpoint expiry must not
+    reach (the trainer's --keep-last prunes the FSx copies, and the export with them)."""
     fsx = prod_plan.one("aws:fsx/lustreFileSystem:LustreFileSystem").inputs
-    assert fsx["automaticBackupRetentionDays"] == 7
-    # The provider skips the final backup unless told not to.
-    assert fsx["skipFinalBackup"] is False
+    assert fsx["automaticBackupRetentionDays"] == 0 and fsx["skipFinalBackup"] is True
+    (lifecycle,) = prod_plan.of_type(
+        "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+    )
+    expiring = [r["filter"]["prefix"] for r in lifecycle.inputs["rules"] if "expiration" in r]
+    (export,) = [
+        d.inputs["dataRepositoryPath"]
+        for d in prod_plan.of_type(DRA)
+        if d.inputs["fileSystemPath"] == "/checkpoints"
+    ]
+    assert expiring == ["checkpoints/"]
+    assert not export.split("/", 3)[3].startswith("checkpoints/")
+    # What the plan tells an engineer about to lose it: the export, not a backup.
+    assert "not yet exported" in loss(FSX) and "s3://<bucket>/fsx/checkpoints/" in loss(FSX)
 
 
 def fsx_id(plan):
@@ -261,20 +285,22 @@ def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod
     namespaces = {"team-a", "team-b", "research-jobs"}
     # DevServer users (dev-<user>) share the EFS claim too.
     assert set(claims) == {
-        (ns, c) for ns in namespaces for c in ("fsx-training-data", "efs-shared")
+        (ns, c) for ns in namespaces for c in ("fsx-checkpoints", "fsx-datasets", "efs-shared")
     } | {("dev-carol", "efs-shared")}
     access_points = {
         a.inputs["rootDirectory"]["path"]: a
         for a in prod_plan.of_type("aws:efs/accessPoint:AccessPoint")
     }
+    mount_name = prod_plan.one("aws:fsx/lustreFileSystem:LustreFileSystem").outputs["mountName"]
     for (namespace, name), spec in claims.items():
-        assert spec["accessModes"] == ["ReadWriteMany"]
         volume = volumes[spec["volumeName"]]
         assert volume["persistentVolumeReclaimPolicy"] == "Retain"
+        # Only this namespace's claim may bind it.
+        assert volume["claimRef"] == {"namespace": namespace, "name": name}
         if name == "efs-shared":
+            assert spec["accessModes"] == ["ReadWriteMany"]
             # Its own access point, rooted in the namespace's own directory, as one user.
             point = access_points[f"/namespaces/{namespace}"]
-            assert volume["claimRef"] == {"namespace": namespace, "name": "efs-shared"}
             assert volume["csi"]["volumeHandle"] == f"{efs_id(prod_plan)}::{point.outputs['id']}"
             assert point.inputs["posixUser"] == {"uid": 10001, "gid": 10001}
             assert point.inputs["rootDirectory"]["creationInfo"]["permissions"] == "750"
@@ -282,14 +308,38 @@ def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod
         assert spec["storageClassName"] == "" and volume["storageClassName"] == ""
         assert spec["resources"]["requests"]["storage"] == volume["capacity"]["storage"] == "4800Gi"
         assert volume["csi"]["driver"] == "fsx.csi.aws.com"
-        assert (
-            volume["csi"]["volumeHandle"].startswith("fs-")
-            and volume["persistentVolumeReclaimPolicy"] == "Retain"
-        )
-        assert set(volume["csi"]["volumeAttributes"]) == {"dnsname", "mountname"}
+        assert volume["csi"]["volumeHandle"] == fsx_id(prod_plan)
+        # A Lustre subdirectory mount of the team's own directory, or of the datasets read-only:
+        # never the file system's root.
+        attributes = volume["csi"]["volumeAttributes"]
+        assert set(attributes) == {"dnsname", "mountname"}
+        if name == "fsx-checkpoints":
+            assert attributes["mountname"] == f"{mount_name}/checkpoints/{namespace}"
+            assert spec["accessModes"] == volume["accessModes"] == ["ReadWriteMany"]
+            assert volume["csi"]["readOnly"] is False
+        else:
+            assert attributes["mountname"] == f"{mount_name}/datasets"
+            assert spec["accessModes"] == volume["accessModes"] == ["ReadOnlyMany"]
+            assert volume["csi"]["readOnly"] is True
     fsx_volumes = [v for v in volumes.values() if v["csi"]["driver"] == "fsx.csi.aws.com"]
-    assert len(fsx_volumes) == 3 and len(access_points) == 4
-    assert {v["csi"]["volumeHandle"] for v in fsx_volumes} == {fsx_id(prod_plan)}
+    assert len(fsx_volumes) == 6 and len(access_points) == 4
+
+
+def test_a_teams_fsx_directory_is_made_by_importing_its_marker_before_its_volume(prod_plan):
+    """A subdirectory mount needs the directory, and no pod reaches the root to make it: FSx
+    makes /checkpoints/<namespace> when it imports the team's object under the export prefix."""
+    markers = {r.name: r for r in prod_plan.of_type("aws:s3/bucketObjectv2:BucketObjectv2")}
+    bucket = prod_plan.one("aws:s3/bucket:Bucket")
+    for team, namespace in (
+        ("team-a", "team-a"),
+        ("team-b", "team-b"),
+        ("research", "research-jobs"),
+    ):
+        marker = markers[f"fsx-{team}"]
+        assert marker.inputs["key"] == f"fsx/checkpoints/{namespace}/.team"
+        assert marker.inputs["bucket"] == bucket.outputs["bucket"]
+        volume = prod_plan.one("kubernetes:core/v1:PersistentVolume", f"fsx-checkpoints-{team}")
+        assert marker.urn in volume.dependencies
 
 
 def efs_id(plan):
@@ -316,6 +366,14 @@ def efs_id(plan):
             "greater than or equal to 1",
         ),
         ({"fsx": {"datasetPrefix": "/abs"}}, "storage.fsx.datasetPrefix", "does not match"),
+        # FSx refuses associations whose bucket paths overlap: not over its checkpoints' export.
+        ({"fsx": {"datasetPrefix": "fsx"}}, "storage.fsx", "overlaps fsx/checkpoints/"),
+        ({"fsx": {"datasetPrefix": "fsx/checkpoints/x"}}, "storage.fsx", "overlaps"),
+        (
+            {"fsx": {"backupRetentionDays": 7}},
+            "storage.fsx",
+            "backupRetentionDays is gone: FSx takes no backups of a file system linked to S3",
+        ),
     ],
 )
 def test_invalid_storage_sizes_are_config_errors(storage, key_path, message):

@@ -16,9 +16,9 @@ from pathlib import Path
 
 from trainer.checkpoint import step_folders, step_name
 
-# Where job pods mount the shared file systems, and the team claims behind them
-# (workloads/manifests.py MOUNTS; a test keeps the two equal).
-CLAIMS = {"/fsx": "fsx-training-data", "/efs": "efs-shared"}
+# Where job pods mount the shared file systems' claims that hold checkpoints, and those claims
+# (the first of each store in workloads/manifests.py MOUNTS; a test keeps the two equal).
+CLAIMS = {"/fsx/checkpoints": "fsx-checkpoints", "/efs": "efs-shared"}
 # What the copy does in the team's namespace: create, read and delete its pod, and exec into it
 # (a websocket GET, authorized as `get` and, from Kubernetes 1.35, also as `create`).
 POD_RULES = [

@@ -11,7 +11,8 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.components.lustre import CLAIM as FSX_CLAIM
+from infra.components.lustre import CHECKPOINTS_CLAIM as FSX_CHECKPOINTS_CLAIM
+from infra.components.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
 from infra.components.placement import pod_placement
 from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
@@ -29,7 +30,29 @@ API_VERSIONS = {
 JOB_LABEL = "training-platform/job"
 # torchrun through trainer.launch, which hands the kubelet's SIGTERM to the workers (exit 0).
 LAUNCH = ["python", "-m", "trainer.launch", "-m", "trainer"]
-MOUNTS = {"fsx": ("/fsx", FSX_CLAIM), "efs": ("/efs", EFS_CLAIM)}
+
+
+@dataclass(frozen=True)
+class Mount:
+    """A claim of a team namespace as its pods mount it."""
+
+    volume: str
+    claim: str
+    path: str
+    read_only: bool = False
+
+
+# The shared file systems' claims, by store. The first of each holds the jobs' checkpoints, in
+# <its path>/checkpoints (EFS) or at its path (FSx: the team's own directory, infra/components/
+# lustre.py); FSx's datasets are read-only.
+MOUNTS = {
+    "efs": (Mount("efs", EFS_CLAIM, "/efs"),),
+    "fsx": (
+        Mount("fsx-checkpoints", FSX_CHECKPOINTS_CLAIM, "/fsx/checkpoints"),
+        Mount("fsx-datasets", FSX_DATASETS_CLAIM, "/fsx/datasets", read_only=True),
+    ),
+}
+CHECKPOINT_ROOTS = {"efs": "/efs/checkpoints", "fsx": "/fsx/checkpoints"}
 RDZV_PORT = 29500
 # Pods get this long after SIGTERM; the trainer saves a checkpoint and exits well inside it.
 GRACE_SECONDS = 120
@@ -101,7 +124,7 @@ def checkpoint_dir(job: JobConfig, namespace: str, bucket: str) -> str:
 
 
 def mounted_checkpoint_dir(job: JobConfig) -> str:
-    return f"{MOUNTS[job.checkpoint][0]}/checkpoints/{job.name}"
+    return f"{CHECKPOINT_ROOTS[job.checkpoint]}/{job.name}"
 
 
 def trainer_args(job: JobConfig, checkpoint: str) -> list[str]:
@@ -129,8 +152,9 @@ def _resources(pool: Pool) -> dict:
 def checkpoint_dir_init(image: str, directory: str) -> dict:
     """An init container that creates the job's checkpoint folder on FSx for the trainer's uid.
 
-    A Lustre file system's root belongs to root (0755) and has no access points, so the non-root
-    trainer could not create its folder. This runs as root with CHOWN and DAC_OVERRIDE only and
+    A team's directory on Lustre, made by FSx when it imports the team's marker object, belongs
+    to root (0755), and Lustre has no access points, so the non-root trainer could not create its
+    folder. This runs as root with CHOWN and DAC_OVERRIDE only and
     touches nothing but the job's own folder.
     """
     return {
@@ -147,7 +171,7 @@ def checkpoint_dir_init(image: str, directory: str) -> dict:
             "allowPrivilegeEscalation": False,
             "capabilities": {"drop": ["ALL"], "add": ["CHOWN", "DAC_OVERRIDE"]},
         },
-        "volumeMounts": [{"name": "fsx", "mountPath": MOUNTS["fsx"][0]}],
+        "volumeMounts": [{"name": MOUNTS["fsx"][0].volume, "mountPath": MOUNTS["fsx"][0].path}],
     }
 
 
@@ -219,10 +243,11 @@ def pod_template(
         }
     ]
     mounts = [{"name": "dshm", "mountPath": "/dev/shm"}]
-    for kind in sorted(pods.storage):
-        path, claim = MOUNTS[kind]
-        volumes.append({"name": kind, "persistentVolumeClaim": {"claimName": claim}})
-        mounts.append({"name": kind, "mountPath": path})
+    for mount in (m for kind in sorted(pods.storage) for m in MOUNTS[kind]):
+        read_only = {"readOnly": True} if mount.read_only else {}
+        claim = {"claimName": mount.claim, **read_only}
+        volumes.append({"name": mount.volume, "persistentVolumeClaim": claim})
+        mounts.append({"name": mount.volume, "mountPath": mount.path, **read_only})
     spec = {
         "serviceAccountName": pods.service_account,
         # Pod Identity mounts its own projected token (eks-pod-identity-token); the pods never

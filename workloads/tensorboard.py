@@ -20,7 +20,7 @@ from infra.components.iam import pod_identity_role
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import CHECKPOINT_PREFIX, TeamConfig
 from infra.config.queues import TENSORBOARD
-from workloads.manifests import CONTAINER_SECURITY, MOUNTS, TRAINER_UID
+from workloads.manifests import CHECKPOINT_ROOTS, CONTAINER_SECURITY, MOUNTS, TRAINER_UID
 
 NAME = TENSORBOARD
 PORT = 6006
@@ -34,7 +34,7 @@ def logdir_spec(namespace: str, bucket: str, storage: set[str]) -> str:
     """TensorBoard's --logdir_spec: the team's S3 prefix, and the checkpoint folders of its
     shared file systems (where workloads.manifests puts the jobs that checkpoint there)."""
     stores = [("s3", f"s3://{bucket}/{CHECKPOINT_PREFIX}{namespace}")]
-    stores += [(kind, f"{MOUNTS[kind][0]}/checkpoints") for kind in sorted(storage)]
+    stores += [(kind, CHECKPOINT_ROOTS[kind]) for kind in sorted(storage)]
     return ",".join(f"{name}:{path}" for name, path in stores)
 
 
@@ -42,11 +42,10 @@ def deployment(namespace: str, image, spec: str, region: str, storage: set[str])
     volumes = [{"name": "tmp", "emptyDir": {"sizeLimit": "256Mi"}}]
     mounts = [{"name": "tmp", "mountPath": "/tmp"}]  # TensorBoard's own info file
     for kind in sorted(storage):
-        path, claim = MOUNTS[kind]
-        volumes.append(
-            {"name": kind, "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
-        )
-        mounts.append({"name": kind, "mountPath": path, "readOnly": True})
+        mount = MOUNTS[kind][0]  # the one holding the checkpoints
+        claim = {"claimName": mount.claim, "readOnly": True}
+        volumes.append({"name": mount.volume, "persistentVolumeClaim": claim})
+        mounts.append({"name": mount.volume, "mountPath": mount.path, "readOnly": True})
     command = ["python", "-m", "trainer.tensorboard_server", "--logdir_spec", spec]
     command += ["--host", "127.0.0.1", "--port", str(PORT)]
     command += ["--reload_interval", str(RELOAD_SECONDS)]

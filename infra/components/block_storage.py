@@ -16,6 +16,18 @@ STORAGE_CLASS = "gp3"
 HOME_STORAGE_CLASS = "gp3-home"
 # The EBS CSI driver's parameters of both classes (aws-ebs-csi-driver docs/parameters.md).
 GP3_PARAMETERS = {"type": "gp3", "encrypted": "true", "fsType": "ext4"}
+# Tags the driver puts on each volume it creates (`tagSpecification_<n>: key=value`, with the
+# claim's namespace templated: aws-ebs-csi-driver docs/tagging.md): volumes a destroyed cluster
+# left behind (Released homes) are found by them (docs/platform/upgrades.md).
+VOLUME_CLUSTER_TAG = "training-platform:cluster"
+VOLUME_NAMESPACE_TAG = "training-platform:namespace"
+
+
+def volume_tags(cluster_name: str) -> dict[str, str]:
+    return {
+        "tagSpecification_1": f"{VOLUME_CLUSTER_TAG}={cluster_name}",
+        "tagSpecification_2": f"{VOLUME_NAMESPACE_TAG}={{{{ .PVCNamespace }}}}",
+    }
 
 
 class BlockStorage(pulumi.ComponentResource):
@@ -49,7 +61,7 @@ class BlockStorage(pulumi.ComponentResource):
                 class_name,
                 metadata={"name": class_name, "annotations": annotations},
                 provisioner="ebs.csi.aws.com",
-                parameters=GP3_PARAMETERS,
+                parameters={**GP3_PARAMETERS, **volume_tags(cluster.config_name)},
                 # Create the volume in the AZ the pod lands in, not before.
                 volume_binding_mode="WaitForFirstConsumer",
                 allow_volume_expansion=True,

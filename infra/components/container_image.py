@@ -17,6 +17,9 @@ from infra.paths import provider_path
 
 PLATFORMS = ["linux/amd64"]
 
+# How many builds a repository keeps: a job or runtime held at an older revision needs its
+# image to stay among them (deploy/day_two.py says so).
+KEPT_BUILDS = 50
 LIFECYCLE = {
     "rules": [
         {
@@ -32,8 +35,12 @@ LIFECYCLE = {
         },
         {
             "rulePriority": 2,
-            "description": "keep the newest 50 builds",
-            "selection": {"tagStatus": "any", "countType": "imageCountMoreThan", "countNumber": 50},
+            "description": f"keep the newest {KEPT_BUILDS} builds",
+            "selection": {
+                "tagStatus": "any",
+                "countType": "imageCountMoreThan",
+                "countNumber": KEPT_BUILDS,
+            },
             "action": {"type": "expire"},
         },
     ]

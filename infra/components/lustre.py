@@ -1,11 +1,19 @@
 """LustreFileSystem: FSx for Lustre PERSISTENT_2 linked to the bucket, its CSI driver and claims.
 
 Jobs read datasets and write checkpoints at Lustre speed. Two data repository associations link
-it to the bucket, each importing new, changed and deleted S3 objects and exporting the file
-system's changes back: the datasets (`storage.fsx.datasetPrefix`) and the checkpoints (/checkpoints
-with s3://<bucket>/checkpoints/_fsx/), so that no checkpoint lives only on a file system one edit
-can replace: a new file system imports them again. The file system holds data
-(infra/data_holders.py): protected, backed up daily, and backed up once more when deleted.
+the file system to the bucket, each importing new, changed and deleted S3 objects and exporting
+the file system's changes back: /datasets with `storage.fsx.datasetPrefix`, and /checkpoints with
+s3://<bucket>/fsx/checkpoints/. So no checkpoint lives only on a file system one edit can replace:
+a new file system imports them again. The file system holds data (infra/data_holders.py):
+protected. It has no backups (FSx backs up no file system linked to S3): what a deletion loses is
+what was written and not yet exported.
+
+Teams do not share it. A team's pods mount two subdirectories, never the root: /checkpoints/<its
+namespace>, read-write, at /fsx/checkpoints, and /datasets, read-only, at /fsx/datasets (the CSI
+driver mounts `<dns>@tcp:/<mountname>`, so a mount name with a path is a Lustre subdirectory
+mount, and a read-only volume is mounted `ro`: kubernetes-sigs/aws-fsx-csi-driver
+pkg/driver/node.go NodePublishVolume). Pods cannot mount anything else of it: baseline Pod
+Security refuses privileged pods and hostPath, and members create no volumes.
 """
 
 import json
@@ -16,19 +24,24 @@ import pulumi_kubernetes as k8s
 
 from infra.components.context import ClusterContext
 from infra.components.iam import csi_driver_addon
-from infra.config import CHECKPOINT_PREFIX, FsxConfig
+from infra.config import FSX_EXPORT_PREFIX, FsxConfig
 from infra.data_holders import FSX
 from infra.versions import LUSTRE_VERSION
 
 # Lustre clients talk to the file system servers on 988 and 1018-1023.
 LUSTRE_PORTS = [(988, 988), (1018, 1023)]
 SYNC_EVENTS = ["NEW", "CHANGED", "DELETED"]
-CLAIM = "fsx-training-data"
-# Where jobs' checkpoints go on the file system (workloads/manifests.py mounts it at /fsx), and
-# where in the bucket they are exported to: under the bucket's checkpoint retention, beside the S3
-# jobs' checkpoints/<namespace>/<job>; no namespace name has a `_`, so none collides.
+# The claims in each team namespace (workloads/manifests.py mounts them).
+CHECKPOINTS_CLAIM = "fsx-checkpoints"
+DATASETS_CLAIM = "fsx-datasets"
+# Where on the file system, and where in the bucket they are exported to: outside the bucket's
+# checkpoint retention (storage.bucket.checkpointRetentionDays), which would otherwise expire the
+# copies of checkpoints the trainer keeps on FSx (its --keep-last prunes both).
 CHECKPOINT_PATH = "/checkpoints"
-CHECKPOINT_EXPORT_PREFIX = f"{CHECKPOINT_PREFIX}_fsx"
+DATASET_PATH = "/datasets"
+# A team's directory there is made by importing this object of the bucket: a Lustre subdirectory
+# mount needs the directory, and no pod can reach the root to make it.
+TEAM_MARKER = ".team"
 
 
 def csi_policy() -> str:
@@ -102,13 +115,12 @@ class LustreFileSystem(pulumi.ComponentResource):
             security_group_ids=[group.id],
             file_system_type_version=LUSTRE_VERSION,
             data_compression_type="LZ4",
-            # Daily backups, kept `backupRetentionDays`; and one on deletion (the provider's
-            # default skips it: terraform-provider-aws aws_fsx_lustre_file_system,
-            # skip_final_backup Default true). copy_tags_to_backups is left at its default: a
-            # change to it replaces the file system.
-            automatic_backup_retention_days=config.backup_retention_days,
-            skip_final_backup=False,
-            final_backup_tags={**cluster.tags, "training-platform:final-backup": "true"},
+            # No backups: FSx takes none of a file system linked to S3, automatic, user-initiated
+            # or final ("Backups cannot be enabled on S3-linked file systems": FSx API reference,
+            # DeleteFileSystem; Lustre user guide, Protecting your data with backups). The
+            # export to the bucket is what keeps its files (docs/platform/day-two.md).
+            automatic_backup_retention_days=0,
+            skip_final_backup=True,
             tags=cluster.data.tags(FSX, cluster.tags),
             # FSx refuses to create a file system whose security group does not yet open 988.
             opts=pulumi.ResourceOptions(
@@ -116,8 +128,8 @@ class LustreFileSystem(pulumi.ComponentResource):
             ),
         )
         for suffix, path, prefix in (
-            ("", f"/{config.dataset_prefix}", config.dataset_prefix),
-            ("-checkpoints", CHECKPOINT_PATH, CHECKPOINT_EXPORT_PREFIX),
+            ("", DATASET_PATH, config.dataset_prefix),
+            ("-checkpoints", CHECKPOINT_PATH, FSX_EXPORT_PREFIX),
         ):
             aws.fsx.DataRepositoryAssociation(
                 f"{name}{suffix}",
@@ -145,41 +157,70 @@ class LustreFileSystem(pulumi.ComponentResource):
         self._k8s_opts = cluster.in_cluster(self, addon)
         self._name = name
         self._file_system = file_system
+        self._bucket_name = bucket_name
         self._capacity = f"{config.storage_capacity_gib}Gi"
-        self.register_outputs({"fileSystemId": file_system.id, "claim": CLAIM})
+        self.register_outputs(
+            {"fileSystemId": file_system.id, "claims": [CHECKPOINTS_CLAIM, DATASETS_CLAIM]}
+        )
 
     def claim_in(self, namespaces: dict[str, pulumi.Resource]) -> None:
-        """A volume and claim per namespace (a PersistentVolume binds one claim). Separate from
-        the driver, which the namespaces depend on and so must exist before them."""
+        """Each team's claims, each bound to a volume of its own (a PersistentVolume binds one
+        claim): its checkpoints directory and the datasets. Separate from the driver, which the
+        namespaces depend on and so must exist before them."""
         for team, namespace in namespaces.items():
-            volume = k8s.core.v1.PersistentVolume(
+            namespace_name = namespace.metadata.name
+            marker = aws.s3.BucketObjectv2(
                 f"{self._name}-{team}",
-                metadata={"name": f"fsx-{team}"},
-                spec={
-                    "capacity": {"storage": self._capacity},
-                    "accessModes": ["ReadWriteMany"],
-                    "persistentVolumeReclaimPolicy": "Retain",
-                    "storageClassName": "",
-                    "mountOptions": ["flock"],
-                    "csi": {
-                        "driver": "fsx.csi.aws.com",
-                        "volumeHandle": self._file_system.id,
-                        "volumeAttributes": {
-                            "dnsname": self._file_system.dns_name,
-                            "mountname": self._file_system.mount_name,
+                bucket=self._bucket_name,
+                key=pulumi.Output.concat(FSX_EXPORT_PREFIX, "/", namespace_name, "/", TEAM_MARKER),
+                content="",
+                opts=pulumi.ResourceOptions(parent=self),
+            )
+            for claim, directory, read_only, after in (
+                (
+                    CHECKPOINTS_CLAIM,
+                    pulumi.Output.concat(CHECKPOINT_PATH, "/", namespace_name),
+                    False,
+                    [marker],
+                ),
+                (DATASETS_CLAIM, DATASET_PATH, True, []),
+            ):
+                mode = "ReadOnlyMany" if read_only else "ReadWriteMany"
+                volume = k8s.core.v1.PersistentVolume(
+                    f"{self._name}-{claim.removeprefix('fsx-')}-{team}",
+                    metadata={"name": pulumi.Output.concat(claim, "-", namespace_name)},
+                    spec={
+                        "capacity": {"storage": self._capacity},
+                        "accessModes": [mode],
+                        "persistentVolumeReclaimPolicy": "Retain",
+                        "storageClassName": "",
+                        "mountOptions": ["flock"],
+                        "csi": {
+                            "driver": "fsx.csi.aws.com",
+                            "volumeHandle": self._file_system.id,
+                            "readOnly": read_only,
+                            "volumeAttributes": {
+                                "dnsname": self._file_system.dns_name,
+                                "mountname": pulumi.Output.concat(
+                                    self._file_system.mount_name, directory
+                                ),
+                            },
                         },
+                        # Only this namespace's claim may bind it.
+                        "claimRef": {"namespace": namespace_name, "name": claim},
                     },
-                },
-                opts=self._k8s_opts,
-            )
-            k8s.core.v1.PersistentVolumeClaim(
-                f"{self._name}-{team}",
-                metadata={"name": CLAIM, "namespace": namespace.metadata.name},
-                spec={
-                    "accessModes": ["ReadWriteMany"],
-                    "storageClassName": "",
-                    "volumeName": volume.metadata.name,
-                    "resources": {"requests": {"storage": self._capacity}},
-                },
-                opts=self._k8s_opts,
-            )
+                    opts=pulumi.ResourceOptions.merge(
+                        self._k8s_opts, pulumi.ResourceOptions(depends_on=after)
+                    ),
+                )
+                k8s.core.v1.PersistentVolumeClaim(
+                    f"{self._name}-{claim.removeprefix('fsx-')}-{team}",
+                    metadata={"name": claim, "namespace": namespace_name},
+                    spec={
+                        "accessModes": [mode],
+                        "storageClassName": "",
+                        "volumeName": volume.metadata.name,
+                        "resources": {"requests": {"storage": self._capacity}},
+                    },
+                    opts=self._k8s_opts,
+                )

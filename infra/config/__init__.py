@@ -45,13 +45,14 @@ from infra.config.pools import CapacityReservation, NodePoolConfig, image_target
 from infra.config.queues import QueuesConfig, TeamConfig, queue_shortfall
 from infra.config.runtimes import RuntimesConfig
 from infra.config.stack import StackConfig
-from infra.config.storage import CHECKPOINT_PREFIX, BucketConfig, FsxConfig
+from infra.config.storage import CHECKPOINT_PREFIX, FSX_EXPORT_PREFIX, BucketConfig, FsxConfig
 
 __all__ = [
     "AUTONAME_SUFFIX",
     "CHECKPOINT_PREFIX",
     "DOCUMENTATION_CIDRS",
     "FABRIC_MAX_BYTES",
+    "FSX_EXPORT_PREFIX",
     "GATEWAY_ENDPOINTS",
     "HYBRID_POOL",
     "IAM_ROLE_NAME_MAX",

@@ -33,6 +33,14 @@ class ConfigError(pulumi.RunError):
     """Invalid stack config. A RunError, so `pulumi up` prints the message without a traceback."""
 
 
+def retired(data: Any, key: str, why: str) -> Any:
+    """A model's raw data, unless it still has `key`, which an earlier version took: for a
+    `mode="before"` model validator, so that a stack file written for that version is told why."""
+    if isinstance(data, dict) and key in data:
+        raise ValueError(f"{key} is gone: {why}; allowed: remove {key}")
+    return data
+
+
 class Model(BaseModel):
     # strict: `minSize: true` or `maxNodes: "4"` is an error, not 1 or 4.
     model_config = ConfigDict(

@@ -20,6 +20,7 @@ from infra.config.base import (
     CpuInstanceType,
     K8sName,
     Model,
+    retired,
 )
 from infra.config.pools import NodePoolConfig, PoolCeiling, smallest_room
 
@@ -28,13 +29,6 @@ HYBRID_ALLOWED_RANGES = [
     ipaddress.IPv4Network(n)
     for n in ("10.0.0.0/8", "172.16.0.0/12", "192.168.0.0/16", "100.64.0.0/10")
 ]
-
-
-def _gone(data: Any, key: str, why: str) -> Any:
-    """A model's raw data, unless it still has `key`, which an earlier version took."""
-    if isinstance(data, dict) and key in data:
-        raise ValueError(f"{key} is gone: {why}; allowed: remove {key}")
-    return data
 
 
 def _public_ipv4(value: Any) -> ipaddress.IPv4Address:
@@ -153,7 +147,7 @@ class HybridMachine(Model):
     @model_validator(mode="before")
     @classmethod
     def _no_pod_cidr(cls, data: Any) -> Any:
-        return _gone(
+        return retired(
             data,
             "podCidr",
             "Cilium's cluster-pool IPAM now gives each node its slice of remotePodCidrs when it "
@@ -189,7 +183,7 @@ class SsmActivation(Model):
     @model_validator(mode="before")
     @classmethod
     def _no_registration_limit(cls, data: Any) -> Any:
-        return _gone(
+        return retired(
             data,
             "registrationLimit",
             "each machine has an activation of its own that admits one registration "

@@ -1,16 +1,18 @@
 """`storage`: the training bucket, EFS and FSx for Lustre."""
 
-from typing import Literal
+from typing import Any, Literal
 
 from pydantic import (
     Field,
     model_validator,
 )
 
-from infra.config.base import Model
+from infra.config.base import Model, retired
 
 # S3 prefix of job checkpoints in the training bucket (each job writes under its own subprefix).
 CHECKPOINT_PREFIX = "checkpoints/"
+# S3 prefix FSx exports its /checkpoints to (infra/components/lustre.py), outside the above.
+FSX_EXPORT_PREFIX = "fsx/checkpoints"
 
 
 class BucketConfig(Model):
@@ -57,16 +59,21 @@ class FsxConfig(Model):
     dataset_prefix: str = Field(
         default="datasets",
         pattern=r"^[a-zA-Z0-9!_.*'()-]+(/[a-zA-Z0-9!_.*'()-]+)*$",
-        description="The bucket prefix linked to the file system (import/export of new, "
-        "changed and deleted objects); no . or .. segment, not under checkpoints/.",
+        description="The bucket prefix linked to the file system's /datasets (import/export of "
+        "new, changed and deleted objects), which team pods read at /fsx/datasets; no . or .. "
+        "segment, not under checkpoints/ nor overlapping fsx/checkpoints.",
     )
-    backup_retention_days: int = Field(
-        default=7,
-        ge=0,
-        le=90,
-        description="Days FSx keeps its daily automatic backups (0 turns them off); a final "
-        "backup is taken when the file system is deleted either way.",
-    )
+
+    @model_validator(mode="before")
+    @classmethod
+    def _no_backups(cls, data: Any) -> Any:
+        return retired(
+            data,
+            "backupRetentionDays",
+            "FSx takes no backups of a file system linked to S3 (FSx for Lustre user guide, "
+            "Protecting your data with backups); what protects its files is their export to the "
+            "bucket (docs: day two)",
+        )
 
     @model_validator(mode="after")
     def _capacity(self) -> "FsxConfig":
@@ -81,6 +88,13 @@ class FsxConfig(Model):
             raise ValueError(
                 f"datasetPrefix {self.dataset_prefix!r} lies under the checkpoint prefix "
                 f"{CHECKPOINT_PREFIX}; allowed: a prefix outside it, such as datasets"
+            )
+        # FSx refuses data repository associations whose bucket paths overlap.
+        export = FSX_EXPORT_PREFIX.split("/")
+        if segments[: len(export)] == export or export[: len(segments)] == segments:
+            raise ValueError(
+                f"datasetPrefix {self.dataset_prefix!r} overlaps {FSX_EXPORT_PREFIX}/, where FSx "
+                "exports its checkpoints; allowed: a prefix outside it, such as datasets"
             )
         capacity = self.storage_capacity_gib
         if capacity != 1200 and (capacity < 2400 or capacity % 2400):
