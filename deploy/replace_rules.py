@@ -7,7 +7,8 @@ gate reads its steps instead (deploy/preview_gate.py).
 Sources (read 2026-11; the pinned releases are pulumi 3.272.0, pulumi-aws 7.51.1, pulumi-eks
 4.4.0, pulumi-kubernetes 4.34.2):
 - pulumi-aws bridges terraform-provider-aws v6 (pulumi/pulumi-aws PR #5665 moved to v6; the
-  exact tag behind 7.51.1 is at or after v6.46.0). A `ForceNew: true` argument, or a
+  exact tag behind 7.51.1 is at or after v6.66.0, whose new resources, such as aws_msk_channel,
+  its SDK has). A `ForceNew: true` argument, or a
   CustomizeDiff that calls `d.ForceNew`, is a replacement. Files: internal/service/<svc>/<res>.go
   of hashicorp/terraform-provider-aws; where the newest revision that could be read predates v6
   (FSx for Lustre, EKS node group, S3 bucket, EC2 instance), arguments added since are not here.
@@ -27,13 +28,30 @@ TF = "hashicorp/terraform-provider-aws internal/service"
 K8S = "pulumi/pulumi-kubernetes provider/pkg/provider/diff.go"
 
 
-def _capacity_decrease(old: dict, new: dict) -> list[str]:
+def _lustre_decreases(old: dict, new: dict) -> list[str]:
     """FSx for Lustre: a smaller storage capacity is a new file system
-    (resourceLustreFileSystemStorageCapacityCustomizeDiff)."""
-    before, after = old.get("storageCapacity"), new.get("storageCapacity")
-    if isinstance(before, int) and isinstance(after, int) and after < before:
-        return ["storageCapacity"]
-    return []
+    (resourceLustreFileSystemStorageCapacityCustomizeDiff), so are fewer metadata IOPS
+    (resourceLustreFileSystemMetadataConfigCustomizeDiff) and an older Lustre version (a newer
+    one upgrades in place: pulumi-aws 7.51.1's docs of file_system_type_version)."""
+    found = []
+    for path in ("storageCapacity", "metadataConfiguration.iops"):
+        before, after = _at(old, path), _at(new, path)
+        if isinstance(before, int) and isinstance(after, int) and after < before:
+            found.append(path)
+    before, after = old.get("fileSystemTypeVersion"), new.get("fileSystemTypeVersion")
+    if before and after and _version(str(after)) < _version(str(before)):
+        found.append("fileSystemTypeVersion")
+    return found
+
+
+def _at(inputs: dict, path: str) -> Any:
+    for key in path.split("."):
+        inputs = inputs.get(key) if isinstance(inputs, dict) else None
+    return inputs
+
+
+def _version(text: str) -> tuple[int, ...]:
+    return tuple(int(part) for part in text.split(".") if part.isdigit())
 
 
 def _encryption_removed(old: dict, new: dict) -> list[str]:
@@ -78,14 +96,13 @@ AWS_RULES: dict[str, ReplaceRule] = {
             "exportPath",
             "importPath",
             "importedFileChunkSize",
-            "fileSystemTypeVersion",
             "kmsKeyId",
             "securityGroupIds",
             "storageType",
             "subnetIds",
         ),
         f"{TF}/fsx/lustre_file_system.go",
-        _capacity_decrease,
+        _lustre_decreases,
     ),
     "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation": ReplaceRule(
         ("dataRepositoryPath", "fileSystemId", "fileSystemPath"),

@@ -161,6 +161,29 @@ def test_a_smaller_file_system_and_dropped_encryption_are_replacements():
     ) == ["encryptionConfigKeyArn"]
 
 
+@pytest.mark.parametrize(
+    ("old", "new", "replacing"),
+    [
+        # A newer Lustre upgrades in place, an older one is a new file system.
+        ({"fileSystemTypeVersion": "2.12"}, {"fileSystemTypeVersion": "2.15"}, []),
+        (
+            {"fileSystemTypeVersion": "2.15"},
+            {"fileSystemTypeVersion": "2.12"},
+            ["fileSystemTypeVersion"],
+        ),
+        # Fewer metadata IOPS: a new file system (more: in place).
+        (
+            {"metadataConfiguration": {"iops": 3000}},
+            {"metadataConfiguration": {"iops": 1500}},
+            ["metadataConfiguration.iops"],
+        ),
+        ({"metadataConfiguration": {"iops": 1500}}, {"metadataConfiguration": {"iops": 3000}}, []),
+    ],
+)
+def test_lustre_replaces_on_the_way_down_only(old, new, replacing):
+    assert replacing_paths("aws:fsx/lustreFileSystem:LustreFileSystem", old, new) == replacing
+
+
 def test_deleting_a_data_holder_takes_an_acknowledged_update_first(planned):
     config, plan = planned
     for holder in holders(plan):
