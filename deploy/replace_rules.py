@@ -168,6 +168,15 @@ AWS_RULES: dict[str, ReplaceRule] = {
         ("clusterName", "namespace", "serviceAccount"), f"{TF}/eks/pod_identity_association.go"
     ),
     "aws:iam/role:Role": ReplaceRule(("name", "namePrefix", "path"), f"{TF}/iam/role.go"),
+    # A member's access is gone between the delete and the create.
+    "aws:eks/accessEntry:AccessEntry": ReplaceRule(
+        ("clusterName", "principalArn", "type"), f"{TF}/eks/access_entry.go"
+    ),
+    "aws:cloudwatch/logGroup:LogGroup": ReplaceRule(
+        ("name", "namePrefix", "logGroupClass"), f"{TF}/logs/group.go"
+    ),
+    "aws:sqs/queue:Queue": ReplaceRule(("name", "namePrefix", "fifoQueue"), f"{TF}/sqs/queue.go"),
+    "aws:s3/bucketObjectv2:BucketObjectv2": ReplaceRule(("bucket", "key"), f"{TF}/s3/object.go"),
     "aws:ec2/instance:Instance": ReplaceRule(
         (
             "ami",
