@@ -14,11 +14,26 @@ import pytest
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "docs/_ext"))
-from commands import KINDS, Command, excerpt_pattern, matches, parse_blocks, shell_fences  # noqa: E402
+from commands import (  # noqa: E402
+    KINDS,
+    Command,
+    excerpt_pattern,
+    matches,
+    output_after_command,
+    parse_blocks,
+    shell_fences,
+)
 
 PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)
 BLOCKS = [b for page in PAGES for b in parse_blocks(page.relative_to(ROOT), page.read_text())]
 OFFLINE = [b for b in BLOCKS if b.kind == "offline"]
+# Pages whose owner is moving their shown output into {command} blocks and their commands to the
+# checkout's .venv: the two rules below skip them until then. Temporary: remove a page when done.
+PAGES_BEING_CONVERTED = {
+    "docs/users/quickstart.md",
+    "docs/users/trainjob.md",
+    "docs/users/watch-and-get-the-model.md",
+}
 # The README is plain Markdown on the forge: a shell block there follows a marker comment.
 README_MARKER = re.compile(r"^<!-- command: ([a-z-]+)(?: .*)? -->$")
 
@@ -32,6 +47,49 @@ def test_every_shell_block_in_the_docs_says_where_it_runs():
     assert plain == []
     assert [f"{b}: {b.kind}" for b in BLOCKS if b.kind not in KINDS] == []
     assert [str(b) for b in BLOCKS if not b.commands] == []
+
+
+def test_no_command_output_sits_outside_its_block():
+    """A plain text block right after a {command} block shows what it prints, out of the docs
+    test's sight: it goes inside the block, as its output."""
+    outside = [
+        f"{page.relative_to(ROOT)}:{line}: a plain block after a command block; put what the "
+        "command prints inside that block"
+        for page in PAGES
+        if str(page.relative_to(ROOT)) not in PAGES_BEING_CONVERTED
+        for line in output_after_command(page.read_text())
+    ]
+    assert outside == []
+
+
+def test_output_after_a_command_is_found():
+    """The rule's own check: output after a command block, indented or not and whatever comes
+    between, is found; a plain block after another kind of block is not."""
+    text = "\n".join(
+        [
+            "```{command} offline-long",
+            "$ make plan",
+            "```",
+            "## Reading it",
+            "```text",
+            "Cost ...",
+            "```",
+            "- a step:",
+            "  ```{command} needs-cluster",
+            "  $ kubectl get nodes",
+            "  ```",
+            "  ```",
+            "  NAME STATUS",
+            "  ```",
+            "```yaml",
+            "a: 1",
+            "```",
+            "```text",
+            "a diagram",
+            "```",
+        ]
+    )
+    assert output_after_command(text) == [5, 12]
 
 
 def test_every_shell_block_in_the_readme_says_where_it_runs():
