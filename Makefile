@@ -20,7 +20,7 @@ help:
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
 		requirements/docs.txt trainer/requirements.txt devservers/requirements.txt gpuwatch/requirements.txt
 	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
-	@echo "tools; about 1.7 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
+	@echo "tools; about 2.1 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)
 	$(PY) -m pip install --disable-pip-version-check --progress-bar off -e '.[dev]'
 	touch $@
@@ -68,8 +68,8 @@ bench: $(VENV)/.installed
 plan: $(VENV)/.installed
 	$(PY) -m deploy.plan --stack $(STACK) --out build/plan/$(STACK)$(if $(AGAINST), --against $(AGAINST))$(if $(AGAINST_REF), --against-ref $(AGAINST_REF))$(if $(AS_OF), --as-of $(AS_OF))
 
-## system-packages: what the tests run for real: sshd, WireGuard, iptables, ping, jq, curl, tmux
-## (tools/system-packages.sh: apt-get, as root or through sudo; nothing when present)
+## system-packages: what the tests run for real: sshd, WireGuard, iptables, ping, jq, curl, tmux,
+## chromium (tools/system-packages.sh: apt-get, as root or through sudo; nothing when present)
 system-packages:
 	@bash tools/system-packages.sh
 

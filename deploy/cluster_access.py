@@ -21,13 +21,19 @@ def with_cluster(args: argparse.Namespace, command: Callable[[object], int]) -> 
     from kubernetes import config as kubeconfig
     from kubernetes.client.exceptions import ApiException
     from kubernetes.config.config_exception import ConfigException
+    from urllib3.exceptions import HTTPError
 
     try:
-        return command(kubeconfig.new_client_from_config(args.kubeconfig, args.context))
+        client = kubeconfig.new_client_from_config(args.kubeconfig, args.context)
     except ConfigException as e:
         print(f"error: no cluster to talk to ({e}); {NEEDS_CLUSTER}", file=sys.stderr)
+        return 2
+    try:
+        return command(client)
     except ApiException as e:
         print(f"error: the cluster refused {e.status} {e.reason}: {e.body}", file=sys.stderr)
-    except OSError as e:
-        print(f"error: cannot reach the cluster: {e}", file=sys.stderr)
+    except (HTTPError, OSError) as e:  # urllib3's MaxRetryError: refused, or no such name
+        reason = getattr(e, "reason", None) or e
+        host = client.configuration.host
+        print(f"error: cannot reach the cluster at {host}: {reason}", file=sys.stderr)
     return 2

@@ -1,7 +1,7 @@
 """Print a hybrid machine's one-page bootstrap (or its WireGuard config) from the deployed stack.
 
-  python -m deploy.hybrid_bootstrap --stack dev alice-4090 > bootstrap.sh   # then, on the machine:
-  sudo bash bootstrap.sh
+  .venv/bin/python -m deploy.hybrid_bootstrap --stack dev alice-4090 > bootstrap.sh
+  sudo bash bootstrap.sh      # on the machine
 
 The pages are secret stack outputs (`hybridBootstrap`, `hybridPeerConfigs`) written by
 infra/components/hybrid_nodes.py; this reads them with the Pulumi CLI.

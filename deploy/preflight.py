@@ -1,7 +1,8 @@
 """GPU availability preflight: would AWS actually give this stack the capacity its pools declare?
 
-`python -m deploy.preflight --stack dev` reads Pulumi.<stack>.yaml and asks AWS (read-only calls,
-the caller's credentials) four things before `pulumi up` schedules pools and jobs:
+`.venv/bin/python -m deploy.preflight --stack dev` reads Pulumi.<stack>.yaml and asks AWS
+(read-only calls, the caller's credentials) four things before `pulumi up` schedules pools and
+jobs:
 - EC2 vCPU service quotas per quota bucket (Standard, G/VT, P, P5; on-demand and spot), against
   the sum of the pools' ceilings (maxNodes x largest type) plus the system node group;
 - instance type offerings in the stack's availability zones;

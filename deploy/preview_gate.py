@@ -19,6 +19,11 @@ from deploy.steps import preview_steps
 from infra.config import ConfigError, load_stack_file
 from infra.paths import PROJECT_DIR
 
+# What a preview's JSON holds (pulumi/pulumi sdk/pkg/display/json.go PreviewDigest). The engine
+# leaves empty ones out, never all three: every preview counts the stack's resources in
+# changeSummary ("same" for those it leaves alone), and a failed one has its diagnostics.
+PREVIEW_KEYS = {"steps", "changeSummary", "diagnostics"}
+
 
 def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
@@ -47,7 +52,14 @@ def main(argv: list[str] | None = None) -> int:
             f"error: {args.preview} is not a `pulumi preview --json` output: {e}", file=sys.stderr
         )
         return 2
-    if not isinstance(preview, dict) or not isinstance(preview.get("steps", []), list):
+    if not isinstance(preview, dict) or not PREVIEW_KEYS & preview.keys():
+        print(
+            f"error: {args.preview} is not a `pulumi preview --json` output: it has none of "
+            f"{', '.join(sorted(PREVIEW_KEYS))}",
+            file=sys.stderr,
+        )
+        return 2
+    if not isinstance(preview.get("steps", []), list):
         print(f"error: {args.preview} has no steps list", file=sys.stderr)
         return 2
     effects = consequences(preview_steps(preview), config, args.stack)

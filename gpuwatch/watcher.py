@@ -31,6 +31,7 @@ from datetime import UTC, datetime, timedelta
 
 from kubernetes import client, config
 from kubernetes.utils import parse_quantity
+from urllib3.exceptions import HTTPError
 
 GPU = "nvidia.com/gpu"
 NODEPOOL_LABEL = "karpenter.sh/nodepool"
@@ -187,15 +188,21 @@ def main(argv: list[str] | None = None) -> int:
             f"gpuwatch: no cluster credentials (not in a pod, no kubeconfig): {e}", file=sys.stderr
         )
         return 2
-    deleted = run(
-        client.CoreV1Api(),
-        client.CustomObjectsApi(),
-        set(args.pools.split(",")),
-        args.node_selector,
-        timedelta(seconds=args.timeout_seconds),
-        args.max_deletions,
-        datetime.now(UTC),
-    )
+    try:
+        deleted = run(
+            client.CoreV1Api(),
+            client.CustomObjectsApi(),
+            set(args.pools.split(",")),
+            args.node_selector,
+            timedelta(seconds=args.timeout_seconds),
+            args.max_deletions,
+            datetime.now(UTC),
+        )
+    except HTTPError as e:  # urllib3's MaxRetryError: refused, or a name that does not resolve
+        host = client.Configuration.get_default_copy().host
+        reason = getattr(e, "reason", None) or e
+        print(f"gpuwatch: cannot reach the API server at {host}: {reason}", file=sys.stderr)
+        return 2
     print(f"deleted {len(deleted)} NodeClaim(s)", flush=True)
     return 0
 

@@ -9,8 +9,14 @@ import pytest
 
 from tests.conftest import ROOT
 
-# Each tool's parser, by the command users type. trainer/ is left to the trainer's own tests.
+# Each tool's parser, by the command users type.
 CLIS = {
+    "python -m trainer": "trainer.options",
+    "python -m trainer.launch": "trainer.launch",
+    "python -m trainer.data": "trainer.data",
+    "python -m trainer.fetch": "trainer.fetch",
+    "python -m trainer.sample": "trainer.sample",
+    "python -m trainer.bench": "trainer.bench",
     "python -m deploy.plan": "deploy.plan",
     "python -m deploy.preflight": "deploy.preflight",
     "python -m deploy.hybrid_bootstrap": "deploy.hybrid_bootstrap",
@@ -29,14 +35,38 @@ CLIS = {
 
 
 def test_every_tool_that_parses_arguments_is_listed():
-    """A module that builds an ArgumentParser is a tool; it needs a parser() here."""
+    """A module that builds an ArgumentParser (or a parser of its own kind) is a tool; it needs a
+    parser() here. Build folders (`pip install ./devservers` leaves devservers/build) are no
+    tools."""
     building = {
         ".".join(path.relative_to(ROOT).with_suffix("").parts)
         for path in ROOT.glob("*/**/*.py")
-        if path.parts[len(ROOT.parts)] not in {"tests", "trainer", "docs", ".venv", "build"}
-        and "ArgumentParser(" in path.read_text()
+        if path.parts[len(ROOT.parts)] not in {"tests", "docs", ".venv"}
+        and "build" not in path.relative_to(ROOT).parts
+        and re.search(r"ArgumentParser\(|\(argparse\.ArgumentParser\)", path.read_text())
     }
     assert building == set(CLIS.values())
+
+
+def test_every_tool_has_its_options_in_the_docs():
+    """Each tool's options are on some page, generated from its parser (`{cli-options}`)."""
+    shown = {
+        m.group(1).partition(":")[0]
+        for page in (ROOT / "docs").rglob("*.md")
+        for m in re.finditer(r"^\s*```\{cli-options\} (\S+)", page.read_text(), re.MULTILINE)
+    }
+    assert sorted(set(CLIS.values()) - shown) == []
+
+
+def test_the_launcher_has_its_own_help_and_passes_the_rest_to_torchrun(capsys):
+    """`python -m trainer.launch --help` says what the launcher adds (torchrun's own help starts
+    `usage: run.py`); a --help after `-m trainer` is the trainer's, for torchrun to pass on."""
+    from trainer import launch
+
+    assert launch.main(["--help"]) == 0
+    assert capsys.readouterr().out.startswith("usage: python -m trainer.launch [torchrun's")
+    assert launch.asks_for_help(["--nproc-per-node", "2", "-h", "-m", "trainer"])
+    assert not launch.asks_for_help(["--nproc-per-node", "2", "-m", "trainer", "--help"])
 
 
 def parsers(parser: argparse.ArgumentParser, prog: str):
@@ -70,7 +100,8 @@ def problems(prog: str, parser: argparse.ArgumentParser) -> list[str]:
         if "default" not in text:
             found.append(f"{name}: its help does not say what it defaults to")
         default = action.default
-        if default not in (None, False, [], argparse.SUPPRESS):
+        # A default with nothing printable ("", a newline) is named in words.
+        if default not in (None, False, [], argparse.SUPPRESS) and str(default).strip():
             shown = {str(default), format(default, "g") if isinstance(default, float) else ""}
             if not any(s and s in text for s in shown):
                 found.append(f"{name}: its help does not name its default {default!r}")

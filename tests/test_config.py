@@ -509,7 +509,7 @@ def test_not_internet_ranges_are_what_python_calls_not_global():
     less the documentation ranges (placeholders, refused at pulumi up)."""
     import ipaddress
 
-    from infra.config import DOCUMENTATION_CIDRS, NOT_INTERNET
+    from infra.config import DOCUMENTATION_RANGES, NOT_INTERNET
 
     def refused(address):
         return any(address in n for n in NOT_INTERNET)
@@ -522,7 +522,7 @@ def test_not_internet_ranges_are_what_python_calls_not_global():
     probes = [ipaddress.IPv4Address(n << 16 | low) for n in range(1 << 16) for low in (0, 0xFFFF)]
     probes += [ipaddress.IPv4Address(f"192.0.0.{i}") for i in range(256)]
     for address in probes:
-        if any(address in doc for doc in DOCUMENTATION_CIDRS):
+        if any(address in doc for doc in DOCUMENTATION_RANGES):
             continue
         assert refused(address) == (not address.is_global or address.is_multicast), address
 

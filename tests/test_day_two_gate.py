@@ -11,6 +11,7 @@ import json
 import shutil
 from pathlib import Path
 
+import pytest
 import yaml
 
 from deploy.preview_gate import main
@@ -98,12 +99,27 @@ def test_a_previewed_user_removal_and_engine_errors_fail_the_gate(tmp_path, caps
     assert "[engine] resource" in printed
 
 
-def test_not_a_preview_is_one_clear_error(tmp_path, capsys):
+@pytest.mark.parametrize("text", ["{not json", "{}", "[]", '{"resources": []}'])
+def test_not_a_preview_is_one_clear_error(text, tmp_path, capsys):
+    """A file that is no preview is refused, never read as one that replaces nothing."""
     shutil.copy(ROOT / "Pulumi.prod.yaml", tmp_path)
     path = tmp_path / "preview.json"
-    path.write_text("{not json")
+    path.write_text(text)
     assert main(["--stack", "prod", "--project-dir", str(tmp_path), str(path)]) == 2
-    assert "is not a `pulumi preview --json` output" in capsys.readouterr().err
+    out, err = capsys.readouterr()
+    assert out == "" and err.count("\n") == 1
+    assert "is not a `pulumi preview --json` output" in err
+
+
+def test_a_preview_that_changes_nothing_passes(tmp_path, capsys):
+    """What the engine writes for a stack it leaves as it is: counts, no steps."""
+    shutil.copy(ROOT / "Pulumi.prod.yaml", tmp_path)
+    path = tmp_path / "preview.json"
+    path.write_text(json.dumps({"changeSummary": {"same": 244}, "duration": 9000000000}))
+    assert main(["--stack", "prod", "--project-dir", str(tmp_path), str(path)]) == 0
+    assert "What this change does to what exists (prod, from the real preview):" in (
+        capsys.readouterr().out
+    )
 
 
 def test_the_workflow_previews_with_the_cli_of_the_pinned_sdk():

@@ -19,6 +19,7 @@ from infra.config import (
     placeholder_errors,
     read_stack_file,
 )
+from infra.config.policy import _placeholder as placeholder_reason
 from infra.offline import run_offline
 from tests.conftest import ROOT, plan_of, stack_values
 
@@ -187,9 +188,7 @@ def test_moving_the_stack_to_another_region_reprices_it():
     ]
 
 
-DOCUMENTATION_ACCOUNT = (
-    "is in AWS's documentation account 123456789012; allowed: a role or user of your account"
-)
+DOCUMENTATION_ACCOUNT = "is in AWS's documentation account 123456789012; allowed: your own account"
 RFC_5737 = "is a documentation range (RFC 5737); allowed: your own CIDRs"
 RFC_2606 = "is in a documentation domain (RFC 2606); allowed: a real address"
 
@@ -229,6 +228,16 @@ def test_every_placeholder_of_either_stack_is_listed_for_the_engine_to_refuse():
 
 CN_ARN = "arn:aws-cn:iam::123456789012:user/x"
 OTHER_ARN = "arn:aws:iam::123456789013:user/x"
+ECR = "dkr.ecr.us-west-2.amazonaws.com/team-images"
+DIGEST = "sha256:" + "0" * 64
+
+
+def arn(account: str) -> dict:
+    return {"cluster": {"adminPrincipalArns": [f"arn:aws:iam::{account}:role/admins"]}}
+
+
+def registry(value: str) -> dict:
+    return {"devServers": {"allowedImageRegistries": [value]}}
 
 
 @pytest.mark.parametrize(
@@ -241,15 +250,51 @@ OTHER_ARN = "arn:aws:iam::123456789013:user/x"
         ),
         ({"cluster": {"endpoint": {"publicAccessCidrs": ["192.0.3.0/24"]}}}, "192.0.3.0/24", False),
         ({"devServers": {"sshLoadBalancerCidrs": ["198.51.100.7/32"]}}, "198.51.100.7/32", True),
+        ({"image": {"uri": f"203.0.113.9:5000/trainer@{DIGEST}"}}, "203.0.113.9:5000", True),
+        ({"image": {"uri": f"203.0.114.9:5000/trainer@{DIGEST}"}}, "203.0.114.9:5000", False),
         ({"cluster": {"adminPrincipalArns": [CN_ARN]}}, CN_ARN, True),
         ({"cluster": {"adminPrincipalArns": [OTHER_ARN]}}, OTHER_ARN, False),
+        (arn("111122223333"), "111122223333", True),
+        (arn("444455556666"), "444455556666", True),
+        (arn("777788889999"), "777788889999", True),
+        (arn("012345678901"), "012345678901", True),
+        (arn("987654321098"), "987654321098", True),
+        (registry(f"1111222233334.{ECR}"), "1111222233334.dkr", False),
+        (registry(f"123456789012.{ECR}"), "123456789012.dkr", True),
+        (registry(f"210987654321.{ECR}"), "210987654321.dkr", False),
+        (registry("registry.example.com"), "registry.example.com", True),
+        (registry("example.org/team"), "example.org/team", True),
+        (registry("images.internal.test"), "images.internal.test", True),
+        (registry("mirror.invalid:5000"), "mirror.invalid", True),
+        (registry("docs.example/images"), "docs.example", True),
+        (registry("registry.example.com.au"), "registry.example.com.au", False),
+        (registry("notexample.com"), "notexample.com", False),
+        (registry("test.acme.io"), "test.acme.io", False),
+        (registry("ghcr.io/example"), "ghcr.io/example", False),
     ],
 )
 def test_a_placeholder_anywhere_is_listed_and_nothing_else(section, value, listed):
-    """A documentation range or account in any key, and none of their neighbours."""
+    """A documentation range, account or domain anywhere in any value, and none of their
+    neighbours."""
     values = stack_values("dev", **section)
     found = [line for line in placeholder_errors(parse_stack_config(values, "t")) if value in line]
     assert bool(found) == listed
+
+
+@pytest.mark.parametrize(
+    "value, listed",
+    [
+        ("[2001:db8::7]:5000", True),
+        ("2001:0db8:0:1::/64", True),
+        ("[3fff:0:1::7]:5000", True),
+        ("[2001:db9::7]:5000", False),
+        ("sha256:2001:db8", False),
+    ],
+)
+def test_a_documentation_ipv6_range_in_a_value_is_a_placeholder(value, listed):
+    """No key takes an IPv6 address yet; a value that names one of the documentation ranges
+    (RFC 3849, RFC 9637) is caught the day one does."""
+    assert bool(placeholder_reason(value)) == listed
 
 
 def test_a_user_at_a_real_domain_is_no_placeholder():

@@ -196,7 +196,13 @@ def parser() -> argparse.ArgumentParser:
         default=5,
         help="interleaved pairs of runs each figure is the median of (default: %(default)s)",
     )
-    found.add_argument("--bare", nargs=2, metavar=("PRESET", "THREADS"), help=argparse.SUPPRESS)
+    found.add_argument(
+        "--bare",
+        nargs=2,
+        metavar=("PRESET", "THREADS"),
+        help="only one run of the bare loop, what each pair's bare side runs in a process of "
+        "its own (default: off, the whole benchmark)",
+    )
     return found
 
 

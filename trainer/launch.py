@@ -12,6 +12,7 @@ the run with the trainer's one line and exit 2, at once: torchrun would otherwis
 workers into the same error until `--max-restarts` ran out, then exit 1 with a traceback.
 """
 
+import argparse
 import os
 import signal
 import subprocess
@@ -48,8 +49,31 @@ def signal_each(pids, signum: int) -> None:
             pass  # it exited meanwhile
 
 
+def parser() -> argparse.ArgumentParser:
+    """Only for --help: every argument goes to torchrun as given."""
+    return argparse.ArgumentParser(
+        prog="python -m trainer.launch",
+        usage="%(prog)s [torchrun's options] -m trainer [the trainer's options]",
+        description="torchrun, with SIGTERM and SIGINT going to the workers (they save a "
+        "checkpoint and exit 0, and so does the launcher) and bad input ending the run at once "
+        "with the trainer's one line and exit 2, not restarted until --max-restarts runs out.",
+        epilog="Its arguments go to torchrun as given: `.venv/bin/torchrun --help` lists "
+        "torchrun's, `.venv/bin/python -m trainer --help` the trainer's.",
+    )
+
+
+def asks_for_help(args: list[str]) -> bool:
+    """-h or --help among the launcher's own arguments, before the module torchrun runs (after
+    it, they are the trainer's)."""
+    own = args[: args.index("-m")] if "-m" in args else args
+    return bool({"-h", "--help"} & set(own))
+
+
 def main(argv: list[str] | None = None) -> int:
     args = sys.argv[1:] if argv is None else argv
+    if asks_for_help(args):
+        parser().print_help()
+        return 0
     with tempfile.TemporaryDirectory(prefix="trainer-launch-") as tmp:
         input_error = Path(tmp) / "input-error"
         torchrun = subprocess.Popen(

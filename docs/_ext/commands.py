@@ -15,11 +15,13 @@ error together) with the lines shown: all of them, or with `:excerpt:`, in order
 `...` stands for any number of lines and a line ending in ` ...` for any line starting with what
 comes before. `:exit: N` is the last command's exit status (default 0; every other command's is
 0). `:continue:` runs the block in the checkout the page's previous offline block left, after it.
-`:why:` adds a sentence to the caption. No other shell block may appear in the docs.
+`:why:` adds a sentence to the caption. No other shell block may appear in the docs, and no plain
+text block right after a {command} block: what a command prints goes inside its block.
 """
 
 import re
 from dataclasses import dataclass, field
+from itertools import pairwise
 from pathlib import Path
 
 from docutils import nodes
@@ -39,7 +41,6 @@ KINDS = {
 }
 # Languages of fenced blocks that are shell sessions, which only {command} may show.
 SHELL = {"sh", "bash", "shell", "console", "zsh", "shell-session"}
-FENCE = re.compile(r"^(?P<fence>`{3,}|~{3,})\{command\}[ \t]*(?P<kind>\S*)[ \t]*$")
 
 
 @dataclass
@@ -97,29 +98,61 @@ def parse_content(lines: list[str]) -> tuple[dict[str, str], list[Command]]:
     return options, commands
 
 
-def parse_blocks(path: Path, text: str) -> list[Block]:
-    """Every {command} block of a Markdown (MyST) file."""
-    blocks, lines, i = [], text.splitlines(), 0
+@dataclass
+class Fence:
+    lineno: int  # of the opening line, from 1
+    info: str  # what follows the opening backticks: a language, or {directive} and its argument
+    body: list[str]  # the lines inside, less the fence's indentation
+
+
+FENCE = re.compile(r"^(?P<indent>[ \t]*)(?P<fence>`{3,}|~{3,})(?P<info>[^`]*)$")
+
+
+def fences(text: str) -> list[Fence]:
+    """Every fenced block of a Markdown (MyST) file, indented ones (in a list item) included."""
+    found, lines, i = [], text.splitlines(), 0
     while i < len(lines):
         m = FENCE.match(lines[i])
         if not m:
             i += 1
             continue
-        end = next(j for j in range(i + 1, len(lines)) if lines[j].strip() == m.group("fence"))
-        options, commands = parse_content(lines[i + 1 : end])
-        blocks.append(Block(path, i + 1, m.group("kind"), options, commands))
+        indent, fence = m.group("indent"), m.group("fence")
+        end = next((j for j in range(i + 1, len(lines)) if lines[j].strip() == fence), len(lines))
+        body = [line.removeprefix(indent) for line in lines[i + 1 : end]]
+        found.append(Fence(i + 1, m.group("info").strip(), body))
         i = end + 1
+    return found
+
+
+def parse_blocks(path: Path, text: str) -> list[Block]:
+    """Every {command} block of a Markdown (MyST) file."""
+    blocks = []
+    for fence in fences(text):
+        directive, _, kind = fence.info.partition(" ")
+        if directive == "{command}":
+            options, commands = parse_content(fence.body)
+            blocks.append(Block(path, fence.lineno, kind.strip(), options, commands))
     return blocks
 
 
 def shell_fences(text: str) -> list[tuple[int, str]]:
     """(line, language) of each plain fenced block in a shell language."""
-    found = []
-    for number, line in enumerate(text.splitlines(), 1):
-        m = re.match(r"^(`{3,}|~{3,})\s*([\w-]+)\s*$", line)
-        if m and m.group(2).lower() in SHELL:
-            found.append((number, m.group(2)))
-    return found
+    return [(f.lineno, f.info) for f in fences(text) if f.info.lower() in SHELL]
+
+
+# Languages of fenced blocks that show plain text, such as what a command printed.
+PLAIN = {"", "text", "txt", "output", "plaintext", "none"}
+
+
+def output_after_command(text: str) -> list[int]:
+    """Lines of plain text blocks that come next after a {command} block: what a command prints
+    belongs inside its block, where the docs test compares it (offline) or the caption says why
+    it cannot (the other kinds)."""
+    return [
+        fence.lineno
+        for before, fence in pairwise(fences(text))
+        if before.info.startswith("{command}") and fence.info.lower() in PLAIN
+    ]
 
 
 def excerpt_pattern(shown: list[str]) -> re.Pattern:

@@ -36,7 +36,7 @@ from infra.config.loading import (
 )
 from infra.config.network import GATEWAY_ENDPOINTS, NetworkConfig
 from infra.config.policy import (
-    DOCUMENTATION_CIDRS,
+    DOCUMENTATION_RANGES,
     MANDATORY_PRODUCTION_STACKS,
     placeholder_errors,
     public_ingress_resources,
@@ -50,7 +50,7 @@ from infra.config.storage import CHECKPOINT_PREFIX, FSX_EXPORT_PREFIX, BucketCon
 __all__ = [
     "AUTONAME_SUFFIX",
     "CHECKPOINT_PREFIX",
-    "DOCUMENTATION_CIDRS",
+    "DOCUMENTATION_RANGES",
     "FABRIC_MAX_BYTES",
     "FSX_EXPORT_PREFIX",
     "GATEWAY_ENDPOINTS",

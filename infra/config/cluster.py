@@ -184,7 +184,8 @@ class ClusterConfig(Model):
         default_factory=list,
         description="IAM roles or users given cluster-admin through EKS access entries, each "
         "once. Set your own in every stack: the kubeconfig authenticates as your AWS identity. "
-        "An ARN of AWS's documentation account 123456789012 is a placeholder pulumi up refuses.",
+        "An ARN of one of AWS's documentation accounts (123456789012, 111122223333, ...) is a "
+        "placeholder pulumi up refuses.",
     )
     system_node_group: NodeGroupConfig = Field(
         default=NodeGroupConfig(), description="The controllers' managed node group."

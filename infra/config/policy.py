@@ -62,41 +62,76 @@ def public_ingress_resources(config: "StackConfig") -> list[str]:
     return [HYBRID_GATEWAY] if config.hybrid else []
 
 
-# Documentation values that the stack files ship as placeholders: the RFC 5737 networks, AWS's
-# example account and the RFC 2606 example domains. A real deployment with them would lock the
-# real admins out of the cluster, or give access entries and SSH to addresses nobody owns.
-DOCUMENTATION_CIDRS = [
-    ipaddress.IPv4Network(c) for c in ("192.0.2.0/24", "198.51.100.0/24", "203.0.113.0/24")
-]
+# Documentation values that the stack files ship as placeholders, wherever they appear in a value:
+# a deployment with them would lock the real admins out of the cluster, pull images from a
+# registry nobody runs, or give access entries and SSH to addresses nobody owns.
+DOCUMENTATION_RANGES = {
+    ipaddress.ip_network(cidr): rfc
+    for cidr, rfc in (
+        ("192.0.2.0/24", "RFC 5737"),
+        ("198.51.100.0/24", "RFC 5737"),
+        ("203.0.113.0/24", "RFC 5737"),
+        ("2001:db8::/32", "RFC 3849"),
+        ("3fff::/20", "RFC 9637"),
+    )
+}
+# AWS's documentation accounts: 123456789012 throughout its guides, 111122223333, 444455556666
+# and 777788889999 in its cross-account examples, 012345678901 in the Account Management
+# reference, 987654321098 in ARC's cross-account example.
+DOCUMENTATION_ACCOUNTS = (
+    "123456789012",
+    "111122223333",
+    "444455556666",
+    "777788889999",
+    "012345678901",
+    "987654321098",
+)
+ACCOUNT = re.compile(rf"(?<!\w)(?:{'|'.join(DOCUMENTATION_ACCOUNTS)})(?!\w)")
+# RFC 2606's example domains and reserved top-level names (RFC 6761 keeps them out of real DNS):
+# example.com, .net and .org and any name under .example, .test or .invalid.
+DOMAIN = re.compile(
+    r"(?<![\w.-])(?:[a-z0-9-]+\.)*(?:example\.(?:com|net|org)|[a-z0-9-]+\.(?:example|test|invalid))"
+    r"(?![\w-]|\.[a-z0-9])",
+    re.IGNORECASE,
+)
+# Candidates for an IPv4 or IPv6 address or CIDR inside a longer value; ip_network() decides.
+ADDRESS = re.compile(
+    r"(?<![\d.])\d{1,3}(?:\.\d{1,3}){3}(?:/\d{1,2})?(?!\.?\d)"
+    r"|(?<![\w:])[0-9a-f]{0,4}(?::[0-9a-f]{0,4}){2,7}(?:/\d{1,3})?(?![\w:])",
+    re.IGNORECASE,
+)
 
 
-DOCUMENTATION_ACCOUNT = "123456789012"
-
-
-DOCUMENTATION_DOMAINS = ("example.com", "example.net", "example.org")
+def _documentation_range(found: str) -> str | None:
+    """The RFC reserving the documentation range `found` (an address or CIDR) lies in, or None."""
+    try:
+        network = ipaddress.ip_network(found, strict=False)
+    except ValueError:
+        return None
+    return next(
+        (
+            rfc
+            for doc, rfc in DOCUMENTATION_RANGES.items()
+            if doc.version == network.version and network.subnet_of(doc)
+        ),
+        None,
+    )
 
 
 def _placeholder(value: Any) -> str | None:
     """Why `value` is a documentation placeholder, else None."""
-    if isinstance(value, ipaddress.IPv4Address):
-        value = ipaddress.IPv4Network(value)
-    if isinstance(value, ipaddress.IPv4Network):
-        if any(value.subnet_of(doc) for doc in DOCUMENTATION_CIDRS):
-            return f"{value} is a documentation range (RFC 5737); allowed: your own CIDRs"
-    elif isinstance(value, str):
-        if re.fullmatch(rf"arn:aws[a-z-]*:iam::{DOCUMENTATION_ACCOUNT}:\S+", value):
-            return (
-                f"{value} is in AWS's documentation account {DOCUMENTATION_ACCOUNT}; "
-                "allowed: a role or user of your account"
-            )
-        user, at, domain = value.rpartition("@")
-        domain = domain.lower()
-        if (
-            user
-            and at
-            and any(domain == d or domain.endswith(f".{d}") for d in DOCUMENTATION_DOMAINS)
-        ):
-            return f"{value} is in a documentation domain (RFC 2606); allowed: a real address"
+    if isinstance(value, ipaddress.IPv4Address | ipaddress.IPv4Network):
+        rfc = _documentation_range(str(value))
+        return rfc and f"{value} is a documentation range ({rfc}); allowed: your own CIDRs"
+    if not isinstance(value, str):
+        return None
+    for found in ADDRESS.findall(value):
+        if rfc := _documentation_range(found):
+            return f"{value} holds {found}, a documentation address ({rfc}); allowed: yours"
+    if account := ACCOUNT.search(value):
+        return f"{value} is in AWS's documentation account {account[0]}; allowed: your own account"
+    if DOMAIN.search(value):
+        return f"{value} is in a documentation domain (RFC 2606); allowed: a real address"
     return None
 
 
