@@ -136,9 +136,13 @@ def consequences(
             found.restarts.append(
                 f"{what} {name} keeps revision {entry['revision']}: the stack's changes to its "
                 f"{', '.join(entry['heldBack'])} wait for {key}.revision "
-                f"{entry['revision'] + 1}, which restarts {restarted} (ECR keeps the newest "
-                f"{ECR_KEPT_BUILDS} builds: move it before that many newer ones expire its image)"
+                f"{entry['revision'] + 1}, which restarts {restarted}"
             )
+    if any(entry.get("heldBack") for *_, entry, _, _ in held):
+        found.notes.append(
+            f"what keeps an older revision pulls an older image, which ECR keeps while fewer "
+            f"than {ECR_KEPT_BUILDS} newer builds exist: bump the revision before then"
+        )
     _controllers(steps, found)
     return found
 

@@ -11,6 +11,7 @@ from pathlib import Path
 
 import pytest
 
+from infra.support import PLAN_DAY_VARIABLE
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "docs/_ext"))
@@ -251,6 +252,8 @@ def run_scenario(blocks, tmp_path: Path) -> list[tuple[int, str]]:
         "PYTHONPATH": str(checkout),
         # What a terminal shows: output and errors in the order they were written.
         "PYTHONUNBUFFERED": "1",
+        # The suite's plan day (tests/conftest.py): the figures shown are that day's.
+        PLAN_DAY_VARIABLE: os.environ[PLAN_DAY_VARIABLE],
     }
     results = []
     for command in (c for b in blocks for c in b.commands):
