@@ -2,13 +2,16 @@
 lets them do, checked for real through the local Kubernetes API (tests.kube_api), which
 authorizes every request with the dev plan's RBAC and Kubernetes' own verb mapping."""
 
+import re
+
 import pytest
+import yaml
 from kubernetes import client, dynamic
 from kubernetes.dynamic.exceptions import ForbiddenError
 
 from infra.components.team_access import member_groups
 from infra.config import TeamConfig
-from tests.conftest import stack_values
+from tests.conftest import ROOT, stack_values
 from tests.crd_schema import CRD_DIR, conformance_errors
 from tests.job_crds import example_job, job_crds
 from tests.kube_api import ADMIN, from_plan, user
@@ -135,6 +138,52 @@ def test_the_example_job_conforms_to_the_pytorchjob_crd():
     assert (CRD_DIR / "training-operator" / "kubeflow.org_pytorchjobs.yaml").exists()
 
 
+def node_selections(value) -> list[tuple[str, str | None]]:
+    """(label, value) of every nodeSelector entry and node affinity expression in a manifest or
+    a YAML fragment (value None: an Exists or DoesNotExist expression)."""
+    found = []
+    if isinstance(value, list):
+        for item in value:
+            found += node_selections(item)
+    elif isinstance(value, dict):
+        for key, item in value.items():
+            if key == "nodeSelector" and isinstance(item, dict):
+                found += [(label, str(v)) for label, v in item.items()]
+            elif key == "matchExpressions" and isinstance(item, list):
+                found += [(e["key"], v) for e in item for v in e.get("values") or [None]]
+            else:
+                found += node_selections(item)
+    return found
+
+
+def yaml_blocks(page) -> list:
+    """The fenced YAML blocks of a Markdown page, parsed."""
+    blocks = re.findall(r"^```ya?ml\n(.*?)^```", page.read_text(), re.M | re.S)
+    return [yaml.safe_load(block) for block in blocks]
+
+
+def test_the_examples_and_user_docs_select_only_labels_node_pools_set(dev_plan):
+    """A job selecting a label no node carries never runs: every node label the examples and
+    the users' docs select is one a NodePool of the dev stack puts on its nodes (its template's
+    labels, or a value its requirements allow, which Karpenter labels the node with)."""
+    import yaml
+
+    labelled = set()
+    for pool in dev_plan.of_type("kubernetes:karpenter.sh/v1:NodePool"):
+        template = pool.inputs["spec"]["template"]
+        labelled |= set(template["metadata"]["labels"].items())
+        for requirement in template["spec"]["requirements"]:
+            labelled |= {(requirement["key"], v) for v in requirement.get("values", [])}
+            labelled.add((requirement["key"], None))
+    documents = [yaml.safe_load(p.read_text()) for p in sorted((ROOT / "examples").glob("*.yaml"))]
+    documents += [b for p in sorted((ROOT / "docs/users").glob("*.md")) for b in yaml_blocks(p)]
+    selected = node_selections(documents)
+    assert [s for s in selected if s not in labelled] == []
+    assert ("training-platform.node-restriction.kubernetes.io/pool", "cpu") in selected
+    # What the check would have caught: the label pools were selected by before.
+    assert ("training-platform/pool", "cpu") not in labelled
+
+
 @pytest.fixture(scope="module")
 def cluster(dev_plan, tmp_path_factory):
     """The dev plan on the local API, with the job kinds served (tests.job_crds) and Kueue's
@@ -154,8 +203,6 @@ def cluster(dev_plan, tmp_path_factory):
 
 
 def _crd(path: str) -> dict:
-    import yaml
-
     return yaml.safe_load((CRD_DIR / path).read_text())
 
 
