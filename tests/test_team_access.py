@@ -2,6 +2,7 @@
 lets them do, checked for real through the local Kubernetes API (tests.kube_api), which
 authorizes every request with the dev plan's RBAC and Kubernetes' own verb mapping."""
 
+import json
 import re
 
 import pytest
@@ -9,14 +10,24 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.dynamic.exceptions import ForbiddenError
 
-from infra.components.team_access import member_groups
+from infra.components.node_pools import POOL_LABEL
+from infra.components.queues import TEAM_LABEL
+from infra.components.team_access import (
+    POD_POLICY,
+    QUEUE_LABEL,
+    QUEUE_POLICY,
+    QUEUE_RULE,
+    member_groups,
+)
 from infra.config import TeamConfig
+from tests.admission_rules import refusals
 from tests.conftest import ROOT, stack_values
 from tests.crd_schema import CRD_DIR, conformance_errors
 from tests.job_crds import example_job, job_crds
-from tests.kube_api import ADMIN, from_plan, user
+from tests.kube_api import ADMIN, admission_policies, from_plan, user
 from tests.kueue_rules import WORKLOAD_VERSION
 from tests.test_config import error_for
+from trainer.cluster_copy import copy_pod
 
 ACCESS_ENTRY = "aws:eks/accessEntry:AccessEntry"
 SSO = (
@@ -245,6 +256,7 @@ def cluster(dev_plan, tmp_path_factory):
         for e in dev_plan.of_type(ACCESS_ENTRY)
     }
     api.member = user(SSO, entries[SSO])  # as EKS maps the access entry
+    api.policies = admission_policies(dev_plan)
     yield api
     api.stop()
 
@@ -344,7 +356,8 @@ def test_a_member_runs_her_job_in_her_teams_namespace_and_nothing_beyond(cluster
     assert [q.metadata.name for q in queues.get(namespace="team-a").items] == ["team-a"]
     # TrainJobs and MPIJobs alike.
     trainjobs = member.resources.get(api_version="trainer.kubeflow.org/v1alpha1", kind="TrainJob")
-    trainjobs.create(namespace="team-a", body={"metadata": {"name": "t"}, "spec": {}})
+    queued = {"name": "t", "labels": {QUEUE_LABEL: "team-a"}}
+    trainjobs.create(namespace="team-a", body={"metadata": queued, "spec": {}})
     trainjobs.delete(name="t", namespace="team-a")
     assert api.refusals == []
 
@@ -390,69 +403,152 @@ def test_a_job_without_its_queue_label_is_refused_in_every_team_namespace(dev_pl
     """Kueue would not hold it (manageJobsWithoutQueueName is off): the plan's admission policy
     refuses it on create, for every job kind the team Role lets members create, in every
     namespace a team's jobs or DevServers live in. Its CEL rule is evaluated with cel-python."""
-    import celpy
     import kubernetes_validate
 
     admission = "kubernetes:admissionregistration.k8s.io/v1"
-    policy = dev_plan.one(f"{admission}:ValidatingAdmissionPolicy").inputs
-    binding = dev_plan.one(f"{admission}:ValidatingAdmissionPolicyBinding").inputs
-    for manifest, kind in (
-        (policy, "ValidatingAdmissionPolicy"),
-        (binding, "ValidatingAdmissionPolicyBinding"),
-    ):
-        kubernetes_validate.validate(
-            {**manifest, "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind},
-            "1.34",
-            strict=True,
-        )
-    assert binding["spec"] == {
-        "policyName": policy["metadata"]["name"],
-        "validationActions": ["Deny"],
-    }
+    policies = {p.inputs["metadata"]["name"]: p.inputs for p in dev_plan.of_type(
+        f"{admission}:ValidatingAdmissionPolicy")}  # fmt: skip
+    bindings = {b.inputs["metadata"]["name"]: b.inputs for b in dev_plan.of_type(
+        f"{admission}:ValidatingAdmissionPolicyBinding")}  # fmt: skip
+    assert set(policies) == set(bindings) == {QUEUE_POLICY, POD_POLICY}
+    for name, policy in policies.items():
+        for manifest, kind in (
+            (policy, "ValidatingAdmissionPolicy"),
+            (bindings[name], "ValidatingAdmissionPolicyBinding"),
+        ):
+            kubernetes_validate.validate(
+                {**manifest, "apiVersion": "admissionregistration.k8s.io/v1", "kind": kind},
+                "1.34",
+                strict=True,
+            )
+        assert bindings[name]["spec"] == {"policyName": name, "validationActions": ["Deny"]}
 
-    (rule,) = policy["spec"]["validations"]
-    env = celpy.Environment()
-    program = env.program(env.compile(rule["expression"]))
+    policy = policies[QUEUE_POLICY]["spec"]
     job = example_job("team-a", IMAGE)
     unlabelled = {**job, "metadata": {"name": "x"}}
     relabelled = {**job, "metadata": {"name": "x", "labels": {"app": "x"}}}
-    verdicts = [
-        program.evaluate({"object": celpy.json_to_cel(j)}) for j in (job, unlabelled, relabelled)
+    verdicts = [refusals(policy, "CREATE", j) for j in (job, unlabelled, relabelled)]
+    assert verdicts == [[], [policy["validations"][0]["message"]]] + [
+        [policy["validations"][0]["message"]]
     ]
-    assert verdicts == [True, False, False]
 
-    constraints = policy["spec"]["matchConstraints"]
+    # Every resource a member may create needs the queue label on create: jobs by this policy,
+    # pods by the member pods' policy.
     matched = {
         (group, resource)
-        for r in constraints["resourceRules"]
+        for p in policies.values()
+        for r in p["spec"]["matchConstraints"]["resourceRules"]
         if r["operations"] == ["CREATE"]
         for group in r["apiGroups"]
         for resource in r["resources"]
     }
-    role = next(
-        r.inputs
-        for r in dev_plan.of_type("kubernetes:rbac.authorization.k8s.io/v1:Role")
-        if r.inputs["metadata"]["name"] == "team-member"
-    )
     creatable = {
         (group, resource)
-        for r in role["rules"]
-        if "create" in r["verbs"]
+        for r in MEMBER_RULES
+        if "create" in r["verbs"] and "/" not in r["resources"][0]  # not exec, port-forward
         for group in r["apiGroups"]
-        if group  # the core group's pods: trainer.fetch's copy pod, not a job
         for resource in r["resources"]
     }
-    assert (
-        matched
-        == creatable
-        == {
-            ("kubeflow.org", "pytorchjobs"),
-            ("kubeflow.org", "mpijobs"),
-            ("trainer.kubeflow.org", "trainjobs"),
-        }
-    )
-    (selector,) = constraints["namespaceSelector"]["matchExpressions"]
+    assert matched == creatable
+    assert all(QUEUE_RULE in [v["expression"] for v in p["spec"]["validations"]]
+               for p in policies.values())  # fmt: skip
     namespaces = [n.inputs["metadata"] for n in dev_plan.of_type("kubernetes:core/v1:Namespace")]
-    labelled = {n["name"] for n in namespaces if selector["key"] in (n.get("labels") or {})}
-    assert selector["operator"] == "Exists"
-    assert labelled == {"team-a", "research", "dev-alice", "dev-bob"}
+    for p in policies.values():
+        (selector,) = p["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
+        labelled = {n["name"] for n in namespaces if selector["key"] in (n.get("labels") or {})}
+        assert selector["operator"] == "Exists"
+        assert labelled == {"team-a", "research", "dev-alice", "dev-bob"}
+
+
+TEAM_A = {"metadata": {"name": "team-a", "labels": {TEAM_LABEL: "team-a"}}}
+MEMBER = {"username": SSO, "groups": ("team:team-a", "system:authenticated")}
+GPU_TOLERATION = {"key": "nvidia.com/gpu", "operator": "Equal", "value": "true",
+                  "effect": "NoSchedule"}  # fmt: skip
+
+
+def member_pod(**spec) -> dict:
+    """A pod a member writes: in her team's queue, selecting a GPU pool, unless `spec` says
+    otherwise."""
+    return {
+        "apiVersion": "v1",
+        "kind": "Pod",
+        "metadata": {"name": "mine", "namespace": "team-a", "labels": {QUEUE_LABEL: "team-a"}},
+        "spec": {
+            "nodeSelector": {POOL_LABEL: "gpu-small"},
+            "tolerations": [GPU_TOLERATION],
+            "containers": [{"name": "c", "image": IMAGE}],
+            **spec,
+        },
+    }
+
+
+SYSTEM_ROLE = {"key": "training-platform/node-role", "operator": "In", "values": ["system"]}
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+SYSTEM_AFFINITY = {
+    "nodeAffinity": {REQUIRED: {"nodeSelectorTerms": [{"matchExpressions": [SYSTEM_ROLE]}]}}
+}
+# Her own admitted job as the pod's controller: Kueue would not gate the pod.
+OWNER = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": "hello-trainer",
+         "uid": "0", "controller": True}  # fmt: skip
+OWNED = {**member_pod(), "metadata": {**member_pod()["metadata"], "ownerReferences": [OWNER]}}
+UNQUEUED = {**member_pod(), "metadata": {"name": "mine", "namespace": "team-a"}}
+SYSTEM_EQUAL = {"key": "CriticalAddonsOnly", "value": "true", "effect": "NoSchedule"}
+
+
+@pytest.mark.parametrize(
+    ("pod", "refused"),
+    [
+        (member_pod(), None),
+        (copy_pod("team-a", "/efs/checkpoints/job", IMAGE, "team-a"), None),
+        (UNQUEUED, "queue"),
+        (member_pod(tolerations=[{"key": "CriticalAddonsOnly", "operator": "Exists"}]), "taint"),
+        (member_pod(tolerations=[SYSTEM_EQUAL]), "taint"),
+        (member_pod(tolerations=[{"operator": "Exists"}]), "taint"),  # every taint
+        (member_pod(nodeSelector={"training-platform/node-role": "system"}), "select"),
+        (member_pod(affinity=SYSTEM_AFFINITY), "select"),
+        (member_pod(nodeName="ip-10-20-1-1.us-west-2.compute.internal"), "node"),
+        (OWNED, "owner"),
+    ],
+    ids=[
+        "gpu-pod",
+        "copy-pod",
+        "no-queue",
+        "system-exists",
+        "system-equal",
+        "any-taint",
+        "system-selector",
+        "system-affinity",
+        "node-name",
+        "owned",
+    ],
+)
+def test_a_members_own_pod_names_her_queue_and_keeps_off_the_system_nodes(dev_plan, pod, refused):
+    """Kueue's pod integration holds only pods that name a queue, and not those owned by a job
+    it manages; the system nodes are the controllers'. The policy's CEL with cel-python."""
+    policy = admission_policies(dev_plan)[POD_POLICY]
+    found = refusals(policy, "CREATE", pod, namespace=TEAM_A, resource=("", "pods"), **MEMBER)
+    words = {"queue": "names the team's queue", "taint": "tolerates neither", "node": "name its "
+             "node", "select": "select nodes by", "owner": "has no owner"}  # fmt: skip
+    assert found == [] if refused is None else len(found) == 1 and words[refused] in found[0]
+    # The platform's own pods there come from controllers (the TensorBoard's ReplicaSet): not
+    # a member's request, not this policy's.
+    controller = "system:serviceaccount:kube-system:replicaset-controller"
+    assert refusals(policy, "CREATE", pod, username=controller, namespace=TEAM_A,
+                    resource=("", "pods")) is None  # fmt: skip
+
+
+def test_a_member_creates_a_pod_only_in_her_queue_through_the_api(cluster):
+    """The same policies, enforced by the local API on the member's own requests: a one-line
+    refusal the client shows as the API server words it."""
+    api = cluster
+    _, core = clients(api, api.member)
+    with pytest.raises(client.ApiException) as caught:
+        core.create_namespaced_pod("team-a", {**member_pod(), "metadata": {"name": "bare"}})
+    message = json.loads(caught.value.body)["message"]
+    assert caught.value.status == 422 and message.startswith(
+        "pods \"bare\" is forbidden: ValidatingAdmissionPolicy 'team-member-pods' with binding "
+        "'team-member-pods' denied request: a pod of a team member names the team's queue"
+    )
+    created = core.create_namespaced_pod("team-a", member_pod())
+    core.delete_namespaced_pod(created.metadata.name, "team-a")
+    assert api.refusals == []

@@ -10,7 +10,7 @@ import pytest
 import torch
 import yaml
 
-from tests.kube_api import KubeAPI, Kubelet, rbac_of, user
+from tests.kube_api import KubeAPI, Kubelet, admission_policies, rbac_of, user
 from tests.kube_api.rbac import Authorizer, request_info
 from tests.moto_s3 import moto_server, s3_client
 from tests.tensorboard_view import line_pixels, screenshot, series, tensorboard
@@ -18,7 +18,7 @@ from tests.test_policies import plan_with
 from tests.test_trainer import event, train, train_here
 from trainer import bench, data, fetch, sample
 from trainer.checkpoint import MARKER, step_name
-from trainer.cluster_copy import CLAIMS, POD_RULES, copy_pod
+from trainer.cluster_copy import CLAIMS, KUEUE_GATE, POD_RULES, QUEUE_LABEL, copy_pod
 from trainer.model import state_digest
 from trainer.options import parser as trainer_parser
 from trainer.scalars import TAGS
@@ -155,14 +155,17 @@ MEMBERS = f"team:{TEAM}"  # the group a team member's EKS access entry maps her 
 
 @pytest.fixture
 def cluster(dev_plan, tmp_path, monkeypatch):
-    """The local Kubernetes API with the dev plan's RBAC: a team namespace whose members (the
-    group team:<team> their access entries map them to) have the team's Role; pods run as local
-    processes (tests.kube_api.kubelet)."""
+    """The local Kubernetes API with the dev plan's RBAC and admission policies: a team
+    namespace (as the plan labels it) whose members (the group team:<team> their access entries
+    map them to) have the team's Role; pods run as local processes (tests.kube_api.kubelet)."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
     api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
     api.runtime = Kubelet()
+    api.policies = admission_policies(dev_plan)
     namespaces = next(k for k in api.kinds.values() if k.plural == "namespaces")
-    api.call(api.create, namespaces, "", {"metadata": {"name": TEAM}})
+    (namespace,) = [n.inputs for n in dev_plan.of_type("kubernetes:core/v1:Namespace")
+                    if n.inputs["metadata"]["name"] == TEAM]  # fmt: skip
+    api.call(api.create, namespaces, "", namespace)
     yield api
     api.stop()
 
@@ -196,6 +199,8 @@ def test_an_efs_checkpoint_is_fetched_through_a_pod_that_is_gone_after(
               if kind.plural == "pods" and what == "ADDED"]  # fmt: skip
     (mount,) = pod["spec"]["containers"][0]["volumeMounts"]
     assert mount == {"name": "checkpoints", "mountPath": "/efs", "readOnly": True}
+    # In the team's queue (the namespace's name by default), as a member's pods must be.
+    assert pod["metadata"]["labels"][QUEUE_LABEL] == TEAM
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "efs-shared"
 
 
@@ -224,6 +229,26 @@ def test_a_folder_that_is_not_on_the_claim_is_named_and_the_pod_deleted(
     assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
 
 
+def test_a_copy_pod_its_queue_does_not_admit_says_so_and_is_deleted(
+    cluster, tmp_path, capsys, monkeypatch
+):
+    def kueue(kind, obj):  # Kueue's pod webhook: a pod that names a queue waits for it, gated
+        if kind.kind == "Pod" and QUEUE_LABEL in obj["metadata"].get("labels", {}):
+            obj["spec"]["schedulingGates"] = [{"name": KUEUE_GATE}]
+
+    cluster.admission.append(kueue)
+    use_kubeconfig(cluster, user("alice", [MEMBERS]), tmp_path / "kc", monkeypatch)
+    status, _, err = fetched(capsys, "/efs/checkpoints/job", "--namespace", TEAM, "--image", IMAGE,
+                             "--queue", "busy", "--start-timeout", "2")  # fmt: skip
+    assert status == 2
+    assert err.startswith("python -m trainer.fetch: error: pod checkpoint-copy-")
+    assert err.endswith(
+        f" in namespace {TEAM} did not start within 2 s (queue busy has not admitted it: "
+        "`kubectl get workloads` says why)\n"
+    )
+    assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
+
+
 def test_a_teams_members_may_do_what_the_copy_needs_in_its_namespace_only(dev_plan):
     authorizer, alice = Authorizer(rbac_of(dev_plan)), user("alice", [MEMBERS])
     methods = {"get": "GET", "create": "POST", "delete": "DELETE"}
@@ -243,7 +268,7 @@ def test_the_copy_pod_is_restricted_and_mounts_the_claim_of_its_path_read_only()
     from policies.offline import check
 
     for mount, claim in CLAIMS.items():
-        pod = copy_pod(TEAM, f"{mount}/checkpoints/job", IMAGE)
+        pod = copy_pod(TEAM, f"{mount}/checkpoints/job", IMAGE, TEAM)
         violations = check(plan_with(("kubernetes:core/v1:Pod", pod)))
         rules = {"pods-restricted", "pods-no-host-access"}
         assert [v for v in violations if v.policy in rules] == []
@@ -257,6 +282,13 @@ def test_the_claims_are_the_ones_job_pods_mount():
     from workloads.manifests import MOUNTS
 
     assert dict(MOUNTS.values()) == CLAIMS
+
+
+def test_the_copy_pod_names_its_queue_and_knows_kueues_gate_as_the_platform_does():
+    from devservers.controller import KUEUE_GATE as GATE
+    from infra.components.team_access import QUEUE_LABEL as LABEL
+
+    assert (QUEUE_LABEL, KUEUE_GATE) == (LABEL, GATE)
 
 
 @pytest.mark.parametrize(

@@ -5,6 +5,10 @@ short-lived pod of the trainer image (Pod Security restricted, read-only mount o
 started in the team's namespace; the steps are listed and the one asked for is streamed out with
 `tar` over the API server's exec (the kubernetes Python client), and the pod is deleted, whatever
 happened. The user needs POD_RULES in that namespace and a kubeconfig for the cluster.
+
+The pod names the team's queue: a team member's pods must (infra/components/team_access.py
+POD_POLICY), and Kueue holds it behind a scheduling gate until the queue admits it, within the
+team's quota.
 """
 
 import json
@@ -26,6 +30,10 @@ POD_RULES = [
     {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
 ]
 UID = 10001  # the trainer image's user (trainer/Dockerfile), who owns the checkpoints
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# What Kueue's pod webhook gates a queued pod with until its queue admits it (kueue v0.19.2
+# pkg/controller/jobs/pod/constants: SchedulingGateName).
+KUEUE_GATE = "kueue.x-k8s.io/admission"
 # The pod's own end, should this process die before deleting it.
 POD_SECONDS = 3600
 
@@ -40,8 +48,9 @@ def claim_of(path: str) -> tuple[str, str]:
     )
 
 
-def copy_pod(namespace: str, path: str, image: str) -> dict:
-    """The pod that mounts the claim holding `path`: it only sleeps while commands are exec'd."""
+def copy_pod(namespace: str, path: str, image: str, queue: str) -> dict:
+    """The pod that mounts the claim holding `path`, in `queue`: it only sleeps while commands
+    are exec'd."""
     mount, claim = claim_of(path)
     return {
         "apiVersion": "v1",
@@ -49,7 +58,7 @@ def copy_pod(namespace: str, path: str, image: str) -> dict:
         "metadata": {
             "generateName": "checkpoint-copy-",
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/name": "checkpoint-copy"},
+            "labels": {"app.kubernetes.io/name": "checkpoint-copy", QUEUE_LABEL: queue},
         },
         "spec": {
             "restartPolicy": "Never",
@@ -121,9 +130,9 @@ class PodFolder:
     """A checkpoint folder in a pod: `with PodFolder(...) as folder:` starts the pod and deletes
     it on the way out. Every failure is an OSError saying what went wrong."""
 
-    def __init__(self, namespace: str, path: str, image: str, start_timeout: float):
+    def __init__(self, namespace: str, path: str, image: str, queue: str, start_timeout: float):
         self.namespace, self.path, self.image = namespace, path.rstrip("/"), image
-        self.start_timeout = start_timeout
+        self.queue, self.start_timeout = queue, start_timeout
         self.name = ""
 
     def where(self, step: int) -> str:
@@ -157,7 +166,7 @@ class PodFolder:
             self.core = client.CoreV1Api(config.new_client_from_config(config_file=paths))
         except ConfigException as e:
             raise OSError(f"no cluster credentials: {e}") from None
-        pod = copy_pod(self.namespace, self.path, self.image)
+        pod = copy_pod(self.namespace, self.path, self.image, self.queue)
         created = self._object(
             f"creating a pod in namespace {self.namespace}",
             self.core.create_namespaced_pod,
@@ -212,6 +221,8 @@ class PodFolder:
             ]
             if waiting:
                 why = ": ".join(filter(None, (waiting[0].get("reason"), waiting[0].get("message"))))
+            elif KUEUE_GATE in [g["name"] for g in pod["spec"].get("schedulingGates") or []]:
+                why = f"queue {self.queue} has not admitted it: `kubectl get workloads` says why"
             elif unmet:
                 why = unmet[0]
             time.sleep(0.5)

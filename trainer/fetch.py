@@ -80,7 +80,7 @@ def model_file(store: LocalStore | S3Store, step: int) -> dict:
     }
 
 
-def fetch(source: str, namespace: str, image: str, start_timeout: float) -> dict:
+def fetch(source: str, namespace: str, image: str, queue: str, start_timeout: float) -> dict:
     if namespace:
         if not image:
             raise FetchError("--namespace needs --image: the trainer image the job runs")
@@ -89,7 +89,7 @@ def fetch(source: str, namespace: str, image: str, start_timeout: float) -> dict
         except ValueError as e:
             raise FetchError(f"{e}: only those are read through the cluster") from None
         with tempfile.TemporaryDirectory(prefix="trainer-fetch-") as copy:
-            with PodFolder(namespace, source, image, start_timeout) as folder:
+            with PodFolder(namespace, source, image, queue or namespace, start_timeout) as folder:
                 step = newest_committed(folder.steps(), f"{source} (namespace {namespace})")
                 folder.copy(step, Path(copy))
             found = model_file(LocalStore(copy), step)
@@ -130,11 +130,18 @@ def parser() -> argparse.ArgumentParser:
         help="with --namespace: the trainer image the pod runs (the job's own); no default",
     )
     found.add_argument(
+        "--queue",
+        default="",
+        help="with --namespace: the team's queue (LocalQueue) the pod waits in, as a team "
+        "member's pods must (default: the namespace's name, the team's queue unless the stack "
+        "names its namespace otherwise)",
+    )
+    found.add_argument(
         "--start-timeout",
         type=float,
         default=300.0,
-        help="with --namespace: seconds to wait for the pod to start, a node to come up "
-        "included (default: %(default)s)",
+        help="with --namespace: seconds to wait for the pod to start, its queue admitting it "
+        "and a node coming up included (default: %(default)s)",
     )
     return found
 
@@ -142,7 +149,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        model = fetch(args.source, args.namespace, args.image, args.start_timeout)
+        model = fetch(args.source, args.namespace, args.image, args.queue, args.start_timeout)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(f".{out.name}.partial")
