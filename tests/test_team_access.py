@@ -2,6 +2,7 @@
 lets them do, checked for real through the local Kubernetes API (tests.kube_api), which
 authorizes every request with the dev plan's RBAC and Kubernetes' own verb mapping."""
 
+import copy
 import json
 import re
 
@@ -13,6 +14,8 @@ from kubernetes.dynamic.exceptions import ForbiddenError
 from infra.components.node_pools import POOL_LABEL
 from infra.components.queues import TEAM_LABEL
 from infra.components.team_access import (
+    DISRUPT_POLICY,
+    DO_NOT_DISRUPT,
     POD_POLICY,
     QUEUE_LABEL,
     QUEUE_POLICY,
@@ -21,7 +24,7 @@ from infra.components.team_access import (
 )
 from infra.config import TeamConfig
 from tests.admission_rules import refusals
-from tests.conftest import ROOT, stack_values
+from tests.conftest import ROOT, plan_of, stack_values
 from tests.crd_schema import CRD_DIR, conformance_errors
 from tests.job_crds import example_job, job_crds
 from tests.kube_api import ADMIN, admission_policies, from_plan, user
@@ -36,6 +39,7 @@ SSO = (
 )
 IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/tp-dev/trainer@sha256:" + "a" * 64
 PYTORCHJOB = ("kubeflow.org/v1", "PyTorchJob")
+RUNTIME = "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime"
 
 
 def teams_with(*members: list[str]) -> dict:
@@ -410,7 +414,7 @@ def test_a_job_without_its_queue_label_is_refused_in_every_team_namespace(dev_pl
         f"{admission}:ValidatingAdmissionPolicy")}  # fmt: skip
     bindings = {b.inputs["metadata"]["name"]: b.inputs for b in dev_plan.of_type(
         f"{admission}:ValidatingAdmissionPolicyBinding")}  # fmt: skip
-    assert set(policies) == set(bindings) == {QUEUE_POLICY, POD_POLICY}
+    assert set(policies) == set(bindings) == {QUEUE_POLICY, DISRUPT_POLICY, POD_POLICY}
     for name, policy in policies.items():
         for manifest, kind in (
             (policy, "ValidatingAdmissionPolicy"),
@@ -434,9 +438,10 @@ def test_a_job_without_its_queue_label_is_refused_in_every_team_namespace(dev_pl
 
     # Every resource a member may create needs the queue label on create: jobs by this policy,
     # pods by the member pods' policy.
+    queued = [policies[QUEUE_POLICY], policies[POD_POLICY]]
     matched = {
         (group, resource)
-        for p in policies.values()
+        for p in queued
         for r in p["spec"]["matchConstraints"]["resourceRules"]
         if r["operations"] == ["CREATE"]
         for group in r["apiGroups"]
@@ -451,13 +456,78 @@ def test_a_job_without_its_queue_label_is_refused_in_every_team_namespace(dev_pl
     }
     assert matched == creatable
     assert all(QUEUE_RULE in [v["expression"] for v in p["spec"]["validations"]]
-               for p in policies.values())  # fmt: skip
+               for p in queued)  # fmt: skip
     namespaces = [n.inputs["metadata"] for n in dev_plan.of_type("kubernetes:core/v1:Namespace")]
     for p in policies.values():
         (selector,) = p["spec"]["matchConstraints"]["namespaceSelector"]["matchExpressions"]
         labelled = {n["name"] for n in namespaces if selector["key"] in (n.get("labels") or {})}
         assert selector["operator"] == "Exists"
         assert labelled == {"team-a", "research", "dev-alice", "dev-bob"}
+
+
+def annotated(job: dict, value: str | None, replica: str = "Worker", specs="pytorchReplicaSpecs"):
+    """`job` with the annotation of one replica's pod template set to `value` (None: left out)."""
+    changed = copy.deepcopy(job)
+    metadata = changed["spec"][specs][replica]["template"].setdefault("metadata", {})
+    annotations = metadata.setdefault("annotations", {})
+    annotations.pop(DO_NOT_DISRUPT, None)
+    if value is not None:
+        annotations[DO_NOT_DISRUPT] = value
+    return changed
+
+
+def patched(trainjob: dict, annotations: dict) -> dict:
+    """`trainjob` with a runtime patch of its own setting `annotations` on the node pods."""
+    pods = {"template": {"metadata": {"annotations": annotations}}}
+    patch = {"replicatedJobs": [{"name": "node", "template": {"spec": pods}}]}
+    runtime = {"manager": "me", "trainingRuntimeSpec": {"template": {"spec": patch}}}
+    return {**trainjob, "spec": {**trainjob["spec"], "runtimePatches": [runtime]}}
+
+
+def test_a_teams_jobs_keep_karpenter_from_draining_their_nodes(dev_plan):
+    """Without karpenter.sh/do-not-disrupt on every replica's pods, a drifted or consolidated
+    job loses its nodes one at a time. The policy's CEL with cel-python, on what the examples,
+    the stack and a member may submit."""
+    from tests.test_trainjob import with_trainjob
+
+    policy = admission_policies(dev_plan)[DISRUPT_POLICY]
+    job = example_job("team-a", IMAGE)
+    stack = plan_of("dev", jobs=with_trainjob())
+    mpi = dev_plan.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs
+    trainjob = yaml.safe_load((ROOT / "examples" / "trainjob.yaml").read_text())
+    admitted = [
+        job,
+        *(j.inputs for j in dev_plan.of_type("kubernetes:kubeflow.org/v1:PyTorchJob")),
+        mpi,
+        trainjob,
+        stack.one("kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob").inputs,
+        patched(trainjob, {DO_NOT_DISRUPT: "true", "team": "a"}),
+    ]
+    for obj in admitted:
+        assert refusals(policy, "CREATE", obj, namespace=TEAM_A) == [], obj["metadata"]["name"]
+    master = copy.deepcopy(job)
+    master["spec"]["pytorchReplicaSpecs"]["Master"] = copy.deepcopy(
+        annotated(job, None)["spec"]["pytorchReplicaSpecs"]["Worker"]
+    )
+    refused = {
+        "PyTorchJob": [annotated(job, None), annotated(job, "false"), master],
+        "MPIJob": [annotated(mpi, None, "Launcher", "mpiReplicaSpecs")],
+        "TrainJob": [
+            patched(trainjob, {DO_NOT_DISRUPT: "false"}),
+            patched(trainjob, {DO_NOT_DISRUPT: ""}),
+        ],  # fmt: skip
+    }
+    for kind, objs in refused.items():
+        for obj in objs:
+            (message,) = refusals(policy, "CREATE", obj, namespace=TEAM_A)
+            assert message.startswith((f"every replica's pod template of a {kind} ",
+                                       f"a {kind}'s runtimePatches leave")), message  # fmt: skip
+            assert "one at a time" in message
+    # A TrainJob's pods get the annotation from its runtime: every one of the platform's.
+    for runtime in dev_plan.of_type(RUNTIME):
+        for replicated in runtime.inputs["spec"]["template"]["spec"]["replicatedJobs"]:
+            pods = replicated["template"]["spec"]["template"]["metadata"]
+            assert pods["annotations"][DO_NOT_DISRUPT] == "true"
 
 
 TEAM_A = {"metadata": {"name": "team-a", "labels": {TEAM_LABEL: "team-a"}}}
@@ -537,11 +607,11 @@ def test_a_members_own_pod_names_her_queue_and_keeps_off_the_system_nodes(dev_pl
                     resource=("", "pods")) is None  # fmt: skip
 
 
-def test_a_member_creates_a_pod_only_in_her_queue_through_the_api(cluster):
+def test_the_api_refuses_a_members_pod_outside_her_queue_and_a_job_that_may_be_drained(cluster):
     """The same policies, enforced by the local API on the member's own requests: a one-line
     refusal the client shows as the API server words it."""
     api = cluster
-    _, core = clients(api, api.member)
+    member, core = clients(api, api.member)
     with pytest.raises(client.ApiException) as caught:
         core.create_namespaced_pod("team-a", {**member_pod(), "metadata": {"name": "bare"}})
     message = json.loads(caught.value.body)["message"]
@@ -551,4 +621,14 @@ def test_a_member_creates_a_pod_only_in_her_queue_through_the_api(cluster):
     )
     created = core.create_namespaced_pod("team-a", member_pod())
     core.delete_namespaced_pod(created.metadata.name, "team-a")
+
+    jobs = member.resources.get(api_version=PYTORCHJOB[0], kind=PYTORCHJOB[1])
+    with pytest.raises(client.ApiException) as caught:
+        jobs.create(body=annotated(example_job("team-a", IMAGE), None), namespace="team-a")
+    assert caught.value.status == 422 and json.loads(caught.value.body)["message"].startswith(
+        'pytorchjobs.kubeflow.org "hello-trainer" is forbidden: ValidatingAdmissionPolicy '
+        "'team-jobs-stay-on-their-nodes' with binding 'team-jobs-stay-on-their-nodes' denied "
+        "request: every replica's pod template of a PyTorchJob in a team namespace is annotated "
+        'karpenter.sh/do-not-disrupt: "true"'
+    )
     assert api.refusals == []

@@ -5,8 +5,8 @@ submit, watch and delete their jobs, read what tells them how the jobs fare, rea
 TensorBoard, and fetch checkpoints (trainer.fetch). Outside the namespace they read only the
 platform's ClusterTrainingRuntimes (RUNTIMES_ROLE), beside what every authenticated user has
 (discovery, the Trainer's public ConfigMap). A job they create must name a queue (QUEUE_POLICY),
-or Kueue would not hold it; so must a pod they create, which may not reach the system nodes
-either (POD_POLICY).
+or Kueue would not hold it, and keep Karpenter from draining its nodes (DISRUPT_POLICY); a pod
+they create must name a queue too, and may not reach the system nodes (POD_POLICY).
 
 Each member principal gets one EKS access entry (type STANDARD, no access policy: its rights are
 this RBAC and nothing more) mapping it to the groups of every team it is a member of. EKS keeps
@@ -68,21 +68,26 @@ QUEUE_POLICY = "team-jobs-name-a-queue"
 QUEUE_RULE = f"has(object.metadata.labels) && '{QUEUE_LABEL}' in object.metadata.labels"
 
 
+def created_jobs() -> dict:
+    """matchConstraints: the creation of a job of a kind members create, in a team namespace."""
+    return {
+        "namespaceSelector": TEAM_NAMESPACES,
+        "resourceRules": [
+            {
+                "apiGroups": [group],
+                "apiVersions": ["*"],
+                "resources": resources,
+                "operations": ["CREATE"],
+            }
+            for group, resources in JOB_RESOURCES.items()
+        ],
+    }
+
+
 def queue_policy_spec() -> dict:
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": {
-            "namespaceSelector": TEAM_NAMESPACES,
-            "resourceRules": [
-                {
-                    "apiGroups": [group],
-                    "apiVersions": ["*"],
-                    "resources": resources,
-                    "operations": ["CREATE"],
-                }
-                for group, resources in JOB_RESOURCES.items()
-            ],
-        },
+        "matchConstraints": created_jobs(),
         "validations": [
             {
                 "expression": QUEUE_RULE,
@@ -92,6 +97,83 @@ def queue_policy_spec() -> dict:
                 "reason": "Invalid",
             }
         ],
+    }
+
+
+# A job whose pods may be disrupted is drained one node at a time: a drifted GPU node goes once
+# it runs no pod that asks not to be (node_pools.py, a budget of one node), a CPU node is
+# consolidated away, and an elastic job restarts from its checkpoint at each of them (a
+# 16-node job 16 times). The stack's own jobs carry the annotation (workloads/manifests.py
+# pod_template, and the training-pod-hygiene policy); so must a team's own, on every replica's
+# pods. A TrainJob's pods get it from the platform's ClusterTrainingRuntimes; a runtime patch
+# (spec.runtimePatches, strategically merged over the runtime's JobSet spec: kubeflow/trainer
+# v2.3.0 pkg/runtime/core/trainingruntime.go, mergeRuntimePatches) could set it to anything
+# else on the pod template, and may not. On create only, as the queue rule.
+DISRUPT_POLICY = "team-jobs-stay-on-their-nodes"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+
+
+def kept(metadata: str) -> str:
+    """CEL: whether the pod template metadata at `metadata` asks Karpenter not to disrupt."""
+    annotations = f"{metadata}.annotations"
+    return (
+        f"has({metadata}) && has({annotations}) && '{DO_NOT_DISRUPT}' in {annotations} && "
+        f"{annotations}['{DO_NOT_DISRUPT}'] == 'true'"
+    )
+
+
+def replicas_kept(kind: str, specs: str) -> str:
+    """CEL: every replica's pod template of a `kind` job (`specs`: its replica specs' field)."""
+    field = f"object.spec.{specs}"
+    return (
+        f"object.kind != '{kind}' || (has({field}) && "
+        f"{field}.all(r, has({field}[r].template) && {kept(f'{field}[r].template.metadata')}))"
+    )
+
+
+def patches_kept() -> str:
+    """CEL: no runtime patch of a TrainJob sets the annotation on its pods to another value."""
+    job = "j.template.spec.template"
+    pods = f"{job}.metadata.annotations"
+    return (
+        "object.kind != 'TrainJob' || !has(object.spec.runtimePatches) || "
+        "object.spec.runtimePatches.all(p, !has(p.trainingRuntimeSpec) || "
+        "!has(p.trainingRuntimeSpec.template) || !has(p.trainingRuntimeSpec.template.spec) || "
+        "!has(p.trainingRuntimeSpec.template.spec.replicatedJobs) || "
+        "p.trainingRuntimeSpec.template.spec.replicatedJobs.all(j, !has(j.template) || "
+        f"!has(j.template.spec) || !has({job}) || !has({job}.metadata) || !has({pods}) || "
+        f"!('{DO_NOT_DISRUPT}' in {pods}) || {pods}['{DO_NOT_DISRUPT}'] == 'true'))"
+    )
+
+
+# The replica specs' field of each job kind whose pod templates a team writes itself.
+REPLICA_SPECS = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
+
+
+def disrupt_policy_spec() -> dict:
+    why = (
+        "without it Karpenter drains the job's nodes one at a time (drift, consolidation) and "
+        "the job restarts from its checkpoint once per node"
+    )
+    replicas = [
+        {
+            "expression": replicas_kept(kind, specs),
+            "message": f"every replica's pod template of a {kind} in a team namespace is "
+            f'annotated {DO_NOT_DISRUPT}: "true": {why}',
+            "reason": "Invalid",
+        }
+        for kind, specs in REPLICA_SPECS.items()
+    ]
+    patches = {
+        "expression": patches_kept(),
+        "message": f'a TrainJob\'s runtimePatches leave {DO_NOT_DISRUPT}: "true", which the '
+        f"platform's runtimes set on its pods: {why}",
+        "reason": "Invalid",
+    }
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": created_jobs(),
+        "validations": [*replicas, patches],
     }
 
 
@@ -196,6 +278,7 @@ def member_pods_policy_spec() -> dict:
 # Policy name -> (resource name suffix, spec).
 POLICIES = {
     QUEUE_POLICY: ("queue-label", queue_policy_spec),
+    DISRUPT_POLICY: ("do-not-disrupt", disrupt_policy_spec),
     POD_POLICY: ("member-pods", member_pods_policy_spec),
 }
 
