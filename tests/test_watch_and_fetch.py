@@ -18,7 +18,14 @@ from tests.test_policies import plan_with
 from tests.test_trainer import event, train, train_here
 from trainer import bench, data, fetch, sample
 from trainer.checkpoint import MARKER, step_name
-from trainer.cluster_copy import CLAIMS, KUEUE_GATE, POD_RULES, QUEUE_LABEL, copy_pod
+from trainer.cluster_copy import (
+    CLAIMS,
+    KUEUE_GATE,
+    POD_RULES,
+    QUEUE_LABEL,
+    SERVICE_ACCOUNT,
+    copy_pod,
+)
 from trainer.model import state_digest
 from trainer.options import parser as trainer_parser
 from trainer.scalars import TAGS
@@ -109,31 +116,39 @@ def test_the_newest_committed_s3_checkpoint_becomes_one_model_file_that_samples_
     (digest,) = event(second, "done")["param_digests"]
     assert state_digest(model["state_dict"]) == digest and digest in printed
 
+    texts = [sampled(capsys, out, seed) for seed in ("7", "7", "8")]
+    assert texts[0] == texts[1] != texts[2]
+    assert texts[0].startswith("def ") and len(texts[0].strip()) > len("def ")
+
+
+def sampled(capsys, model, seed: str) -> str:
+    """What trainer.sample writes from the model file `model` after the prompt `def `."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one sequence at a time: a second thread only waits
     try:
-        texts = []
-        for seed in ("7", "7", "8"):
-            assert sample.main(["--model", str(out), "--prompt", "def ", "--tokens", "40",
-                                "--seed", seed]) == 0  # fmt: skip
-            texts.append(capsys.readouterr().out)
+        assert sample.main(["--model", str(model), "--prompt", "def ", "--tokens", "40",
+                            "--seed", seed]) == 0  # fmt: skip
     finally:
         torch.set_num_threads(threads)
-    assert texts[0] == texts[1] != texts[2]
-    assert texts[0].startswith("def ") and len(texts[0].strip()) > len("def ")
+    return capsys.readouterr().out
+
+
+def without_aws_credentials(monkeypatch, tmp_path) -> None:
+    """This process as a fresh one of a user with no AWS credentials anywhere."""
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # none cached
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 def test_fetching_from_s3_without_aws_credentials_says_so_in_one_line(
     s3_run, tmp_path, capsys, monkeypatch
 ):
     env, uri, _, _ = s3_run
-    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # as in a fresh process: none cached
+    without_aws_credentials(monkeypatch, tmp_path)
     monkeypatch.setenv("AWS_ENDPOINT_URL", env["AWS_ENDPOINT_URL"])
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     status, _, err = fetched(capsys, uri, "--out", str(tmp_path / "model.pt"))
     assert status == 2
     assert err == "python -m trainer.fetch: error: no AWS credentials found: run `aws sso login` "\
@@ -204,6 +219,59 @@ def test_an_efs_checkpoint_is_fetched_through_a_pod_that_is_gone_after(
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "efs-shared"
 
 
+def pod_identity(plan, env: dict):
+    """EKS Pod Identity as the test stands it in: a pod of a service account the plan associates
+    with a role gets credentials in its environment (here those of the moto server `env` names,
+    and its endpoint); any other pod gets none."""
+    associated = {
+        (a.inputs["namespace"], a.inputs["serviceAccount"])
+        for a in plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    }
+
+    def inject(kind, obj):
+        spec = obj.get("spec") or {}
+        account = (obj["metadata"].get("namespace"), spec.get("serviceAccountName", "default"))
+        if kind.kind == "Pod" and account in associated:
+            for container in spec["containers"]:
+                container["env"] = [*(container.get("env") or []),
+                                    *({"name": k, "value": v} for k, v in env.items())]  # fmt: skip
+
+    return inject
+
+
+def test_an_s3_checkpoint_is_fetched_through_a_pod_with_the_teams_identity_alone(
+    s3_run, cluster, dev_plan, tmp_path, capsys, monkeypatch
+):
+    """A member has no rights on the bucket (nor its KMS key in prod): the copy pod reads S3 as
+    the team's self-service service account, and streams the checkpoint out as from EFS."""
+    env, uri, _, second = s3_run
+    cluster.admission.append(pod_identity(dev_plan, env))
+    without_aws_credentials(monkeypatch, tmp_path)
+    use_kubeconfig(cluster, user("alice", [MEMBERS]), tmp_path / "kubeconfig", monkeypatch)
+    out = tmp_path / "model.pt"
+    status, printed, err = fetched(capsys, uri, "--namespace", TEAM, "--image", IMAGE, "--out",
+                                   str(out))  # fmt: skip
+    assert status == 0, err
+    model = torch.load(out, weights_only=True)
+    assert model["step"] == 25 and model["source"] == f"{uri}/{step_name(25)} (namespace {TEAM})"
+    (digest,) = event(second, "done")["param_digests"]
+    assert state_digest(model["state_dict"]) == digest and digest in printed
+    assert sampled(capsys, out, "7").startswith("def ")
+    (pod,) = [obj for _, kind, what, obj, _ in cluster.history
+              if kind.plural == "pods" and what == "ADDED"]  # fmt: skip
+    assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT and "volumes" not in pod["spec"]
+    assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
+
+    # What S3 answers the pod, in one line.
+    status, _, err = fetched(capsys, "s3://nowhere/checkpoints/team-a/job", "--namespace", TEAM,
+                             "--image", IMAGE)  # fmt: skip
+    assert (status, err) == (2, "python -m trainer.fetch: error: cannot list s3://nowhere/"
+        f"checkpoints/team-a/job in namespace {TEAM} (does the job write its checkpoints "
+        "there?): An error occurred (NoSuchBucket) when calling the ListObjectsV2 operation: The "
+        "specified bucket does not exist\n")  # fmt: skip
+    assert cluster.objects("pods", TEAM) == []
+
+
 def test_without_the_rights_in_the_namespace_the_copy_says_so_in_one_line(
     cluster, tmp_path, capsys, monkeypatch
 ):
@@ -264,18 +332,32 @@ def test_a_teams_members_may_do_what_the_copy_needs_in_its_namespace_only(dev_pl
                     assert authorizer.allows(alice, info) is allowed, (verb, path)
 
 
-def test_the_copy_pod_is_restricted_and_mounts_the_claim_of_its_path_read_only():
+def test_the_copy_pod_is_restricted_and_reads_a_claim_read_only_or_s3_as_the_team():
     from policies.offline import check
 
+    rules = {"pods-restricted", "pods-no-host-access"}
     for mount, claim in CLAIMS.items():
         pod = copy_pod(TEAM, f"{mount}/checkpoints/job", IMAGE, TEAM)
         violations = check(plan_with(("kubernetes:core/v1:Pod", pod)))
-        rules = {"pods-restricted", "pods-no-host-access"}
         assert [v for v in violations if v.policy in rules] == []
         assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {
             "claimName": claim,
             "readOnly": True,
         }
+    pod = copy_pod(TEAM, "s3://b/checkpoints/team-a/job", IMAGE, TEAM)
+    assert [v for v in check(plan_with(("kubernetes:core/v1:Pod", pod))) if v.policy in rules] == []
+    assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT and "volumes" not in pod["spec"]
+
+
+def test_the_teams_service_account_is_the_one_its_role_is_associated_with(dev_plan):
+    from infra.config import SELF_SERVICE_ACCOUNT
+
+    associated = {
+        (a.inputs["namespace"], a.inputs["serviceAccount"])
+        for a in dev_plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    }
+    assert SERVICE_ACCOUNT == SELF_SERVICE_ACCOUNT
+    assert {(team, SERVICE_ACCOUNT) for team in ("team-a", "research")} <= associated
 
 
 def test_the_claims_are_the_ones_job_pods_mount():
