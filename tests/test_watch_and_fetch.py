@@ -13,7 +13,14 @@ import yaml
 from tests.kube_api import KubeAPI, Kubelet, admission_policies, rbac_of, user
 from tests.kube_api.rbac import Authorizer, request_info
 from tests.moto_s3 import moto_server, s3_client
-from tests.tensorboard_view import line_pixels, screenshot, series, tensorboard
+from tests.tensorboard_view import (
+    SETTINGS_PAGE,
+    line_heights,
+    screenshot,
+    series,
+    tensorboard,
+    with_settings,
+)
 from tests.test_policies import plan_with
 from tests.test_trainer import event, train, train_here
 from trainer import bench, data, fetch, sample
@@ -52,12 +59,22 @@ def test_tensorboard_shows_the_curves_of_a_two_worker_run(local_run, tmp_path):
             shown = series(url, "tensorboard", TAGS[key], len(expected))
             assert [step for step, _ in shown] == [step for step, _ in expected], key
             assert [v for _, v in shown] == pytest.approx([v for _, v in expected], rel=1e-6)
-        shot = screenshot(f"{url}/#scalars&_smoothingWeight=0", tmp_path / "scalars.png")
-    # The charts right of the runs list hold lines in the run's colour, over a stretch of steps
-    # and of values: nothing of that colour is there when no chart is drawn.
-    line = line_pixels(shot, left=shot.width // 4)
-    xs, ys = [x for x, _ in line], [y for _, y in line]
-    assert len(line) > 200 and max(xs) - min(xs) > 200 and max(ys) - min(ys) > 100, len(line)
+        # Unsmoothed, outliers not ignored (clipping the line), the filter matching loss/train.
+        settings = {"_ignoreYOutliers": "false"}
+        page = f"{SETTINGS_PAGE}#scalars&tagFilter=loss%2Ftrain&_smoothingWeight=0"
+        with with_settings(url, settings) as proxied:
+            shot = screenshot(proxied + page, tmp_path / "scalars.png")
+    # The page's first card holds the tags the filter matches, loss/train alone: above y = 470 in
+    # a window 1400 wide (TensorBoard 2.20), right of the runs list (whose checkbox has the run's
+    # colour). Its line falls from step to step as the loss does, scaled to the chart.
+    card = shot.crop((shot.width // 4, 0, shot.width, 470))
+    losses = logged(recs, "loss")
+    heights = line_heights(card, [step for step, _ in losses])
+    assert len(heights) == len(losses) >= 4, heights
+    drops = [(h - heights[0]) / (heights[-1] - heights[0]) for h in heights]
+    loss_drops = [(v - losses[0][1]) / (losses[-1][1] - losses[0][1]) for _, v in losses]
+    assert drops == pytest.approx(loss_drops, abs=0.02), (heights, losses)
+    assert heights[-1] - heights[0] > 100  # falling down the chart, from top to bottom
 
 
 @pytest.fixture(scope="module")
