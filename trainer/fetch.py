@@ -132,7 +132,8 @@ def parser() -> argparse.ArgumentParser:
     found.add_argument(
         "--image",
         default="",
-        help="with --namespace: the trainer image the pod runs (the job's own); no default",
+        help="with --namespace: the trainer image the pod runs (the job's own, or its pool's "
+        "runtime's); no default",
     )
     found.add_argument(
         "--queue",
