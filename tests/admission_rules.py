@@ -5,7 +5,7 @@ by cel-python:
 
 - the policy applies to a request its matchConstraints match (resource, operation; for a
   namespaced object, the namespaceSelector against the namespace's labels) and for which every
-  matchCondition is true;
+  matchCondition is true; a resourceRule's "*" matches any group or resource;
 - `object` is the new object (null on DELETE), `oldObject` the existing one (null on CREATE),
   `request` the AdmissionRequest (its userInfo: username, groups), `namespaceObject` the
   namespace of a namespaced object (null for cluster-scoped ones), `variables` the policy's
@@ -34,6 +34,10 @@ def _evaluate(expression: str, activation: dict):
         return error
 
 
+def _names(listed: list[str], name: str) -> bool:
+    return name in listed or "*" in listed
+
+
 def _matches_labels(selector: dict, labels: dict) -> bool:
     """A LabelSelector's matchLabels and matchExpressions (In, NotIn, Exists, DoesNotExist)."""
     if any(labels.get(k) != v for k, v in selector.get("matchLabels", {}).items()):
@@ -60,12 +64,19 @@ def refusals(
     username: str = "",
     groups: tuple[str, ...] = (),
     namespace: dict | None = None,
+    resource: tuple[str, str] | None = None,
 ) -> list[str] | None:
     """None if the policy does not apply to the request; else the messages of the validations
-    that refuse it (an empty list: admitted)."""
+    that refuse it (an empty list: admitted). `resource`: the (group, plural) requested; None
+    takes `obj` for one the policy's rules name."""
     spec = policy
     rules = spec["matchConstraints"]["resourceRules"]
-    if not any(operation in rule["operations"] for rule in rules):
+    if not any(
+        operation in rule["operations"]
+        and (resource is None or _names(rule["apiGroups"], resource[0]))
+        and (resource is None or _names(rule["resources"], resource[1]))
+        for rule in rules
+    ):
         return None
     selector = spec["matchConstraints"].get("namespaceSelector")
     if selector is not None and namespace is not None:

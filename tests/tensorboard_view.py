@@ -4,6 +4,12 @@ headless Chromium renders it (no internet: TensorBoard serves its whole frontend
 Endpoints of TensorBoard 2.20 (tensorboard/plugins/scalar/scalars_plugin.py, core_plugin.py):
 /data/runs lists the runs, /data/plugin/scalars/tags their tags, and
 /data/plugin/scalars/scalars?run=R&tag=T the points of one series as [wall_time, step, value].
+
+Its scalars dashboard reads some settings from the page's URL fragment (`_smoothingWeight`,
+`tagFilter`) and others only from the origin's localStorage, "Ignore outliers in chart scaling"
+(`_ignoreYOutliers`, on by default) among them (webfiles.zip index.js: tf_storage's initializers
+with useLocalStorage). A page can set those only from TensorBoard's own origin: `with_settings`
+puts TensorBoard behind a local proxy that also serves a page storing them.
 """
 
 import contextlib
@@ -13,9 +19,12 @@ import shutil
 import socket
 import subprocess
 import sys
+import threading
 import time
+import urllib.error
 import urllib.parse
 import urllib.request
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 
 from PIL import Image
@@ -59,6 +68,60 @@ def tensorboard(logdir: str, log: Path, env: dict | None = None):
     finally:
         process.terminate()
         process.wait(timeout=20)
+
+
+SETTINGS_PAGE = "/settings.html"
+
+
+@contextlib.contextmanager
+def with_settings(url: str, settings: dict[str, str]):
+    """TensorBoard at `url` behind a loopback proxy, an origin whose localStorage a fresh browser
+    profile has empty, which also serves SETTINGS_PAGE: that page stores `settings` there and
+    opens TensorBoard at its own fragment (`<proxy>/settings.html#scalars&...`). Yields the
+    proxy's URL."""
+    script = (
+        f"for (const [key, value] of Object.entries({json.dumps(settings)})) "
+        "localStorage.setItem(key, value); location.replace('/' + location.hash);"
+    )
+    page = f"<!doctype html><script>{script}</script>".encode()
+
+    class Proxy(BaseHTTPRequestHandler):
+        def do_GET(self):
+            if self.path == SETTINGS_PAGE:
+                self.answer(200, "text/html", page)
+                return
+            length = int(self.headers.get("Content-Length") or 0)
+            # Everything but what names this hop or asks for compression: bodies pass as they are.
+            skip = {"host", "connection", "accept-encoding"}
+            headers = {k: v for k, v in self.headers.items() if k.lower() not in skip}
+            body = self.rfile.read(length) if length else None
+            request = urllib.request.Request(url + self.path, body, headers, method=self.command)
+            try:
+                with urllib.request.urlopen(request, timeout=30) as answer:
+                    self.answer(answer.status, answer.headers["Content-Type"], answer.read())
+            except urllib.error.HTTPError as refused:
+                self.answer(refused.code, refused.headers["Content-Type"], refused.read())
+
+        do_POST = do_GET
+
+        def answer(self, status: int, content_type: str | None, body: bytes) -> None:
+            self.send_response(status)
+            if content_type:
+                self.send_header("Content-Type", content_type)
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, *args) -> None:  # the test's output is TensorBoard's log
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Proxy)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield f"http://127.0.0.1:{server.server_address[1]}"
+    finally:
+        server.shutdown()
+        server.server_close()
 
 
 def get(url: str, path: str, **query: str):
@@ -105,14 +168,22 @@ def screenshot(page: str, path: Path) -> Image.Image:
     return Image.open(path).convert("RGB")
 
 
-def line_pixels(image: Image.Image, left: int, colour=FIRST_RUN_COLOUR) -> list[tuple[int, int]]:
-    """Where `image` is drawn in a run's colour right of x = `left` (the charts, not the runs
-    list at the left, whose checkbox has that colour too)."""
-    width, height = image.size
-    pixels = image.load()
-    return [
-        (x, y)
-        for x in range(left, width)
-        for y in range(height)
-        if sum(abs(a - b) for a, b in zip(pixels[x, y], colour, strict=True)) < 30
-    ]
+def line_heights(chart: Image.Image, steps: list[int], colour=FIRST_RUN_COLOUR) -> list[float]:
+    """How high (y, down from the top) a chart draws a run's line (`colour`) at each of `steps`,
+    its logged steps in order: the line's ends are the first and last, the steps between fall
+    where a linear step axis puts them. An empty list if nothing is drawn in that colour."""
+    pixels = chart.load()
+    columns: dict[int, list[int]] = {}
+    for x in range(chart.width):
+        for y in range(chart.height):
+            if sum(abs(a - b) for a, b in zip(pixels[x, y], colour, strict=True)) < 30:
+                columns.setdefault(x, []).append(y)
+    if not columns:
+        return []
+    first, last = min(columns), max(columns)
+    heights = []
+    for step in steps:
+        x = round(first + (step - steps[0]) / (steps[-1] - steps[0]) * (last - first))
+        near = [y for column in range(x - 1, x + 2) for y in columns.get(column, [])]
+        heights.append(sum(near) / len(near) if near else float("nan"))
+    return heights

@@ -24,7 +24,7 @@ from infra.components.hybrid_machines import node_labels, node_taints
 from infra.components.node_pools import MACHINE_LABEL, POOL_LABEL
 from infra.components.queues import TEAM_LABEL
 from infra.components.system_nodes import SYSTEM_PLACEMENT
-from infra.components.team_access import QUEUE_POLICY, queue_policy_spec
+from infra.components.team_access import POLICIES
 from infra.config import HybridConfig
 from infra.system_capacity import SYSTEM_LABELS, SYSTEM_TAINT
 from tests.admission_rules import ENV, admitted, refusals
@@ -205,15 +205,16 @@ def admission(plan):
             "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
         )
     }
-    # Beside the hybrid policies, the one every stack has (team_access.py).
-    assert found.pop(QUEUE_POLICY) == queue_policy_spec()
+    # Beside the hybrid policies, those every stack has (team_access.py).
+    teams = {name: spec() for name, (_, spec) in POLICIES.items()}
+    assert {name: found.pop(name) for name in teams} == teams
     assert found == policies(CONFIG, OWNER_LABEL)
     bindings = plan.of_type(
         "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicyBinding"
     )
     assert {
         b.inputs["spec"]["policyName"]: b.inputs["spec"]["validationActions"] for b in bindings
-    } == {name: ["Deny"] for name in [*found, QUEUE_POLICY]}
+    } == {name: ["Deny"] for name in [*found, *teams]}
     return found
 
 

@@ -653,3 +653,34 @@ def test_gradients_cross_ranks_only_on_the_last_micro_step(process_group):
     for last in (False, True):
         with gradient_sync(fsdp, last=last):
             assert all(g.reduce_grads is last for g in groups)
+
+
+def test_mfu_is_the_models_flops_over_the_gpus_peak_in_the_log_and_its_scalar(
+    tmp_path, monkeypatch
+):
+    """On a GPU whose peak the trainer knows, each logged window's MFU is the model's training
+    FLOPs per second over the peak of all its GPUs, in the JSON line and as TensorBoard's
+    throughput/mfu. Here the run's device calls itself a GPU of a given peak (1e11 FLOP/s, so
+    that a CPU run's MFU is not rounded away)."""
+    from tensorboard.backend.event_processing.event_accumulator import EventAccumulator
+
+    from trainer import train
+    from trainer.scalars import TAGS
+
+    assert train.peak_flops("NVIDIA H100 80GB HBM3") == 989e12
+    assert (train.peak_flops("NVIDIA L40S"), train.peak_flops("NVIDIA L4")) == (362e12, 121e12)
+    assert train.peak_flops("") is None  # a CPU: no MFU
+    assert train.mfu(1e9, 2000.0, 1e12, world=8) == 0.25  # 2e12 FLOP/s of 8e12
+    monkeypatch.setitem(train.PEAK_FLOPS, "Test T1", 1e11)
+    monkeypatch.setattr(train, "device_name", lambda device: "ACME Test T1 16GB")
+    ckpt = tmp_path / "ckpt"
+    recs = train_here(tmp_path, str(ckpt), "--steps", "10", "--threads", "1")
+    logged = [r for r in recs if "mfu" in r]
+    assert [r["step"] for r in logged] == [5, 10]
+    flops = PRESETS["tiny"].flops_per_token()  # the trainer's default model, on one process
+    for record in logged:
+        assert record["mfu"] == round(flops * record["tokens_per_s"] / 1e11, 4) > 0
+    shown = EventAccumulator(str(ckpt / "tensorboard")).Reload().Scalars(TAGS["mfu"])
+    assert [(s.step, s.value) for s in shown] == [
+        (r["step"], pytest.approx(r["mfu"], rel=1e-6)) for r in logged
+    ]

@@ -10,15 +10,29 @@ import pytest
 import torch
 import yaml
 
-from tests.kube_api import KubeAPI, Kubelet, rbac_of, user
+from tests.kube_api import KubeAPI, Kubelet, admission_policies, rbac_of, user
 from tests.kube_api.rbac import Authorizer, request_info
 from tests.moto_s3 import moto_server, s3_client
-from tests.tensorboard_view import line_pixels, screenshot, series, tensorboard
+from tests.tensorboard_view import (
+    SETTINGS_PAGE,
+    line_heights,
+    screenshot,
+    series,
+    tensorboard,
+    with_settings,
+)
 from tests.test_policies import plan_with
 from tests.test_trainer import event, train, train_here
 from trainer import bench, data, fetch, sample
 from trainer.checkpoint import MARKER, step_name
-from trainer.cluster_copy import CLAIMS, POD_RULES, copy_pod
+from trainer.cluster_copy import (
+    CLAIMS,
+    KUEUE_GATE,
+    POD_RULES,
+    QUEUE_LABEL,
+    SERVICE_ACCOUNT,
+    copy_pod,
+)
 from trainer.model import state_digest
 from trainer.options import parser as trainer_parser
 from trainer.scalars import TAGS
@@ -45,12 +59,22 @@ def test_tensorboard_shows_the_curves_of_a_two_worker_run(local_run, tmp_path):
             shown = series(url, "tensorboard", TAGS[key], len(expected))
             assert [step for step, _ in shown] == [step for step, _ in expected], key
             assert [v for _, v in shown] == pytest.approx([v for _, v in expected], rel=1e-6)
-        shot = screenshot(f"{url}/#scalars&_smoothingWeight=0", tmp_path / "scalars.png")
-    # The charts right of the runs list hold lines in the run's colour, over a stretch of steps
-    # and of values: nothing of that colour is there when no chart is drawn.
-    line = line_pixels(shot, left=shot.width // 4)
-    xs, ys = [x for x, _ in line], [y for _, y in line]
-    assert len(line) > 200 and max(xs) - min(xs) > 200 and max(ys) - min(ys) > 100, len(line)
+        # Unsmoothed, outliers not ignored (clipping the line), the filter matching loss/train.
+        settings = {"_ignoreYOutliers": "false"}
+        page = f"{SETTINGS_PAGE}#scalars&tagFilter=loss%2Ftrain&_smoothingWeight=0"
+        with with_settings(url, settings) as proxied:
+            shot = screenshot(proxied + page, tmp_path / "scalars.png")
+    # The page's first card holds the tags the filter matches, loss/train alone: above y = 470 in
+    # a window 1400 wide (TensorBoard 2.20), right of the runs list (whose checkbox has the run's
+    # colour). Its line falls from step to step as the loss does, scaled to the chart.
+    card = shot.crop((shot.width // 4, 0, shot.width, 470))
+    losses = logged(recs, "loss")
+    heights = line_heights(card, [step for step, _ in losses])
+    assert len(heights) == len(losses) >= 4, heights
+    drops = [(h - heights[0]) / (heights[-1] - heights[0]) for h in heights]
+    loss_drops = [(v - losses[0][1]) / (losses[-1][1] - losses[0][1]) for _, v in losses]
+    assert drops == pytest.approx(loss_drops, abs=0.02), (heights, losses)
+    assert heights[-1] - heights[0] > 100  # falling down the chart, from top to bottom
 
 
 @pytest.fixture(scope="module")
@@ -109,31 +133,39 @@ def test_the_newest_committed_s3_checkpoint_becomes_one_model_file_that_samples_
     (digest,) = event(second, "done")["param_digests"]
     assert state_digest(model["state_dict"]) == digest and digest in printed
 
+    texts = [sampled(capsys, out, seed) for seed in ("7", "7", "8")]
+    assert texts[0] == texts[1] != texts[2]
+    assert texts[0].startswith("def ") and len(texts[0].strip()) > len("def ")
+
+
+def sampled(capsys, model, seed: str) -> str:
+    """What trainer.sample writes from the model file `model` after the prompt `def `."""
     threads = torch.get_num_threads()
     torch.set_num_threads(1)  # one sequence at a time: a second thread only waits
     try:
-        texts = []
-        for seed in ("7", "7", "8"):
-            assert sample.main(["--model", str(out), "--prompt", "def ", "--tokens", "40",
-                                "--seed", seed]) == 0  # fmt: skip
-            texts.append(capsys.readouterr().out)
+        assert sample.main(["--model", str(model), "--prompt", "def ", "--tokens", "40",
+                            "--seed", seed]) == 0  # fmt: skip
     finally:
         torch.set_num_threads(threads)
-    assert texts[0] == texts[1] != texts[2]
-    assert texts[0].startswith("def ") and len(texts[0].strip()) > len("def ")
+    return capsys.readouterr().out
+
+
+def without_aws_credentials(monkeypatch, tmp_path) -> None:
+    """This process as a fresh one of a user with no AWS credentials anywhere."""
+    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # none cached
+    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
+        monkeypatch.delenv(name, raising=False)
+    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
+    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
 
 
 def test_fetching_from_s3_without_aws_credentials_says_so_in_one_line(
     s3_run, tmp_path, capsys, monkeypatch
 ):
     env, uri, _, _ = s3_run
-    monkeypatch.setattr(boto3, "DEFAULT_SESSION", None)  # as in a fresh process: none cached
+    without_aws_credentials(monkeypatch, tmp_path)
     monkeypatch.setenv("AWS_ENDPOINT_URL", env["AWS_ENDPOINT_URL"])
-    for name in ("AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_SESSION_TOKEN", "AWS_PROFILE"):
-        monkeypatch.delenv(name, raising=False)
-    monkeypatch.setenv("AWS_SHARED_CREDENTIALS_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_CONFIG_FILE", str(tmp_path / "none"))
-    monkeypatch.setenv("AWS_EC2_METADATA_DISABLED", "true")
     status, _, err = fetched(capsys, uri, "--out", str(tmp_path / "model.pt"))
     assert status == 2
     assert err == "python -m trainer.fetch: error: no AWS credentials found: run `aws sso login` "\
@@ -155,14 +187,17 @@ MEMBERS = f"team:{TEAM}"  # the group a team member's EKS access entry maps her 
 
 @pytest.fixture
 def cluster(dev_plan, tmp_path, monkeypatch):
-    """The local Kubernetes API with the dev plan's RBAC: a team namespace whose members (the
-    group team:<team> their access entries map them to) have the team's Role; pods run as local
-    processes (tests.kube_api.kubelet)."""
+    """The local Kubernetes API with the dev plan's RBAC and admission policies: a team
+    namespace (as the plan labels it) whose members (the group team:<team> their access entries
+    map them to) have the team's Role; pods run as local processes (tests.kube_api.kubelet)."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
     api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
     api.runtime = Kubelet()
+    api.policies = admission_policies(dev_plan)
     namespaces = next(k for k in api.kinds.values() if k.plural == "namespaces")
-    api.call(api.create, namespaces, "", {"metadata": {"name": TEAM}})
+    (namespace,) = [n.inputs for n in dev_plan.of_type("kubernetes:core/v1:Namespace")
+                    if n.inputs["metadata"]["name"] == TEAM]  # fmt: skip
+    api.call(api.create, namespaces, "", namespace)
     yield api
     api.stop()
 
@@ -196,7 +231,62 @@ def test_an_efs_checkpoint_is_fetched_through_a_pod_that_is_gone_after(
               if kind.plural == "pods" and what == "ADDED"]  # fmt: skip
     (mount,) = pod["spec"]["containers"][0]["volumeMounts"]
     assert mount == {"name": "checkpoints", "mountPath": "/efs", "readOnly": True}
+    # In the team's queue (the namespace's name by default), as a member's pods must be.
+    assert pod["metadata"]["labels"][QUEUE_LABEL] == TEAM
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "efs-shared"
+
+
+def pod_identity(plan, env: dict):
+    """EKS Pod Identity as the test stands it in: a pod of a service account the plan associates
+    with a role gets credentials in its environment (here those of the moto server `env` names,
+    and its endpoint); any other pod gets none."""
+    associated = {
+        (a.inputs["namespace"], a.inputs["serviceAccount"])
+        for a in plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    }
+
+    def inject(kind, obj):
+        spec = obj.get("spec") or {}
+        account = (obj["metadata"].get("namespace"), spec.get("serviceAccountName", "default"))
+        if kind.kind == "Pod" and account in associated:
+            for container in spec["containers"]:
+                container["env"] = [*(container.get("env") or []),
+                                    *({"name": k, "value": v} for k, v in env.items())]  # fmt: skip
+
+    return inject
+
+
+def test_an_s3_checkpoint_is_fetched_through_a_pod_with_the_teams_identity_alone(
+    s3_run, cluster, dev_plan, tmp_path, capsys, monkeypatch
+):
+    """A member has no rights on the bucket (nor its KMS key in prod): the copy pod reads S3 as
+    the team's self-service service account, and streams the checkpoint out as from EFS."""
+    env, uri, _, second = s3_run
+    cluster.admission.append(pod_identity(dev_plan, env))
+    without_aws_credentials(monkeypatch, tmp_path)
+    use_kubeconfig(cluster, user("alice", [MEMBERS]), tmp_path / "kubeconfig", monkeypatch)
+    out = tmp_path / "model.pt"
+    status, printed, err = fetched(capsys, uri, "--namespace", TEAM, "--image", IMAGE, "--out",
+                                   str(out))  # fmt: skip
+    assert status == 0, err
+    model = torch.load(out, weights_only=True)
+    assert model["step"] == 25 and model["source"] == f"{uri}/{step_name(25)} (namespace {TEAM})"
+    (digest,) = event(second, "done")["param_digests"]
+    assert state_digest(model["state_dict"]) == digest and digest in printed
+    assert sampled(capsys, out, "7").startswith("def ")
+    (pod,) = [obj for _, kind, what, obj, _ in cluster.history
+              if kind.plural == "pods" and what == "ADDED"]  # fmt: skip
+    assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT and "volumes" not in pod["spec"]
+    assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
+
+    # What S3 answers the pod, in one line.
+    status, _, err = fetched(capsys, "s3://nowhere/checkpoints/team-a/job", "--namespace", TEAM,
+                             "--image", IMAGE)  # fmt: skip
+    assert (status, err) == (2, "python -m trainer.fetch: error: cannot list s3://nowhere/"
+        f"checkpoints/team-a/job in namespace {TEAM} (does the job write its checkpoints "
+        "there?): An error occurred (NoSuchBucket) when calling the ListObjectsV2 operation: The "
+        "specified bucket does not exist\n")  # fmt: skip
+    assert cluster.objects("pods", TEAM) == []
 
 
 def test_without_the_rights_in_the_namespace_the_copy_says_so_in_one_line(
@@ -224,6 +314,26 @@ def test_a_folder_that_is_not_on_the_claim_is_named_and_the_pod_deleted(
     assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
 
 
+def test_a_copy_pod_its_queue_does_not_admit_says_so_and_is_deleted(
+    cluster, tmp_path, capsys, monkeypatch
+):
+    def kueue(kind, obj):  # Kueue's pod webhook: a pod that names a queue waits for it, gated
+        if kind.kind == "Pod" and QUEUE_LABEL in obj["metadata"].get("labels", {}):
+            obj["spec"]["schedulingGates"] = [{"name": KUEUE_GATE}]
+
+    cluster.admission.append(kueue)
+    use_kubeconfig(cluster, user("alice", [MEMBERS]), tmp_path / "kc", monkeypatch)
+    status, _, err = fetched(capsys, "/efs/checkpoints/job", "--namespace", TEAM, "--image", IMAGE,
+                             "--queue", "busy", "--start-timeout", "2")  # fmt: skip
+    assert status == 2
+    assert err.startswith("python -m trainer.fetch: error: pod checkpoint-copy-")
+    assert err.endswith(
+        f" in namespace {TEAM} did not start within 2 s (queue busy has not admitted it: "
+        "`kubectl get workloads` says why)\n"
+    )
+    assert cluster.objects("pods", TEAM) == [] and cluster.refusals == []
+
+
 def test_a_teams_members_may_do_what_the_copy_needs_in_its_namespace_only(dev_plan):
     authorizer, alice = Authorizer(rbac_of(dev_plan)), user("alice", [MEMBERS])
     methods = {"get": "GET", "create": "POST", "delete": "DELETE"}
@@ -239,24 +349,45 @@ def test_a_teams_members_may_do_what_the_copy_needs_in_its_namespace_only(dev_pl
                     assert authorizer.allows(alice, info) is allowed, (verb, path)
 
 
-def test_the_copy_pod_is_restricted_and_mounts_the_claim_of_its_path_read_only():
+def test_the_copy_pod_is_restricted_and_reads_a_claim_read_only_or_s3_as_the_team():
     from policies.offline import check
 
+    rules = {"pods-restricted", "pods-no-host-access"}
     for mount, claim in CLAIMS.items():
-        pod = copy_pod(TEAM, f"{mount}/checkpoints/job", IMAGE)
+        pod = copy_pod(TEAM, f"{mount}/checkpoints/job", IMAGE, TEAM)
         violations = check(plan_with(("kubernetes:core/v1:Pod", pod)))
-        rules = {"pods-restricted", "pods-no-host-access"}
         assert [v for v in violations if v.policy in rules] == []
         assert pod["spec"]["volumes"][0]["persistentVolumeClaim"] == {
             "claimName": claim,
             "readOnly": True,
         }
+    pod = copy_pod(TEAM, "s3://b/checkpoints/team-a/job", IMAGE, TEAM)
+    assert [v for v in check(plan_with(("kubernetes:core/v1:Pod", pod))) if v.policy in rules] == []
+    assert pod["spec"]["serviceAccountName"] == SERVICE_ACCOUNT and "volumes" not in pod["spec"]
+
+
+def test_the_teams_service_account_is_the_one_its_role_is_associated_with(dev_plan):
+    from infra.config import SELF_SERVICE_ACCOUNT
+
+    associated = {
+        (a.inputs["namespace"], a.inputs["serviceAccount"])
+        for a in dev_plan.of_type("aws:eks/podIdentityAssociation:PodIdentityAssociation")
+    }
+    assert SERVICE_ACCOUNT == SELF_SERVICE_ACCOUNT
+    assert {(team, SERVICE_ACCOUNT) for team in ("team-a", "research")} <= associated
 
 
 def test_the_claims_are_the_ones_job_pods_mount():
     from workloads.manifests import MOUNTS
 
     assert {mounts[0].path: mounts[0].claim for mounts in MOUNTS.values()} == CLAIMS
+
+
+def test_the_copy_pod_names_its_queue_and_knows_kueues_gate_as_the_platform_does():
+    from devservers.controller import KUEUE_GATE as GATE
+    from infra.components.team_access import QUEUE_LABEL as LABEL
+
+    assert (QUEUE_LABEL, KUEUE_GATE) == (LABEL, GATE)
 
 
 @pytest.mark.parametrize(

@@ -1,10 +1,19 @@
-"""A job's checkpoint folder on the cluster's FSx for Lustre or EFS, read from outside it.
+"""A job's checkpoint folder on the cluster's FSx for Lustre or EFS, or in S3, read from outside
+the cluster.
 
-Those file systems are reachable only from inside the VPC, through the team's claims. So a
-short-lived pod of the trainer image (Pod Security restricted, read-only mount of the claim) is
-started in the team's namespace; the steps are listed and the one asked for is streamed out with
-`tar` over the API server's exec (the kubernetes Python client), and the pod is deleted, whatever
-happened. The user needs POD_RULES in that namespace and a kubeconfig for the cluster.
+Those file systems are reachable only from inside the VPC, through the team's claims; the S3
+prefix of a team's jobs only with the team's role (members have no rights of their own on the
+bucket, nor on its KMS key). So a short-lived pod of the trainer image (Pod Security restricted)
+is started in the team's namespace: mounting the claim read-only, or as the team's self-service
+service account (SERVICE_ACCOUNT), whose Pod Identity role may read the team's checkpoints and
+decrypt them (infra/components/team_jobs_identity.py). The steps are listed and the one asked
+for is streamed out as a tar over the API server's exec (the kubernetes Python client): `find`
+and `tar` on a file system, trainer/s3_folder.py in S3. The pod is deleted, whatever happened.
+The user needs POD_RULES in that namespace and a kubeconfig for the cluster.
+
+The pod names the team's queue: a team member's pods must (infra/components/team_access.py
+POD_POLICY), and Kueue holds it behind a scheduling gate until the queue admits it, within the
+team's quota.
 """
 
 import json
@@ -14,6 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
+from trainer import s3_folder
 from trainer.checkpoint import step_folders, step_name
 
 # Where job pods mount the shared file systems' claims that hold checkpoints, and those claims
@@ -26,8 +36,21 @@ POD_RULES = [
     {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
 ]
 UID = 10001  # the trainer image's user (trainer/Dockerfile), who owns the checkpoints
+QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+# The team's service account the pod reads S3 as (infra/config SELF_SERVICE_ACCOUNT; a test keeps
+# the two equal): every team namespace has it, and its role reads the team's checkpoints.
+SERVICE_ACCOUNT = "self-service-jobs"
+# The program that reads S3 in the pod, sent as text: the image need not hold this revision.
+S3_PROGRAM = Path(s3_folder.__file__).read_text()
+# What Kueue's pod webhook gates a queued pod with until its queue admits it (kueue v0.19.2
+# pkg/controller/jobs/pod/constants: SchedulingGateName).
+KUEUE_GATE = "kueue.x-k8s.io/admission"
 # The pod's own end, should this process die before deleting it.
 POD_SECONDS = 3600
+
+
+def in_s3(path: str) -> bool:
+    return path.startswith("s3://")
 
 
 def claim_of(path: str) -> tuple[str, str]:
@@ -40,50 +63,52 @@ def claim_of(path: str) -> tuple[str, str]:
     )
 
 
-def copy_pod(namespace: str, path: str, image: str) -> dict:
-    """The pod that mounts the claim holding `path`: it only sleeps while commands are exec'd."""
-    mount, claim = claim_of(path)
+def copy_pod(namespace: str, path: str, image: str, queue: str) -> dict:
+    """The pod that reads `path`, in `queue`: mounting its claim, or as the team's service
+    account for S3. It only sleeps while commands are exec'd."""
+    container = {
+        "name": "copy",
+        "image": image,
+        "command": ["sleep", str(POD_SECONDS)],
+        "securityContext": {
+            "allowPrivilegeEscalation": False,
+            "capabilities": {"drop": ["ALL"]},
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "resources": {
+            "requests": {"cpu": "100m", "memory": "256Mi"},
+            "limits": {"memory": "256Mi"},
+        },
+    }
+    spec = {
+        "restartPolicy": "Never",
+        # Pod Identity mounts its own token; the pod never calls the Kubernetes API.
+        "automountServiceAccountToken": False,
+        "securityContext": {
+            "runAsNonRoot": True,
+            "runAsUser": UID,
+            "runAsGroup": UID,
+            "seccompProfile": {"type": "RuntimeDefault"},
+        },
+        "containers": [container],
+    }
+    if in_s3(path):
+        spec["serviceAccountName"] = SERVICE_ACCOUNT
+    else:
+        mount, claim = claim_of(path)
+        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": mount, "readOnly": True}]
+        spec["volumes"] = [
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+        ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
             "generateName": "checkpoint-copy-",
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/name": "checkpoint-copy"},
+            "labels": {"app.kubernetes.io/name": "checkpoint-copy", QUEUE_LABEL: queue},
         },
-        "spec": {
-            "restartPolicy": "Never",
-            "automountServiceAccountToken": False,
-            "securityContext": {
-                "runAsNonRoot": True,
-                "runAsUser": UID,
-                "runAsGroup": UID,
-                "seccompProfile": {"type": "RuntimeDefault"},
-            },
-            "containers": [
-                {
-                    "name": "copy",
-                    "image": image,
-                    "command": ["sleep", str(POD_SECONDS)],
-                    "securityContext": {
-                        "allowPrivilegeEscalation": False,
-                        "capabilities": {"drop": ["ALL"]},
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
-                    "resources": {
-                        "requests": {"cpu": "100m", "memory": "256Mi"},
-                        "limits": {"memory": "256Mi"},
-                    },
-                    "volumeMounts": [{"name": "checkpoints", "mountPath": mount, "readOnly": True}],
-                }
-            ],
-            "volumes": [
-                {
-                    "name": "checkpoints",
-                    "persistentVolumeClaim": {"claimName": claim, "readOnly": True},
-                }
-            ],
-        },
+        "spec": spec,
     }
 
 
@@ -121,9 +146,9 @@ class PodFolder:
     """A checkpoint folder in a pod: `with PodFolder(...) as folder:` starts the pod and deletes
     it on the way out. Every failure is an OSError saying what went wrong."""
 
-    def __init__(self, namespace: str, path: str, image: str, start_timeout: float):
+    def __init__(self, namespace: str, path: str, image: str, queue: str, start_timeout: float):
         self.namespace, self.path, self.image = namespace, path.rstrip("/"), image
-        self.start_timeout = start_timeout
+        self.queue, self.start_timeout = queue, start_timeout
         self.name = ""
 
     def where(self, step: int) -> str:
@@ -157,7 +182,7 @@ class PodFolder:
             self.core = client.CoreV1Api(config.new_client_from_config(config_file=paths))
         except ConfigException as e:
             raise OSError(f"no cluster credentials: {e}") from None
-        pod = copy_pod(self.namespace, self.path, self.image)
+        pod = copy_pod(self.namespace, self.path, self.image, self.queue)
         created = self._object(
             f"creating a pod in namespace {self.namespace}",
             self.core.create_namespaced_pod,
@@ -212,6 +237,8 @@ class PodFolder:
             ]
             if waiting:
                 why = ": ".join(filter(None, (waiting[0].get("reason"), waiting[0].get("message"))))
+            elif KUEUE_GATE in [g["name"] for g in pod["spec"].get("schedulingGates") or []]:
+                why = f"queue {self.queue} has not admitted it: `kubectl get workloads` says why"
             elif unmet:
                 why = unmet[0]
             time.sleep(0.5)
@@ -258,37 +285,42 @@ class PodFolder:
                 answer.get("message") or "the connection to the pod ended before the command did"
             )
 
+    def _listing(self) -> list[str]:
+        """The command that prints the folder's step folders and their files, one a line,
+        relative to it."""
+        if in_s3(self.path):
+            return ["python", "-c", S3_PROGRAM, self.path]
+        pattern = f"{self.path}/step-*"
+        return ["find", self.path, "-mindepth", "1", "-maxdepth", "2", "-path", pattern,
+                "-printf", "%P\\n"]  # fmt: skip
+
+    def _archive(self, step: int) -> list[str]:
+        """The command that writes step `step`'s folder as a tar stream on stdout."""
+        if in_s3(self.path):
+            return ["python", "-c", S3_PROGRAM, self.path, step_name(step)]
+        return ["tar", "-C", self.path, "-cf", "-", step_name(step)]
+
     def steps(self) -> tuple[list[int], list[int]]:
         """(committed, uncommitted) steps, ascending, as trainer.checkpoint's stores see them."""
         listing = tempfile.SpooledTemporaryFile()
         try:
-            self._run(
-                [
-                    "find",
-                    self.path,
-                    "-mindepth",
-                    "1",
-                    "-maxdepth",
-                    "2",
-                    "-path",
-                    f"{self.path}/step-*",
-                ],
-                listing,
-            )
+            self._run(self._listing(), listing)
         except CommandFailed as e:
+            listing.seek(0)
+            said = listing.read().decode(errors="replace").strip().splitlines()
+            why = said[-1] if said and said[-1].startswith(s3_folder.ERROR) else str(e)
             raise OSError(
                 f"cannot list {self.path} in namespace {self.namespace} (does the job write "
-                f"its checkpoints there?): {e}"
+                f"its checkpoints there?): {why.removeprefix(s3_folder.ERROR)}"
             ) from None
         listing.seek(0)
-        names = listing.read().decode().splitlines()
-        return step_folders(name.removeprefix(self.path + "/") for name in names)
+        return step_folders(listing.read().decode().splitlines())
 
     def copy(self, step: int, destination: Path) -> None:
         """Step `step`'s folder into `destination` (as `destination/step-NNNNNNNN`)."""
         with tempfile.TemporaryFile(dir=destination) as archive:
             try:
-                self._run(["tar", "-C", self.path, "-cf", "-", step_name(step)], archive)
+                self._run(self._archive(step), archive)
             except CommandFailed as e:
                 raise OSError(
                     f"copying {self.where(step)} failed ({e}); a running job may have pruned it "

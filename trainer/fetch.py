@@ -3,10 +3,12 @@
     python -m trainer.fetch s3://BUCKET/checkpoints/TEAM/JOB --out model.pt
     python -m trainer.fetch build/checkpoints/local --out model.pt
     python -m trainer.fetch /efs/checkpoints/JOB --namespace TEAM --image IMAGE --out model.pt
+    python -m trainer.fetch s3://BUCKET/checkpoints/TEAM/JOB --namespace TEAM --image IMAGE
 
 A checkpoint counts once it is committed (trainer.checkpoint). S3 is read directly with the
-user's AWS credentials; a local or mounted folder directly; a job's FSx or EFS folder, with
---namespace, through a short-lived pod on the cluster (trainer.cluster_copy). The DCP shards are
+user's AWS credentials, a local or mounted folder directly; with --namespace, a job's FSx or EFS
+folder or S3 prefix is read through a short-lived pod on the cluster, with the team's claims or
+the team's AWS identity (trainer.cluster_copy). The DCP shards are
 read for the model's parameters alone (no optimizer state) and saved with the model's preset and
 shape, which the checkpoint does not record: they are recognised by the parameters' shapes.
 """
@@ -25,7 +27,7 @@ from s3torchconnectorclient import S3Exception
 from torch.distributed.checkpoint.api import CheckpointException
 
 from trainer.checkpoint import LocalStore, S3Store, misfit, open_store
-from trainer.cluster_copy import CLAIMS, PodFolder, claim_of
+from trainer.cluster_copy import CLAIMS, PodFolder, claim_of, in_s3
 from trainer.model import GPT, state_digest
 from trainer.presets import PRESETS
 from trainer.train import MODEL_KEYS
@@ -80,16 +82,18 @@ def model_file(store: LocalStore | S3Store, step: int) -> dict:
     }
 
 
-def fetch(source: str, namespace: str, image: str, start_timeout: float) -> dict:
+def fetch(source: str, namespace: str, image: str, queue: str, start_timeout: float) -> dict:
     if namespace:
         if not image:
             raise FetchError("--namespace needs --image: the trainer image the job runs")
-        try:
-            claim_of(source)
-        except ValueError as e:
-            raise FetchError(f"{e}: only those are read through the cluster") from None
+        if not in_s3(source):
+            try:
+                claim_of(source)
+            except ValueError as e:
+                why = f"{e}: only those and S3 are read through the cluster"
+                raise FetchError(why) from None
         with tempfile.TemporaryDirectory(prefix="trainer-fetch-") as copy:
-            with PodFolder(namespace, source, image, start_timeout) as folder:
+            with PodFolder(namespace, source, image, queue or namespace, start_timeout) as folder:
                 step = newest_committed(folder.steps(), f"{source} (namespace {namespace})")
                 folder.copy(step, Path(copy))
             found = model_file(LocalStore(copy), step)
@@ -111,9 +115,9 @@ def parser() -> argparse.ArgumentParser:
     )
     found.add_argument(
         "source",
-        help="the job's --checkpoint-dir: s3://bucket/prefix (read with your AWS credentials), "
-        "a local or mounted folder, or with --namespace its folder on the cluster's FSx or EFS "
-        "(/fsx/checkpoints/JOB, /efs/checkpoints/JOB)",
+        help="the job's --checkpoint-dir: s3://bucket/prefix (read with your AWS credentials, or "
+        "with --namespace with your team's), a local or mounted folder, or with --namespace its "
+        "folder on the cluster's FSx or EFS (/fsx/checkpoints/JOB, /efs/checkpoints/JOB)",
     )
     found.add_argument(
         "--out", default="model.pt", help="the model file to write (default: %(default)s)"
@@ -122,19 +126,28 @@ def parser() -> argparse.ArgumentParser:
         "--namespace",
         default="",
         help="read SOURCE on the cluster, through a short-lived pod in this namespace (your "
-        "team's) that mounts the team's FSx or EFS claim; default: read SOURCE from here",
+        "team's) that mounts the team's FSx or EFS claim, or reads S3 as the team's service "
+        "account self-service-jobs; default: read SOURCE from here",
     )
     found.add_argument(
         "--image",
         default="",
-        help="with --namespace: the trainer image the pod runs (the job's own); no default",
+        help="with --namespace: the trainer image the pod runs (the job's own, or its pool's "
+        "runtime's); no default",
+    )
+    found.add_argument(
+        "--queue",
+        default="",
+        help="with --namespace: the team's queue (LocalQueue) the pod waits in, as a team "
+        "member's pods must (default: the namespace's name, the team's queue unless the stack "
+        "names its namespace otherwise)",
     )
     found.add_argument(
         "--start-timeout",
         type=float,
         default=300.0,
-        help="with --namespace: seconds to wait for the pod to start, a node to come up "
-        "included (default: %(default)s)",
+        help="with --namespace: seconds to wait for the pod to start, its queue admitting it "
+        "and a node coming up included (default: %(default)s)",
     )
     return found
 
@@ -142,7 +155,7 @@ def parser() -> argparse.ArgumentParser:
 def main(argv: list[str] | None = None) -> int:
     args = parser().parse_args(argv)
     try:
-        model = fetch(args.source, args.namespace, args.image, args.start_timeout)
+        model = fetch(args.source, args.namespace, args.image, args.queue, args.start_timeout)
         out = Path(args.out)
         out.parent.mkdir(parents=True, exist_ok=True)
         partial = out.with_name(f".{out.name}.partial")

@@ -56,6 +56,25 @@ PEAK_FLOPS = {
 }
 
 
+def device_name(device: torch.device) -> str:
+    """The GPU's name as CUDA gives it ("NVIDIA H100 80GB HBM3"); empty off GPUs."""
+    return torch.cuda.get_device_name(device) if device.type == "cuda" else ""
+
+
+def peak_flops(name: str) -> float | None:
+    """The peak of the GPU called `name` (PEAK_FLOPS, longer names first: an L40S is no L4), or
+    None: then the run logs no MFU."""
+    return next(
+        (PEAK_FLOPS[k] for k in sorted(PEAK_FLOPS, key=len, reverse=True) if k in name), None
+    )
+
+
+def mfu(flops_per_token: float, tokens_per_s: float, peak: float, world: int) -> float:
+    """Model FLOPs utilization: the training FLOPs per second of all `world` workers' tokens
+    over the peak of their GPUs together."""
+    return round(flops_per_token * tokens_per_s / (peak * world), 4)
+
+
 class Progress(Stateful):
     """What the run has consumed: steps taken and the global sample counter."""
 
@@ -396,14 +415,7 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
         autocast = (
             torch.autocast("cuda", dtype=torch.bfloat16) if config.bf16 and cuda else nullcontext()
         )
-        peak = next(
-            (
-                f
-                for name, f in PEAK_FLOPS.items()
-                if cuda and name in torch.cuda.get_device_name(device)
-            ),
-            None,
-        )
+        peak = peak_flops(device_name(device))
         tokens_per_step = config.global_batch * model_config.seq_len
         loss_sum = torch.zeros((), device=device)
         norm_sum = torch.zeros((), device=device)
@@ -454,8 +466,8 @@ def _train(config: TrainConfig, rank: int, world: int, device: torch.device) -> 
                     "samples": progress.samples,
                 }
                 if peak:
-                    record["mfu"] = round(
-                        model_config.flops_per_token() * record["tokens_per_s"] / (peak * world), 4
+                    record["mfu"] = mfu(
+                        model_config.flops_per_token(), record["tokens_per_s"], peak, world
                     )
                 logger.log(record)
                 loss_sum.zero_()

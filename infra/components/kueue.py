@@ -16,7 +16,8 @@ NAMESPACE = "kueue-system"
 # listed anyway because this list replaces the default one (tests/trainer_rules.py: Kueue's
 # trainjob integration). DevServers are StatefulSets: `statefulset` admits one as a single pod
 # group (all pods or none; 0.19 allows only scaling to and from zero) and needs `pod`, whose
-# webhook gates the pods.
+# webhook gates the pods; it also holds a team member's own pods, which must name a queue
+# (team_access.py POD_POLICY).
 FRAMEWORKS = [
     "batch/job",
     "kubeflow.org/pytorchjob",

@@ -2,10 +2,11 @@
 
 Each team's namespace gets the Role `team-member`, bound to the group team:<team>: its members
 submit, watch and delete their jobs, read what tells them how the jobs fare, reach the team's
-TensorBoard, and fetch checkpoints from its shared file systems (trainer.fetch). Outside the
-namespace they read only the platform's ClusterTrainingRuntimes (RUNTIMES_ROLE), beside what
-every authenticated user has (discovery, the Trainer's public ConfigMap). A job
-they create must name a queue (QUEUE_POLICY), or Kueue would not hold it.
+TensorBoard, and fetch checkpoints (trainer.fetch). Outside the namespace they read only the
+platform's ClusterTrainingRuntimes (RUNTIMES_ROLE), beside what every authenticated user has
+(discovery, the Trainer's public ConfigMap). A job they create must name a queue (QUEUE_POLICY),
+or Kueue would not hold it, and keep Karpenter from draining its nodes (DISRUPT_POLICY); a pod
+they create must name a queue too, and may not reach the system nodes (POD_POLICY).
 
 Each member principal gets one EKS access entry (type STANDARD, no access policy: its rights are
 this RBAC and nothing more) mapping it to the groups of every team it is a member of. EKS keeps
@@ -20,6 +21,7 @@ import pulumi_kubernetes as k8s
 from infra.components.context import ClusterContext
 from infra.components.queues import TEAM_LABEL
 from infra.components.rbac import CONNECT, READ, binding, group, rule
+from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.config import TeamConfig
 
 ROLE = "team-member"
@@ -51,31 +53,41 @@ MEMBER_RULES = [
 ]
 
 
+# Every namespace of a team: its own and its members' DevServer namespaces.
+TEAM_NAMESPACES = {"matchExpressions": [{"key": TEAM_LABEL, "operator": "Exists"}]}
+# The group each member's access entry maps her to, per team (team_group).
+TEAM_GROUP_PREFIX = "team:"
+
 # Kueue holds only jobs that name a queue (its Configuration's manageJobsWithoutQueueName is
 # off): one created without the label would run at once, outside the team's quota. RBAC cannot
 # ask for a label; a ValidatingAdmissionPolicy (admissionregistration.k8s.io/v1, GA in
-# Kubernetes 1.30) refuses such a job in every team namespace (TEAM_LABEL: the teams' and their
-# DevServer users'), whoever creates it. On create only: members cannot update a job, and an
-# operator updating an older unlabelled job (its finalizers, on delete) must not be refused.
+# Kubernetes 1.30) refuses such a job in every team namespace, whoever creates it. On create
+# only: members cannot update a job, and an operator updating an older unlabelled job (its
+# finalizers, on delete) must not be refused.
 QUEUE_POLICY = "team-jobs-name-a-queue"
 QUEUE_RULE = f"has(object.metadata.labels) && '{QUEUE_LABEL}' in object.metadata.labels"
+
+
+def created_jobs() -> dict:
+    """matchConstraints: the creation of a job of a kind members create, in a team namespace."""
+    return {
+        "namespaceSelector": TEAM_NAMESPACES,
+        "resourceRules": [
+            {
+                "apiGroups": [group],
+                "apiVersions": ["*"],
+                "resources": resources,
+                "operations": ["CREATE"],
+            }
+            for group, resources in JOB_RESOURCES.items()
+        ],
+    }
 
 
 def queue_policy_spec() -> dict:
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": {
-            "namespaceSelector": {"matchExpressions": [{"key": TEAM_LABEL, "operator": "Exists"}]},
-            "resourceRules": [
-                {
-                    "apiGroups": [group],
-                    "apiVersions": ["*"],
-                    "resources": resources,
-                    "operations": ["CREATE"],
-                }
-                for group, resources in JOB_RESOURCES.items()
-            ],
-        },
+        "matchConstraints": created_jobs(),
         "validations": [
             {
                 "expression": QUEUE_RULE,
@@ -88,8 +100,191 @@ def queue_policy_spec() -> dict:
     }
 
 
+# A job whose pods may be disrupted is drained one node at a time: a drifted GPU node goes once
+# it runs no pod that asks not to be (node_pools.py, a budget of one node), a CPU node is
+# consolidated away, and an elastic job restarts from its checkpoint at each of them (a
+# 16-node job 16 times). The stack's own jobs carry the annotation (workloads/manifests.py
+# pod_template, and the training-pod-hygiene policy); so must a team's own, on every replica's
+# pods. A TrainJob's pods get it from the platform's ClusterTrainingRuntimes; a runtime patch
+# (spec.runtimePatches, strategically merged over the runtime's JobSet spec: kubeflow/trainer
+# v2.3.0 pkg/runtime/core/trainingruntime.go, mergeRuntimePatches) could set it to anything
+# else on the pod template, and may not. On create only, as the queue rule.
+DISRUPT_POLICY = "team-jobs-stay-on-their-nodes"
+DO_NOT_DISRUPT = "karpenter.sh/do-not-disrupt"
+
+
+def kept(metadata: str) -> str:
+    """CEL: whether the pod template metadata at `metadata` asks Karpenter not to disrupt."""
+    annotations = f"{metadata}.annotations"
+    return (
+        f"has({metadata}) && has({annotations}) && '{DO_NOT_DISRUPT}' in {annotations} && "
+        f"{annotations}['{DO_NOT_DISRUPT}'] == 'true'"
+    )
+
+
+def replicas_kept(kind: str, specs: str) -> str:
+    """CEL: every replica's pod template of a `kind` job (`specs`: its replica specs' field)."""
+    field = f"object.spec.{specs}"
+    return (
+        f"object.kind != '{kind}' || (has({field}) && "
+        f"{field}.all(r, has({field}[r].template) && {kept(f'{field}[r].template.metadata')}))"
+    )
+
+
+def patches_kept() -> str:
+    """CEL: no runtime patch of a TrainJob sets the annotation on its pods to another value."""
+    job = "j.template.spec.template"
+    pods = f"{job}.metadata.annotations"
+    return (
+        "object.kind != 'TrainJob' || !has(object.spec.runtimePatches) || "
+        "object.spec.runtimePatches.all(p, !has(p.trainingRuntimeSpec) || "
+        "!has(p.trainingRuntimeSpec.template) || !has(p.trainingRuntimeSpec.template.spec) || "
+        "!has(p.trainingRuntimeSpec.template.spec.replicatedJobs) || "
+        "p.trainingRuntimeSpec.template.spec.replicatedJobs.all(j, !has(j.template) || "
+        f"!has(j.template.spec) || !has({job}) || !has({job}.metadata) || !has({pods}) || "
+        f"!('{DO_NOT_DISRUPT}' in {pods}) || {pods}['{DO_NOT_DISRUPT}'] == 'true'))"
+    )
+
+
+# The replica specs' field of each job kind whose pod templates a team writes itself.
+REPLICA_SPECS = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
+
+
+def disrupt_policy_spec() -> dict:
+    why = (
+        "without it Karpenter drains the job's nodes one at a time (drift, consolidation) and "
+        "the job restarts from its checkpoint once per node"
+    )
+    replicas = [
+        {
+            "expression": replicas_kept(kind, specs),
+            "message": f"every replica's pod template of a {kind} in a team namespace is "
+            f'annotated {DO_NOT_DISRUPT}: "true": {why}',
+            "reason": "Invalid",
+        }
+        for kind, specs in REPLICA_SPECS.items()
+    ]
+    patches = {
+        "expression": patches_kept(),
+        "message": f'a TrainJob\'s runtimePatches leave {DO_NOT_DISRUPT}: "true", which the '
+        f"platform's runtimes set on its pods: {why}",
+        "reason": "Invalid",
+    }
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": created_jobs(),
+        "validations": [*replicas, patches],
+    }
+
+
+# A member may create pods (trainer.fetch's copy pod), and a pod of her own is no job: the job
+# policy above does not see it. Kueue's pod integration (on: infra/components/kueue.py
+# FRAMEWORKS) holds a pod that names a queue behind its scheduling gate until the queue admits
+# it, and then adds its flavor's node labels and tolerations (kueue v0.19.2
+# pkg/controller/jobs/pod/pod_webhook.go Default, pod_controller.go prepare); a pod without the
+# label it leaves alone, to run at once outside every quota. Nor does it gate a pod whose
+# controller owner is a job Kueue manages (jobframework.FindAncestorJobManagedByKueue, where
+# "same-namespace ownership spoofing is out of scope"): a member could claim her own admitted
+# job as owner. So a member's pod names a queue and no owner; and it may not reach the system
+# nodes, which run the platform's controllers alone: no toleration of their taint (nor a
+# key-less one, which tolerates every taint), no selection of their label, no nodeName (a pod
+# bound to a node skips the scheduler, and with it every NoSchedule taint). Only requests of
+# members (their team group): the platform's own pods there (the TensorBoard, on the system
+# nodes) come from controllers. On create only: members cannot update pods.
+POD_POLICY = "team-member-pods"
+((SYSTEM_LABEL, SYSTEM_ROLE),) = SYSTEM_NODE_LABEL.items()
+SPEC = "object.spec"
+AFFINITY = f"{SPEC}.affinity.nodeAffinity"
+REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
+
+
+def member_pods_policy_spec() -> dict:
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "namespaceSelector": TEAM_NAMESPACES,
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods"],
+                    "operations": ["CREATE"],
+                }
+            ],
+        },
+        "matchConditions": [
+            {
+                "name": "a-team-member",
+                "expression": "request.userInfo.groups.exists(g, "
+                f"g.startsWith('{TEAM_GROUP_PREFIX}'))",
+            }
+        ],
+        "variables": [
+            {
+                "name": "tolerations",
+                "expression": f"has({SPEC}.tolerations) ? {SPEC}.tolerations : []",
+            },
+            {
+                "name": "selector",
+                "expression": f"has({SPEC}.nodeSelector) ? {SPEC}.nodeSelector : {{}}",
+            },
+            {
+                "name": "terms",
+                "expression": f"has({SPEC}.affinity) && has({SPEC}.affinity.nodeAffinity) && "
+                f"has({AFFINITY}.{REQUIRED}) ? {AFFINITY}.{REQUIRED}.nodeSelectorTerms : []",
+            },
+        ],
+        "validations": [
+            {
+                "expression": QUEUE_RULE,
+                "message": f"a pod of a team member names the team's queue with the label "
+                f"{QUEUE_LABEL}: Kueue holds it until the queue admits it within the team's "
+                "quota; without it the pod would run outside every quota",
+                "reason": "Invalid",
+            },
+            {
+                "expression": "!has(object.metadata.ownerReferences) || "
+                "size(object.metadata.ownerReferences) == 0",
+                "message": "a pod of a team member has no owner: Kueue would take it for part "
+                "of its owner's admitted job and let it run outside the team's quota",
+                "reason": "Invalid",
+            },
+            {
+                "expression": f"!has({SPEC}.nodeName)",
+                "message": "a pod of a team member does not name its node: the scheduler "
+                "places it, within the team's quota and off the system nodes",
+                "reason": "Invalid",
+            },
+            {
+                "expression": "!variables.tolerations.exists(t, !has(t.key) || t.key == '' || "
+                f"t.key == '{SYSTEM_TAINT_KEY}')",
+                "message": f"a pod of a team member tolerates neither the system nodes' taint "
+                f"{SYSTEM_TAINT_KEY} nor every taint: the system nodes run the platform's "
+                "controllers alone",
+                "reason": "Invalid",
+            },
+            {
+                "expression": f"!('{SYSTEM_LABEL}' in variables.selector) && "
+                "!variables.terms.exists(t, has(t.matchExpressions) && "
+                f"t.matchExpressions.exists(e, e.key == '{SYSTEM_LABEL}'))",
+                "message": f"a pod of a team member does not select nodes by {SYSTEM_LABEL}: "
+                f"the {SYSTEM_ROLE} nodes run the platform's controllers alone",
+                "reason": "Invalid",
+            },
+        ],
+    }
+
+
+# Policy name -> (resource name suffix, spec).
+POLICIES = {
+    QUEUE_POLICY: ("queue-label", queue_policy_spec),
+    DISRUPT_POLICY: ("do-not-disrupt", disrupt_policy_spec),
+    POD_POLICY: ("member-pods", member_pods_policy_spec),
+}
+
+
 def team_group(team: TeamConfig) -> str:
-    return f"team:{team.name}"
+    return f"{TEAM_GROUP_PREFIX}{team.name}"
 
 
 def member_groups(teams: list[TeamConfig]) -> dict[str, list[str]]:
@@ -114,18 +309,19 @@ class TeamAccess(pulumi.ComponentResource):
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:TeamAccess", name, None, opts)
-        policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
-            f"{name}-queue-label",
-            metadata={"name": QUEUE_POLICY},
-            spec=queue_policy_spec(),
-            opts=cluster.in_cluster(self),
-        )
-        k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
-            f"{name}-queue-label",
-            metadata={"name": QUEUE_POLICY},
-            spec={"policyName": QUEUE_POLICY, "validationActions": ["Deny"]},
-            opts=cluster.in_cluster(self, policy),
-        )
+        for policy_name, (suffix, spec) in POLICIES.items():
+            policy = k8s.admissionregistration.v1.ValidatingAdmissionPolicy(
+                f"{name}-{suffix}",
+                metadata={"name": policy_name},
+                spec=spec(),
+                opts=cluster.in_cluster(self),
+            )
+            k8s.admissionregistration.v1.ValidatingAdmissionPolicyBinding(
+                f"{name}-{suffix}",
+                metadata={"name": policy_name},
+                spec={"policyName": policy_name, "validationActions": ["Deny"]},
+                opts=cluster.in_cluster(self, policy),
+            )
         runtimes = k8s.rbac.v1.ClusterRole(
             f"{name}-runtimes",
             metadata={"name": RUNTIMES_ROLE},

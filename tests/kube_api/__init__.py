@@ -16,8 +16,10 @@ pods/exec and pods/portforward over websockets. Who may do what (tests.kube_api.
 Kubernetes' request verbs and RBAC rule matching written down from upstream, over the Roles,
 ClusterRoles and bindings given plus the bootstrap policy every cluster has.
 
-Not modelled: admission webhooks (a test adds its own mutating hooks to `KubeAPI.admission`, as
-Kueue's pod webhook adds its scheduling gate), Pod Security, quotas, OwnerReferencesPermission-
+Admission: the plan's ValidatingAdmissionPolicies on users' creates when a test sets
+`api.policies = admission_policies(plan)`; webhooks are not modelled (a test adds its own
+mutating hooks to `KubeAPI.admission`, as Kueue's pod webhook adds its scheduling gate), nor Pod
+Security, quotas, OwnerReferencesPermission-
 Enforcement, strategic merge patch, SPDY, CEL rules of CRDs, deletion of a CRD's objects with
 the CRD, graceful pod termination (a deleted pod's processes are killed at once).
 
@@ -53,6 +55,21 @@ def rbac_of(plan) -> list[dict]:
     """The Roles, ClusterRoles and bindings `plan` deploys, as an Authorizer's policy."""
     manifests = [_manifest(r)[1] for r in plan.resources if r.type.startswith("kubernetes:")]
     return [m for m in manifests if m["kind"] in RBAC_KINDS]
+
+
+def admission_policies(plan) -> dict[str, dict]:
+    """The ValidatingAdmissionPolicies `plan` deploys with a Deny binding: name -> spec."""
+    admission = "kubernetes:admissionregistration.k8s.io/v1"
+    denied = {
+        b.inputs["spec"]["policyName"]
+        for b in plan.of_type(f"{admission}:ValidatingAdmissionPolicyBinding")
+        if b.inputs["spec"]["validationActions"] == ["Deny"]
+    }
+    return {
+        p.inputs["metadata"]["name"]: p.inputs["spec"]
+        for p in plan.of_type(f"{admission}:ValidatingAdmissionPolicy")
+        if p.inputs["metadata"]["name"] in denied
+    }
 
 
 def from_plan(plan, crds: list[dict] = (), account=None) -> KubeAPI:
@@ -92,4 +109,13 @@ def from_plan(plan, crds: list[dict] = (), account=None) -> KubeAPI:
     return api
 
 
-__all__ = ["ADMIN", "KubeAPI", "Kubelet", "from_plan", "rbac_of", "service_account", "user"]
+__all__ = [
+    "ADMIN",
+    "KubeAPI",
+    "Kubelet",
+    "admission_policies",
+    "from_plan",
+    "rbac_of",
+    "service_account",
+    "user",
+]

@@ -38,6 +38,11 @@ Upstream behaviour followed here (kubernetes/kubernetes v1.35 unless said otherw
   terminated run (400 without one), else the running container, else the terminated one, else
   (waiting to restart) the last terminated one; the
   log text is what the test says each container ID wrote (`KubeAPI.container_logs`)
+- ValidatingAdmissionPolicies (`KubeAPI.policies`, each bound with validationActions Deny) on a
+  user's create, after mutating admission, their CEL evaluated by tests.admission_rules; a
+  refusal as staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating/dispatcher.go
+  makes it: `<resource> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>' with binding
+  '<binding>' denied request: <message>`, code 422 for the reason Invalid (every policy's here)
 """
 
 import asyncio
@@ -55,6 +60,7 @@ from aiohttp import web
 from jsonschema import FormatChecker
 from openapi_schema_validator import OAS30Validator
 
+from tests.admission_rules import refusals
 from tests.kube_api.rbac import Authorizer, RequestInfo, User, forbidden, request_info
 
 VERSION = {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "platform": "linux/amd64"}
@@ -340,6 +346,8 @@ class KubeAPI:
         self.controllers = [garbage_collector, namespace_controller, crd_controller]
         # Mutating admission on create, as webhooks do: functions of (kind, object).
         self.admission = []
+        # Validating admission on a user's create: policy name -> ValidatingAdmissionPolicy spec.
+        self.policies: dict[str, dict] = {}
         self.runtime = None  # serves exec and port-forward (tests.kube_api.kubelet.Kubelet)
         self.container_logs: dict[str, str] = {}  # containerID -> what that run wrote
         self.url = ""
@@ -506,7 +514,8 @@ class KubeAPI:
             raise ApiError(422, "Invalid", message, {"name": name, "kind": kind.kind})
         return obj
 
-    def create(self, kind: Kind, namespace: str, body: dict) -> dict:
+    def create(self, kind: Kind, namespace: str, body: dict, who: User | None = None) -> dict:
+        """Store a new object; `who`: the user whose request it is (None: a controller here)."""
         obj = copy.deepcopy(body)
         meta = obj.setdefault("metadata", {})
         if kind.namespaced:
@@ -552,7 +561,31 @@ class KubeAPI:
             obj["status"] = {"phase": "Active"}
         for webhook in self.admission:
             webhook(kind, obj)
+        if who is not None:
+            self._validate(who, kind, obj)
         return self._commit(kind, "ADDED", self._admit(kind, obj), None)
+
+    def _validate(self, who: User, kind: Kind, obj: dict) -> None:
+        meta = obj["metadata"]
+        namespace = self.store.get(("", "namespaces", "", meta.get("namespace", "")))
+        for name, policy in self.policies.items():
+            refused = refusals(
+                policy,
+                "CREATE",
+                obj,
+                username=who.name,
+                groups=who.groups,
+                namespace=namespace,
+                resource=(kind.group, kind.plural),
+            )
+            if refused:
+                denial = f"ValidatingAdmissionPolicy '{name}' with binding '{name}' denied request"
+                raise ApiError(
+                    422,
+                    "Invalid",
+                    f'{kind.qualified} "{meta["name"]}" is forbidden: {denial}: {refused[0]}',
+                    {"name": meta["name"], "group": kind.group, "kind": kind.plural},
+                )
 
     def replace(self, kind: Kind, old: dict, new: dict) -> dict:
         """Store `new` in place of `old`: the one path of every update, patch and controller."""
@@ -647,7 +680,7 @@ class KubeAPI:
             if info.subresource == "log":
                 pod = self.get(kind, info.namespace, info.name)
                 return self._log(pod, parse_qs(request.query_string, keep_blank_values=True))
-            return await self._rest(request, kind, info)
+            return await self._rest(request, kind, info, who)
         except ApiError as e:
             return e.response()
 
@@ -751,7 +784,7 @@ class KubeAPI:
             }
         )
 
-    async def _rest(self, request: web.Request, kind: Kind, info: RequestInfo):
+    async def _rest(self, request: web.Request, kind: Kind, info: RequestInfo, who: User):
         query = parse_qs(request.query_string)
         first = {k: v[0] for k, v in query.items()}
         # RequestInfo names a namespace object's own name as its namespace (requestinfo.go).
@@ -776,7 +809,7 @@ class KubeAPI:
             return await self._watch(request, kind, namespace, first)
         body = await request.json() if request.can_read_body else {}
         if info.verb == "create":
-            return reply(self.create(kind, namespace, body), status=201)
+            return reply(self.create(kind, namespace, body, who), status=201)
         if info.verb == "delete":
             obj = self.get(kind, namespace, info.name)
             policy = (body or {}).get("propagationPolicy") or first.get("propagationPolicy")
