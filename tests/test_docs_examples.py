@@ -29,13 +29,6 @@ from commands import (  # noqa: E402
 PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)
 BLOCKS = [b for page in PAGES for b in parse_blocks(page.relative_to(ROOT), page.read_text())]
 OFFLINE = [b for b in BLOCKS if b.kind == "offline"]
-# Pages whose owner is moving their shown output into {command} blocks and their commands to the
-# checkout's .venv: the two rules below skip them until then. Temporary: remove a page when done.
-PAGES_BEING_CONVERTED = {
-    "docs/users/quickstart.md",
-    "docs/users/trainjob.md",
-    "docs/users/watch-and-get-the-model.md",
-}
 # The README is plain Markdown on the forge: a shell block there follows a marker comment.
 README_MARKER = re.compile(r"^<!-- command: ([a-z-]+)(?: .*)? -->$")
 
@@ -58,7 +51,6 @@ def test_no_command_output_sits_outside_its_block():
         f"{page.relative_to(ROOT)}:{line}: a plain block after a command block; put what the "
         "command prints inside that block"
         for page in PAGES
-        if str(page.relative_to(ROOT)) not in PAGES_BEING_CONVERTED
         for line in output_after_command(page.read_text())
     ]
     assert outside == []
@@ -133,9 +125,6 @@ def test_commands_work_in_a_fresh_shell():
     that puts a folder on PATH first may name them bare after it."""
     found = []
     for page in PAGES:
-        name = str(page.relative_to(ROOT))
-        if name in PAGES_BEING_CONVERTED:
-            continue
         for block in (b for b in BLOCKS if b.path == page.relative_to(ROOT)):
             on_path = False
             for command in block.commands:
@@ -144,7 +133,7 @@ def test_commands_work_in_a_fresh_shell():
                     found += [f"{block}: {bare}" for bare in bare_programs(command.line)]
         for line, span in code_spans(page.read_text()):
             if re.match(r"^(python3?|pip3?) ", span) and not IN_PODS.match(span):
-                found.append(f"{name}:{line}: `{span}`")
+                found.append(f"{page.relative_to(ROOT)}:{line}: `{span}`")
     assert found == []
 
 
