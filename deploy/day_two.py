@@ -280,13 +280,17 @@ def _versions(steps: list[Step], found: Consequences) -> None:
         )
 
 
+def _existing(steps: list[Step], types: set[str]):
+    """(step, Kubernetes name) of each object of `types` that exists and changes or goes."""
+    for step in steps:
+        if step.type in types and step.op != CREATE:
+            yield step, dig((step.new or step.old).inputs, "metadata", "name")
+
+
 def _flavors(steps: list[Step], found: Consequences) -> None:
     """The DevServer operator replaces the pods of every server of a changed flavor, and stops
     those of a deleted one (devservers/operator.py on_flavor, controller.py _refused)."""
-    for step in steps:
-        if step.type != FLAVOR or step.op == CREATE:
-            continue
-        name = dig((step.new or step.old).inputs, "metadata", "name")
+    for step, name in _existing(steps, {FLAVOR}):
         if step.op == DELETE:
             found.restarts.append(
                 f"DevServer flavor {name} is deleted: the servers of that flavor stop (homes "
@@ -403,10 +407,7 @@ def _requirements(template: dict) -> dict[str, set[str]]:
 def _jobs(
     steps: list[Step], config: StackConfig, drifted: set[str], stack: str, found: Consequences
 ) -> None:
-    for step in steps:
-        if step.type not in JOB_TYPES or step.op == CREATE:
-            continue
-        name = dig((step.new or step.old).inputs, "metadata", "name")
+    for step, name in _existing(steps, JOB_TYPES):
         if step.op == DELETE:
             found.restarts.append(f"job {name} is deleted: its pods are killed (checkpoints stay)")
         elif step.op == REPLACE:
@@ -450,10 +451,7 @@ def _checkpoints(job) -> tuple[str, str | None]:
 def _runtimes(steps: list[Step], found: Consequences) -> None:
     """The pools' ClusterTrainingRuntimes: their TrainJobs are not in the stack, so the plan
     names what a change does to whichever run on them."""
-    for step in steps:
-        if step.type != RUNTIME or step.op == CREATE:
-            continue
-        name = dig((step.new or step.old).inputs, "metadata", "name")
+    for step, name in _existing(steps, {RUNTIME}):
         if step.op == DELETE:
             found.restarts.append(
                 f"runtime {name} is deleted: TrainJobs that name it can no longer start "
