@@ -48,6 +48,7 @@ FLAVOR = f"kubernetes:{DEVSERVERS_API_VERSION}:DevServerFlavor"
 # aws:eks Cluster it creates in a real preview.
 EKS_CLUSTERS = {"eks:index:Cluster", "aws:eks/cluster:Cluster"}
 SUBNET = "aws:ec2/subnet:Subnet"
+NAT = "aws:ec2/natGateway:NatGateway"
 CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
@@ -124,7 +125,7 @@ def consequences(
     _jobs(steps, config, drifted, stack, found)
     _runtimes(steps, found)
     _flavors(steps, found)
-    _subnets(steps, found)
+    _network(steps, found)
     _claims(steps, found)
     held = [("job", name, entry, f"jobs[{name}]", "it") for name, entry in (jobs or {}).items()]
     held += [
@@ -304,10 +305,17 @@ def _flavors(steps: list[Step], found: Consequences) -> None:
             )
 
 
-def _subnets(steps: list[Step], found: Consequences) -> None:
-    """AWS refuses to delete a subnet while network interfaces are in it (EC2 DeleteSubnet:
-    DependencyViolation): its nodes must go first."""
+def _network(steps: list[Step], found: Consequences) -> None:
+    """What a network change does to the nodes in it: a NAT gateway's open connections end with
+    it; AWS refuses to delete a subnet while network interfaces are in it (EC2 DeleteSubnet:
+    DependencyViolation), so its nodes must go first."""
     for step in steps:
+        if step.type == NAT and step.op in (DELETE, REPLACE):
+            found.notes.append(
+                f"NAT gateway {step.name} is {'deleted' if step.op == DELETE else 'replaced'}: "
+                "the connections of the nodes behind it to outside the VPC break (a pull, a "
+                "download, a run's logging), and they go out through the route's new gateway"
+            )
         if step.type == SUBNET and step.op in (DELETE, REPLACE):
             found.notes.append(
                 f"subnet {step.name} is {'deleted' if step.op == DELETE else 'replaced'}: AWS "

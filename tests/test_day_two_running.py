@@ -209,6 +209,13 @@ def test_fewer_zones_say_the_subnets_nodes_must_go_first(base):
     assert all("AWS refuses while a node" in n for n in deleted)
 
 
+def test_one_nat_gateway_instead_of_one_per_zone_says_what_connections_break(base):
+    effects, _ = effects_of(base, network={"natGateways": "single"})
+    nats = sorted(n.split(" ")[2] for n in effects.notes if n.startswith("NAT gateway "))
+    assert nats == ["network-1", "network-2"]
+    assert all("connections of the nodes behind it" in n for n in effects.notes if "NAT" in n)
+
+
 def test_a_job_moved_to_another_queue_starts_again_from_step_0(base):
     jobs = stack_values(STACK)["training-platform:jobs"]
     moved = [{**j, "queue": "team-a"} if j["name"] == "gpt-large-mpi" else j for j in jobs]
