@@ -148,9 +148,12 @@ def test_run_syncs_the_workdir_streams_every_node_and_stops_them_all(
 
     for interruption in ("ctrl-c", "api error"):
 
-        def box_1_interrupted(namespace, pod, *args, interruption=interruption, **kwargs):
-            process = start(namespace, pod, *args, **kwargs)
-            if pod == "box-1":
+        def box_1_interrupted(
+            namespace, pod, container, command, *args, interruption=interruption, **kwargs
+        ):
+            process = start(namespace, pod, container, command, *args, **kwargs)
+            # Box-1's run, not the stop devctl then sends it through the same call.
+            if pod == "box-1" and command == launch:
                 wait_for(lambda: running("box-0") and running("box-1"), "both runs")
                 if interruption == "api error":
                     raise OSError("the API server closed the connection")
