@@ -50,6 +50,8 @@ class RecordedResource:
     inputs: dict[str, Any]
     custom: bool
     protect: bool = False
+    # The engine deletes the old resource before it creates its replacement.
+    delete_before_replace: bool = False
     # What the resource's dependents may read of it: its id and the string outputs the provider
     # computes (arn, dnsName, ...). A dependent whose inputs hold one of them changes when this
     # resource is replaced (deploy/steps.py).
@@ -66,6 +68,7 @@ class RecordedResource:
             "inputs": self.inputs,
             "custom": self.custom,
             "protect": self.protect,
+            "deleteBeforeReplace": self.delete_before_replace,
             "outputs": self.outputs,
         }
 
@@ -81,6 +84,7 @@ class RecordedResource:
             inputs=entry["inputs"],
             custom=entry.get("custom", _custom(entry["type"])),
             protect=entry.get("protect", False),
+            delete_before_replace=entry.get("deleteBeforeReplace", False),
             outputs=entry.get("outputs", {}),
         )
 
@@ -397,6 +401,7 @@ class RecordingMonitor(mocks.MockMonitor):
         self.resources[urn] = mocks.MockMonitor.ResourceRegistration(urn, id_, state)
         recorded = self.recorded[-1]
         recorded.protect = request.protect
+        recorded.delete_before_replace = request.deleteBeforeReplace
         recorded.outputs = {
             "id": id_,
             **{k: v for k, v in state.items() if isinstance(v, str) and inputs.get(k) != v},

@@ -250,7 +250,7 @@ def test_a_plan_written_before_its_later_fields_is_compared_with(tmp_path):
     write_plan(plan, tmp_path)
     entries = json.loads((tmp_path / PLAN_FILE).read_text())
     for entry in entries:
-        for later in ("custom", "protect", "outputs"):
+        for later in ("custom", "protect", "deleteBeforeReplace", "outputs"):
             entry.pop(later)
     (tmp_path / PLAN_FILE).write_text(json.dumps(entries))
     again = read_plan(tmp_path, "dev")

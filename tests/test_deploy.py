@@ -31,7 +31,7 @@ from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 from tests.test_hybrid_devservers import hybrid_dev_servers
 from tests.test_hybrid_jobs import HYBRID_JOBS
 from tests.test_trainjob import STACK_TRAINJOB
-from workloads.manifests import TRAINER_UID
+from trainer import TRAINER_UID
 
 RELEASE = "kubernetes:helm.sh/v3:Release"
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"

@@ -3,7 +3,7 @@
 import json
 
 from infra.components.queues import POD_SECURITY_LABELS
-from workloads.manifests import TRAINER_UID
+from trainer import TRAINER_UID
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"

@@ -247,6 +247,14 @@ def test_datasets_and_checkpoints_sync_both_ways_with_the_bucket(prod_plan):
     assert checkpoint.startswith("/fsx/checkpoints/")
 
 
+def test_an_association_is_replaced_old_one_first(prod_plan):
+    """Two associations may not share a file system path (FSx API reference,
+    DataRepositoryAssociation FileSystemPath): one whose bucket path changes is replaced, and
+    the new one can only be made once the old one is gone."""
+    for dra in prod_plan.of_type(DRA):
+        assert dra.delete_before_replace, dra.name
+
+
 def test_fsx_asks_for_no_backup_aws_refuses_and_its_export_is_outside_the_retention(prod_plan):
     """FSx backs up no file system linked to S3 ("Backups cannot be enabled on S3-linked file
     systems": FSx API reference, DeleteFileSystem; Lustre user guide, Protecting your data with
@@ -308,11 +316,13 @@ def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod
         assert spec["storageClassName"] == "" and volume["storageClassName"] == ""
         assert spec["resources"]["requests"]["storage"] == volume["capacity"]["storage"] == "4800Gi"
         assert volume["csi"]["driver"] == "fsx.csi.aws.com"
-        assert volume["csi"]["volumeHandle"] == fsx_id(prod_plan)
         # A Lustre subdirectory mount of the team's own directory, or of the datasets read-only:
         # never the file system's root.
         attributes = volume["csi"]["volumeAttributes"]
         assert set(attributes) == {"dnsname", "mountname"}
+        # One handle per volume: a pod mounts both, and the kubelet takes two volumes of one
+        # driver and handle for one (kubernetes-sigs/aws-fsx-csi-driver#328).
+        assert volume["csi"]["volumeHandle"] == f"{fsx_id(prod_plan)}::{namespace}/{name}"
         if name == "fsx-checkpoints":
             assert attributes["mountname"] == f"{mount_name}/checkpoints/{namespace}"
             assert spec["accessModes"] == volume["accessModes"] == ["ReadWriteMany"]
@@ -323,11 +333,13 @@ def test_each_team_namespace_gets_fsx_and_efs_claims_wired_to_their_volumes(prod
             assert volume["csi"]["readOnly"] is True
     fsx_volumes = [v for v in volumes.values() if v["csi"]["driver"] == "fsx.csi.aws.com"]
     assert len(fsx_volumes) == 6 and len(access_points) == 4
+    assert len({v["csi"]["volumeHandle"] for v in fsx_volumes}) == 6
 
 
 def test_a_teams_fsx_directory_is_made_by_importing_its_marker_before_its_volume(prod_plan):
     """A subdirectory mount needs the directory, and no pod reaches the root to make it: FSx
-    makes /checkpoints/<namespace> when it imports the team's object under the export prefix."""
+    makes /checkpoints/<namespace> when it imports the team's directory object under the export
+    prefix, owned by the trainer's user (its POSIX metadata: the user, the group, st_mode)."""
     markers = {r.name: r for r in prod_plan.of_type("aws:s3/bucketObjectv2:BucketObjectv2")}
     bucket = prod_plan.one("aws:s3/bucket:Bucket")
     for team, namespace in (
@@ -336,7 +348,12 @@ def test_a_teams_fsx_directory_is_made_by_importing_its_marker_before_its_volume
         ("research", "research-jobs"),
     ):
         marker = markers[f"fsx-{team}"]
-        assert marker.inputs["key"] == f"fsx/checkpoints/{namespace}/.team"
+        assert marker.inputs["key"] == f"fsx/checkpoints/{namespace}/"
+        assert marker.inputs["metadata"] == {
+            "file-owner": "10001",
+            "file-group": "10001",
+            "file-permissions": "0040750",
+        }
         assert marker.inputs["bucket"] == bucket.outputs["bucket"]
         volume = prod_plan.one("kubernetes:core/v1:PersistentVolume", f"fsx-checkpoints-{team}")
         assert marker.urn in volume.dependencies

@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainer import s3_folder
+from trainer import TRAINER_UID, s3_folder
 from trainer.checkpoint import step_folders, step_name
 
 # Where job pods mount the shared file systems' claims that hold checkpoints, and those claims
@@ -35,7 +35,6 @@ POD_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]},
     {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
 ]
-UID = 10001  # the trainer image's user (trainer/Dockerfile), who owns the checkpoints
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 # The team's service account the pod reads S3 as (infra/config SELF_SERVICE_ACCOUNT; a test keeps
 # the two equal): every team namespace has it, and its role reads the team's checkpoints.
@@ -86,8 +85,8 @@ def copy_pod(namespace: str, path: str, image: str, queue: str) -> dict:
         "automountServiceAccountToken": False,
         "securityContext": {
             "runAsNonRoot": True,
-            "runAsUser": UID,
-            "runAsGroup": UID,
+            "runAsUser": TRAINER_UID,
+            "runAsGroup": TRAINER_UID,
             "seccompProfile": {"type": "RuntimeDefault"},
         },
         "containers": [container],

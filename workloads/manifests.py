@@ -18,6 +18,7 @@ from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
 from infra.config.jobs import DEFAULT_MAX_RESTARTS
+from trainer import TRAINER_UID
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -56,8 +57,6 @@ CHECKPOINT_ROOTS = {"efs": "/efs/checkpoints", "fsx": "/fsx/checkpoints"}
 RDZV_PORT = 29500
 # Pods get this long after SIGTERM; the trainer saves a checkpoint and exits well inside it.
 GRACE_SECONDS = 120
-# The uid of the image's `trainer` user (trainer/Dockerfile).
-TRAINER_UID = 10001
 # The MPI launcher's container (mpirun, no training) and what it asks for.
 LAUNCHER = "launcher"
 LAUNCHER_REQUESTS = {"cpu": "1", "memory": "2Gi"}

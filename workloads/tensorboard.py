@@ -20,7 +20,8 @@ from infra.components.iam import pod_identity_role
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import CHECKPOINT_PREFIX, TeamConfig
 from infra.config.queues import TENSORBOARD
-from workloads.manifests import CHECKPOINT_ROOTS, CONTAINER_SECURITY, MOUNTS, TRAINER_UID
+from trainer import TRAINER_UID
+from workloads.manifests import CHECKPOINT_ROOTS, CONTAINER_SECURITY, MOUNTS
 
 NAME = TENSORBOARD
 PORT = 6006

@@ -27,6 +27,7 @@ from infra.components.iam import csi_driver_addon
 from infra.config import FSX_EXPORT_PREFIX, FsxConfig
 from infra.data_holders import FSX
 from infra.versions import LUSTRE_VERSION
+from trainer import TRAINER_UID
 
 # Lustre clients talk to the file system servers on 988 and 1018-1023.
 LUSTRE_PORTS = [(988, 988), (1018, 1023)]
@@ -39,9 +40,16 @@ DATASETS_CLAIM = "fsx-datasets"
 # copies of checkpoints the trainer keeps on FSx (its --keep-last prunes both).
 CHECKPOINT_PATH = "/checkpoints"
 DATASET_PATH = "/datasets"
-# A team's directory there is made by importing this object of the bucket: a Lustre subdirectory
-# mount needs the directory, and no pod can reach the root to make it.
-TEAM_MARKER = ".team"
+# A team's directory there is made by importing its directory object from the bucket (a key
+# ending in `/`): a Lustre subdirectory mount needs the directory, and no pod can reach the root
+# to make it. FSx sets an imported object's owner, group and mode from its POSIX metadata
+# (x-amz-meta-file-owner, -file-group, -file-permissions: the st_mode in octal, S_IFDIR 0040000):
+# the trainer's user owns it, as every pod of the team runs as that user.
+TEAM_DIRECTORY_METADATA = {
+    "file-owner": str(TRAINER_UID),
+    "file-group": str(TRAINER_UID),
+    "file-permissions": "0040750",
+}
 
 
 def csi_policy() -> str:
@@ -131,6 +139,8 @@ class LustreFileSystem(pulumi.ComponentResource):
             ("", DATASET_PATH, config.dataset_prefix),
             ("-checkpoints", CHECKPOINT_PATH, FSX_EXPORT_PREFIX),
         ):
+            # Two associations may not share a file system path: a new one (its bucket path
+            # changed) can only be made once the old one is gone.
             aws.fsx.DataRepositoryAssociation(
                 f"{name}{suffix}",
                 file_system_id=file_system.id,
@@ -142,7 +152,7 @@ class LustreFileSystem(pulumi.ComponentResource):
                     "auto_export_policy": {"events": SYNC_EVENTS},
                 },
                 tags=cluster.tags,
-                opts=child,
+                opts=pulumi.ResourceOptions(parent=self, delete_before_replace=True),
             )
         addon = csi_driver_addon(
             f"{name}-csi",
@@ -172,10 +182,14 @@ class LustreFileSystem(pulumi.ComponentResource):
             marker = aws.s3.BucketObjectv2(
                 f"{self._name}-{team}",
                 bucket=self._bucket_name,
-                key=pulumi.Output.concat(FSX_EXPORT_PREFIX, "/", namespace_name, "/", TEAM_MARKER),
+                key=pulumi.Output.concat(FSX_EXPORT_PREFIX, "/", namespace_name, "/"),
                 content="",
+                metadata=TEAM_DIRECTORY_METADATA,
                 opts=pulumi.ResourceOptions(parent=self),
             )
+            # Every volume has a handle of its own: the kubelet takes two volumes of one pod with
+            # the same driver and handle for one, and mounts only one of them (kubernetes-sigs/
+            # aws-fsx-csi-driver#328); the driver reads no more of a handle than a lock key.
             for claim, directory, read_only, after in (
                 (
                     CHECKPOINTS_CLAIM,
@@ -197,7 +211,9 @@ class LustreFileSystem(pulumi.ComponentResource):
                         "mountOptions": ["flock"],
                         "csi": {
                             "driver": "fsx.csi.aws.com",
-                            "volumeHandle": self._file_system.id,
+                            "volumeHandle": pulumi.Output.concat(
+                                self._file_system.id, "::", namespace_name, "/", claim
+                            ),
                             "readOnly": read_only,
                             "volumeAttributes": {
                                 "dnsname": self._file_system.dns_name,

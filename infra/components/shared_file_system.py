@@ -24,6 +24,7 @@ from infra.components.context import ClusterContext
 from infra.components.iam import csi_driver_addon
 from infra.config.base import ConfigError
 from infra.data_holders import EFS
+from trainer import TRAINER_UID
 
 NFS_PORT = 2049
 # What clients may do: read and write (never ClientRootAccess: no root on the file system; the
@@ -43,7 +44,7 @@ CLAIM_SIZE = "100Gi"
 # Every pod that mounts a claim acts on the file system as this user (the access point enforces
 # it), the trainer image's and the DevServers' alike, so files written by a team's jobs and by its
 # members' servers stay readable to each other (workloads/manifests.py TRAINER_UID).
-POSIX_USER = {"uid": 10001, "gid": 10001}
+POSIX_USER = {"uid": TRAINER_UID, "gid": TRAINER_UID}
 NAMESPACES_ROOT = "/namespaces"
 
 
