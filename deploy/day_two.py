@@ -34,6 +34,7 @@ from infra.components.container_image import KEPT_BUILDS as ECR_KEPT_BUILDS
 from infra.config import StackConfig
 from infra.data_holders import BUCKET, EFS, FSX, HOLDER_ANNOTATION, HOLDER_TAG, loss
 from infra.declared import dig, kind_of, listed, pod_sets
+from workloads.manifests import CHECKPOINT_ENV
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
@@ -450,10 +451,15 @@ def _jobs(
             )
 
 
-def _checkpoints(job) -> tuple[str, str | None]:
-    """(namespace, --checkpoint-dir) of a job: a shared file system's path is its namespace's."""
-    found = re.search(r'"--checkpoint-dir", "([^"]+)"', json.dumps(job.inputs.get("spec")))
-    return str(dig(job.inputs, "metadata", "namespace")), found.group(1) if found else None
+def _checkpoints(job) -> tuple[str, str]:
+    """(namespace, checkpoint folder) of a job: its trainer's --checkpoint-dir, or a TrainJob's
+    CHECKPOINT_DIR, else its runtime's default (S3, under the namespace); a shared file system's
+    path is its namespace's own."""
+    spec = job.inputs.get("spec") or {}
+    found = re.search(r'"--checkpoint-dir", "([^"]+)"', json.dumps(spec))
+    env = {e.get("name"): e.get("value") for e in listed(dig(spec, "trainer", "env"))}
+    folder = found.group(1) if found else env.get(CHECKPOINT_ENV, "its runtime's default")
+    return str(dig(job.inputs, "metadata", "namespace")), str(folder)
 
 
 def _runtimes(steps: list[Step], found: Consequences) -> None:

@@ -517,3 +517,16 @@ def test_a_new_image_waits_for_the_runtimes_revision_which_restarts_their_trainj
     assert {
         node_pod(r.inputs)["spec"]["containers"][0]["image"] for r in after.of_type(RUNTIME)
     } == {PREBUILT_IMAGE}
+
+
+def test_a_trainjob_moved_to_another_queue_starts_from_step_0_and_the_plan_says_where():
+    """Its checkpoint folder is its trainer's CHECKPOINT_DIR, under its namespace's prefix."""
+    before = plan_of("dev", jobs=with_trainjob())
+    values = stack_values("dev", jobs=with_trainjob(queue="research"))
+    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    after = run_offline(lambda: build_platform(config), "dev", values, None, before.outputs)
+    effects = consequences(plan_steps(before, after), config, "dev")
+    (line,) = [r for r in effects.restarts if r.startswith("job gpt-small-v2")]
+    assert "it starts again from step 0 at s3://" in line
+    assert "/checkpoints/research/gpt-small-v2 in research: its checkpoints stay at s3://" in line
+    assert line.endswith("/checkpoints/team-a/gpt-small-v2 in team-a")
