@@ -133,6 +133,7 @@ def consequences(
         ("runtime", name, entry, "runtimes", "the TrainJobs running on it")
         for name, entry in (runtimes or {}).items()
     ]
+    deleted_claims = _deleted_claims(steps)
     for what, name, entry, key, restarted in sorted(held, key=lambda h: h[:2]):
         if entry.get("heldBack"):
             found.restarts.append(
@@ -140,6 +141,14 @@ def consequences(
                 f"{', '.join(entry['heldBack'])} wait for {key}.revision "
                 f"{entry['revision'] + 1}, which restarts {restarted}"
             )
+            gone = _mounts_deleted(entry.get("manifest") or {}, what, deleted_claims)
+            if gone:
+                found.refusals.append(
+                    f"held-revision: {what} {name} keeps revision {entry['revision']}, whose "
+                    f"pods mount {', '.join(gone)}, which this update deletes: the deletion "
+                    f"waits for its pods, and none could start again; move {key}.revision to "
+                    f"{entry['revision'] + 1} in this update"
+                )
     if any(entry.get("heldBack") for *_, entry, _, _ in held):
         found.notes.append(
             f"what keeps an older revision pulls an older image, which ECR keeps while fewer "
@@ -280,6 +289,29 @@ def _versions(steps: list[Step], found: Consequences) -> None:
             f"kubernetes-version: cluster.kubernetesVersion {old} -> {new}: {why}; allowed: "
             f"{old}, or {old_major}.{old_minor + 1}"
         )
+
+
+def _deleted_claims(steps: list[Step]) -> set[tuple[str, str]]:
+    return {
+        (
+            str(dig(s.old.inputs, "metadata", "namespace")),
+            str(dig(s.old.inputs, "metadata", "name")),
+        )
+        for s in steps
+        if s.type == CLAIM and s.op == DELETE
+    }
+
+
+def _mounts_deleted(manifest: dict, what: str, deleted: set[tuple[str, str]]) -> list[str]:
+    """The claims a kept manifest's pods mount that are deleted: in its namespace for a job, in
+    any (the team namespaces its TrainJobs run in) for a cluster-wide runtime."""
+    claims = set(re.findall(r'"claimName": "([^"]+)"', json.dumps(manifest)))
+    namespace = dig(manifest, "metadata", "namespace")
+    return sorted(
+        f"{ns}/{claim}" if what == "runtime" else claim
+        for ns, claim in deleted
+        if claim in claims and (what == "runtime" or ns == namespace)
+    )
 
 
 def _existing(steps: list[Step], types: set[str]):

@@ -226,3 +226,33 @@ def test_a_job_moved_to_another_queue_starts_again_from_step_0(base):
         and "/checkpoints/team-a/gpt-large-mpi in team-a: its checkpoints stay at" in line
         and "/checkpoints/research-jobs/gpt-large-mpi in research-jobs" in line
     )
+
+
+def test_a_held_revision_whose_claims_go_is_refused_until_it_moves(base):
+    """FSx turned off deletes the teams' FSx claims, which the jobs' kept revisions and the
+    runtimes' mount (every pod of a team mounts them): their pods could never start again, and
+    the deletion waits for them."""
+    storage = stack_values(STACK)["training-platform:storage"]
+    jobs = [
+        {**j, "checkpoint": "s3"} if j.get("checkpoint") == "fsx" else j
+        for j in stack_values(STACK)["training-platform:jobs"]
+    ]
+    sections = {
+        "storage": {**storage, "fsx": {"enabled": False}},
+        "acknowledgeDataLoss": [{"holder": "storage.fsx", "reason": "off"}],
+    }
+    effects, _ = effects_of(base, jobs=jobs, **sections)
+    held = sorted(r.split(",")[0] for r in effects.refusals if r.startswith("held-revision:"))
+    assert held == [
+        "held-revision: job gpt-large keeps revision 1",
+        "held-revision: job gpt-large-mpi keeps revision 1",
+        "held-revision: runtime torch-cpu keeps revision 1",
+        "held-revision: runtime torch-gpu-large keeps revision 1",
+        "held-revision: runtime torch-gpu-small keeps revision 1",
+    ]
+    (job,) = [r for r in effects.refusals if "job gpt-large " in r]
+    assert "mount fsx-checkpoints, fsx-datasets, which this update deletes" in job
+    assert "move jobs[gpt-large].revision to 2 in this update" in job
+    moved = [{**j, "revision": 2} for j in jobs]
+    effects, _ = effects_of(base, jobs=moved, runtimes={"revision": 2}, **sections)
+    assert not [r for r in effects.refusals if r.startswith("held-revision:")]
