@@ -51,6 +51,7 @@ EKS_CLUSTERS = {"eks:index:Cluster", "aws:eks/cluster:Cluster"}
 SUBNET = "aws:ec2/subnet:Subnet"
 NAT = "aws:ec2/natGateway:NatGateway"
 CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
+NAMESPACE = "kubernetes:core/v1:Namespace"
 LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
@@ -292,7 +293,14 @@ def _versions(steps: list[Step], found: Consequences) -> None:
 
 
 def _deleted_claims(steps: list[Step]) -> set[tuple[str, str]]:
-    return {
+    """(namespace, name) of the claims an update deletes, but in namespaces it deletes: what ran
+    there goes with them."""
+    gone = {
+        str(dig(s.old.inputs, "metadata", "name"))
+        for s in steps
+        if s.type == NAMESPACE and s.op == DELETE
+    }
+    claims = {
         (
             str(dig(s.old.inputs, "metadata", "namespace")),
             str(dig(s.old.inputs, "metadata", "name")),
@@ -300,6 +308,7 @@ def _deleted_claims(steps: list[Step]) -> set[tuple[str, str]]:
         for s in steps
         if s.type == CLAIM and s.op == DELETE
     }
+    return {(ns, name) for ns, name in claims if ns not in gone}
 
 
 def _mounts_deleted(manifest: dict, what: str, deleted: set[tuple[str, str]]) -> list[str]:

@@ -256,3 +256,19 @@ def test_a_held_revision_whose_claims_go_is_refused_until_it_moves(base):
     moved = [{**j, "revision": 2} for j in jobs]
     effects, _ = effects_of(base, jobs=moved, runtimes={"revision": 2}, **sections)
     assert not [r for r in effects.refusals if r.startswith("held-revision:")]
+
+
+def test_a_team_removed_takes_its_claims_with_no_held_revision_refused(base):
+    """Its namespace goes, and what ran there with it: the runtimes, held at their revision by a
+    new image, mount those claims there only through TrainJobs that go too."""
+    teams = stack_values(STACK)["training-platform:queues"]["teams"]
+    kept = [t for t in teams if t["name"] != "team-a"]
+    ack = [
+        {"holder": "queues.teams[team-a]", "reason": "gone"},
+        {"holder": "images", "reason": "a prebuilt image"},
+    ]
+    effects, _ = effects_of(
+        base, queues={"teams": kept}, image={"uri": PREBUILT_IMAGE}, acknowledgeDataLoss=ack
+    )
+    assert [r for r in effects.restarts if r.startswith("runtime torch-cpu keeps revision 1")]
+    assert not [r for r in effects.refusals if r.startswith("held-revision:")]
