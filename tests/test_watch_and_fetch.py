@@ -10,6 +10,7 @@ import pytest
 import torch
 import yaml
 
+from tests.crd_schema import CRD_DIR
 from tests.kube_api import KubeAPI, Kubelet, admission_policies, rbac_of, user
 from tests.kube_api.rbac import Authorizer, request_info
 from tests.moto_s3 import moto_server, s3_client
@@ -194,10 +195,18 @@ def cluster(dev_plan, tmp_path, monkeypatch):
     api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
     api.runtime = Kubelet()
     api.policies = admission_policies(dev_plan)
-    namespaces = next(k for k in api.kinds.values() if k.plural == "namespaces")
+    served = {k.plural: k for k in api.kinds.values()}
     (namespace,) = [n.inputs for n in dev_plan.of_type("kubernetes:core/v1:Namespace")
                     if n.inputs["metadata"]["name"] == TEAM]  # fmt: skip
-    api.call(api.create, namespaces, "", namespace)
+    api.call(api.create, served["namespaces"], "", namespace)
+    # Kueue's LocalQueue (its upstream CRD) and the team's, as the plan declares it.
+    crd = yaml.safe_load((CRD_DIR / "kueue" / "kueue.x-k8s.io_localqueues.yaml").read_text())
+    api.call(api.create, served["customresourcedefinitions"], "", crd)
+    api.settle()
+    (queue,) = [q.inputs for q in dev_plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
+                if q.inputs["metadata"]["namespace"] == TEAM]  # fmt: skip
+    local_queues = next(k for k in api.kinds.values() if k.plural == "localqueues")
+    api.call(api.create, local_queues, TEAM, queue)
     yield api
     api.stop()
 
@@ -231,7 +240,7 @@ def test_an_efs_checkpoint_is_fetched_through_a_pod_that_is_gone_after(
               if kind.plural == "pods" and what == "ADDED"]  # fmt: skip
     (mount,) = pod["spec"]["containers"][0]["volumeMounts"]
     assert mount == {"name": "checkpoints", "mountPath": "/efs", "readOnly": True}
-    # In the team's queue (the namespace's name by default), as a member's pods must be.
+    # In the team's queue (its namespace's one LocalQueue), as a member's pods must be.
     assert pod["metadata"]["labels"][QUEUE_LABEL] == TEAM
     assert pod["spec"]["volumes"][0]["persistentVolumeClaim"]["claimName"] == "efs-shared"
 
@@ -293,7 +302,14 @@ def test_without_the_rights_in_the_namespace_the_copy_says_so_in_one_line(
     cluster, tmp_path, capsys, monkeypatch
 ):
     use_kubeconfig(cluster, user("bob", ["other-team"]), tmp_path / "kubeconfig", monkeypatch)
-    status, _, err = fetched(capsys, "/fsx/checkpoints/job", "--namespace", TEAM, "--image", IMAGE)
+    argv = ["/fsx/checkpoints/job", "--namespace", TEAM, "--image", IMAGE]
+    status, _, err = fetched(capsys, *argv)
+    assert status == 2 and err == (
+        f"python -m trainer.fetch: error: listing the LocalQueues of namespace {TEAM}: "
+        'localqueues.kueue.x-k8s.io is forbidden: User "bob" cannot list resource '
+        f'"localqueues" in API group "kueue.x-k8s.io" in the namespace "{TEAM}"\n'
+    )
+    status, _, err = fetched(capsys, *argv, "--queue", TEAM)
     assert status == 2 and "Traceback" not in err
     assert err == (
         f"python -m trainer.fetch: error: creating a pod in namespace {TEAM}: pods is forbidden: "
@@ -336,15 +352,17 @@ def test_a_copy_pod_its_queue_does_not_admit_says_so_and_is_deleted(
 
 def test_a_teams_members_may_do_what_the_copy_needs_in_its_namespace_only(dev_plan):
     authorizer, alice = Authorizer(rbac_of(dev_plan)), user("alice", [MEMBERS])
-    methods = {"get": "GET", "create": "POST", "delete": "DELETE"}
+    methods = {"get": "GET", "list": "GET", "create": "POST", "delete": "DELETE"}
     for rule in POD_RULES:
+        (group,) = rule["apiGroups"]
+        root = f"/apis/{group}/v1beta2" if group else "/api/v1"
         for resource in rule["resources"]:
             plural, _, sub = resource.partition("/")
             for verb in rule["verbs"]:
                 for namespace, allowed in ((TEAM, True), ("research", False)):
-                    name = "" if verb == "create" and not sub else "/p"
+                    name = "" if verb in ("create", "list") and not sub else "/p"
                     tail = f"/{sub}" if sub else ""
-                    path = f"/api/v1/namespaces/{namespace}/{plural}{name}{tail}"
+                    path = f"{root}/namespaces/{namespace}/{plural}{name}{tail}"
                     info = request_info(methods[verb], path)
                     assert authorizer.allows(alice, info) is allowed, (verb, path)
 
@@ -404,3 +422,21 @@ def test_every_option_says_what_it_does_and_its_default(parser):
         assert len(text) > 20 and "default" in text, action.option_strings
         if "%(default)s" in action.help:
             assert f"default: {action.default})" in text, action.option_strings
+
+
+def test_without_queue_the_namespaces_one_local_queue_is_taken_or_the_copy_asks_for_one(
+    cluster, tmp_path, capsys, monkeypatch
+):
+    """A team's LocalQueue is named after the team, not always its namespace (prod's research
+    team queues in research-jobs): the copy asks the namespace, and asks the user when it has
+    none or several."""
+    local_queues = next(k for k in cluster.kinds.values() if k.plural == "localqueues")
+    (queue,) = cluster.objects("localqueues", TEAM, "kueue.x-k8s.io")
+    cluster.call(cluster.create, local_queues, TEAM, {**queue, "metadata": {"name": "second"}})
+    use_kubeconfig(cluster, user("alice", [MEMBERS]), tmp_path / "kubeconfig", monkeypatch)
+    argv = ["/efs/checkpoints/job", "--namespace", TEAM, "--image", IMAGE]
+    assert fetched(capsys, *argv)[2] == (
+        f"python -m trainer.fetch: error: namespace {TEAM} has LocalQueues second, {TEAM}: name "
+        "the team's with --queue\n"
+    )
+    assert cluster.objects("pods", TEAM) == []

@@ -34,8 +34,11 @@ CLAIMS = {"/fsx/checkpoints": "fsx-checkpoints", "/efs": "efs-shared"}
 POD_RULES = [
     {"apiGroups": [""], "resources": ["pods"], "verbs": ["create", "get", "delete"]},
     {"apiGroups": [""], "resources": ["pods/exec"], "verbs": ["create", "get"]},
+    # Without --queue, which queue the pod waits in.
+    {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["list"]},
 ]
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
+LOCAL_QUEUES = ("kueue.x-k8s.io", "v1beta2")  # group, version (Kueue v0.19's storage version)
 # The team's service account the pod reads S3 as (infra/config SELF_SERVICE_ACCOUNT; a test keeps
 # the two equal): every team namespace has it, and its role reads the team's checkpoints.
 SERVICE_ACCOUNT = "self-service-jobs"
@@ -146,6 +149,7 @@ class PodFolder:
     it on the way out. Every failure is an OSError saying what went wrong."""
 
     def __init__(self, namespace: str, path: str, image: str, queue: str, start_timeout: float):
+        """`queue`: the LocalQueue the pod waits in; empty: the namespace's one LocalQueue."""
         self.namespace, self.path, self.image = namespace, path.rstrip("/"), image
         self.queue, self.start_timeout = queue, start_timeout
         self.name = ""
@@ -181,6 +185,7 @@ class PodFolder:
             self.core = client.CoreV1Api(config.new_client_from_config(config_file=paths))
         except ConfigException as e:
             raise OSError(f"no cluster credentials: {e}") from None
+        self.queue = self.queue or self._the_queue(client.CustomObjectsApi(self.core.api_client))
         pod = copy_pod(self.namespace, self.path, self.image, self.queue)
         created = self._object(
             f"creating a pod in namespace {self.namespace}",
@@ -198,6 +203,22 @@ class PodFolder:
 
     def __exit__(self, *exc) -> None:
         self._delete()
+
+    def _the_queue(self, custom) -> str:
+        """The namespace's LocalQueue: a team's namespace has one, named after the team, which
+        is not always the namespace's name (the stack may name it otherwise)."""
+        found = self._object(
+            f"listing the LocalQueues of namespace {self.namespace}",
+            custom.list_namespaced_custom_object,
+            *LOCAL_QUEUES,
+            self.namespace,
+            "localqueues",
+        )
+        names = sorted(q["metadata"]["name"] for q in found.get("items") or [])
+        if len(names) != 1:
+            held = f"LocalQueues {', '.join(names)}" if names else "no LocalQueue"
+            raise OSError(f"namespace {self.namespace} has {held}: name the team's with --queue")
+        return names[0]
 
     def _delete(self) -> None:
         self._object(

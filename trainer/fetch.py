@@ -93,7 +93,7 @@ def fetch(source: str, namespace: str, image: str, queue: str, start_timeout: fl
                 why = f"{e}: only those and S3 are read through the cluster"
                 raise FetchError(why) from None
         with tempfile.TemporaryDirectory(prefix="trainer-fetch-") as copy:
-            with PodFolder(namespace, source, image, queue or namespace, start_timeout) as folder:
+            with PodFolder(namespace, source, image, queue, start_timeout) as folder:
                 step = newest_committed(folder.steps(), f"{source} (namespace {namespace})")
                 folder.copy(step, Path(copy))
             found = model_file(LocalStore(copy), step)
@@ -139,8 +139,7 @@ def parser() -> argparse.ArgumentParser:
         "--queue",
         default="",
         help="with --namespace: the team's queue (LocalQueue) the pod waits in, as a team "
-        "member's pods must (default: the namespace's name, the team's queue unless the stack "
-        "names its namespace otherwise)",
+        "member's pods must (default: the namespace's one LocalQueue)",
     )
     found.add_argument(
         "--start-timeout",
