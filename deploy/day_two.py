@@ -225,31 +225,43 @@ MOUNTED = {
 
 
 def deleting_updates(steps: list[Step]) -> list[tuple[str, str]]:
-    """(holder, what it deletes) of the in-place updates that delete data: a shorter expiry in
-    the bucket's lifecycle deletes what it no longer keeps as soon as S3 applies it (daily)."""
+    """(holder, what it deletes) of the in-place updates that delete data: an expiry in the
+    bucket's lifecycle that reaches objects sooner than before (a shorter one, one on a prefix no
+    rule expired, whatever its rule's id) deletes them as soon as S3 applies it (daily)."""
     found = []
     for step in steps:
         if step.type != LIFECYCLE or step.op != UPDATE:
             continue
-        old = {r.get("id"): r for r in listed(dig(step.old.inputs, "rules"))}
-        for rule in listed(dig(step.new.inputs, "rules")):
-            before = old.get(rule.get("id")) or {}
-            for path, kept in (
-                (("expiration", "days"), "objects"),
-                (("noncurrentVersionExpiration", "noncurrentDays"), "old versions of objects"),
-            ):
-                was, now = dig(before, *path), dig(rule, *path)
-                if was and now and now < was:
-                    prefix = dig(rule, "filter", "prefix") or "the bucket"
-                    found.append(
-                        (
-                            BUCKET,
-                            f"{step.name} ({BUCKET}) would be updated to delete the {kept} "
-                            f"under {prefix} {now} to {was} days old (rule {rule.get('id')}: "
-                            f"{was} -> {now} days)",
-                        )
+        for path, what in (
+            (("expiration", "days"), "objects"),
+            (("noncurrentVersionExpiration", "noncurrentDays"), "old versions of objects"),
+        ):
+            before = _expiries(step.old.inputs, path)
+            for prefix, now in _expiries(step.new.inputs, path):
+                # Objects under `prefix` expired, before, after the least days of the rules
+                # whose prefix covers them.
+                was = min((d for p, d in before if prefix.startswith(p)), default=None)
+                if was is not None and now >= was:
+                    continue
+                shown = prefix or "the whole bucket"
+                since = f"{was} -> {now} days" if was else f"{now} days, where nothing expired"
+                found.append(
+                    (
+                        BUCKET,
+                        f"{step.name} ({BUCKET}) would be updated to delete the {what} under "
+                        f"{shown} older than {now} days ({since})",
                     )
+                )
     return found
+
+
+def _expiries(lifecycle: dict, path: tuple[str, str]) -> list[tuple[str, int]]:
+    """(prefix, days) of a lifecycle's enabled rules that expire after days at `path`."""
+    return [
+        (str(dig(rule, "filter", "prefix") or ""), int(dig(rule, *path)))
+        for rule in listed(dig(lifecycle, "rules"))
+        if rule.get("status") == "Enabled" and dig(rule, *path)
+    ]
 
 
 def _expiring(steps: list[Step], config: StackConfig, found: Consequences) -> None:

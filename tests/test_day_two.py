@@ -276,3 +276,57 @@ def test_a_claim_bound_to_another_volume_is_named():
         "volume's files from their next start (the old volume's stay on it): copy across what "
         "they must keep seeing"
     ]
+
+
+def lifecycle_step(old_rules: list[dict], new_rules: list[dict]):
+    from deploy.steps import UPDATE, Step
+    from infra.offline import RecordedResource
+
+    def resource(rules):
+        return RecordedResource("urn:lc", LIFECYCLE, "bucket", "", "", [], {"rules": rules}, True)
+
+    return Step(UPDATE, "urn::lc", LIFECYCLE, resource(old_rules), resource(new_rules), ["rules"])
+
+
+LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
+RULE = {"id": "expire-old-checkpoints", "status": "Enabled", "filter": {"prefix": "checkpoints/"}}
+
+
+@pytest.mark.parametrize(
+    ("new_rules", "deletes"),
+    [
+        # Longer: nothing sooner.
+        ([{**RULE, "expiration": {"days": 90}}], []),
+        # Shorter, under another id: the same objects, sooner.
+        (
+            [{**RULE, "id": "renamed", "expiration": {"days": 10}}],
+            ["objects under checkpoints/ older than 10 days (30 -> 10 days)"],
+        ),
+        # A wider prefix reaches objects no rule expired.
+        (
+            [{**RULE, "filter": {"prefix": ""}, "expiration": {"days": 30}}],
+            ["objects under the whole bucket older than 30 days (30 days, where nothing expired)"],
+        ),
+        # A new rule on another prefix.
+        (
+            [
+                {**RULE, "expiration": {"days": 30}},
+                {
+                    "id": "d",
+                    "status": "Enabled",
+                    "filter": {"prefix": "datasets/"},
+                    "expiration": {"days": 365},
+                },
+            ],
+            ["objects under datasets/ older than 365 days (365 days, where nothing expired)"],
+        ),
+        # A disabled rule deletes nothing.
+        ([{**RULE, "status": "Disabled", "expiration": {"days": 1}}], []),
+    ],
+)
+def test_a_lifecycle_that_expires_sooner_or_more_deletes_data(new_rules, deletes):
+    from deploy.day_two import deleting_updates
+
+    step = lifecycle_step([{**RULE, "expiration": {"days": 30}}], new_rules)
+    found = [line.split("delete the ", 1)[1] for _, line in deleting_updates([step])]
+    assert found == deletes
