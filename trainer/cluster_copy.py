@@ -23,7 +23,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from trainer import TRAINER_UID, s3_folder
+from trainer import RESTRICTED_CONTAINER, RESTRICTED_POD, s3_folder
 from trainer.checkpoint import step_folders, step_name
 
 # Where job pods mount the shared file systems' claims that hold checkpoints, and those claims
@@ -72,11 +72,7 @@ def copy_pod(namespace: str, path: str, image: str, queue: str) -> dict:
         "name": "copy",
         "image": image,
         "command": ["sleep", str(POD_SECONDS)],
-        "securityContext": {
-            "allowPrivilegeEscalation": False,
-            "capabilities": {"drop": ["ALL"]},
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": RESTRICTED_CONTAINER,
         "resources": {
             "requests": {"cpu": "100m", "memory": "256Mi"},
             "limits": {"memory": "256Mi"},
@@ -86,12 +82,7 @@ def copy_pod(namespace: str, path: str, image: str, queue: str) -> dict:
         "restartPolicy": "Never",
         # Pod Identity mounts its own token; the pod never calls the Kubernetes API.
         "automountServiceAccountToken": False,
-        "securityContext": {
-            "runAsNonRoot": True,
-            "runAsUser": TRAINER_UID,
-            "runAsGroup": TRAINER_UID,
-            "seccompProfile": {"type": "RuntimeDefault"},
-        },
+        "securityContext": RESTRICTED_POD,
         "containers": [container],
     }
     if in_s3(path):

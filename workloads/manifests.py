@@ -18,7 +18,7 @@ from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
 from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
 from infra.config.jobs import DEFAULT_MAX_RESTARTS
-from trainer import TRAINER_UID
+from trainer import RESTRICTED_CONTAINER, RESTRICTED_POD, TRAINER_UID
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -60,21 +60,10 @@ GRACE_SECONDS = 120
 # The MPI launcher's container (mpirun, no training) and what it asks for.
 LAUNCHER = "launcher"
 LAUNCHER_REQUESTS = {"cpu": "1", "memory": "2Gi"}
-# Pod Security "restricted" for every trainer container: non-root, no privilege escalation, no
-# capabilities (MPI workers' sshd listens on 2222 as `trainer`, which needs none).
-CONTAINER_SECURITY = {
-    "allowPrivilegeEscalation": False,
-    "capabilities": {"drop": ["ALL"]},
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
-POD_SECURITY = {
-    "runAsNonRoot": True,
-    "runAsUser": TRAINER_UID,
-    "runAsGroup": TRAINER_UID,
-    # Volumes that honour fsGroup (EBS, EFS access points) are group-writable for the trainer.
-    "fsGroup": TRAINER_UID,
-    "seccompProfile": {"type": "RuntimeDefault"},
-}
+# Pod Security "restricted" for every training pod; volumes that honour fsGroup (EBS, EFS access
+# points) are group-writable for the trainer. Its containers need no capability (MPI workers'
+# sshd listens on 2222 as `trainer`).
+POD_SECURITY = {**RESTRICTED_POD, "fsGroup": TRAINER_UID}
 # What mpirun hands its ranks besides the launcher's own pod env. A worker's sshd starts orted
 # with sshd's default environment (PATH=/usr/local/bin:/usr/bin:/bin..., where Debian's and
 # Ubuntu's openmpi-bin put orted; no LD_LIBRARY_PATH), and orted gives a rank only what mpirun
@@ -262,7 +251,7 @@ def pod_template(
                 "command": command,
                 "env": [*own_env, *env],
                 "volumeMounts": mounts,
-                "securityContext": CONTAINER_SECURITY,
+                "securityContext": RESTRICTED_CONTAINER,
                 "resources": _resources(pool)
                 if with_resources
                 else {

@@ -20,8 +20,8 @@ from infra.components.iam import pod_identity_role
 from infra.components.system_nodes import SYSTEM_PLACEMENT
 from infra.config import CHECKPOINT_PREFIX, TeamConfig
 from infra.config.queues import TENSORBOARD
-from trainer import TRAINER_UID
-from workloads.manifests import CHECKPOINT_ROOTS, CONTAINER_SECURITY, MOUNTS
+from trainer import RESTRICTED_CONTAINER, RESTRICTED_POD
+from workloads.manifests import CHECKPOINT_ROOTS, MOUNTS
 
 NAME = TENSORBOARD
 PORT = 6006
@@ -62,12 +62,7 @@ def deployment(namespace: str, image, spec: str, region: str, storage: set[str])
                     # Pod Identity mounts its own token; TensorBoard never calls the API server.
                     "automountServiceAccountToken": False,
                     **SYSTEM_PLACEMENT,
-                    "securityContext": {
-                        "runAsNonRoot": True,
-                        "runAsUser": TRAINER_UID,
-                        "runAsGroup": TRAINER_UID,
-                        "seccompProfile": {"type": "RuntimeDefault"},
-                    },
+                    "securityContext": RESTRICTED_POD,
                     "containers": [
                         {
                             "name": NAME,
@@ -80,7 +75,7 @@ def deployment(namespace: str, image, spec: str, region: str, storage: set[str])
                                 "limits": {"memory": "1Gi"},
                             },
                             "securityContext": {
-                                **CONTAINER_SECURITY,
+                                **RESTRICTED_CONTAINER,
                                 "readOnlyRootFilesystem": True,
                             },
                             "volumeMounts": mounts,
