@@ -159,6 +159,10 @@ def consequences(
     return found
 
 
+def _accepting(holder: str) -> str:
+    return f"to accept it, add {{holder: {holder}, reason: ...}} to {ACKNOWLEDGE}"
+
+
 def _data(steps: list[Step], config: StackConfig, found: Consequences) -> None:
     released = config.released
     lost = set()
@@ -179,11 +183,11 @@ def _data(steps: list[Step], config: StackConfig, found: Consequences) -> None:
         found.losses.append(line)
         if holder in MOUNTED and holder not in lost_mounts:
             lost_mounts.add(holder)
-            found.restarts.append(MOUNTED[holder](config))
+            found.restarts.append(_mounted_lost(holder, config))
         if holder not in released:
             found.refusals.append(
-                f"data-loss: {step.name} ({holder}) would be {what}, losing {loss(holder)}; to "
-                f"accept it, add {{holder: {holder}, reason: ...}} to {ACKNOWLEDGE}"
+                f"data-loss: {step.name} ({holder}) would be {what}, losing {loss(holder)}; "
+                f"{_accepting(holder)}"
             )
         elif step.op == DELETE and step.old.protect:
             found.refusals.append(
@@ -202,26 +206,23 @@ def _data(steps: list[Step], config: StackConfig, found: Consequences) -> None:
         )
 
 
-def _on_shared_file_system(store: str, what: str, config: StackConfig) -> str:
-    on_it = sorted(j.name for j in config.jobs if j.checkpoint == store)
-    resumed = (
-        f"; {', '.join(on_it)} checkpoint there and resume from what reached the bucket"
-        if on_it and store == "fsx"
-        else f"; {', '.join(on_it)} checkpoint there"
-        if on_it
-        else ""
-    )
-    return (
+# Holders that running pods mount: (the jobs' checkpoint store there, what it is called).
+MOUNTED = {FSX: ("fsx", "FSx for Lustre"), EFS: ("efs", "EFS")}
+
+
+def _mounted_lost(holder: str, config: StackConfig) -> str:
+    """What losing a file system that pods mount does to them."""
+    store, what = MOUNTED[holder]
+    line = (
         f"every pod that mounts {what} loses it, and the update waits for them: stop the jobs, "
-        f"TrainJobs, TensorBoards (and DevServers, for EFS) that use it first{resumed}"
+        f"TrainJobs, TensorBoards (and DevServers, for EFS) that use it first"
     )
-
-
-# Holders that running pods mount: what losing one does to them.
-MOUNTED = {
-    FSX: lambda config: _on_shared_file_system("fsx", "FSx for Lustre", config),
-    EFS: lambda config: _on_shared_file_system("efs", "EFS", config),
-}
+    on_it = sorted(j.name for j in config.jobs if j.checkpoint == store)
+    if on_it:
+        line += f"; {', '.join(on_it)} checkpoint there"
+        if store == "fsx":
+            line += " and resume from what reached the bucket"
+    return line
 
 
 def deleting_updates(steps: list[Step]) -> list[tuple[str, str]]:
@@ -268,10 +269,7 @@ def _expiring(steps: list[Step], config: StackConfig, found: Consequences) -> No
     for holder, line in deleting_updates(steps):
         found.losses.append(line)
         if holder not in config.released:
-            found.refusals.append(
-                f"data-loss: {line}; to accept it, add {{holder: {holder}, reason: ...}} to "
-                f"{ACKNOWLEDGE}"
-            )
+            found.refusals.append(f"data-loss: {line}; {_accepting(holder)}")
 
 
 def _minor(version: object) -> tuple[int, int]:
