@@ -23,6 +23,7 @@ from infra.components.queues import TEAM_LABEL
 from infra.components.rbac import CONNECT, READ, binding, group, rule
 from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.config import TeamConfig
+from infra.declared import REPLICA_SPEC_KEYS
 
 ROLE = "team-member"
 # Cluster-wide, members read the platform's ClusterTrainingRuntimes (what a TrainJob names in
@@ -146,10 +147,6 @@ def patches_kept() -> str:
     )
 
 
-# The replica specs' field of each job kind whose pod templates a team writes itself.
-REPLICA_SPECS = {"PyTorchJob": "pytorchReplicaSpecs", "MPIJob": "mpiReplicaSpecs"}
-
-
 def disrupt_policy_spec() -> dict:
     why = (
         "without it Karpenter drains the job's nodes one at a time (drift, consolidation) and "
@@ -162,7 +159,8 @@ def disrupt_policy_spec() -> dict:
             f'annotated {DO_NOT_DISRUPT}: "true": {why}',
             "reason": "Invalid",
         }
-        for kind, specs in REPLICA_SPECS.items()
+        # The job kinds whose pod templates a team writes itself.
+        for kind, specs in REPLICA_SPEC_KEYS.items()
     ]
     patches = {
         "expression": patches_kept(),
