@@ -109,16 +109,10 @@ class S3Store:
         return "/".join(p for p in (self.prefix, step_name(step), name) if p)
 
     def _keys(self) -> list[str]:
-        keys, token = [], None
-        while True:
-            kwargs = {"Bucket": self.bucket, "Prefix": f"{self.prefix}/" if self.prefix else ""}
-            if token:
-                kwargs["ContinuationToken"] = token
-            page = self.s3.list_objects_v2(**kwargs)
-            keys += [o["Key"] for o in page.get("Contents", [])]
-            if not page.get("IsTruncated"):
-                return keys
-            token = page["NextContinuationToken"]
+        from trainer import s3_folder  # boto3, as above: only for S3 checkpoints
+
+        prefix = f"{self.prefix}/" if self.prefix else ""
+        return [o["Key"] for o in s3_folder.objects(self.s3, self.bucket, prefix)]
 
     def steps(self) -> tuple[list[int], list[int]]:
         start = len(self.prefix) + 1 if self.prefix else 0

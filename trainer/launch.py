@@ -53,7 +53,7 @@ def parser() -> argparse.ArgumentParser:
     """Only for --help: every argument goes to torchrun as given."""
     return argparse.ArgumentParser(
         prog="python -m trainer.launch",
-        usage="%(prog)s [torchrun's options] -m trainer [the trainer's options]",
+        usage="%(prog)s [torchrun's options] -m trainer|SCRIPT|-m MODULE [its options]",
         description="torchrun, with SIGTERM and SIGINT going to the workers (they save a "
         "checkpoint and exit 0, and so does the launcher) and bad input ending the run at once "
         "with the trainer's one line and exit 2, not restarted until --max-restarts runs out.",
@@ -62,11 +62,34 @@ def parser() -> argparse.ArgumentParser:
     )
 
 
+# torchrun's options that take no value (torch/distributed/run.py); every other option takes one,
+# as `--x=value` or `--x value`.
+FLAGS = {"-h", "--help", "--standalone", "--no-python", "--no_python", "--run-path", "--run_path"}
+
+
+def _entry_index(launch: list[str]) -> int:
+    """Where the program torchrun runs starts in its arguments: `-m` or the script (the first
+    argument that is neither an option nor an option's value); len(launch) when there is none."""
+    i = 0
+    while i < len(launch) and launch[i] != "-m" and launch[i].startswith("-"):
+        i += 1 if (launch[i] in FLAGS or "=" in launch[i]) else 2
+    return min(i, len(launch))
+
+
+def entry_point(launch: list[str]) -> tuple[str, str] | None:
+    """("script", path) or ("module", name) that torchrun would run, from its arguments."""
+    i = _entry_index(launch)
+    if i == len(launch):
+        return None
+    if launch[i] == "-m":
+        return ("module", launch[i + 1]) if i + 1 < len(launch) else None
+    return "script", launch[i]
+
+
 def asks_for_help(args: list[str]) -> bool:
-    """-h or --help among the launcher's own arguments, before the module torchrun runs (after
-    it, they are the trainer's)."""
-    own = args[: args.index("-m")] if "-m" in args else args
-    return bool({"-h", "--help"} & set(own))
+    """-h or --help among the launcher's own arguments, before the script or module torchrun
+    runs (after it, they are the program's)."""
+    return bool({"-h", "--help"} & set(args[: _entry_index(args)]))
 
 
 def main(argv: list[str] | None = None) -> int:
