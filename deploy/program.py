@@ -200,9 +200,7 @@ def build_platform(config: StackConfig) -> None:
         efs.claim_in({**queues.namespaces, **dev_namespaces})
     if fsx:
         fsx.claim_in(queues.namespaces)
-    enabled_storage = {
-        k for k, on in (("fsx", storage.fsx.enabled), ("efs", storage.efs.enabled)) if on
-    }
+    enabled_storage = set(storage.shared_file_systems)
     job_pools = {job.name: config.job_pool(job) for job in config.jobs}
     targets = stack_targets(config)
     if targets:

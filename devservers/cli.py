@@ -4,6 +4,7 @@
     devctl create box --flavor gpu-1 [--distributed --replicas 2] [--dry-run -o yaml]
     devctl list [--homes] | ssh box [--replica 1] | ssh-config | monitor box
     devctl run box train.py --steps 100      (syncs the working directory, torchruns on every pod)
+    devctl submit --pool gpu-small --nodes 2 -- train.py   (your folder as a job; --local: here)
     devctl keep box 2h | stop box | start box | delete box [--delete-home]
     devctl status [job] -n <team>            (the team's jobs: queued and why, running, finished)
     devctl savings [--since 7d] [--all-namespaces]   (what idle stops saved, per user)
@@ -254,6 +255,9 @@ def parser() -> argparse.ArgumentParser:
         help="your team's namespace (default: the kubeconfig context's namespace)",
     )
     status.add_argument("job", nargs="?", help="only this job (default: all of them)")
+    from devservers.submit import add_parser
+
+    add_parser(command)
     return parser
 
 
@@ -770,6 +774,14 @@ def _run(args: argparse.Namespace, devctl: Devctl) -> int:
 def main(argv: list[str] | None = None, out=sys.stdout) -> int:
     args = parse_args(argv)
     try:
+        if args.command == "submit":
+            from devservers.submit import BAD_INPUT, submit
+
+            try:
+                return submit(args, out)
+            except (CliError, OSError) as e:
+                print(f"devctl: {e}", file=sys.stderr)
+                return BAD_INPUT
         if args.command == "create" and args.dry_run:
             manifest = dry_run_manifest(args)
             text = (

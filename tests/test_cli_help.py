@@ -13,6 +13,7 @@ from tests.conftest import ROOT
 CLIS = {
     "python -m trainer": "trainer.options",
     "python -m trainer.launch": "trainer.launch",
+    "python -m trainer.user_code": "trainer.user_code",
     "python -m trainer.data": "trainer.data",
     "python -m trainer.fetch": "trainer.fetch",
     "python -m trainer.sample": "trainer.sample",
@@ -36,12 +37,12 @@ CLIS = {
 
 def test_every_tool_that_parses_arguments_is_listed():
     """A module that builds an ArgumentParser (or a parser of its own kind) is a tool; it needs a
-    parser() here. Build folders (`pip install ./devservers` leaves devservers/build) are no
-    tools."""
+    parser() here. Build folders (`pip install ./devservers` leaves devservers/build) and the
+    examples' users' scripts are no tools."""
     building = {
         ".".join(path.relative_to(ROOT).with_suffix("").parts)
         for path in ROOT.glob("*/**/*.py")
-        if path.parts[len(ROOT.parts)] not in {"tests", "docs", ".venv"}
+        if path.parts[len(ROOT.parts)] not in {"tests", "docs", ".venv", "examples"}
         and "build" not in path.relative_to(ROOT).parts
         and re.search(r"ArgumentParser\(|\(argparse\.ArgumentParser\)", path.read_text())
     }

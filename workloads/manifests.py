@@ -188,6 +188,15 @@ class JobTarget:
     storage: frozenset[str]  # shared file systems mounted into the pods: fsx, efs
     # The pods' ServiceAccount; None: the job's own, named after it (its Pod Identity role).
     service_account_name: str | None = None
+    # What the pods run; None: the platform's trainer with the job's arguments. A user's own
+    # code (workloads.user_job) runs through trainer.user_code.
+    program: tuple[str, ...] | None = None
+
+    @property
+    def command(self) -> list[str]:
+        if self.program:
+            return list(self.program)
+        return [*LAUNCH, *trainer_args(self.job, self.checkpoint)]
 
     @property
     def service_account(self) -> str:
@@ -305,7 +314,6 @@ def _run_policy(job: JobConfig) -> dict:
 def pytorch_job(target: JobTarget) -> dict:
     """Elastic PyTorchJob: torchrun reads nodes, rendezvous and restarts from the operator's env."""
     job, pool = target.job, target.pool
-    command = [*LAUNCH, *trainer_args(job, target.checkpoint)]
     return {
         "apiVersion": API_VERSIONS["PyTorchJob"],
         "kind": "PyTorchJob",
@@ -322,8 +330,11 @@ def pytorch_job(target: JobTarget) -> dict:
             "pytorchReplicaSpecs": {
                 "Worker": {
                     "replicas": job.max_nodes,
-                    "restartPolicy": "OnFailure",
-                    "template": pod_template(target.pods, "pytorch", command),
+                    # A user's code ends with exit 2 on input no restart fixes (trainer.
+                    # user_code): ExitCode fails the job on 1-127 and restarts on 128-255 (a
+                    # kill), kubeflow/trainer release-1.9 pkg/apis/kubeflow.org/v1/common_types.go.
+                    "restartPolicy": "ExitCode" if target.program else "OnFailure",
+                    "template": pod_template(target.pods, "pytorch", target.command),
                 }
             },
         },
@@ -491,7 +502,7 @@ def train_job(target: JobTarget) -> dict:
             },
             "trainer": {
                 "image": target.image,
-                "args": list(job.args),
+                **({"command": target.command} if target.program else {"args": list(job.args)}),
                 "env": [{"name": CHECKPOINT_ENV, "value": target.checkpoint}],
                 "numNodes": job.max_nodes,
                 "numProcPerNode": pool.procs_per_node,

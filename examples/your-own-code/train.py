@@ -89,7 +89,8 @@ def main() -> None:
     images, labels = pictures(args.samples, seed=1)
     mine = torch.arange(rank, args.samples, world)  # each rank its own share
     per_epoch = len(mine) // args.batch
-    writer = SummaryWriter(os.environ.get("TENSORBOARD_DIR", "run"), purge_step=step)
+    # TensorBoard drops what an earlier attempt logged after the checkpoint: one curve.
+    writer = SummaryWriter(os.environ.get("TENSORBOARD_DIR", "run"), purge_step=step + 1)
 
     def save() -> None:
         if rank == 0:

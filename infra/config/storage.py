@@ -111,3 +111,8 @@ class StorageConfig(Model):
     bucket: BucketConfig = Field(default=BucketConfig(), description="The training bucket.")
     efs: EfsConfig = Field(default=EfsConfig(), description="EFS.")
     fsx: FsxConfig = Field(default=FsxConfig(), description="FSx for Lustre.")
+
+    @property
+    def shared_file_systems(self) -> frozenset[str]:
+        """The file systems training pods mount (workloads.manifests MOUNTS): fsx, efs."""
+        return frozenset(k for k, c in (("fsx", self.fsx), ("efs", self.efs)) if c.enabled)

@@ -1,0 +1,251 @@
+"""`devctl submit`: a folder with your training script, as a job in your team's queue, or run here.
+
+    devctl submit --pool gpu-small --nodes 2 --requirements requirements.txt -- train.py --lr 3e-4
+    devctl submit -f task.yaml                  (the same choices, kept with the code)
+    devctl submit -f task.yaml --dry-run -o yaml   (the job, no cluster)
+    devctl submit -f task.yaml --local          (the same command on this machine's CPU)
+
+The folder (the task file's, else the current one; `workdir` moves it) is packed as `devctl run`
+and tp-mesh pack it (mesh.workdir: the same bytes for the same files, excludes, a size cap) and
+named by its sha256. What the job runs is trainer.user_code over that snapshot
+(workloads.user_job renders the job): the pod and `--local` take the same path, so what runs
+here runs there.
+"""
+
+import argparse
+import json
+import os
+import re
+import secrets
+import sys
+from pathlib import Path
+
+import yaml
+
+from devservers.cli import CliError
+from mesh.spec import MeshError
+from mesh.workdir import DEFAULT_EXCLUDES, Archive, pack
+
+TASK_OPTIONS = {  # option -> task key, for the options a task file can hold too
+    "name": "name",
+    "pool": "pool",
+    "nodes": "nodes",
+    "workdir": "workdir",
+    "requirements": "requirements",
+    "setup": "setup",
+    "image": "image",
+    "queue": "queue",
+    "exclude": "exclude",
+    "max_size": "maxSizeMb",
+}
+# Exit status of a submission refused before anything was created (as trainer.user_code's).
+BAD_INPUT = 2
+# Ranks of a --local run: CPU processes (gloo), one thread each.
+LOCAL_NPROC = 2
+LOCAL_ENV = {"OMP_NUM_THREADS": "1"}
+
+
+def add_parser(command) -> None:
+    """`submit`'s options, on devctl's parser (`command` makes a subcommand)."""
+    submit = command(
+        "submit",
+        help="run a folder's training script as a job in your team's queue (or --local here); "
+        "the script and its arguments after --",
+    )
+    submit.add_argument(
+        "-f",
+        "--file",
+        type=Path,
+        help="a task file (YAML) with these choices; the options given win (default: none)",
+    )
+    submit.add_argument("--name", help="the job's name (default: the folder's, plus a suffix)")
+    submit.add_argument(
+        "--pool", help="the node pool, e.g. gpu-small (default: the task file's; one is required)"
+    )
+    submit.add_argument("--nodes", help="N, or MIN:MAX for an elastic job (default: 1)")
+    submit.add_argument(
+        "--workdir", help="the folder to send (default: the task file's folder, else .)"
+    )
+    submit.add_argument(
+        "--requirements",
+        help="a requirements file in the folder, installed once per content (default: none)",
+    )
+    submit.add_argument(
+        "--setup", help="a shell command that installs more, once per content (default: none)"
+    )
+    submit.add_argument("--image", help="your image (default: the pool's runtime image)")
+    submit.add_argument("--queue", help="your team's LocalQueue (default: the namespace's)")
+    submit.add_argument(
+        "--exclude",
+        action="append",
+        metavar="GLOB",
+        help="leave out paths matching GLOB (repeatable; default: none besides these, always left "
+        "out: " + " ".join(DEFAULT_EXCLUDES),
+    )
+    submit.add_argument(
+        "--max-size", type=int, metavar="MIB", help="refuse a bigger folder (default: 100)"
+    )
+    submit.add_argument(
+        "--stack",
+        help="the stack file with the pools (default: the first Pulumi.<stack>.yaml by name)",
+    )
+    submit.add_argument(
+        "--dry-run",
+        action="store_true",
+        help="print the job, create nothing; needs no cluster (default: off)",
+    )
+    submit.add_argument(
+        "-o",
+        "--output",
+        choices=["yaml", "json"],
+        default="yaml",
+        help="format of --dry-run (default: %(default)s)",
+    )
+    submit.add_argument(
+        "--local",
+        action="store_true",
+        help=f"run it here instead: torchrun, {LOCAL_NPROC} CPU processes (default: off)",
+    )
+    submit.add_argument(
+        "--store",
+        type=Path,
+        help="--local: where code, environments and job folders go (default: ~/.cache/devctl)",
+    )
+
+
+def task_values(args: argparse.Namespace) -> tuple[dict, str, Path]:
+    """(the task's keys: the file's, then the options given, the folder the workdir is
+    relative to, where they come from)."""
+    values, base, source = {}, Path.cwd(), "the command line"
+    if args.file:
+        try:
+            values = yaml.safe_load(args.file.read_text()) or {}
+        except OSError as e:
+            raise CliError(f"cannot read {args.file}: {e.strerror}") from None
+        except yaml.YAMLError as e:
+            raise CliError(f"{args.file} is not YAML: {' '.join(str(e).split())}") from None
+        if not isinstance(values, dict):
+            raise CliError(f"{args.file}: allowed: a mapping of task keys")
+        base, source = args.file.resolve().parent, f"{args.file} and the command line"
+    for option, key in TASK_OPTIONS.items():
+        given = getattr(args, option)
+        if given is not None:
+            values[key] = given
+    if args.passthrough:
+        values["run"] = args.passthrough
+    return values, source, base
+
+
+def job_name(task, folder: Path) -> str:
+    if task.name:
+        return task.name
+    # A TrainJob's name starts with a letter; short, so the pods' names stay within 63.
+    stem = re.sub(r"[^a-z0-9-]+", "-", folder.name.lower()).strip("-")[:20].strip("-")
+    stem = stem if stem[:1].isalpha() else f"job-{stem}".strip("-")
+    return f"{stem}-{secrets.token_hex(3)}"
+
+
+def packed(task, base: Path) -> tuple[Path, Archive]:
+    folder = (base / task.workdir).resolve()
+    try:
+        excludes = (*DEFAULT_EXCLUDES, *task.exclude)
+        return folder, pack(folder, excludes, task.max_size_mb, "--max-size")
+    except MeshError as e:
+        raise CliError(str(e).replace("--workdir", "folder", 1)) from None
+
+
+def check_folder(task, folder: Path) -> None:
+    """What a pod would only find out after the queue admitted it."""
+    from trainer.launch import entry_point
+
+    kind, name = entry_point(task.run) or ("script", "")
+    if kind == "script" and not (folder / name).is_file():
+        raise CliError(f"no script {name!r} in {folder}: the script is relative to the folder")
+    if task.requirements and not (folder / task.requirements).is_file():
+        raise CliError(f"no requirements file {task.requirements!r} in {folder}")
+
+
+def local(task, name: str, folder: Path, archive: Archive, store: Path | None) -> int:
+    """Run trainer.user_code here, in place of devctl: Ctrl-C reaches the launcher, which stops
+    the ranks as a drained pod's are stopped."""
+    from trainer.user_code import store_snapshot
+
+    store = store or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "devctl"
+    code, written = store_snapshot(store / "user-code", archive.data)
+    low, high = task.node_range
+    command = [sys.executable, "-m", "trainer.user_code", "--code-store", str(store / "user-code")]
+    command += ["--code", code, "--checkpoint-dir", str(store / "checkpoints" / name)]
+    if task.requirements:
+        command += ["--requirements", task.requirements]
+    if task.setup:
+        command += ["--setup", task.setup]
+    command += ["--", "--standalone", f"--nproc-per-node={LOCAL_NPROC}", *task.run]
+    print(
+        f"devctl: {name}: {archive.summary()} from {folder} "
+        f"({'stored' if written else 'unchanged, already stored'} as {code[:12]}); "
+        f"job folder {store / 'checkpoints' / name}"
+        + (f"; nodes {task.nodes} run as one node here" if high > 1 else ""),
+        file=sys.stderr,
+        flush=True,
+    )
+    os.execve(command[0], command, {**os.environ, **LOCAL_ENV})
+
+
+def dry_run(args, task, name: str, code: str) -> dict:
+    """The job as it would be created, from the stack file's pools, storage and image."""
+    from devservers.cli import _kube_namespace
+    from devservers.stack_defaults import StackDefaults, StackDefaultsError
+    from workloads.user_job import TaskError, pool_of, render
+
+    try:
+        stack = StackDefaults.load(args.stack)
+        config = stack.config
+        namespace = args.namespace or _kube_namespace()
+        teams = {t.namespace_name: t.name for t in config.queues.teams}
+        if not namespace:
+            raise CliError(
+                f"which namespace? pass --namespace (teams in {stack.file}: "
+                f"{', '.join(teams) or 'none'}) or set it in your kubeconfig"
+            )
+        queue = task.queue or teams.get(namespace)
+        if queue is None:
+            raise CliError(
+                f"namespace {namespace} is no team's in {stack.file}: pass --queue, or a team's "
+                f"namespace ({', '.join(teams) or 'none'})"
+            )
+        image = task.image or stack.image()[0]
+        pool = pool_of(config.node_pools, task.pool)
+        return render(
+            task, name, pool, namespace, queue, image, code, config.storage.shared_file_systems
+        )
+    except (StackDefaultsError, TaskError) as e:
+        raise CliError(str(e)) from None
+
+
+def submit(args: argparse.Namespace, out) -> int:
+    from trainer.user_code import digest
+    from workloads.user_job import TaskError, task_from
+
+    values, source, base = task_values(args)
+    try:
+        task = task_from(values, source)
+    except TaskError as e:
+        raise CliError(str(e)) from None
+    folder, archive = packed(task, base)
+    check_folder(task, folder)
+    name = job_name(task, folder)
+    if args.local:
+        return local(task, name, folder, archive, args.store)
+    if args.dry_run:
+        manifest = dry_run(args, task, name, digest(archive.data))
+        text = (
+            yaml.safe_dump(manifest, sort_keys=False)
+            if args.output == "yaml"
+            else json.dumps(manifest, indent=2)
+        )
+        print(text, end="" if text.endswith("\n") else "\n", file=out)
+        return 0
+    raise CliError(
+        "creating the job on a cluster is not built yet (docs/users/your-own-code.md): "
+        "--local runs it here, --dry-run prints the job"
+    )
