@@ -140,18 +140,7 @@ def parser() -> argparse.ArgumentParser:
         help="dry run: the stack file to take defaults from (default: the first "
         "Pulumi.<stack>.yaml by name)",
     )
-    create.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the DevServer, create nothing; needs no cluster (default: off)",
-    )
-    create.add_argument(
-        "-o",
-        "--output",
-        choices=["yaml", "json"],
-        default="yaml",
-        help="format of --dry-run (default: %(default)s)",
-    )
+    add_dry_run_options(create, "the DevServer")
 
     command("list", help="your DevServers").add_argument(
         "--homes",
@@ -259,6 +248,30 @@ def parser() -> argparse.ArgumentParser:
 
     add_parser(command)
     return parser
+
+
+def add_dry_run_options(command: argparse.ArgumentParser, what: str) -> None:
+    command.add_argument(
+        "--dry-run",
+        action="store_true",
+        help=f"print {what}, create nothing; needs no cluster (default: off)",
+    )
+    command.add_argument(
+        "-o",
+        "--output",
+        choices=["yaml", "json"],
+        default="yaml",
+        help="format of --dry-run (default: %(default)s)",
+    )
+
+
+def print_manifest(manifest: dict, output: str, out) -> None:
+    """What --dry-run prints: the object as YAML or JSON."""
+    if output == "yaml":
+        text = yaml.safe_dump(manifest, sort_keys=False)
+    else:
+        text = json.dumps(manifest, indent=2)
+    print(text, end="" if text.endswith("\n") else "\n", file=out)
 
 
 def parse_args(argv: list[str] | None) -> argparse.Namespace:
@@ -783,13 +796,7 @@ def main(argv: list[str] | None = None, out=sys.stdout) -> int:
                 print(f"devctl: {e}", file=sys.stderr)
                 return BAD_INPUT
         if args.command == "create" and args.dry_run:
-            manifest = dry_run_manifest(args)
-            text = (
-                yaml.safe_dump(manifest, sort_keys=False)
-                if args.output == "yaml"
-                else json.dumps(manifest, indent=2)
-            )
-            print(text, end="" if text.endswith("\n") else "\n", file=out)
+            print_manifest(dry_run_manifest(args), args.output, out)
             return 0
         namespace = None if getattr(args, "all_namespaces", False) else resolve_namespace(args)
         from devservers.kube import KubeCluster

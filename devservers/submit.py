@@ -13,7 +13,6 @@ here runs there.
 """
 
 import argparse
-import json
 import os
 import re
 import secrets
@@ -22,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from devservers.cli import CliError
+from devservers.cli import CliError, add_dry_run_options, print_manifest
 from mesh.spec import MeshError
 from mesh.workdir import DEFAULT_EXCLUDES, Archive, pack
 
@@ -89,18 +88,7 @@ def add_parser(command) -> None:
         "--stack",
         help="the stack file with the pools (default: the first Pulumi.<stack>.yaml by name)",
     )
-    submit.add_argument(
-        "--dry-run",
-        action="store_true",
-        help="print the job, create nothing; needs no cluster (default: off)",
-    )
-    submit.add_argument(
-        "-o",
-        "--output",
-        choices=["yaml", "json"],
-        default="yaml",
-        help="format of --dry-run (default: %(default)s)",
-    )
+    add_dry_run_options(submit, "the job")
     submit.add_argument(
         "--local",
         action="store_true",
@@ -237,13 +225,7 @@ def submit(args: argparse.Namespace, out) -> int:
     if args.local:
         return local(task, name, folder, archive, args.store)
     if args.dry_run:
-        manifest = dry_run(args, task, name, digest(archive.data))
-        text = (
-            yaml.safe_dump(manifest, sort_keys=False)
-            if args.output == "yaml"
-            else json.dumps(manifest, indent=2)
-        )
-        print(text, end="" if text.endswith("\n") else "\n", file=out)
+        print_manifest(dry_run(args, task, name, digest(archive.data)), args.output, out)
         return 0
     raise CliError(
         "creating the job on a cluster is not built yet (docs/users/your-own-code.md): "
