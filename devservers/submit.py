@@ -39,6 +39,8 @@ TASK_OPTIONS = {  # option -> task key, for the options a task file can hold too
 }
 # Exit status of a submission refused before anything was created (as trainer.user_code's).
 BAD_INPUT = 2
+# How long the pod that stores the code may wait for its queue and a node.
+START_SECONDS = 300
 # Ranks of a --local run: CPU processes (gloo), one thread each.
 LOCAL_NPROC = 2
 LOCAL_ENV = {"OMP_NUM_THREADS": "1"}
@@ -179,35 +181,124 @@ def local(task, name: str, folder: Path, archive: Archive, store: Path | None) -
     os.execve(command[0], command, {**os.environ, **LOCAL_ENV})
 
 
-def dry_run(args, task, name: str, code: str) -> dict:
-    """The job as it would be created, from the stack file's pools, storage and image."""
-    from devservers.cli import _kube_namespace
-    from devservers.stack_defaults import StackDefaults, StackDefaultsError
-    from workloads.user_job import TaskError, pool_of, render
+class Stack:
+    """What a submission takes from the stack file: the pools and the shared file systems (the
+    cluster has them only as rendered objects)."""
 
-    try:
-        stack = StackDefaults.load(args.stack)
-        config = stack.config
-        namespace = args.namespace or _kube_namespace()
-        teams = {t.namespace_name: t.name for t in config.queues.teams}
+    def __init__(self, stack: str | None):
+        from devservers.stack_defaults import StackDefaults, StackDefaultsError
+
+        try:
+            self.defaults = StackDefaults.load(stack)
+        except StackDefaultsError as e:
+            raise CliError(str(e)) from None
+        self.config = self.defaults.config
+        self.teams = {t.namespace_name: t.name for t in self.config.queues.teams}
+
+    def namespace(self, given: str | None) -> str:
+        from devservers.cli import _kube_namespace
+
+        namespace = given or _kube_namespace()
         if not namespace:
             raise CliError(
-                f"which namespace? pass --namespace (teams in {stack.file}: "
-                f"{', '.join(teams) or 'none'}) or set it in your kubeconfig"
+                f"which namespace? pass --namespace (teams in {self.defaults.file}: "
+                f"{', '.join(self.teams) or 'none'}) or set it in your kubeconfig"
             )
-        queue = task.queue or teams.get(namespace)
-        if queue is None:
-            raise CliError(
-                f"namespace {namespace} is no team's in {stack.file}: pass --queue, or a team's "
-                f"namespace ({', '.join(teams) or 'none'})"
-            )
-        image = task.image or stack.image()[0]
-        pool = pool_of(config.node_pools, task.pool)
-        return render(
-            task, name, pool, namespace, queue, image, code, config.storage.shared_file_systems
+        return namespace
+
+    def pool(self, name: str):
+        from workloads.user_job import TaskError, pool_of
+
+        try:
+            return pool_of(self.config.node_pools, name)
+        except TaskError as e:
+            raise CliError(str(e)) from None
+
+    def render(self, task, name: str, namespace: str, queue: str, image: str, code: str) -> dict:
+        from workloads.user_job import TaskError, render
+
+        pool, storage = self.pool(task.pool), self.config.storage.shared_file_systems
+        try:
+            return render(task, name, pool, namespace, queue, image, code, storage)
+        except TaskError as e:
+            raise CliError(str(e)) from None
+
+    def code_store(self) -> str:
+        from workloads.user_job import CODE_STORES, TaskError, code_store
+
+        try:
+            return CODE_STORES[code_store(self.config.storage.shared_file_systems)]
+        except TaskError as e:
+            raise CliError(str(e)) from None
+
+
+def dry_run(args, task, name: str, code: str) -> dict:
+    """The job as it would be created, from the stack file's pools, storage and image."""
+    from devservers.stack_defaults import StackDefaultsError
+
+    stack = Stack(args.stack)
+    namespace = stack.namespace(args.namespace)
+    queue = task.queue or stack.teams.get(namespace)
+    if queue is None:
+        raise CliError(
+            f"namespace {namespace} is no team's in {stack.defaults.file}: pass --queue, or a "
+            f"team's namespace ({', '.join(stack.teams) or 'none'})"
         )
-    except (StackDefaultsError, TaskError) as e:
+    try:
+        image = task.image or stack.defaults.image()[0]
+    except StackDefaultsError as e:
         raise CliError(str(e)) from None
+    return stack.render(task, name, namespace, queue, image, code)
+
+
+def to_cluster(args, task, name: str, archive: Archive, out) -> int:
+    """Store the snapshot on the team's file system through a short-lived pod of the team's
+    namespace (the member's own rights: create a pod, exec into it), then create the job."""
+    from kubernetes import client
+
+    from trainer.cluster_copy import PodFolder, answer, api_client
+    from trainer.user_code import CODE, digest
+    from workloads.manifests import API_VERSIONS, TRAINER_GROUP, runtime_name
+    from workloads.user_job import runtime_image
+
+    stack = Stack(args.stack)
+    namespace = stack.namespace(args.namespace)
+    runtime = runtime_name(stack.pool(task.pool))
+    custom = client.CustomObjectsApi(api_client())
+    found = answer(
+        f"reading ClusterTrainingRuntime {runtime}",
+        custom.get_cluster_custom_object,
+        TRAINER_GROUP,
+        "v1alpha1",
+        "clustertrainingruntimes",
+        runtime,
+    )
+    tools = runtime_image(found)  # the trainer image: a shell, and trainer.user_code
+    code = digest(archive.data)
+    with PodFolder(namespace, stack.code_store(), tools, task.queue or "", START_SECONDS,
+                   writable=True) as folder:  # fmt: skip
+        written = folder.put(f"{CODE}/{code}.tar", archive.data)
+        queue = folder.queue
+    manifest = stack.render(task, name, namespace, queue, task.image or tools, code)
+    kind = manifest["kind"]
+    group, version = API_VERSIONS[kind].split("/")
+    answer(
+        f"creating {kind} {name} in namespace {namespace}",
+        custom.create_namespaced_custom_object,
+        group,
+        version,
+        namespace,
+        f"{kind.lower()}s",
+        manifest,
+    )
+    print(
+        f"devctl: code {archive.summary()} {'sent' if written else 'unchanged, not sent'} "
+        f"({code[:12]})",
+        file=sys.stderr,
+    )
+    print(f"{kind.lower()}/{name} created in {namespace}, queue {queue}", file=out)
+    print(f"watch it: devctl status {name} -n {namespace}", file=out)
+    return 0
 
 
 def submit(args: argparse.Namespace, out) -> int:
@@ -227,7 +318,4 @@ def submit(args: argparse.Namespace, out) -> int:
     if args.dry_run:
         print_manifest(dry_run(args, task, name, digest(archive.data)), args.output, out)
         return 0
-    raise CliError(
-        "creating the job on a cluster is not built yet (docs/users/your-own-code.md): "
-        "--local runs it here, --dry-run prints the job"
-    )
+    return to_cluster(args, task, name, archive, out)

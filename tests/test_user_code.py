@@ -14,12 +14,17 @@ from pathlib import Path
 import pytest
 import yaml
 
+from infra.config import parse_stack_config
 from tests.admission_rules import refusals
-from tests.conftest import ROOT
-from tests.crd_schema import cel_violations, conformance_errors
-from tests.kube_api import admission_policies
+from tests.conftest import ROOT, stack_values
+from tests.crd_schema import CRD_DIR, cel_violations, conformance_errors, load_crd
+from tests.kube_api import Kubelet, admission_policies, rbac_of, user
+from tests.kube_api.rbac import Authorizer
+from tests.kube_api.server import KubeAPI
 from tests.tensorboard_view import series, tensorboard
-from workloads.manifests import QUEUE_LABEL
+from tests.test_roll import create
+from tests.test_trainjob import ALICE, cel_admission
+from workloads.manifests import QUEUE_LABEL, training_runtime
 
 EXAMPLE = ROOT / "examples" / "your-own-code"
 DEVCTL = [sys.executable, "-m", "devservers.cli"]
@@ -256,3 +261,101 @@ def test_the_launcher_takes_help_after_the_script_as_the_scripts():
     assert asks_for_help(["--standalone", "--help"])
     assert not asks_for_help(["--nproc-per-node", "2", "train.py", "--help"])
     assert not asks_for_help(["-m", "trainer", "-h"])
+
+
+# -- to the cluster, with a member's rights --------------------------------------------------
+
+TEAM = "team-a"
+IMAGE = "registry.example/trainer@sha256:" + "a" * 64
+
+
+@pytest.fixture
+def cluster(dev_plan, tmp_path, monkeypatch):
+    """The local Kubernetes API with the dev plan's RBAC and admission policies, the team's
+    namespace and LocalQueue, the upstream CRDs of the jobs (Trainer v2.3 with the pools'
+    runtimes, PyTorchJob v1) and a kubelet that runs pods as local processes."""
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
+    api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
+    api.runtime = Kubelet()
+    api.policies = admission_policies(dev_plan)
+    api.admission.append(cel_admission)
+    try:
+        paths = [*sorted((CRD_DIR / "trainer").glob("*.yaml")),
+                 CRD_DIR / "training-operator" / "kubeflow.org_pytorchjobs.yaml",
+                 CRD_DIR / "kueue" / "kueue.x-k8s.io_localqueues.yaml"]  # fmt: skip
+        for path in paths:
+            create(api, "customresourcedefinitions", "", load_crd(path), "apiextensions.k8s.io")
+        api.settle()
+        for namespace in dev_plan.of_type("kubernetes:core/v1:Namespace"):
+            if namespace.inputs["metadata"]["name"] in (TEAM, "research"):
+                create(api, "namespaces", "", namespace.inputs)
+        for queue in dev_plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue"):
+            if queue.inputs["metadata"]["namespace"] not in (TEAM, "research"):
+                continue
+            create(api, "localqueues", queue.inputs["metadata"]["namespace"], queue.inputs,
+                   "kueue.x-k8s.io")  # fmt: skip
+        config = parse_stack_config(stack_values("dev"), "Pulumi.dev.yaml")
+        for pool in config.node_pools:
+            runtime = training_runtime(pool, IMAGE, config.storage.shared_file_systems, "b")
+            create(api, "clustertrainingruntimes", "", runtime, "trainer.kubeflow.org")
+        yield api
+    finally:
+        api.stop()
+
+
+def as_member(api, who, path: Path) -> dict:
+    path.write_text(yaml.safe_dump(api.kubeconfig(api.add_token(who), TEAM)))
+    return {"KUBECONFIG": str(path)}
+
+
+def test_a_member_submits_a_folder_its_code_reaches_the_teams_store_once(cluster, tmp_path):
+    env = as_member(cluster, ALICE, tmp_path / "kubeconfig")
+    first = devctl("submit", "-f", str(EXAMPLE / "task.yaml"), "--name", "cnn", env=env)
+    assert first.returncode == 0, first.stderr
+    assert first.stdout.startswith(f"trainjob/cnn created in {TEAM}, queue {TEAM}\n")
+    job = cluster.read("trainjobs", TEAM, "cnn", group="trainer.kubeflow.org")
+    command = job["spec"]["trainer"]["command"]
+    code = command[command.index("--code") + 1]
+    assert job["spec"]["trainer"]["image"] == IMAGE  # the pool's runtime's
+    claim = cluster.runtime.dir / "claims" / TEAM / "efs-shared"
+    stored = claim / "user-code" / "code" / f"{code}.tar"
+    from mesh.workdir import DEFAULT_EXCLUDES, pack
+
+    assert stored.read_bytes() == pack(EXAMPLE, DEFAULT_EXCLUDES, 100).data
+    assert "sent" in first.stderr and "not sent" not in first.stderr
+    # Unchanged code is not sent again; an elastic job is a PyTorchJob.
+    again = devctl("submit", "-f", str(EXAMPLE / "task.yaml"), "--name", "cnn-elastic",
+                   "--nodes", "1:2", env=env)  # fmt: skip
+    assert again.returncode == 0, again.stderr
+    assert "unchanged, not sent" in again.stderr
+    assert cluster.read("pytorchjobs", TEAM, "cnn-elastic", group="kubeflow.org")
+    # The upload pods ran as the trainer's user in the team's queue, and are gone.
+    uploads = [obj for _, kind, what, obj, _ in cluster.history
+               if kind.plural == "pods" and what == "ADDED"]  # fmt: skip
+    assert len(uploads) == 2 and cluster.objects("pods", TEAM) == []
+    assert {p["metadata"]["labels"][QUEUE_LABEL] for p in uploads} == {TEAM}
+    assert all(p["spec"]["securityContext"]["runAsUser"] == 10001 for p in uploads)
+    assert cluster.refusals == []
+
+
+def test_a_member_of_another_team_is_refused_in_one_line_and_nothing_is_made(cluster, tmp_path):
+    bob = user("arn:aws:iam::123456789012:user/bob", ["team:research"])
+    env = as_member(cluster, bob, tmp_path / "kubeconfig")
+    done = devctl("submit", "-f", str(EXAMPLE / "task.yaml"), "--name", "cnn", env=env)
+    assert done.returncode == 2
+    assert done.stderr.startswith("devctl: listing the LocalQueues of namespace team-a: ")
+    assert "forbidden" in done.stderr and len(done.stderr.splitlines()) == 1
+    assert (
+        cluster.objects("pods", TEAM) == []
+        and cluster.objects("trainjobs", TEAM, group="trainer.kubeflow.org") == []
+    )
+
+
+def test_without_a_kubeconfig_submit_says_so_in_one_line(tmp_path):
+    env = {"KUBECONFIG": str(tmp_path / "none")}
+    done = devctl("submit", "-f", str(EXAMPLE / "task.yaml"), "-n", TEAM, env=env)
+    assert done.returncode == 2
+    assert (
+        done.stderr == f"devctl: no kubeconfig at {tmp_path / 'none'}: set KUBECONFIG, or "
+        "run `aws eks update-kubeconfig`\n"
+    )

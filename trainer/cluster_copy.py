@@ -16,6 +16,7 @@ POD_POLICY), and Kueue holds it behind a scheduling gate until the queue admits 
 team's quota.
 """
 
+import io
 import json
 import os
 import tarfile
@@ -49,6 +50,12 @@ S3_PROGRAM = Path(s3_folder.__file__).read_text()
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 # The pod's own end, should this process die before deleting it.
 POD_SECONDS = 3600
+POD_NAME = "checkpoint-copy"
+# $1: the file, $2: its size. head reads exactly the file, so the command ends without the end of
+# stdin, which the exec websocket can signal only from protocol v5; a reader sees the file whole
+# (written under another name, then renamed).
+PUT = 'mkdir -p "$(dirname "$1")" && head -c "$2" > "$1.part.$$" && mv -f "$1.part.$$" "$1"'
+STDIN_CHUNK = 1 << 20
 
 
 def in_s3(path: str) -> bool:
@@ -65,9 +72,9 @@ def claim_of(path: str) -> tuple[str, str]:
     )
 
 
-def copy_pod(namespace: str, path: str, image: str, queue: str) -> dict:
-    """The pod that reads `path`, in `queue`: mounting its claim, or as the team's service
-    account for S3. It only sleeps while commands are exec'd."""
+def copy_pod(namespace: str, path: str, image: str, queue: str, writable: bool = False) -> dict:
+    """The pod that reads `path` (or, `writable`, writes it), in `queue`: mounting its claim, or
+    as the team's service account for S3. It only sleeps while commands are exec'd."""
     container = {
         "name": "copy",
         "image": image,
@@ -89,17 +96,18 @@ def copy_pod(namespace: str, path: str, image: str, queue: str) -> dict:
         spec["serviceAccountName"] = SERVICE_ACCOUNT
     else:
         mount, claim = claim_of(path)
-        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": mount, "readOnly": True}]
+        read_only = {} if writable else {"readOnly": True}
+        container["volumeMounts"] = [{"name": "checkpoints", "mountPath": mount, **read_only}]
         spec["volumes"] = [
-            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim, "readOnly": True}}
+            {"name": "checkpoints", "persistentVolumeClaim": {"claimName": claim, **read_only}}
         ]
     return {
         "apiVersion": "v1",
         "kind": "Pod",
         "metadata": {
-            "generateName": "checkpoint-copy-",
+            "generateName": f"{POD_NAME}-",
             "namespace": namespace,
-            "labels": {"app.kubernetes.io/name": "checkpoint-copy", QUEUE_LABEL: queue},
+            "labels": {"app.kubernetes.io/name": POD_NAME, QUEUE_LABEL: queue},
         },
         "spec": spec,
     }
@@ -135,49 +143,70 @@ def _refusal(error: BaseException) -> str | None:
     return None
 
 
+def call(what: str, fn, *args, **kwargs):
+    """`fn(*args, **kwargs)`; a refusal or an unreachable server as an OSError naming `what`."""
+    try:
+        return fn(*args, **kwargs)
+    except Exception as e:
+        message = _refusal(e)
+        if message is None:
+            raise
+        raise OSError(f"{what}: {message}") from None
+
+
+def answer(what: str, fn, *args, **kwargs) -> dict:
+    """The API object a call answers, as the server sent it (the client's typed models refuse
+    objects it does not expect, such as a status of fields still unset)."""
+    return json.loads(call(what, fn, *args, _preload_content=False, **kwargs).data)
+
+
+def api_client():
+    """A client of the kubeconfig's cluster, as the user: OSError without one."""
+    from kubernetes import config
+    from kubernetes.config.config_exception import ConfigException
+
+    paths = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
+    if not any(os.path.exists(p) for p in paths.split(os.pathsep) if p):
+        raise OSError(
+            f"no kubeconfig at {paths}: set KUBECONFIG, or run `aws eks update-kubeconfig`"
+        )
+    try:
+        return config.new_client_from_config(config_file=paths)
+    except ConfigException as e:
+        raise OSError(f"no cluster credentials: {e}") from None
+
+
 class PodFolder:
     """A checkpoint folder in a pod: `with PodFolder(...) as folder:` starts the pod and deletes
     it on the way out. Every failure is an OSError saying what went wrong."""
 
-    def __init__(self, namespace: str, path: str, image: str, queue: str, start_timeout: float):
-        """`queue`: the LocalQueue the pod waits in; empty: the namespace's one LocalQueue."""
+    def __init__(
+        self,
+        namespace: str,
+        path: str,
+        image: str,
+        queue: str,
+        start_timeout: float,
+        writable: bool = False,
+    ):
+        """`queue`: the LocalQueue the pod waits in; empty: the namespace's one LocalQueue.
+        `writable`: the claim mounted read-write, for `put` (a file system's folder only)."""
         self.namespace, self.path, self.image = namespace, path.rstrip("/"), image
-        self.queue, self.start_timeout = queue, start_timeout
+        self.queue, self.start_timeout, self.writable = queue, start_timeout, writable
         self.name = ""
 
     def where(self, step: int) -> str:
         return f"{self.path}/{step_name(step)} (namespace {self.namespace})"
 
-    def _call(self, what: str, fn, *args, **kwargs):
-        try:
-            return fn(*args, **kwargs)
-        except Exception as e:
-            message = _refusal(e)
-            if message is None:
-                raise
-            raise OSError(f"{what}: {message}") from None
-
-    def _object(self, what: str, fn, *args, **kwargs) -> dict:
-        """The API object a call answers, as the server sent it (the client's typed models
-        refuse objects it does not expect, such as a status of fields still unset)."""
-        answer = self._call(what, fn, *args, _preload_content=False, **kwargs)
-        return json.loads(answer.data)
+    _call = staticmethod(call)
+    _object = staticmethod(answer)
 
     def __enter__(self) -> "PodFolder":
-        from kubernetes import client, config
-        from kubernetes.config.config_exception import ConfigException
+        from kubernetes import client
 
-        paths = os.environ.get("KUBECONFIG") or os.path.expanduser("~/.kube/config")
-        if not any(os.path.exists(p) for p in paths.split(os.pathsep) if p):
-            raise OSError(
-                f"no kubeconfig at {paths}: set KUBECONFIG, or run `aws eks update-kubeconfig`"
-            )
-        try:
-            self.core = client.CoreV1Api(config.new_client_from_config(config_file=paths))
-        except ConfigException as e:
-            raise OSError(f"no cluster credentials: {e}") from None
+        self.core = client.CoreV1Api(api_client())
         self.queue = self.queue or self._the_queue(client.CustomObjectsApi(self.core.api_client))
-        pod = copy_pod(self.namespace, self.path, self.image, self.queue)
+        pod = copy_pod(self.namespace, self.path, self.image, self.queue, self.writable)
         created = self._object(
             f"creating a pod in namespace {self.namespace}",
             self.core.create_namespaced_pod,
@@ -258,9 +287,10 @@ class PodFolder:
             f"{self.start_timeout:.0f} s ({why})"
         )
 
-    def _run(self, command: list[str], out) -> None:
-        """Run `command` in the pod, its stdout written to `out` as it comes; OSError if it
-        fails. stderr is not asked for: it would come mixed into the stream the client buffers."""
+    def _run(self, command: list[str], out, stdin: bytes | None = None) -> None:
+        """Run `command` in the pod, its stdout written to `out` as it comes, `stdin` sent to
+        it; OSError if it fails. stderr is not asked for: it would come mixed into the stream
+        the client buffers."""
         from kubernetes.stream import stream
         from kubernetes.stream.ws_client import ERROR_CHANNEL
 
@@ -271,7 +301,7 @@ class PodFolder:
             self.name,
             self.namespace,
             command=command,
-            stdin=False,
+            stdin=stdin is not None,
             stdout=True,
             stderr=False,
             tty=False,
@@ -280,6 +310,8 @@ class PodFolder:
         )
         status = b""
         try:
+            for start in range(0, len(stdin or b""), STDIN_CHUNK):
+                connection.write_stdin(stdin[start : start + STDIN_CHUNK])
             while connection.is_open():
                 connection.update(timeout=1)
                 status += connection.read_channel(ERROR_CHANNEL)
@@ -340,3 +372,18 @@ class PodFolder:
             archive.seek(0)
             with tarfile.open(fileobj=archive) as tar:
                 tar.extractall(destination, filter="data")
+
+    def put(self, relative: str, data: bytes) -> bool:
+        """`data` as the file `relative` in the folder, unless it is there already (then nothing
+        is sent): whether it was written."""
+        path = f"{self.path}/{relative}"
+        try:
+            self._run(["test", "-f", path], io.BytesIO())
+            return False
+        except CommandFailed:
+            pass
+        try:
+            self._run(["sh", "-c", PUT, "put", path, str(len(data))], io.BytesIO(), data)
+        except CommandFailed as e:
+            raise OSError(f"writing {path} in namespace {self.namespace} failed: {e}") from None
+        return True

@@ -201,6 +201,12 @@ def render(
     return pytorch_job(target) if task.elastic else train_job(target)
 
 
+def runtime_image(runtime: dict) -> str:
+    """The image of a pool's ClusterTrainingRuntime (training_runtime's one container)."""
+    (job,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    return job["template"]["spec"]["template"]["spec"]["containers"][0]["image"]
+
+
 def pool_of(pools: list[Pool], name: str) -> Pool:
     found = next((p for p in pools if p.name == name), None)
     if found is None:
