@@ -5,6 +5,7 @@
     devctl list [--homes] | ssh box [--replica 1] | ssh-config | monitor box
     devctl run box train.py --steps 100      (syncs the working directory, torchruns on every pod)
     devctl submit --pool gpu-small --nodes 2 -- train.py   (your folder as a job; --local: here)
+    devctl logs job [--node 1] [-f] | fetch job [outputs]   (what your team's job printed, made)
     devctl keep box 2h | stop box | start box | delete box [--delete-home]
     devctl status [job] -n <team>            (the team's jobs: queued and why, running, finished)
     devctl savings [--since 7d] [--all-namespaces]   (what idle stops saved, per user)
@@ -50,6 +51,8 @@ from devservers.render import home_claims, owner_of_namespace, world_size
 from devservers.savings import RETENTION, Totals, report
 from mesh.workdir import DEFAULT_EXCLUDES, DEFAULT_MAX_MB
 
+# The commands about a team's jobs, in the team's namespace (the others: a user's DevServers).
+TEAM_COMMANDS = ("status", "logs", "fetch", "submit")
 DURATION = r"^([0-9]+[hm])+$"  # as the CRD's idleTimeout: 2h, 45m, 1h30m
 
 
@@ -233,20 +236,42 @@ def parser() -> argparse.ArgumentParser:
         action="store_true",
         help="delete its home volumes too (default: keep them)",
     )
-    status = subparsers.add_parser(
-        "status",
-        help="your team's training jobs (PyTorchJob, MPIJob, TrainJob): queued and why, "
-        "admitted, running, evicted, finished",
-    )
-    status.add_argument(
+    team = argparse.ArgumentParser(add_help=False)
+    team.add_argument(
         "-n",
         "--namespace",
         help="your team's namespace (default: the kubeconfig context's namespace)",
     )
+
+    def team_command(name: str, **kwargs) -> argparse.ArgumentParser:
+        return subparsers.add_parser(name, parents=[team], **kwargs)
+
+    status = team_command(
+        "status",
+        help="your team's training jobs (PyTorchJob, MPIJob, TrainJob): queued and why, "
+        "admitted, running, evicted, finished",
+    )
     status.add_argument("job", nargs="?", help="only this job (default: all of them)")
+    logs = team_command("logs", help="what a job of your team printed, node by node")
+    logs.add_argument("job", help="the job")
+    logs.add_argument("--node", type=int, default=0, help="which node's pod (default: 0)")
+    logs.add_argument(
+        "-f", "--follow", action="store_true", help="keep printing as it comes (default: off)"
+    )
+    fetch = team_command(
+        "fetch", help="copy a path of a job's folder (CHECKPOINT_DIR) here, e.g. outputs"
+    )
+    fetch.add_argument("job", help="the job")
+    fetch.add_argument(
+        "path", nargs="?", default="outputs", help="in the job's folder (default: outputs)"
+    )
+    fetch.add_argument("--out", type=Path, help="where to (default: a folder named after the job)")
+    fetch.add_argument(
+        "--queue", default="", help="the LocalQueue of the copy pod (default: the job's)"
+    )
     from devservers.submit import add_parser
 
-    add_parser(command)
+    add_parser(team_command)
     return parser
 
 
@@ -393,7 +418,7 @@ def _kube_namespace() -> str | None:
 def resolve_namespace(args: argparse.Namespace) -> str:
     namespace = args.namespace or _kube_namespace()
     if not namespace:
-        yours = "<your team>" if args.command == "status" else "dev-<you>"
+        yours = "<your team>" if args.command in TEAM_COMMANDS else "dev-<you>"
         raise CliError(f"which namespace? pass --namespace {yours} or set it in your kubeconfig")
     return namespace
 
@@ -752,6 +777,12 @@ class Devctl:
 def _run(args: argparse.Namespace, devctl: Devctl) -> int:
     if args.command == "status":
         devctl.status(args.job)
+    elif args.command in ("logs", "fetch"):
+        from devservers import job_output
+
+        if args.command == "logs":
+            return job_output.logs(devctl, args.job, args.node, args.follow)
+        return job_output.fetch(devctl, args.job, args.path, args.out, args.queue)
     elif args.command == "list":
         devctl.list_homes() if args.homes else devctl.list_servers()
     elif args.command == "keep":

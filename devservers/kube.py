@@ -62,6 +62,7 @@ EXEC_OUTPUT_BYTES = 4 << 20
 # Connections kept to the API server: as many as threads use it at once (operator.CHECK_WORKERS
 # idle checks and kopf's handlers), or urllib3 opens and drops one per request beyond it.
 CONNECTIONS = 64
+LOG_CHUNK = 64 << 10
 
 
 def settings_from_env(environ=os.environ) -> Settings:
@@ -288,6 +289,23 @@ class KubeCluster:
                 pod, namespace, container=container, _preload_content=False
             )
         return found.data.decode(errors="replace")
+
+    def log_stream(self, namespace: str, pod: str, container: str, follow: bool):
+        """The container's log in chunks as they come (`follow`: until the container ends)."""
+        with self._translated():
+            found = self.core.read_namespaced_pod_log(
+                pod,
+                namespace,
+                container=container,
+                follow=follow,
+                _preload_content=False,
+                # A followed log may stay quiet for long (a slow step, a checkpoint).
+                _request_timeout=(API_TIMEOUT[0], None) if follow else None,
+            )
+        try:
+            yield from found.stream(LOG_CHUNK)
+        finally:
+            found.release_conn()
 
     def patch(self, api_version, kind, name, namespace, patch):
         with self._translated():

@@ -14,6 +14,7 @@ from pathlib import Path
 import pytest
 import yaml
 
+from devservers.job_status import COMPLETION_INDEX, JOBSET_NAME, REPLICATED_JOB
 from infra.config import parse_stack_config
 from tests.admission_rules import refusals
 from tests.conftest import ROOT, stack_values
@@ -22,7 +23,7 @@ from tests.kube_api import Kubelet, admission_policies, rbac_of, user
 from tests.kube_api.rbac import Authorizer
 from tests.kube_api.server import KubeAPI
 from tests.tensorboard_view import series, tensorboard
-from tests.test_roll import create
+from tests.test_roll import create, kind
 from tests.test_trainjob import ALICE, cel_admission
 from workloads.manifests import QUEUE_LABEL, training_runtime
 
@@ -359,3 +360,53 @@ def test_without_a_kubeconfig_submit_says_so_in_one_line(tmp_path):
         done.stderr == f"devctl: no kubeconfig at {tmp_path / 'none'}: set KUBECONFIG, or "
         "run `aws eks update-kubeconfig`\n"
     )
+
+
+def node_pod(api, job: str, index: int, log: str) -> None:
+    """A pod of a TrainJob's node as JobSet labels it (tests/trainer_rules.py) whose container
+    wrote `log`; gated, so the kubelet leaves it to the test."""
+    labels = {JOBSET_NAME: job, REPLICATED_JOB: "node", COMPLETION_INDEX: str(index)}
+    body = {
+        "metadata": {"name": f"{job}-node-0-{index}-x", "labels": labels},
+        "spec": {"schedulingGates": [{"name": "test"}],
+                 "containers": [{"name": "node", "image": IMAGE}]},
+    }  # fmt: skip
+    made = create(api, "pods", TEAM, body)
+    run = f"containerd://{job}-{index}"
+    status = {"phase": "Running", "containerStatuses": [
+        {"name": "node", "containerID": run, "state": {"running": {}}, "ready": True}]}  # fmt: skip
+    api.call(api.replace, kind(api, "pods"), made, {**made, "status": status})
+    api.container_logs[run] = log
+
+
+def test_logs_prints_a_nodes_output_and_fetch_copies_the_jobs_outputs(cluster, tmp_path):
+    job = rendered("--name", "cnn")
+    create(cluster, "trainjobs", TEAM, job, "trainer.kubeflow.org")
+    for index in (0, 1):
+        node_pod(cluster, "cnn", index, f"node {index}: step 10 loss 0.5\n")
+    env = as_member(cluster, ALICE, tmp_path / "kubeconfig")
+    done = devctl("logs", "cnn", "--node", "1", env=env)
+    assert (done.returncode, done.stdout) == (0, "node 1: step 10 loss 0.5\n"), done.stderr
+    missing = devctl("logs", "cnn", "--node", "4", env=env)
+    assert missing.returncode == 1
+    assert missing.stderr == "devctl: job cnn has no pod of node 4 (nodes with pods: 0, 1)\n"
+    # What the job's pods wrote in its folder, on the team's claim (the kubelet's folder of it).
+    folder = cluster.runtime.dir / "claims" / TEAM / "efs-shared" / "checkpoints" / "cnn"
+    (folder / "outputs").mkdir(parents=True)
+    (folder / "outputs" / "accuracy.txt").write_text("0.9880\n")
+    (folder / "step-00000064.pt").write_bytes(b"weights")
+    out = tmp_path / "fetched"
+    done = devctl("fetch", "cnn", "--out", str(out), env=env)
+    assert done.returncode == 0, done.stderr
+    assert (out / "outputs" / "accuracy.txt").read_text() == "0.9880\n"
+    done = devctl("fetch", "cnn", "step-00000064.pt", "--out", str(out), env=env)
+    assert (out / "step-00000064.pt").read_bytes() == b"weights", done.stderr
+    # The copy pods are gone; the job's own pods stay.
+    assert all(p["metadata"]["name"].startswith("cnn-") for p in cluster.objects("pods", TEAM))
+    outside = devctl("fetch", "cnn", "../other-job", env=env)
+    assert outside.returncode == 1 and "allowed: a path inside the job's folder" in outside.stderr
+    absent = devctl("fetch", "cnn", "nothing-here", "--out", str(out), env=env)
+    assert absent.returncode == 1 and absent.stderr.startswith(
+        "devctl: copying /efs/checkpoints/cnn/nothing-here (namespace team-a) failed"
+    )
+    assert cluster.refusals == []

@@ -337,11 +337,11 @@ class PodFolder:
         return ["find", self.path, "-mindepth", "1", "-maxdepth", "2", "-path", pattern,
                 "-printf", "%P\\n"]  # fmt: skip
 
-    def _archive(self, step: int) -> list[str]:
-        """The command that writes step `step`'s folder as a tar stream on stdout."""
+    def _archive(self, relative: str) -> list[str]:
+        """The command that writes the folder's `relative` path as a tar stream on stdout."""
         if in_s3(self.path):
-            return ["python", "-c", S3_PROGRAM, self.path, step_name(step)]
-        return ["tar", "-C", self.path, "-cf", "-", step_name(step)]
+            return ["python", "-c", S3_PROGRAM, self.path, relative]
+        return ["tar", "-C", self.path, "-cf", "-", relative]
 
     def steps(self) -> tuple[list[int], list[int]]:
         """(committed, uncommitted) steps, ascending, as trainer.checkpoint's stores see them."""
@@ -361,14 +361,18 @@ class PodFolder:
 
     def copy(self, step: int, destination: Path) -> None:
         """Step `step`'s folder into `destination` (as `destination/step-NNNNNNNN`)."""
+        hint = "a running job may have pruned it meanwhile: try again"
+        self.copy_path(step_name(step), destination, self.where(step), hint)
+
+    def copy_path(self, relative: str, destination: Path, what: str = "", hint: str = "") -> None:
+        """The folder's `relative` file or folder into `destination`, under the same path."""
+        what = what or f"{self.path}/{relative} (namespace {self.namespace})"
         with tempfile.TemporaryFile(dir=destination) as archive:
             try:
-                self._run(self._archive(step), archive)
+                self._run(self._archive(relative), archive)
             except CommandFailed as e:
-                raise OSError(
-                    f"copying {self.where(step)} failed ({e}); a running job may have pruned it "
-                    "meanwhile: try again"
-                ) from None
+                said = f"copying {what} failed ({e})" + (f"; {hint}" if hint else "")
+                raise OSError(said) from None
             archive.seek(0)
             with tarfile.open(fileobj=archive) as tar:
                 tar.extractall(destination, filter="data")
