@@ -462,16 +462,20 @@ class Devctl:
         self.cluster, self.namespace, self.out = cluster, namespace, out
 
     @contextlib.contextmanager
-    def allowed(self, what: str):
+    def allowed(self, what: str, team: bool = False):
+        """`team`: about a team's jobs, which its members reach in the team's namespace alone."""
         try:
             yield
         except PermissionError as e:
             # The API server's reason (RBAC, or a quota it enforces) follows the usual cause.
             where = f"namespace {self.namespace}" if self.namespace else "all namespaces"
-            raise CliError(
-                f"not allowed to {what} in {where} ({e}); you may manage "
-                f"DevServers only in your own namespace ({NAMESPACE_PREFIX}<you>)"
-            ) from None
+            usual = (
+                "your role must be among the team's members (queues.teams[].members)"
+                if team
+                else f"you may manage DevServers only in your own namespace "
+                f"({NAMESPACE_PREFIX}<you>)"
+            )
+            raise CliError(f"not allowed to {what} in {where} ({e}); {usual}") from None
 
     def _call(self, what: str, fn, *args):
         with self.allowed(what):

@@ -36,7 +36,7 @@ START_SECONDS = 300  # how long the copy pod may wait for its queue and a node
 def find_job(devctl: Devctl, name: str) -> tuple[JobKind, dict]:
     for kind in KINDS:
         try:
-            with devctl.allowed(f"read {kind.kind}s"):
+            with devctl.allowed(f"read {kind.kind}s", team=True):
                 found = devctl.cluster.get(kind.api_version, kind.kind, name, devctl.namespace)
         except NotServed:  # a cluster without that operator has no such job
             continue
@@ -58,7 +58,7 @@ def node_index(pod: dict) -> int:
 
 def logs(devctl: Devctl, name: str, node: int, follow: bool) -> int:
     kind, _ = find_job(devctl, name)
-    with devctl.allowed("list pods"):
+    with devctl.allowed("list pods", team=True):
         pods = devctl.cluster.list("v1", "Pod", devctl.namespace, kind.pod_labels(name))
     ranks = sorted((p for p in pods if not launcher(p)), key=node_index)
     found = next((p for p in ranks if node_index(p) == node), None)
@@ -69,7 +69,7 @@ def logs(devctl: Devctl, name: str, node: int, follow: bool) -> int:
     container = (meta.get("annotations") or {}).get(DEFAULT_CONTAINER) or found["spec"][
         "containers"
     ][0]["name"]
-    with devctl.allowed("read pod logs"):
+    with devctl.allowed("read pod logs", team=True):
         for chunk in devctl.cluster.log_stream(devctl.namespace, meta["name"], container, follow):
             devctl.out.write(chunk.decode(errors="replace"))
             devctl.out.flush()

@@ -75,6 +75,13 @@ def add_parser(command) -> None:
         "--setup", help="a shell command that installs more, once per content (default: none)"
     )
     submit.add_argument("--image", help="your image (default: the pool's runtime image)")
+    submit.add_argument(
+        "--env",
+        action="append",
+        metavar="NAME=VALUE",
+        help="a variable of the script's processes and its install, e.g. PIP_INDEX_URL=... "
+        "(repeatable; default: none)",
+    )
     submit.add_argument("--queue", help="your team's LocalQueue (default: the namespace's)")
     submit.add_argument(
         "--exclude",
@@ -121,6 +128,12 @@ def task_values(args: argparse.Namespace) -> tuple[dict, str, Path]:
         given = getattr(args, option)
         if given is not None:
             values[key] = given
+    if args.env:
+        pairs = [item.partition("=") for item in args.env]
+        bad = [item for item, (_, sep, _) in zip(args.env, pairs, strict=True) if not sep]
+        if bad:
+            raise CliError(f"--env {bad[0]!r}: allowed: NAME=VALUE")
+        values["env"] = {**values.get("env", {}), **{k: v for k, _, v in pairs}}
     if args.passthrough:
         values["run"] = args.passthrough
     return values, source, base
@@ -178,7 +191,7 @@ def local(task, name: str, folder: Path, archive: Archive, store: Path | None) -
         file=sys.stderr,
         flush=True,
     )
-    os.execve(command[0], command, {**os.environ, **LOCAL_ENV})
+    os.execve(command[0], command, {**os.environ, **LOCAL_ENV, **task.env})
 
 
 class Stack:

@@ -69,32 +69,33 @@ class Account:
         return path
 
 
-def account() -> Account:
-    """TEST_USER when root (created if missing, its home TEST_HOME made if missing), else the
-    caller."""
+def account(name: str = TEST_USER, home: Path = TEST_HOME, uid: int | None = None) -> Account:
+    """`name` when root (created if missing, with `uid` if given, its home `home` made if
+    missing), else the caller."""
     if os.geteuid() != 0:
         entry = pwd.getpwuid(os.geteuid())
         return Account(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
     try:
-        entry = pwd.getpwnam(TEST_USER)
+        entry = pwd.getpwnam(name)
     except KeyError:
         created = subprocess.run(
             # --system: no mail spool, no aging; --password '*': see the module docstring.
             ["useradd", "--system", "--user-group", "--shell", "/bin/bash", "--password", "*"]
-            + ["--home-dir", str(TEST_HOME), "--no-create-home", TEST_USER],
+            + ["--home-dir", str(home), "--no-create-home"]
+            + (["--uid", str(uid)] if uid is not None else [])
+            + [name],
             capture_output=True,
             text=True,
         )
         if created.returncode not in (0, 9):  # 9: created meanwhile by another test session
-            raise RuntimeError(f"useradd {TEST_USER}: {created.stderr}") from None
-        entry = pwd.getpwnam(TEST_USER)
-    if Path(entry.pw_dir) != TEST_HOME:
-        moved = subprocess.run(
-            ["usermod", "--home", str(TEST_HOME), TEST_USER], capture_output=True, text=True
-        )
+            raise RuntimeError(f"useradd {name}: {created.stderr}") from None
+        entry = pwd.getpwnam(name)
+    if Path(entry.pw_dir) != home:
+        usermod = ["usermod", "--home", str(home), name]
+        moved = subprocess.run(usermod, capture_output=True, text=True)
         if moved.returncode != 0:
-            raise RuntimeError(f"usermod --home {TEST_HOME} {TEST_USER}: {moved.stderr}")
-        entry = pwd.getpwnam(TEST_USER)
+            raise RuntimeError(f"usermod --home {home} {name}: {moved.stderr}")
+        entry = pwd.getpwnam(name)
     found = Account(entry.pw_name, entry.pw_uid, entry.pw_gid, Path(entry.pw_dir))
     found.home.mkdir(mode=0o755, parents=True, exist_ok=True)
     found.own(found.home)

@@ -299,7 +299,7 @@ def test_a_pod_runs_with_its_volumes_environment_hostname_and_peers_names(api, t
     ]  # fmt: skip
     hosts = api.runtime.run_in(box, ["cat", "/etc/hosts"], stdout=subprocess.PIPE, text=True)
     lines = hosts.communicate(timeout=30)[0].splitlines()
-    assert "127.0.0.1\tbox-0.box.team.svc.cluster.local\tbox-0" in lines
+    assert "127.0.0.1\tbox-0.box.team.svc.cluster.local\tbox-0.box\tbox-0" in lines
     assert not Path("/etc/box-key").exists()  # the pod's files are its own
 
 

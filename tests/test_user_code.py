@@ -4,9 +4,12 @@ trainer.user_code the pods run: real torchrun, real pip over a local package ind
 TensorBoard event files."""
 
 import os
+import re
 import signal
 import subprocess
 import sys
+import tempfile
+import threading
 import time
 import zipfile
 from pathlib import Path
@@ -19,12 +22,15 @@ from infra.config import parse_stack_config
 from tests.admission_rules import refusals
 from tests.conftest import ROOT, stack_values
 from tests.crd_schema import CRD_DIR, cel_violations, conformance_errors, load_crd
+from tests.job_pods import trainjob_pods
 from tests.kube_api import Kubelet, admission_policies, rbac_of, user
 from tests.kube_api.rbac import Authorizer
 from tests.kube_api.server import KubeAPI
+from tests.openssh import account, free_port
 from tests.tensorboard_view import series, tensorboard
 from tests.test_roll import create, kind
 from tests.test_trainjob import ALICE, cel_admission
+from trainer import TRAINER_UID
 from workloads.manifests import QUEUE_LABEL, training_runtime
 
 EXAMPLE = ROOT / "examples" / "your-own-code"
@@ -272,12 +278,25 @@ IMAGE = "registry.example/trainer@sha256:" + "a" * 64
 
 @pytest.fixture
 def cluster(dev_plan, tmp_path, monkeypatch):
+    yield from local_cluster(dev_plan, tmp_path, monkeypatch, None)
+
+
+@pytest.fixture
+def trainer_cluster(dev_plan, tmp_path, monkeypatch):
+    """The cluster, its pods run as the trainer image's user (uid 10001 when root)."""
+    home = Path(tempfile.mkdtemp(prefix="trainer-home-"))
+    user = account("tp-trainer", home, uid=TRAINER_UID)
+    user.own(home)
+    yield from local_cluster(dev_plan, tmp_path, monkeypatch, user)
+
+
+def local_cluster(dev_plan, tmp_path, monkeypatch, runs_as):
     """The local Kubernetes API with the dev plan's RBAC and admission policies, the team's
     namespace and LocalQueue, the upstream CRDs of the jobs (Trainer v2.3 with the pools'
-    runtimes, PyTorchJob v1) and a kubelet that runs pods as local processes."""
+    runtimes, PyTorchJob v1) and a kubelet that runs pods as local processes as `runs_as`."""
     monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
     api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
-    api.runtime = Kubelet()
+    api.runtime = Kubelet(runs_as)
     api.policies = admission_policies(dev_plan)
     api.admission.append(cel_admission)
     try:
@@ -350,6 +369,12 @@ def test_a_member_of_another_team_is_refused_in_one_line_and_nothing_is_made(clu
         cluster.objects("pods", TEAM) == []
         and cluster.objects("trainjobs", TEAM, group="trainer.kubeflow.org") == []
     )
+    # Nor can he read a team-a job's folder (its code, outputs, environments are on team-a's
+    # claim, which only team-a's pods mount).
+    create(cluster, "trainjobs", TEAM, rendered("--name", "cnn"), "trainer.kubeflow.org")
+    fetched = devctl("fetch", "cnn", "--out", str(tmp_path / "out"), "-n", TEAM, env=env)
+    assert fetched.returncode == 1 and "forbidden" in fetched.stderr
+    assert not (tmp_path / "out" / "outputs").exists()
 
 
 def test_without_a_kubeconfig_submit_says_so_in_one_line(tmp_path):
@@ -410,3 +435,116 @@ def test_logs_prints_a_nodes_output_and_fetch_copies_the_jobs_outputs(cluster, t
         "devctl: copying /efs/checkpoints/cnn/nothing-here (namespace team-a) failed"
     )
     assert cluster.refusals == []
+
+
+def running(api, pods: list[dict], timeout: float = 120) -> list[dict]:
+    deadline = time.monotonic() + timeout
+    while True:
+        found = [api.read("pods", TEAM, p["metadata"]["name"]) for p in pods]
+        if all((p.get("status") or {}).get("phase") == "Running" for p in found):
+            return found
+        assert time.monotonic() < deadline, "the job's pods did not start"
+        time.sleep(0.2)
+
+
+class Node:
+    """A pod's container command, run in the pod (its PID 1 only sleeps: the local kubelet
+    runs containers' commands through exec), its output collected."""
+
+    def __init__(self, api, pod: dict):
+        self.api, self.pod, self.lines = api, pod, []
+        command = pod["spec"]["containers"][0]["command"]
+        self.process = api.runtime.run_in(
+            pod, command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
+        )
+        self.reader = threading.Thread(target=self._read, daemon=True)
+        self.reader.start()
+
+    def _read(self):
+        for line in self.process.stdout:
+            self.lines.append(line)
+
+    def saw(self, text: str, timeout: float = 120) -> None:
+        deadline = time.monotonic() + timeout
+        while not any(text in line for line in self.lines):
+            assert self.process.poll() is None or self.reader.is_alive(), self.output
+            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.output}"
+            time.sleep(0.1)
+
+    def stop(self) -> None:
+        """SIGTERM to the pod's launcher, as the kubelet sends it to a container's PID 1."""
+        stop = self.api.runtime.run_in(self.pod, ["pkill", "-TERM", "-f", "trainer.launch"])
+        stop.wait(timeout=30)
+
+    def wait(self, timeout: float = 120) -> int:
+        try:
+            code = self.process.wait(timeout=timeout)
+        except subprocess.TimeoutExpired:
+            self.process.kill()
+            raise AssertionError(f"still running after {timeout} s:\n{self.output}") from None
+        self.reader.join(timeout=10)
+        return code
+
+    @property
+    def output(self) -> str:
+        return "".join(self.lines)
+
+
+def run_nodes(api, pods: list[dict]) -> list[Node]:
+    return [Node(api, pod) for pod in running(api, pods)]
+
+
+def test_a_submitted_folder_trains_in_the_pods_the_controllers_make_as_the_trainers_user(
+    trainer_cluster, project, tmp_path
+):
+    """The job of devctl submit, its pods made as the Trainer and JobSet make them, run as uid
+    10001 on the local kubelet: they unpack the snapshot, install the requirements once from a
+    local index, train with a rank per node, stop on SIGTERM with a checkpoint, resume."""
+    api, (folder, _, pip) = trainer_cluster, project
+    env = as_member(api, ALICE, tmp_path / "kubeconfig")
+    pip_env = [a for k, v in pip.items() for a in ("--env", f"{k}={v}")]
+    submitted = devctl("submit", "-f", "task.yaml", "--name", "cnn", "--pool", "cpu",
+                       *pip_env, "--", "train.py", "--samples", "1024", "--epochs", "1000",
+                       cwd=folder, env=env)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    trainjob = api.read("trainjobs", TEAM, "cnn", group="trainer.kubeflow.org")
+    runtime = api.read("clustertrainingruntimes", "", "torch-cpu", group="trainer.kubeflow.org")
+
+    def start() -> list[Node]:
+        pods = trainjob_pods(trainjob, runtime)
+        # The one deviation: the pods share this machine's network, so the rendezvous takes a
+        # free port rather than 29500, which another test may hold.
+        port = str(free_port("127.0.0.1"))
+        for pod in pods:
+            for variable in pod["spec"]["containers"][0]["env"]:
+                if variable["name"] == "PET_MASTER_PORT":
+                    variable["value"] = port
+            create(api, "pods", TEAM, pod)
+        return run_nodes(api, pods)
+
+    first = start()
+    first[0].saw("step 10 ")
+    # One node drained: its ranks tell the others (the script all-reduces the stop), and all
+    # save and exit 0. (A SIGTERM reaching a pod whose ranks have already ended goes to
+    # torchrun, which then fails the exit barrier its peer waits in.)
+    first[1].stop()
+    assert [node.wait() for node in first] == [0, 0], first[0].output + first[1].output
+    assert "building environment" in first[0].output + first[1].output
+    assert "checkpoint step" in first[0].output
+    for pod in api.objects("pods", TEAM):  # replaced, as the Job controller replaces them
+        api.call(api.delete, kind(api, "pods"), pod)
+    second = start()
+    second[0].saw("resumed from step-")
+    second[0].stop()
+    assert [node.wait() for node in second] == [0, 0], second[0].output
+    assert "reused" in second[0].output and "building environment" not in second[0].output
+    job_folder = api.runtime.dir / "claims" / TEAM / "efs-shared" / "checkpoints" / "cnn"
+    # The second run resumed from the checkpoint the first wrote on SIGTERM.
+    stopped_at = re.findall(r"checkpoint step (\d+)", first[0].output)[-1]
+    assert f"resumed from step-{int(stopped_at):08d}.pt" in second[0].output
+    saved = list(job_folder.glob("step-*.pt"))
+    assert all(p.stat().st_uid == api.runtime.account.uid for p in saved)
+    with tensorboard(str(job_folder.parent), tmp_path / "tensorboard.log") as url:
+        shown = series(url, "cnn/tensorboard", "loss/train", 10)
+    assert [step for step, _ in shown][:10] == list(range(1, 11))
+    assert api.refusals == []

@@ -195,13 +195,18 @@ def check_entry(workdir: Path, launch: list[str]) -> None:
         raise InputError(f"{name} does not compile:\n{said}") from None
 
 
+CONTRACT_VARIABLES = ("CHECKPOINT_DIR", "TENSORBOARD_DIR", "OUTPUT_DIR")
+
+
 def contract(checkpoint_dir: Path, base: dict[str, str]) -> dict[str, str]:
     """The variables every script gets, its folders made."""
-    folders = {
-        "CHECKPOINT_DIR": checkpoint_dir,
-        "TENSORBOARD_DIR": checkpoint_dir / TENSORBOARD,
-        "OUTPUT_DIR": checkpoint_dir / OUTPUTS,
-    }
+    folders = dict(
+        zip(
+            CONTRACT_VARIABLES,
+            (checkpoint_dir, checkpoint_dir / TENSORBOARD, checkpoint_dir / OUTPUTS),
+            strict=True,
+        )
+    )
     for folder in folders.values():
         folder.mkdir(parents=True, exist_ok=True)
     return {**base, **{name: str(path) for name, path in folders.items()}}

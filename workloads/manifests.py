@@ -191,6 +191,7 @@ class JobTarget:
     # What the pods run; None: the platform's trainer with the job's arguments. A user's own
     # code (workloads.user_job) runs through trainer.user_code.
     program: tuple[str, ...] | None = None
+    env: tuple[tuple[str, str], ...] = ()  # the program's own variables, after the platform's
 
     @property
     def command(self) -> list[str]:
@@ -282,6 +283,10 @@ def pod_template(
     return {"metadata": metadata, "spec": spec}
 
 
+def _env(pairs) -> list[dict]:
+    return [{"name": name, "value": value} for name, value in pairs]
+
+
 def network_policy(job: JobConfig, namespace: str) -> dict:
     """Ingress to the job's pods only from the job's own pods (MPI's sshd, torch rendezvous)."""
     own_pods = {"matchLabels": {JOB_LABEL: job.name}}
@@ -334,7 +339,9 @@ def pytorch_job(target: JobTarget) -> dict:
                     # user_code): ExitCode fails the job on 1-127 and restarts on 128-255 (a
                     # kill), kubeflow/trainer release-1.9 pkg/apis/kubeflow.org/v1/common_types.go.
                     "restartPolicy": "ExitCode" if target.program else "OnFailure",
-                    "template": pod_template(target.pods, "pytorch", target.command),
+                    "template": pod_template(
+                        target.pods, "pytorch", target.command, _env(target.env)
+                    ),
                 }
             },
         },
@@ -366,7 +373,7 @@ def mpi_job(
     }
     launcher = pod_template(target.pods, LAUNCHER, [], with_resources=False)
     container = launcher["spec"]["containers"][0]
-    container["env"] += [{"name": k, "value": v} for k, v in env.items()]
+    container["env"] += _env(env.items())
     identity = POD_IDENTITY_ENV if target.pod_identity else ()
     exported = [*IMAGE_ENV, *identity, *(e["name"] for e in container["env"])]
     container["command"] = [
@@ -503,7 +510,7 @@ def train_job(target: JobTarget) -> dict:
             "trainer": {
                 "image": target.image,
                 **({"command": target.command} if target.program else {"args": list(job.args)}),
-                "env": [{"name": CHECKPOINT_ENV, "value": target.checkpoint}],
+                "env": [{"name": CHECKPOINT_ENV, "value": target.checkpoint}, *_env(target.env)],
                 "numNodes": job.max_nodes,
                 "numProcPerNode": pool.procs_per_node,
             },

@@ -25,6 +25,7 @@ from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
 from infra.config.base import K8sName, Model, did_you_mean, one_line
 from infra.config.jobs import DEFAULT_MAX_RESTARTS
 from mesh.workdir import DEFAULT_MAX_MB
+from trainer.user_code import CONTRACT_VARIABLES
 from workloads.manifests import CHECKPOINT_ROOTS, JobTarget, pytorch_job, train_job
 
 # Where a team's code snapshots and dependency environments are kept, per shared file system:
@@ -79,6 +80,10 @@ class Task(Model):
     queue: K8sName | None = Field(
         default=None, description="The team's LocalQueue (default: the namespace's one)."
     )
+    env: dict[str, str] = Field(
+        default_factory=dict,
+        description="Variables of the script's processes (and of the install), e.g. PIP_INDEX_URL.",
+    )
     exclude: list[str] = Field(default_factory=list, description="Globs left out of the folder.")
     max_size_mb: int = Field(
         default=DEFAULT_MAX_MB, ge=1, description="Refuse a folder bigger than this."
@@ -89,6 +94,17 @@ class Task(Model):
         le=100,
         description="Restarts of the worker group (elastic jobs).",
     )
+
+    @field_validator("env")
+    @classmethod
+    def _env(cls, value: dict[str, str]) -> dict[str, str]:
+        reserved = sorted(k for k in value if k.startswith("PET_") or k in CONTRACT_VARIABLES)
+        if reserved:
+            raise ValueError(f"{', '.join(reserved)}: set by the platform; allowed: other names")
+        bad = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
+        if bad:
+            raise ValueError(f"{bad[0]!r}: allowed: names of letters, digits and _")
+        return value
 
     @field_validator("nodes")
     @classmethod
@@ -197,6 +213,7 @@ def render(
         storage,
         service_account_name=SELF_SERVICE_ACCOUNT,
         program=program(task, store, code, name),
+        env=tuple(task.env.items()),
     )
     return pytorch_job(target) if task.elastic else train_job(target)
 

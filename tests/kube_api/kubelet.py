@@ -236,13 +236,18 @@ def _field(pod: dict, path: str) -> str:
 def _hosts(api: KubeAPI, namespace: str) -> str:
     """/etc/hosts as the kubelet writes it (pkg/kubelet/kubelet_pods.go, managedHostsFileContent:
     localhost, then a pod's `<hostname>.<subdomain>.<namespace>.svc.<domain>`), here with every
-    pod of the namespace: the names cluster DNS gives a headless Service's pods."""
+    pod of the namespace: the names cluster DNS gives a headless Service's pods, as a pod looks
+    them up."""
     lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost"]
     for pod in api.select(_kind(api, "", "pods"), namespace):
         spec = pod["spec"]
         if spec.get("hostname") and spec.get("subdomain"):
             name = f"{spec['hostname']}.{spec['subdomain']}.{namespace}.svc.{CLUSTER_DOMAIN}"
-            lines.append(f"{POD_IP}\t{name}\t{spec['hostname']}")
+            # <hostname>.<subdomain> too: what a pod's resolv.conf search list (<namespace>.svc.
+            # <domain> first, pkg/kubelet/network/dns/dns.go) makes of the name JobSet's and the
+            # Trainer's MASTER_ADDR use.
+            short = f"{spec['hostname']}.{spec['subdomain']}"
+            lines.append(f"{POD_IP}\t{name}\t{short}\t{spec['hostname']}")
     return "\n".join(lines) + "\n"
 
 
