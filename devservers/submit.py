@@ -274,10 +274,10 @@ def to_cluster(args, task, name: str, archive: Archive, out) -> int:
     from workloads.manifests import API_VERSIONS, TRAINER_GROUP, runtime_name
     from workloads.user_job import runtime_image
 
+    custom = client.CustomObjectsApi(api_client())  # no kubeconfig: said before anything else
     stack = Stack(args.stack)
     namespace = stack.namespace(args.namespace)
     runtime = runtime_name(stack.pool(task.pool))
-    custom = client.CustomObjectsApi(api_client())
     found = answer(
         f"reading ClusterTrainingRuntime {runtime}",
         custom.get_cluster_custom_object,

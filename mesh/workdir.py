@@ -1,16 +1,18 @@
 """The local working directory as one tar, unpacked into every node's workdir before a launch (as
 SkyPilot's workdir): the same bytes for the same files, whatever order the disk lists them in.
-`tp-mesh launch --workdir` and `devctl run` both pack with it.
+`tp-mesh launch --workdir`, `devctl run` and `devctl submit` pack with it.
 
 Names matching an exclude (a glob against each file or folder name, or its path from the top)
-stay behind, with everything under them; a directory over the size limit is refused, naming its
-largest parts, rather than copied to every machine over home links.
+stay behind, with everything under them, and so does what git ignores there (.gitignore and
+git's other excludes, where the folder is in a git work tree); a directory over the size limit
+is refused, naming its largest parts, rather than copied to every machine over home links.
 """
 
 import fnmatch
 import io
 import os
 import stat
+import subprocess
 import tarfile
 from dataclasses import dataclass
 from pathlib import Path
@@ -44,9 +46,28 @@ def _excluded(relative: str, excludes: tuple[str, ...]) -> bool:
     return any(fnmatch.fnmatch(name, p) or fnmatch.fnmatch(relative, p) for p in excludes)
 
 
+def _kept_by_git(root: Path) -> set[str] | None:
+    """The files and links under `root` git keeps (tracked, or untracked and not ignored by a
+    .gitignore, .git/info/exclude or the user's excludes), relative to it; None where `root` is
+    in no git work tree, or there is no git."""
+    try:
+        listed = subprocess.run(
+            ["git", "-C", str(root), "ls-files", "-z", "--cached", "--others",
+             "--exclude-standard", "--", "."],
+            capture_output=True,
+            timeout=60,
+        )  # fmt: skip
+    except (OSError, subprocess.TimeoutExpired):
+        return None
+    if listed.returncode:
+        return None
+    return {path for path in listed.stdout.decode(errors="surrogateescape").split("\0") if path}
+
+
 def _entries(root: Path, excludes: tuple[str, ...]) -> list[str]:
-    """Every file, folder and link under root to copy, as sorted paths relative to it. Links are
-    copied as links, never followed."""
+    """Every file, folder and link under root to copy, as sorted paths relative to it, less
+    what git ignores there. Links are copied as links, never followed."""
+    kept = _kept_by_git(root)
     found = []
     for top, folders, files in os.walk(root):
         base = Path(top).relative_to(root).as_posix()
@@ -57,6 +78,11 @@ def _entries(root: Path, excludes: tuple[str, ...]) -> list[str]:
         folders[:] = [f for f in folders if not _excluded(relative(f), excludes)]
         found += [relative(f) for f in folders]
         found += [relative(f) for f in files if not _excluded(relative(f), excludes)]
+    if kept is not None:
+        # A folder stays where it holds a file git keeps; empty ones go, as git has no record.
+        files = {f for f in found if f in kept}
+        parents = {"/".join(f.split("/")[:i]) for f in files for i in range(1, f.count("/") + 1)}
+        found = [f for f in found if f in files or f in parents]
     return sorted(found)
 
 

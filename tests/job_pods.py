@@ -63,9 +63,15 @@ def trainjob_pods(trainjob: dict, runtime: dict) -> list[dict]:
             container[key] = trainer[key]
     container["env"] = _upsert(container.get("env") or [], trainer.get("env") or [])
     nodes = trainer.get("numNodes", 1)
+    procs = trainer.get("numProcPerNode")
+    if procs is None:  # "auto": on a pod without GPUs, its CPU request (torch.go l.125-135)
+        resources = trainer.get("resourcesPerNode") or container.get("resources") or {}
+        limits = resources.get("limits") or {}
+        cpu = (resources.get("requests") or {}).get("cpu") or limits.get("cpu") or "0"
+        procs = "auto" if "nvidia.com/gpu" in limits else max(1, int(float(str(cpu))))
     pet = [
         {"name": "PET_NNODES", "value": str(nodes)},
-        {"name": "PET_NPROC_PER_NODE", "value": str(trainer.get("numProcPerNode", "auto"))},
+        {"name": "PET_NPROC_PER_NODE", "value": str(procs)},
         {
             "name": "PET_NODE_RANK",
             "valueFrom": {"fieldRef": {"fieldPath": f"metadata.annotations['{COMPLETION_INDEX}']"}},

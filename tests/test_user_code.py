@@ -3,35 +3,41 @@ a CNN with its own checkpoints), rendered as the platform's jobs, and run here t
 trainer.user_code the pods run: real torchrun, real pip over a local package index, real
 TensorBoard event files."""
 
+import contextlib
+import io
 import os
 import re
 import signal
 import subprocess
 import sys
 import tempfile
-import threading
 import time
-import zipfile
 from pathlib import Path
 
 import pytest
 import yaml
 
+from devservers import cli
 from devservers.job_status import COMPLETION_INDEX, JOBSET_NAME, REPLICATED_JOB
-from infra.config import parse_stack_config
 from tests.admission_rules import refusals
-from tests.conftest import ROOT, stack_values
-from tests.crd_schema import CRD_DIR, cel_violations, conformance_errors, load_crd
-from tests.job_pods import trainjob_pods
-from tests.kube_api import Kubelet, admission_policies, rbac_of, user
-from tests.kube_api.rbac import Authorizer
-from tests.kube_api.server import KubeAPI
-from tests.openssh import account, free_port
+from tests.conftest import ROOT
+from tests.crd_schema import cel_violations, conformance_errors
+from tests.kube_api import admission_policies, user
+from tests.kube_api.kubelet import IMAGE_ENV
+from tests.team_cluster import (
+    IMAGE,
+    TEAM,
+    as_member,
+    image_python,
+    start_trainjob,
+    team_cluster,
+    trainer_account,
+    wheel,
+)
 from tests.tensorboard_view import series, tensorboard
 from tests.test_roll import create, kind
-from tests.test_trainjob import ALICE, cel_admission
-from trainer import TRAINER_UID
-from workloads.manifests import QUEUE_LABEL, training_runtime
+from tests.test_trainjob import ALICE
+from workloads.manifests import QUEUE_LABEL
 
 EXAMPLE = ROOT / "examples" / "your-own-code"
 DEVCTL = [sys.executable, "-m", "devservers.cli"]
@@ -53,8 +59,16 @@ def devctl(*args: str, cwd: Path = ROOT, env: dict | None = None, **popen):
     )
 
 
+def dry_run(*args: str) -> subprocess.CompletedProcess:
+    """devctl's main in this process (a dry run starts nothing), as its command line runs it."""
+    out, err = io.StringIO(), io.StringIO()
+    with contextlib.redirect_stderr(err):
+        code = cli.main(["submit", "--dry-run", *args], out=out)
+    return subprocess.CompletedProcess(args, code, out.getvalue(), err.getvalue())
+
+
 def rendered(*args: str) -> dict:
-    done = devctl("submit", "-f", str(EXAMPLE / "task.yaml"), "--dry-run", "-n", "team-a", *args)
+    done = dry_run("-f", str(EXAMPLE / "task.yaml"), "-n", "team-a", *args)
     assert done.returncode == 0, done.stderr
     return yaml.safe_load(done.stdout)
 
@@ -123,7 +137,7 @@ def test_an_elastic_job_fails_on_input_no_restart_fixes_and_restarts_on_a_kill()
     ],
 )
 def test_bad_input_is_one_line_and_exit_2_before_anything_is_made(args, said, tmp_path):
-    done = devctl("submit", "-f", str(EXAMPLE / "task.yaml"), "--dry-run", "-n", "team-a", *args)
+    done = dry_run("-f", str(EXAMPLE / "task.yaml"), "-n", "team-a", *args)
     assert done.returncode == 2, done.stdout
     assert said in done.stderr and "Traceback" not in done.stderr
     assert done.stdout == ""
@@ -133,7 +147,7 @@ def test_a_task_file_names_each_bad_key(tmp_path):
     task = tmp_path / "task.yaml"
     task.write_text("pool: gpu-small\nrun: [train.py]\nnode: 2\nimage: 3\n")
     (tmp_path / "train.py").write_text("print('hi')\n")
-    done = devctl("submit", "-f", str(task), "--dry-run", "-n", "team-a")
+    done = dry_run("-f", str(task), "-n", "team-a")
     assert done.returncode == 2
     assert "node: unknown key; did you mean 'nodes'?" in done.stderr
     assert "image: Input should be a valid string" in done.stderr
@@ -151,21 +165,6 @@ def test_a_folder_over_the_cap_is_refused_naming_what_is_big(tmp_path):
 
 
 # -- the same command here ---------------------------------------------------------------------
-
-
-def wheel(index: Path, name: str, version: str, code: str) -> None:
-    """A pure-Python wheel, as pip installs it from a local index (PEP 427)."""
-    info = f"{name}-{version}.dist-info"
-    files = {
-        f"{name}/__init__.py": code,
-        f"{info}/METADATA": f"Metadata-Version: 2.1\nName: {name}\nVersion: {version}\n",
-        f"{info}/WHEEL": "Wheel-Version: 1.0\nGenerator: test\nRoot-Is-Purelib: true\n"
-        "Tag: py3-none-any\n",
-    }
-    files[f"{info}/RECORD"] = "".join(f"{path},,\n" for path in [*files, f"{info}/RECORD"])
-    with zipfile.ZipFile(index / f"{name}-{version}-py3-none-any.whl", "w") as archive:
-        for path, text in files.items():
-            archive.writestr(path, text)
 
 
 @pytest.fixture
@@ -192,18 +191,34 @@ def local(project, *args: str, **popen):
     return devctl(*command, *args, cwd=folder, env=env, **popen)
 
 
-def test_locally_it_installs_once_trains_on_two_ranks_and_resumes(project, tmp_path):
-    first = local(project, "--", "train.py", "--epochs", "1")
-    assert first.returncode == 0, first.stderr
-    assert "building environment" in first.stderr
-    assert "checkpoint step 32" in first.stdout and "done at step 32" in first.stdout
+def test_locally_it_installs_once_stops_on_sigterm_with_a_checkpoint_and_resumes(project, tmp_path):
+    folder, store, env = project
+    first = subprocess.Popen(
+        [*DEVCTL, "submit", "-f", "task.yaml", "--local", "--store", str(store), "--name", "cnn",
+         "--", "train.py", "--epochs", "1"],
+        cwd=folder, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+        text=True,
+    )  # fmt: skip
+    lines = []
+    for line in first.stdout:  # SIGTERM as a drained node's pod gets it: to devctl's process
+        lines.append(line)
+        if line.startswith("step 10 "):
+            first.send_signal(signal.SIGTERM)
+            break
+    output = "".join(lines) + first.stdout.read()
+    assert first.wait(timeout=120) == 0, output
+    assert "building environment" in output
+    stopped_at = int(re.findall(r"checkpoint step (\d+)", output)[-1])
+    assert 10 <= stopped_at < 32 and "done at" not in output
     second = local(project, "--", "train.py", "--epochs", "2")
     assert second.returncode == 0, second.stderr
     assert "unchanged, already stored" in second.stderr
     assert "reused" in second.stderr and "building environment" not in second.stderr
-    assert "resumed from step-00000032.pt" in second.stdout and "done at step 64" in second.stdout
-    job = project[1] / "checkpoints" / "cnn"
+    assert f"resumed from step-{stopped_at:08d}.pt" in second.stdout
+    assert "done at step 64" in second.stdout
+    job = store / "checkpoints" / "cnn"
     assert sorted(p.name for p in job.glob("step-*.pt")) == [
+        f"step-{stopped_at:08d}.pt",
         "step-00000032.pt",
         "step-00000064.pt",
     ]
@@ -213,27 +228,6 @@ def test_locally_it_installs_once_trains_on_two_ranks_and_resumes(project, tmp_p
     with tensorboard(str(job.parent), tmp_path / "tensorboard.log") as url:
         shown = series(url, "cnn/tensorboard", "loss/train", 64)
     assert [step for step, _ in shown] == list(range(1, 65))
-
-
-def test_sigterm_stops_the_ranks_with_a_checkpoint_and_exit_0(project):
-    folder, store, env = project
-    process = subprocess.Popen(
-        [*DEVCTL, "submit", "-f", "task.yaml", "--local", "--store", str(store), "--name", "cnn",
-         "--", "train.py", "--epochs", "1000"],
-        cwd=folder, env={**os.environ, **env}, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-        text=True,
-    )  # fmt: skip
-    lines = []
-    for line in process.stdout:
-        lines.append(line)
-        if line.startswith("step 10 "):
-            process.send_signal(signal.SIGTERM)
-            break
-    output = "".join(lines) + process.stdout.read()
-    assert process.wait(timeout=120) == 0, output
-    assert "checkpoint step" in output
-    saved = list((store / "checkpoints" / "cnn").glob("step-*.pt"))
-    assert len(saved) == 1
 
 
 def test_requirements_that_do_not_install_end_with_pips_line_and_exit_2(project):
@@ -272,60 +266,20 @@ def test_the_launcher_takes_help_after_the_script_as_the_scripts():
 
 # -- to the cluster, with a member's rights --------------------------------------------------
 
-TEAM = "team-a"
-IMAGE = "registry.example/trainer@sha256:" + "a" * 64
-
 
 @pytest.fixture
 def cluster(dev_plan, tmp_path, monkeypatch):
-    yield from local_cluster(dev_plan, tmp_path, monkeypatch, None)
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
+    with team_cluster(dev_plan) as api:
+        yield api
 
 
 @pytest.fixture
 def trainer_cluster(dev_plan, tmp_path, monkeypatch):
     """The cluster, its pods run as the trainer image's user (uid 10001 when root)."""
-    home = Path(tempfile.mkdtemp(prefix="trainer-home-"))
-    user = account("tp-trainer", home, uid=TRAINER_UID)
-    user.own(home)
-    yield from local_cluster(dev_plan, tmp_path, monkeypatch, user)
-
-
-def local_cluster(dev_plan, tmp_path, monkeypatch, runs_as):
-    """The local Kubernetes API with the dev plan's RBAC and admission policies, the team's
-    namespace and LocalQueue, the upstream CRDs of the jobs (Trainer v2.3 with the pools'
-    runtimes, PyTorchJob v1) and a kubelet that runs pods as local processes as `runs_as`."""
-    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
-    api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
-    api.runtime = Kubelet(runs_as)
-    api.policies = admission_policies(dev_plan)
-    api.admission.append(cel_admission)
-    try:
-        paths = [*sorted((CRD_DIR / "trainer").glob("*.yaml")),
-                 CRD_DIR / "training-operator" / "kubeflow.org_pytorchjobs.yaml",
-                 CRD_DIR / "kueue" / "kueue.x-k8s.io_localqueues.yaml"]  # fmt: skip
-        for path in paths:
-            create(api, "customresourcedefinitions", "", load_crd(path), "apiextensions.k8s.io")
-        api.settle()
-        for namespace in dev_plan.of_type("kubernetes:core/v1:Namespace"):
-            if namespace.inputs["metadata"]["name"] in (TEAM, "research"):
-                create(api, "namespaces", "", namespace.inputs)
-        for queue in dev_plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue"):
-            if queue.inputs["metadata"]["namespace"] not in (TEAM, "research"):
-                continue
-            create(api, "localqueues", queue.inputs["metadata"]["namespace"], queue.inputs,
-                   "kueue.x-k8s.io")  # fmt: skip
-        config = parse_stack_config(stack_values("dev"), "Pulumi.dev.yaml")
-        for pool in config.node_pools:
-            runtime = training_runtime(pool, IMAGE, config.storage.shared_file_systems, "b")
-            create(api, "clustertrainingruntimes", "", runtime, "trainer.kubeflow.org")
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))
+    with team_cluster(dev_plan, trainer_account()) as api:
         yield api
-    finally:
-        api.stop()
-
-
-def as_member(api, who, path: Path) -> dict:
-    path.write_text(yaml.safe_dump(api.kubeconfig(api.add_token(who), TEAM)))
-    return {"KUBECONFIG": str(path)}
 
 
 def test_a_member_submits_a_folder_its_code_reaches_the_teams_store_once(cluster, tmp_path):
@@ -419,13 +373,10 @@ def test_logs_prints_a_nodes_output_and_fetch_copies_the_jobs_outputs(cluster, t
     folder = cluster.runtime.dir / "claims" / TEAM / "efs-shared" / "checkpoints" / "cnn"
     (folder / "outputs").mkdir(parents=True)
     (folder / "outputs" / "accuracy.txt").write_text("0.9880\n")
-    (folder / "step-00000064.pt").write_bytes(b"weights")
     out = tmp_path / "fetched"
     done = devctl("fetch", "cnn", "--out", str(out), env=env)
     assert done.returncode == 0, done.stderr
     assert (out / "outputs" / "accuracy.txt").read_text() == "0.9880\n"
-    done = devctl("fetch", "cnn", "step-00000064.pt", "--out", str(out), env=env)
-    assert (out / "step-00000064.pt").read_bytes() == b"weights", done.stderr
     # The copy pods are gone; the job's own pods stay.
     assert all(p["metadata"]["name"].startswith("cnn-") for p in cluster.objects("pods", TEAM))
     outside = devctl("fetch", "cnn", "../other-job", env=env)
@@ -435,63 +386,6 @@ def test_logs_prints_a_nodes_output_and_fetch_copies_the_jobs_outputs(cluster, t
         "devctl: copying /efs/checkpoints/cnn/nothing-here (namespace team-a) failed"
     )
     assert cluster.refusals == []
-
-
-def running(api, pods: list[dict], timeout: float = 120) -> list[dict]:
-    deadline = time.monotonic() + timeout
-    while True:
-        found = [api.read("pods", TEAM, p["metadata"]["name"]) for p in pods]
-        if all((p.get("status") or {}).get("phase") == "Running" for p in found):
-            return found
-        assert time.monotonic() < deadline, "the job's pods did not start"
-        time.sleep(0.2)
-
-
-class Node:
-    """A pod's container command, run in the pod (its PID 1 only sleeps: the local kubelet
-    runs containers' commands through exec), its output collected."""
-
-    def __init__(self, api, pod: dict):
-        self.api, self.pod, self.lines = api, pod, []
-        command = pod["spec"]["containers"][0]["command"]
-        self.process = api.runtime.run_in(
-            pod, command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True
-        )
-        self.reader = threading.Thread(target=self._read, daemon=True)
-        self.reader.start()
-
-    def _read(self):
-        for line in self.process.stdout:
-            self.lines.append(line)
-
-    def saw(self, text: str, timeout: float = 120) -> None:
-        deadline = time.monotonic() + timeout
-        while not any(text in line for line in self.lines):
-            assert self.process.poll() is None or self.reader.is_alive(), self.output
-            assert time.monotonic() < deadline, f"no {text!r} in:\n{self.output}"
-            time.sleep(0.1)
-
-    def stop(self) -> None:
-        """SIGTERM to the pod's launcher, as the kubelet sends it to a container's PID 1."""
-        stop = self.api.runtime.run_in(self.pod, ["pkill", "-TERM", "-f", "trainer.launch"])
-        stop.wait(timeout=30)
-
-    def wait(self, timeout: float = 120) -> int:
-        try:
-            code = self.process.wait(timeout=timeout)
-        except subprocess.TimeoutExpired:
-            self.process.kill()
-            raise AssertionError(f"still running after {timeout} s:\n{self.output}") from None
-        self.reader.join(timeout=10)
-        return code
-
-    @property
-    def output(self) -> str:
-        return "".join(self.lines)
-
-
-def run_nodes(api, pods: list[dict]) -> list[Node]:
-    return [Node(api, pod) for pod in running(api, pods)]
 
 
 def test_a_submitted_folder_trains_in_the_pods_the_controllers_make_as_the_trainers_user(
@@ -510,17 +404,8 @@ def test_a_submitted_folder_trains_in_the_pods_the_controllers_make_as_the_train
     trainjob = api.read("trainjobs", TEAM, "cnn", group="trainer.kubeflow.org")
     runtime = api.read("clustertrainingruntimes", "", "torch-cpu", group="trainer.kubeflow.org")
 
-    def start() -> list[Node]:
-        pods = trainjob_pods(trainjob, runtime)
-        # The one deviation: the pods share this machine's network, so the rendezvous takes a
-        # free port rather than 29500, which another test may hold.
-        port = str(free_port("127.0.0.1"))
-        for pod in pods:
-            for variable in pod["spec"]["containers"][0]["env"]:
-                if variable["name"] == "PET_MASTER_PORT":
-                    variable["value"] = port
-            create(api, "pods", TEAM, pod)
-        return run_nodes(api, pods)
+    def start() -> list:
+        return start_trainjob(api, trainjob, runtime)
 
     first = start()
     first[0].saw("step 10 ")
@@ -548,3 +433,139 @@ def test_a_submitted_folder_trains_in_the_pods_the_controllers_make_as_the_train
         shown = series(url, "cnn/tensorboard", "loss/train", 10)
     assert [step for step, _ in shown][:10] == list(range(1, 11))
     assert api.refusals == []
+
+
+def sdk_train(epochs: int = 3):
+    """A training function as an ML engineer hands it to the Kubeflow SDK: the SDK sends its
+    source, not this module, to the pods (no dollar sign in it: the SDK's heredoc would expand
+    it, as the docs say)."""
+    import os
+
+    import shapes_helper
+    import torch
+    import torch.distributed as dist
+
+    dist.init_process_group("gloo")
+    rank, world = dist.get_rank(), dist.get_world_size()
+    torch.manual_seed(0)
+    model = torch.nn.parallel.DistributedDataParallel(torch.nn.Linear(shapes_helper.SIDE, 1))
+    optimizer = torch.optim.SGD(model.parameters(), lr=0.1)
+    x = torch.randn(256, shapes_helper.SIDE)
+    y = x.sum(1, keepdim=True)
+    for epoch in range(epochs):
+        loss = torch.nn.functional.mse_loss(model(x[rank::world]), y[rank::world])
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        print(f"sdk rank {rank}/{world} node {os.environ['GROUP_RANK']} epoch {epoch} "
+              f"loss {loss.item():.4f}", flush=True)  # fmt: skip
+    dist.destroy_process_group()
+
+
+def simple_index(root: Path) -> str:
+    """A PEP 503 index of the wheels in `root`, as pip reads one from a file: URL."""
+    for wheel_file in root.glob("*.whl"):
+        project = wheel_file.name.split("-")[0].replace("_", "-")
+        page = root / "simple" / project / "index.html"
+        page.parent.mkdir(parents=True, exist_ok=True)
+        page.write_text(f'<a href="{wheel_file.as_uri()}">{wheel_file.name}</a>\n')
+    return f"file://{root}/simple"
+
+
+def test_the_kubeflow_sdks_custom_trainer_runs_its_function_on_a_platform_runtime(
+    trainer_cluster, project, tmp_path
+):
+    """The SDK's own code writes the TrainJob (CustomTrainer: the function's source in a bash
+    heredoc, its packages installed with pip --user, torchrun); its pods, made as the Trainer
+    and JobSet make them, run it as the trainer's user from the image's working directory."""
+    from kubeflow.trainer import CustomTrainer, KubernetesBackendConfig, TrainerClient
+    from kubeflow.trainer.options import Labels
+
+    api = trainer_cluster
+    index = simple_index(Path(project[2]["PIP_FIND_LINKS"]))
+    kubeconfig = tmp_path / "kubeconfig"
+    kubeconfig.write_text(yaml.safe_dump(api.kubeconfig(api.add_token(ALICE), TEAM)))
+    client = TrainerClient(KubernetesBackendConfig(namespace=TEAM, config_file=str(kubeconfig)))
+    runtime = client.get_runtime("torch-cpu")
+    name = client.train(
+        runtime=runtime,
+        trainer=CustomTrainer(
+            func=sdk_train,
+            func_args={"epochs": 3},
+            packages_to_install=["shapes_helper==0.1"],
+            pip_index_urls=[index],
+            num_nodes=2,
+            resources_per_node={"cpu": "1"},
+        ),
+        options=[Labels({QUEUE_LABEL: TEAM})],
+    )
+    trainjob = api.read("trainjobs", TEAM, name, group="trainer.kubeflow.org")
+    assert trainjob["spec"]["trainer"]["command"][:2] == ["bash", "-c"]
+    runtime = api.read("clustertrainingruntimes", "", "torch-cpu", group="trainer.kubeflow.org")
+    # The image's working directory (trainer/Dockerfile WORKDIR /opt/trainer, owned by the
+    # trainer's user) and Python: this machine's root stands in for the image, so a folder of
+    # the trainer's user and an interpreter like the image's stand in for them.
+    workdir = Path(tempfile.mkdtemp(prefix="opt-trainer-"))
+    api.runtime.account.own(workdir)
+    # Outside pytest's own folders, which only root may enter: bash looks commands up on PATH
+    # with the user's own rights.
+    shared = os.environ.get("TMPDIR", "/tmp")
+    python = image_python(Path(tempfile.mkdtemp(prefix="image-python-", dir=shared)))
+    path = f"{python}:{IMAGE_ENV['PATH']}"
+    nodes = start_trainjob(api, trainjob, runtime, workdir, path)
+    assert [node.wait() for node in nodes] == [0, 0], nodes[0].output + nodes[1].output
+    said = nodes[0].output + nodes[1].output
+    assert "Successfully installed Python packages: shapes_helper==0.1" in said
+    for rank in (0, 1):
+        assert f"sdk rank {rank}/2 node {rank} epoch 2 loss" in said
+    assert (workdir / "test_user_code.py").is_file() and (workdir / "pip_install.log").is_file()
+    assert api.refusals == []
+
+
+def test_the_folder_leaves_out_what_git_ignores_there(tmp_path):
+    from mesh.workdir import DEFAULT_EXCLUDES, pack
+
+    folder = tmp_path / "project"
+    (folder / "data").mkdir(parents=True)
+    (folder / "train.py").write_text("print('hi')\n")
+    (folder / "notes.txt").write_text("untracked, not ignored\n")
+    (folder / "data" / "big.bin").write_bytes(b"x" * 1000)
+    (folder / "model.ckpt").write_bytes(b"weights")
+    (folder / ".gitignore").write_text("data/\n*.ckpt\n")
+    subprocess.run(["git", "init", "-q", str(folder)], check=True)
+    subprocess.run(["git", "-C", str(folder), "add", "train.py", ".gitignore"], check=True)
+    entries = pack(folder, DEFAULT_EXCLUDES, 100).entries
+    assert entries == (".gitignore", "notes.txt", "train.py")
+    # Outside a git work tree every file goes, as before.
+    subprocess.run(["rm", "-rf", str(folder / ".git")], check=True)
+    assert "data/big.bin" in pack(folder, DEFAULT_EXCLUDES, 100).entries
+
+
+def test_the_optional_helper_saves_resumes_keeps_the_newest_and_turns_sigterm_into_a_flag(
+    tmp_path, monkeypatch
+):
+    import torch
+
+    from trainer.contract import Checkpoints, StopSignal
+
+    monkeypatch.setenv("CHECKPOINT_DIR", str(tmp_path / "job"))
+    checkpoints = Checkpoints(keep=2)
+    assert checkpoints.newest() == (0, None)
+    for step in (10, 20, 30):
+        checkpoints.save(step, {"w": torch.full((2,), float(step))})
+    assert checkpoints.steps() == [20, 30]  # the oldest pruned, nothing partial left
+    assert sorted(p.name for p in (tmp_path / "job").iterdir()) == [
+        "step-00000020.pt",
+        "step-00000030.pt",
+    ]
+    step, state = checkpoints.newest()
+    assert step == 30 and state["w"].tolist() == [30.0, 30.0]
+    previous = signal.getsignal(signal.SIGTERM), signal.getsignal(signal.SIGINT)
+    try:
+        stop = StopSignal()
+        assert not stop.agreed()
+        os.kill(os.getpid(), signal.SIGTERM)
+        assert stop.agreed()
+    finally:
+        signal.signal(signal.SIGTERM, previous[0])
+        signal.signal(signal.SIGINT, previous[1])
