@@ -123,16 +123,27 @@ def main() -> None:
     )  # fmt: skip
     pip = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "OMP_NUM_THREADS": "1"}
     pip_env = [a for k, v in pip.items() for a in ("--env", f"{k}={v}")]
-    found = {"baseline": [], "cold": [], "warm": [], "upload 100 MB": []}
+    found = {
+        "baseline": [],
+        "cold": [],
+        "  submit": [],
+        "  pod to step": [],
+        "warm": [],
+        "  submit ": [],
+        "  pod to step ": [],
+        "upload 100 MB": [],
+    }
     with team_cluster(plan_of("dev"), trainer_account()) as api:
         env = as_member(api, ALICE, root / "kubeconfig")
         for run in range(args.runs):
             folder = project(root, index)
             found["baseline"].append(baseline(folder, {**pip, "SITE": str(site)}))
-            cold = submit(folder, f"cold-{run}", env, *pip_env)
-            found["cold"].append(cold + to_first_step(api, f"cold-{run}"))
-            warm = submit(folder, f"warm-{run}", env, *pip_env)
-            found["warm"].append(warm + to_first_step(api, f"warm-{run}"))
+            for what, suffix in (("cold", ""), ("warm", " ")):
+                sent = submit(folder, f"{what}-{run}", env, *pip_env)
+                started = to_first_step(api, f"{what}-{run}")
+                found[what].append(sent + started)
+                found[f"  submit{suffix}"].append(sent)
+                found[f"  pod to step{suffix}"].append(started)
             big = project(root, index, data_mb=100)
             found["upload 100 MB"].append(submit(big, f"big-{run}", env, "--max-size", "200"))
             for pod in api.objects("pods", TEAM):
@@ -140,9 +151,9 @@ def main() -> None:
                          pod)  # fmt: skip
     print(f"devctl submit to the first step, {args.runs} runs ({os.cpu_count()} cores):")
     for what, values in found.items():
-        print(f"  {what:14} {figures(values)}")
+        print(f"  {what.rstrip():16} {figures(values)}")
     extra = [w - b for w, b in zip(found["warm"], found["baseline"], strict=True)]
-    print(f"  {'warm - baseline':14} {figures(extra)}")
+    print(f"  {'warm - baseline':16} {figures(extra)}")
 
 
 if __name__ == "__main__":

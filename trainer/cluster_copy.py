@@ -25,7 +25,6 @@ import time
 from pathlib import Path
 
 from trainer import RESTRICTED_CONTAINER, RESTRICTED_POD, s3_folder
-from trainer.checkpoint import step_folders, step_name
 
 # Where job pods mount the shared file systems' claims that hold checkpoints, and those claims
 # (the first of each store in workloads/manifests.py MOUNTS; a test keeps the two equal).
@@ -56,6 +55,14 @@ POD_NAME = "checkpoint-copy"
 # (written under another name, then renamed).
 PUT = 'mkdir -p "$(dirname "$1")" && head -c "$2" > "$1.part.$$" && mv -f "$1.part.$$" "$1"'
 STDIN_CHUNK = 1 << 20
+
+
+def _checkpoints():
+    """trainer.checkpoint, imported when a checkpoint's steps are asked for: it imports torch,
+    seconds of start-up that devctl's copies of any other file (submit, fetch) do without."""
+    from trainer import checkpoint
+
+    return checkpoint
 
 
 def in_s3(path: str) -> bool:
@@ -196,7 +203,7 @@ class PodFolder:
         self.name = ""
 
     def where(self, step: int) -> str:
-        return f"{self.path}/{step_name(step)} (namespace {self.namespace})"
+        return f"{self.path}/{_checkpoints().step_name(step)} (namespace {self.namespace})"
 
     _call = staticmethod(call)
     _object = staticmethod(answer)
@@ -357,12 +364,12 @@ class PodFolder:
                 f"its checkpoints there?): {why.removeprefix(s3_folder.ERROR)}"
             ) from None
         listing.seek(0)
-        return step_folders(listing.read().decode().splitlines())
+        return _checkpoints().step_folders(listing.read().decode().splitlines())
 
     def copy(self, step: int, destination: Path) -> None:
         """Step `step`'s folder into `destination` (as `destination/step-NNNNNNNN`)."""
         hint = "a running job may have pruned it meanwhile: try again"
-        self.copy_path(step_name(step), destination, self.where(step), hint)
+        self.copy_path(_checkpoints().step_name(step), destination, self.where(step), hint)
 
     def copy_path(self, relative: str, destination: Path, what: str = "", hint: str = "") -> None:
         """The folder's `relative` file or folder into `destination`, under the same path."""
