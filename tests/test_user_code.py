@@ -477,7 +477,8 @@ def test_the_kubeflow_sdks_custom_trainer_runs_its_function_on_a_platform_runtim
 ):
     """The SDK's own code writes the TrainJob (CustomTrainer: the function's source in a bash
     heredoc, its packages installed with pip --user, torchrun); its pods, made as the Trainer
-    and JobSet make them, run it as the trainer's user from the image's working directory."""
+    and JobSet make them, run it as the trainer's user from the image's working directory (a
+    multi-node rendezvous in such pods: the test of devctl submit above)."""
     from kubeflow.trainer import CustomTrainer, KubernetesBackendConfig, TrainerClient
     from kubeflow.trainer.options import Labels
 
@@ -494,8 +495,8 @@ def test_the_kubeflow_sdks_custom_trainer_runs_its_function_on_a_platform_runtim
             func_args={"epochs": 3},
             packages_to_install=["shapes_helper==0.1"],
             pip_index_urls=[index],
-            num_nodes=2,
-            resources_per_node={"cpu": "1"},
+            num_nodes=1,
+            resources_per_node={"cpu": "2"},
         ),
         options=[Labels({QUEUE_LABEL: TEAM})],
     )
@@ -513,11 +514,11 @@ def test_the_kubeflow_sdks_custom_trainer_runs_its_function_on_a_platform_runtim
     python = image_python(Path(tempfile.mkdtemp(prefix="image-python-", dir=shared)))
     path = f"{python}:{IMAGE_ENV['PATH']}"
     nodes = start_trainjob(api, trainjob, runtime, workdir, path)
-    assert [node.wait() for node in nodes] == [0, 0], nodes[0].output + nodes[1].output
-    said = nodes[0].output + nodes[1].output
-    assert "Successfully installed Python packages: shapes_helper==0.1" in said
-    for rank in (0, 1):
-        assert f"sdk rank {rank}/2 node {rank} epoch 2 loss" in said
+    (node,) = nodes
+    assert node.wait() == 0, node.output
+    assert "Successfully installed Python packages: shapes_helper==0.1" in node.output
+    for rank in (0, 1):  # two ranks: a process per CPU requested
+        assert f"sdk rank {rank}/2 node 0 epoch 2 loss" in node.output
     assert (workdir / "test_user_code.py").is_file() and (workdir / "pip_install.log").is_file()
     assert api.refusals == []
 
