@@ -171,18 +171,21 @@ def check_folder(task, folder: Path) -> None:
 def local(task, name: str, folder: Path, archive: Archive, store: Path | None) -> int:
     """Run trainer.user_code here, in place of devctl: Ctrl-C reaches the launcher, which stops
     the ranks as a drained pod's are stopped."""
-    from trainer.user_code import store_snapshot
+    from trainer import user_code
 
     store = store or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "devctl"
-    code, written = store_snapshot(store / "user-code", archive.data)
+    code, written = user_code.store_snapshot(store / "user-code", archive.data)
     low, high = task.node_range
-    command = [sys.executable, "-m", "trainer.user_code", "--code-store", str(store / "user-code")]
-    command += ["--code", code, "--checkpoint-dir", str(store / "checkpoints" / name)]
-    if task.requirements:
-        command += ["--requirements", task.requirements]
-    if task.setup:
-        command += ["--setup", task.setup]
-    command += ["--", "--standalone", f"--nproc-per-node={LOCAL_NPROC}", *task.run]
+    launch = ["--standalone", f"--nproc-per-node={LOCAL_NPROC}", *task.run]
+    command = user_code.command(
+        str(store / "user-code"),
+        code,
+        str(store / "checkpoints" / name),
+        task.requirements,
+        task.setup,
+        launch,
+        python=sys.executable,
+    )
     print(
         f"devctl: {name}: {archive.summary()} from {folder} "
         f"({'stored' if written else 'unchanged, already stored'} as {code[:12]}); "

@@ -57,7 +57,7 @@ def suite_temp_dir():
 SLOWEST_FIRST = [
     "test_trainer.py",  # 280
     "test_mesh.py",  # 140
-    "test_user_code.py",  # 110
+    "test_user_code_cluster.py",  # 70
     "test_devctl_run.py",  # 60
     "test_docs_examples.py",  # 50
     "test_watch_and_fetch.py",  # 40

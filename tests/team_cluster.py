@@ -17,7 +17,7 @@ import yaml
 
 from infra.config import parse_stack_config
 from tests import trainer_rules
-from tests.conftest import stack_values
+from tests.conftest import ROOT, stack_values
 from tests.crd_schema import CRD_DIR, load_crd
 from tests.job_pods import trainjob_pods
 from tests.kube_api import Kubelet, admission_policies, rbac_of
@@ -31,6 +31,25 @@ from workloads.manifests import training_runtime
 
 TEAM = "team-a"
 IMAGE = "registry.example/trainer@sha256:" + "a" * 64
+EXAMPLE = ROOT / "examples" / "your-own-code"
+
+
+def user_project(root: Path) -> tuple[Path, Path, dict]:
+    """The example's folder with a requirement only a local index has: (the folder, a store
+    for --local, the variables that point pip at the index)."""
+    folder = root / "project"
+    folder.mkdir()
+    for name in ("train.py", "task.yaml"):
+        (folder / name).write_text((EXAMPLE / name).read_text())
+    (folder / "requirements.txt").write_text("shapes-helper==0.1\n")
+    train = (folder / "train.py").read_text()
+    marker = "import torch\n"
+    (folder / "train.py").write_text(train.replace(marker, f"import shapes_helper\n{marker}", 1))
+    index = root / "index"
+    index.mkdir()
+    wheel(index, "shapes_helper", "0.1", "SIDE = 16\n")
+    env = {"PIP_NO_INDEX": "1", "PIP_FIND_LINKS": str(index), "OMP_NUM_THREADS": "1"}
+    return folder, root / "store", env
 
 
 def trainer_account():

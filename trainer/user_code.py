@@ -212,6 +212,25 @@ def contract(checkpoint_dir: Path, base: dict[str, str]) -> dict[str, str]:
     return {**base, **{name: str(path) for name, path in folders.items()}}
 
 
+def command(
+    code_store: str,
+    code: str,
+    checkpoint_dir: str,
+    requirements: str | None,
+    setup: str,
+    launch: list[str],
+    python: str = "python",
+) -> list[str]:
+    """This module's command line: what a job's pods and `devctl submit --local` run."""
+    found = [python, "-m", "trainer.user_code", "--code-store", code_store, "--code", code]
+    found += ["--checkpoint-dir", checkpoint_dir]
+    if requirements:
+        found += ["--requirements", requirements]
+    if setup:
+        found += ["--setup", setup]
+    return [*found, "--", *launch]
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m trainer.user_code",

@@ -25,6 +25,7 @@ from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
 from infra.config.base import K8sName, Model, did_you_mean, one_line
 from infra.config.jobs import DEFAULT_MAX_RESTARTS
 from mesh.workdir import DEFAULT_MAX_MB
+from trainer import user_code
 from trainer.user_code import CONTRACT_VARIABLES
 from workloads.manifests import CHECKPOINT_ROOTS, JobTarget, pytorch_job, train_job
 
@@ -164,13 +165,10 @@ def program(task: Task, store: str, code: str, name: str) -> tuple[str, ...]:
     """The pods' command: trainer.user_code with the snapshot, the environment's inputs and the
     job's folder, then torchrun's program (torchrun's nodes and ranks come from the operator's
     PET_* variables)."""
-    command = ["python", "-m", "trainer.user_code", "--code-store", CODE_STORES[store]]
-    command += ["--code", code, "--checkpoint-dir", f"{CHECKPOINT_ROOTS[store]}/{name}"]
-    if task.requirements:
-        command += ["--requirements", task.requirements]
-    if task.setup:
-        command += ["--setup", task.setup]
-    return (*command, "--", *task.run)
+    folder = f"{CHECKPOINT_ROOTS[store]}/{name}"
+    return tuple(
+        user_code.command(CODE_STORES[store], code, folder, task.requirements, task.setup, task.run)
+    )
 
 
 def render(
