@@ -16,12 +16,12 @@ from pathlib import Path
 from devservers.cli import CliError, Devctl
 from devservers.job_status import (
     COMPLETION_INDEX,
-    DEFAULT_CONTAINER,
     JOB_ROLE,
     KINDS,
     QUEUE_LABEL,
     REPLICATED_JOB,
     JobKind,
+    log_container,
 )
 from devservers.kube import NotServed
 
@@ -65,12 +65,9 @@ def logs(devctl: Devctl, name: str, node: int, follow: bool) -> int:
     if found is None:
         have = ", ".join(str(node_index(p)) for p in ranks) or "none yet"
         raise CliError(f"job {name} has no pod of node {node} (nodes with pods: {have})")
-    meta = found["metadata"]
-    container = (meta.get("annotations") or {}).get(DEFAULT_CONTAINER) or found["spec"][
-        "containers"
-    ][0]["name"]
+    pod, container = found["metadata"]["name"], log_container(found)
     with devctl.allowed("read pod logs", team=True):
-        for chunk in devctl.cluster.log_stream(devctl.namespace, meta["name"], container, follow):
+        for chunk in devctl.cluster.log_stream(devctl.namespace, pod, container, follow):
             devctl.out.write(chunk.decode(errors="replace"))
             devctl.out.flush()
     return 0

@@ -290,17 +290,20 @@ def collect(cluster, namespace: str, name: str | None = None) -> list[JobStatus]
     return statuses
 
 
+def log_container(pod: dict) -> str:
+    """The container whose log a pod's output is: the default one it names, else its first."""
+    named = (pod["metadata"].get("annotations") or {}).get(DEFAULT_CONTAINER)
+    return named or pod["spec"]["containers"][0]["name"]
+
+
 def _newest_start(cluster, kind: JobKind, pods: list[dict]) -> dict | None:
     """The trainer's newest start record, from the pod that prints rank 0's lines first."""
     for pod in sorted(pods, key=kind.rank_zero_first):
         if (pod.get("status") or {}).get("phase") not in ("Running", "Succeeded", "Failed"):
             continue
         meta = pod["metadata"]
-        container = (meta.get("annotations") or {}).get(DEFAULT_CONTAINER) or pod["spec"][
-            "containers"
-        ][0]["name"]
         try:
-            record = start_record(cluster.log(meta["namespace"], meta["name"], container))
+            record = start_record(cluster.log(meta["namespace"], meta["name"], log_container(pod)))
         except OSError:
             continue  # not started yet, gone meanwhile: the next pod may say
         if record is not None:

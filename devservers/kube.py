@@ -284,11 +284,7 @@ class KubeCluster:
     def log(self, namespace: str, pod: str, container: str) -> str:
         """What the container's current run (else its last) has written. Read raw: the client
         would otherwise parse a log that is one JSON line into a dict and print that."""
-        with self._translated():
-            found = self.core.read_namespaced_pod_log(
-                pod, namespace, container=container, _preload_content=False
-            )
-        return found.data.decode(errors="replace")
+        return b"".join(self.log_stream(namespace, pod, container, False)).decode(errors="replace")
 
     def log_stream(self, namespace: str, pod: str, container: str, follow: bool):
         """The container's log in chunks as they come (`follow`: until the container ends)."""

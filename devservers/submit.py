@@ -223,29 +223,20 @@ class Stack:
         return namespace
 
     def pool(self, name: str):
-        from workloads.user_job import TaskError, pool_of
+        from workloads.user_job import pool_of
 
-        try:
-            return pool_of(self.config.node_pools, name)
-        except TaskError as e:
-            raise CliError(str(e)) from None
+        return pool_of(self.config.node_pools, name)
 
     def render(self, task, name: str, namespace: str, queue: str, image: str, code: str) -> dict:
-        from workloads.user_job import TaskError, render
+        from workloads.user_job import render
 
         pool, storage = self.pool(task.pool), self.config.storage.shared_file_systems
-        try:
-            return render(task, name, pool, namespace, queue, image, code, storage)
-        except TaskError as e:
-            raise CliError(str(e)) from None
+        return render(task, name, pool, namespace, queue, image, code, storage)
 
     def code_store(self) -> str:
-        from workloads.user_job import CODE_STORES, TaskError, code_store
+        from workloads.user_job import CODE_STORES, code_store
 
-        try:
-            return CODE_STORES[code_store(self.config.storage.shared_file_systems)]
-        except TaskError as e:
-            raise CliError(str(e)) from None
+        return CODE_STORES[code_store(self.config.storage.shared_file_systems)]
 
 
 def dry_run(args, task, name: str, code: str) -> dict:
@@ -273,7 +264,7 @@ def to_cluster(args, task, name: str, archive: Archive, out) -> int:
     from kubernetes import client
 
     from trainer.cluster_copy import PodFolder, answer, api_client
-    from trainer.user_code import CODE, digest
+    from trainer.user_code import digest, snapshot_path
     from workloads.manifests import API_VERSIONS, TRAINER_GROUP, runtime_name
     from workloads.user_job import runtime_image
 
@@ -293,7 +284,7 @@ def to_cluster(args, task, name: str, archive: Archive, out) -> int:
     code = digest(archive.data)
     with PodFolder(namespace, stack.code_store(), tools, task.queue or "", START_SECONDS,
                    writable=True) as folder:  # fmt: skip
-        written = folder.put(f"{CODE}/{code}.tar", archive.data)
+        written = folder.put(snapshot_path(Path(), code).as_posix(), archive.data)
         queue = folder.queue
     manifest = stack.render(task, name, namespace, queue, task.image or tools, code)
     kind = manifest["kind"]
@@ -318,14 +309,20 @@ def to_cluster(args, task, name: str, archive: Archive, out) -> int:
 
 
 def submit(args: argparse.Namespace, out) -> int:
+    from workloads.user_job import TaskError
+
+    try:
+        return _submit(args, out)
+    except TaskError as e:  # a task the stack cannot run, said once for every step
+        raise CliError(str(e)) from None
+
+
+def _submit(args: argparse.Namespace, out) -> int:
     from trainer.user_code import digest
-    from workloads.user_job import TaskError, task_from
+    from workloads.user_job import task_from
 
     values, source, base = task_values(args)
-    try:
-        task = task_from(values, source)
-    except TaskError as e:
-        raise CliError(str(e)) from None
+    task = task_from(values, source)
     folder, archive = packed(task, base)
     check_folder(task, folder)
     name = job_name(task, folder)

@@ -14,7 +14,7 @@ the pod and the rehearsal are one code path.
    the working directory) install into an environment kept at `<code-store>/envs/<key>`, keyed
    by the requirements' content, the setup command and the interpreter: the next job with the
    same key starts without installing. The environment is a venv layered over this interpreter's
-   packages (torch and the image's own), built under a lock and published by a rename, so pods
+   packages (torch and the image's own), built under a lock and marked ready last, so pods
    starting together build it once and never use a half-built one.
 3. Variables: CHECKPOINT_DIR (the job's folder, plain files on a mounted store),
    TENSORBOARD_DIR (its tensorboard/ folder, which the team's TensorBoard shows) and OUTPUT_DIR
@@ -153,20 +153,23 @@ def environment(code_store: Path, requirements: Path | None, setup: str, workdir
     content = requirements.read_bytes() if requirements else b""
     key = environment_key(content, setup)
     env = code_store / ENVS / key
-    if (env / READY).is_file():
-        print(f"user_code: environment {key} reused", file=sys.stderr, flush=True)
+
+    def reused() -> bool:
+        if (env / READY).is_file():
+            print(f"user_code: environment {key} reused", file=sys.stderr, flush=True)
+        return (env / READY).is_file()
+
+    if reused():
         return env
     env.parent.mkdir(parents=True, exist_ok=True)
     with open(env.parent / f"{key}.lock", "w") as lock:
         fcntl.flock(lock, fcntl.LOCK_EX)  # a peer pod may be building it
-        if (env / READY).is_file():
-            print(f"user_code: environment {key} reused", file=sys.stderr, flush=True)
+        if reused():
             return env
-        building = env.parent / f".building-{key}"
-        shutil.rmtree(building, ignore_errors=True)  # what a killed build left
         print(f"user_code: building environment {key}", file=sys.stderr, flush=True)
         try:
-            # Built at its final path (a venv's scripts name it), and marked ready last.
+            # Built at its final path (a venv's scripts name it), over what a killed build left,
+            # and marked ready last.
             shutil.rmtree(env, ignore_errors=True)
             _build(env, requirements, setup, workdir)
         except BaseException:

@@ -27,7 +27,7 @@ from infra.config.jobs import DEFAULT_MAX_RESTARTS
 from mesh.workdir import DEFAULT_MAX_MB
 from trainer import user_code
 from trainer.user_code import CONTRACT_VARIABLES
-from workloads.manifests import CHECKPOINT_ROOTS, JobTarget, pytorch_job, train_job
+from workloads.manifests import JobTarget, mounted_checkpoint_dir, pytorch_job, train_job
 
 # Where a team's code snapshots and dependency environments are kept, per shared file system:
 # on EFS beside the checkpoints (the team's TensorBoard walks /efs/checkpoints); on FSx in the
@@ -161,11 +161,10 @@ def code_store(storage: frozenset[str]) -> str:
     return found
 
 
-def program(task: Task, store: str, code: str, name: str) -> tuple[str, ...]:
+def program(task: Task, store: str, code: str, folder: str) -> tuple[str, ...]:
     """The pods' command: trainer.user_code with the snapshot, the environment's inputs and the
     job's folder, then torchrun's program (torchrun's nodes and ranks come from the operator's
     PET_* variables)."""
-    folder = f"{CHECKPOINT_ROOTS[store]}/{name}"
     return tuple(
         user_code.command(CODE_STORES[store], code, folder, task.requirements, task.setup, task.run)
     )
@@ -202,15 +201,16 @@ def render(
             **({"maxRestarts": task.max_restarts} if task.elastic else {}),
         }
     )
+    folder = mounted_checkpoint_dir(job)
     target = JobTarget(
         job,
         pool,
         namespace,
         image,
-        f"{CHECKPOINT_ROOTS[store]}/{name}",
+        folder,
         storage,
         service_account_name=SELF_SERVICE_ACCOUNT,
-        program=program(task, store, code, name),
+        program=program(task, store, code, folder),
         env=tuple(task.env.items()),
     )
     return pytorch_job(target) if task.elastic else train_job(target)
