@@ -53,6 +53,7 @@ from infra.usage import UsageLine, usage_lines
 from infra.versions import KUBERNETES_VERSIONS
 from policies.offline import check
 from policies.pack_config import policy_settings
+from workloads.stack_code import runs
 
 FACTS_FILE = "facts.json"
 CHANGES_FILE = "changes.txt"
@@ -481,6 +482,12 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
             ],
         )
         lines += [f"  image ({target}): {ref}" for target, ref in sorted(images.items())]
+        code_images = plan.outputs.get("codeImages") or {}
+        lines += [
+            f"  {j.name} runs {runs(j)}"
+            + (f", built into {code_images[j.name]}" if j.name in code_images else "")
+            for j in config.jobs
+        ]
     if config.queues.teams:
         lines += ["", "Teams (Kueue):"]
         lines += table(

@@ -34,6 +34,7 @@ from infra.data_holders import DataGuard
 from infra.versions import KUBERNETES_VERSIONS
 from workloads.image import RUNTIME, TrainerImage, stack_targets, trainer_image_repository
 from workloads.revisions import deployed_outputs
+from workloads.stack_code import CodeImages
 from workloads.tensorboard import TeamTensorBoard
 from workloads.training_job import JOBS_OUTPUT, TrainingJob
 from workloads.training_runtimes import RUNTIMES_OUTPUT, TrainingRuntimes
@@ -241,6 +242,10 @@ def build_platform(config: StackConfig) -> None:
                 for name, manifest in runtimes.manifests.items()
             },
         )
+        code_images = {}
+        if any(job.code for job in config.jobs):
+            code_images = CodeImages("job-code", config, image.refs, platform).refs
+            pulumi.export("codeImages", code_images)
         jobs = {}
         for job in config.jobs:
             pool = job_pools[job.name]
@@ -250,7 +255,7 @@ def build_platform(config: StackConfig) -> None:
                 job,
                 pool,
                 queues.namespaces[job.queue],
-                image.refs[image_target(pool)],
+                code_images.get(job.name) or job.image or image.refs[image_target(pool)],
                 bucket,
                 platform,
                 # The EFS and FSx CSI node agents do not run on hybrid machines.

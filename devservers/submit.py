@@ -24,6 +24,7 @@ import yaml
 from devservers.cli import CliError, add_dry_run_options, print_manifest
 from mesh.spec import MeshError
 from mesh.workdir import DEFAULT_EXCLUDES, Archive, pack
+from trainer.user_code import LOCAL_NPROC
 
 TASK_OPTIONS = {  # option -> task key, for the options a task file can hold too
     "name": "name",
@@ -41,9 +42,6 @@ TASK_OPTIONS = {  # option -> task key, for the options a task file can hold too
 BAD_INPUT = 2
 # How long the pod that stores the code may wait for its queue and a node.
 START_SECONDS = 300
-# Ranks of a --local run: CPU processes (gloo), one thread each.
-LOCAL_NPROC = 2
-LOCAL_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def add_parser(command) -> None:
@@ -171,30 +169,18 @@ def check_folder(task, folder: Path) -> None:
 def local(task, name: str, folder: Path, archive: Archive, store: Path | None) -> int:
     """Run trainer.user_code here, in place of devctl: Ctrl-C reaches the launcher, which stops
     the ranks as a drained pod's are stopped."""
-    from trainer import user_code
+    from workloads.user_job import local_run
 
     store = store or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "devctl"
-    code, written = user_code.store_snapshot(store / "user-code", archive.data)
+    command, variables, said = local_run(task, name, archive, store, sys.executable)
     low, high = task.node_range
-    launch = ["--standalone", f"--nproc-per-node={LOCAL_NPROC}", *task.run]
-    command = user_code.command(
-        str(store / "user-code"),
-        code,
-        str(store / "checkpoints" / name),
-        task.requirements,
-        task.setup,
-        launch,
-        python=sys.executable,
-    )
     print(
-        f"devctl: {name}: {archive.summary()} from {folder} "
-        f"({'stored' if written else 'unchanged, already stored'} as {code[:12]}); "
-        f"job folder {store / 'checkpoints' / name}"
+        f"devctl: {name}: {said} from {folder}"
         + (f"; nodes {task.nodes} run as one node here" if high > 1 else ""),
         file=sys.stderr,
         flush=True,
     )
-    os.execve(command[0], command, {**os.environ, **LOCAL_ENV, **task.env})
+    os.execve(command[0], command, {**os.environ, **variables})
 
 
 class Stack:

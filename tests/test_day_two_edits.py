@@ -190,7 +190,7 @@ NOT_EDITABLE = {
     "jobs[gpt-large].kind": "an elastic job (minNodes < maxNodes) stays a PyTorchJob",
     "jobs[gpt-large-mpi].minNodes": "an MPIJob's minNodes equals its maxNodes (COORDINATED)",
     "jobs[gpt-large-mpi].maxNodes": "an MPIJob's minNodes equals its maxNodes (COORDINATED)",
-    "jobs[gpt-large-mpi].args": "trainer arguments (COORDINATED)",
+    "jobs[gpt-large-mpi].args": "command and arguments (COORDINATED)",
     "devServers.flavors[a100-8].nodePool": "no other pool holds 8 GPUs and 979 GiB",
     "devServers.flavors[gpu-1].machine": "a machine goes with nodePool hybrid (none here)",
     "devServers.flavors[a100-8].machine": "a machine goes with nodePool hybrid (none here)",

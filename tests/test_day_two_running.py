@@ -106,7 +106,7 @@ def test_an_args_edit_is_held_back_until_the_revision_moves(base):
     jobs = stack_values(STACK)["training-platform:jobs"]
     edited = [{**j, "args": [*j["args"], "--seed", "3"]} for j in jobs]
     effects, _ = effects_of(base, jobs=edited)
-    assert sum("changes to its trainer arguments wait" in r for r in effects.restarts) == 2
+    assert sum("changes to its command and arguments wait" in r for r in effects.restarts) == 2
     bumped = [{**j, "revision": 2} for j in edited]
     effects, _ = effects_of(base, jobs=bumped)
     restarts = [r for r in effects.restarts if " restarts (" in r]

@@ -4,8 +4,13 @@
         --checkpoint-dir /efs/checkpoints/my-job [--requirements requirements.txt] \\
         [--setup 'pip install -e .'] -- [torchrun's options] train.py --lr 3e-4
 
-`devctl submit` writes this command into the job it renders, and runs it itself for `--local`:
-the pod and the rehearsal are one code path.
+    python -m trainer.user_code --code-dir /opt/code --checkpoint-dir /efs/checkpoints/my-job \
+        -- train.py --lr 3e-4
+
+`devctl submit` writes the first command into the job it renders, and runs it itself for
+`--local`: the pod and the rehearsal are one code path. A stack job's `code` runs the second,
+in the image `pulumi up` built from its folder with its requirements and setup installed
+(workloads/code_image.py): steps 1 and 2 happened in the build.
 
 1. Code: the folder `devctl submit` packed (mesh.workdir.pack, the same bytes for the same
    files) is `<code-store>/code/<sha256>.tar`; its hash is checked, and it is unpacked into a
@@ -50,6 +55,10 @@ TENSORBOARD = "tensorboard"  # as trainer/scalars.py, so the team's TensorBoard 
 OUTPUTS = "outputs"
 READY = ".ready"  # written last into a built environment
 INPUT_ERROR = 2
+# A run on your machine: CPU processes (gloo) in place of a node's ranks, one thread each
+# (torchrun warns when it is unset, and the ranks share the cores).
+LOCAL_NPROC = 2
+LOCAL_ENV = {"OMP_NUM_THREADS": "1"}
 # Where this package lives: the layered environment and the launcher import it from here.
 TRAINER_ROOT = Path(__file__).resolve().parents[1]
 
@@ -201,31 +210,36 @@ def check_entry(workdir: Path, launch: list[str]) -> None:
 CONTRACT_VARIABLES = ("CHECKPOINT_DIR", "TENSORBOARD_DIR", "OUTPUT_DIR")
 
 
+def contract_paths(checkpoint_dir: str) -> dict[str, str]:
+    """The variables every script gets: the job's folder, its tensorboard/ and outputs/."""
+    folders = (checkpoint_dir, f"{checkpoint_dir}/{TENSORBOARD}", f"{checkpoint_dir}/{OUTPUTS}")
+    return dict(zip(CONTRACT_VARIABLES, folders, strict=True))
+
+
 def contract(checkpoint_dir: Path, base: dict[str, str]) -> dict[str, str]:
     """The variables every script gets, its folders made."""
-    folders = dict(
-        zip(
-            CONTRACT_VARIABLES,
-            (checkpoint_dir, checkpoint_dir / TENSORBOARD, checkpoint_dir / OUTPUTS),
-            strict=True,
-        )
-    )
+    folders = contract_paths(str(checkpoint_dir))
     for folder in folders.values():
-        folder.mkdir(parents=True, exist_ok=True)
-    return {**base, **{name: str(path) for name, path in folders.items()}}
+        Path(folder).mkdir(parents=True, exist_ok=True)
+    return {**base, **folders}
 
 
 def command(
-    code_store: str,
-    code: str,
     checkpoint_dir: str,
-    requirements: str | None,
-    setup: str,
     launch: list[str],
+    code: tuple[str, str] | None = None,
+    code_dir: str | None = None,
+    requirements: str | None = None,
+    setup: str = "",
     python: str = "python",
 ) -> list[str]:
-    """This module's command line: what a job's pods and `devctl submit --local` run."""
-    found = [python, "-m", "trainer.user_code", "--code-store", code_store, "--code", code]
+    """This module's command line: what a job's pods and `devctl submit --local` run, over a
+    snapshot `code` (code store, sha256), or a built folder `code_dir`."""
+    found = [python, "-m", "trainer.user_code"]
+    if code:
+        found += ["--code-store", code[0], "--code", code[1]]
+    if code_dir:
+        found += ["--code-dir", code_dir]
     found += ["--checkpoint-dir", checkpoint_dir]
     if requirements:
         found += ["--requirements", requirements]
@@ -237,12 +251,20 @@ def command(
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(
         prog="python -m trainer.user_code",
-        usage="%(prog)s --code-store DIR --code SHA256 --checkpoint-dir DIR [options] -- "
-        "[torchrun's options] SCRIPT|-m MODULE [its arguments]",
+        usage="%(prog)s (--code-store DIR --code SHA256 | --code-dir DIR) --checkpoint-dir DIR "
+        "[options] -- [torchrun's options] SCRIPT|-m MODULE [its arguments]",
         description=__doc__.splitlines()[0],
     )
-    p.add_argument("--code-store", type=Path, required=True, help="where code/ and envs/ are")
-    p.add_argument("--code", required=True, metavar="SHA256", help="the folder's snapshot")
+    p.add_argument(
+        "--code-store", type=Path, help="where code/ and envs/ are (with --code; default: none)"
+    )
+    p.add_argument("--code", metavar="SHA256", help="the folder's snapshot (default: none)")
+    p.add_argument(
+        "--code-dir",
+        type=Path,
+        help="instead of a snapshot: a folder whose dependencies are installed already (an image "
+        "built from it), run in place (default: none)",
+    )
     p.add_argument(
         "--checkpoint-dir", type=Path, required=True, help="the job's folder (CHECKPOINT_DIR)"
     )
@@ -258,8 +280,11 @@ def parser() -> argparse.ArgumentParser:
 
 def prepare(args: argparse.Namespace, launch: list[str]) -> tuple[list[str], dict, Path]:
     """(the launcher's command, its environment, its working directory)."""
-    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="user-code-"))
-    unpack(args.code_store, args.code, workdir)
+    if args.code_dir:
+        workdir = args.code_dir
+    else:
+        workdir = args.workdir or Path(tempfile.mkdtemp(prefix="user-code-"))
+        unpack(args.code_store, args.code, workdir)
     check_entry(workdir, launch)
     requirements = None
     if args.requirements:
@@ -280,7 +305,13 @@ def prepare(args: argparse.Namespace, launch: list[str]) -> tuple[list[str], dic
 def main(argv: list[str] | None = None) -> int:
     argv = list(sys.argv[1:] if argv is None else argv)
     cut = argv.index("--") if "--" in argv else len(argv)
-    args = parser().parse_args(argv[:cut])
+    p = parser()
+    args = p.parse_args(argv[:cut])
+    if bool(args.code_dir) == bool(args.code_store and args.code):
+        p.error("give --code-store and --code (a snapshot), or --code-dir (a built folder)")
+    if args.code_dir and (args.requirements or args.setup or args.workdir):
+        p.error("--code-dir runs a folder as built: --requirements, --setup and --workdir belong "
+                "to its build")  # fmt: skip
     try:
         command, variables, workdir = prepare(args, argv[cut + 1 :])
     except InputError as e:

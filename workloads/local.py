@@ -1,6 +1,7 @@
-"""A job's local twin: the job's own trainer arguments under torchrun on this machine's CPU.
+"""A job's local twin: the job's trainer arguments, or its own code, under torchrun on this CPU.
 
     python -m workloads.local smoke-cpu [--stack dev] [--nproc 2] [--steps 20] [--model small]
+    python -m workloads.local cnn-example [--stack dev]     (a job's `code`: trainer.user_code)
 
 Same trainer, same arguments as the PyTorchJob/MPIJob the stack declares; only the checkpoint
 location (build/local-jobs/<job>), the step count, the worker count (CPU processes, gloo) and, when
@@ -19,12 +20,13 @@ import sys
 from pathlib import Path
 
 from infra.config import load_stack_for_command
+from infra.paths import PROJECT_DIR
 from trainer.options import parse_options
+from trainer.user_code import LOCAL_ENV as WORKER_ENV
 
+LOCAL_JOBS = Path("build/local-jobs")
 # Presets a 2-core CPU trains a few steps of in about a minute; larger ones take minutes a step.
 CPU_MODELS = ("tiny", "small")
-# One thread per worker: the workers share the cores, and torchrun warns when it is unset.
-WORKER_ENV = {"OMP_NUM_THREADS": "1"}
 
 
 def with_option(args: list[str], option: str, value: str) -> list[str]:
@@ -125,7 +127,8 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument(
         "--checkpoint-dir",
         type=Path,
-        help="where the run checkpoints (default: build/local-jobs/<job>)",
+        help="where the run checkpoints (default: build/local-jobs/<job>; a job's own code: "
+        "its code, environments and folder under build/local-jobs)",
     )
     parser.add_argument(
         "--resume",
@@ -133,6 +136,29 @@ def parser() -> argparse.ArgumentParser:
         help="carry on from the previous local checkpoints (default: start afresh)",
     )
     return parser
+
+
+def own_code(job, args: argparse.Namespace) -> int:
+    """A job's `code` as `devctl submit --local` runs a folder: trainer.user_code over the
+    folder's snapshot, its requirements in a cached environment (the pods get them built into
+    their image), the job's folder in build/local-jobs/checkpoints/<job>."""
+    from mesh.spec import MeshError
+    from mesh.workdir import DEFAULT_EXCLUDES, DEFAULT_MAX_MB, pack
+    from workloads.user_job import local_run
+
+    store = args.checkpoint_dir or LOCAL_JOBS
+    if not args.resume:
+        shutil.rmtree(store / "checkpoints" / job.name, ignore_errors=True)
+    folder = PROJECT_DIR / job.code.workdir
+    try:
+        archive = pack(folder, DEFAULT_EXCLUDES, DEFAULT_MAX_MB, "devctl submit --max-size")
+    except MeshError as e:
+        print(f"error: job {job.name}: {e}", file=sys.stderr)
+        return 2
+    command, variables, said = local_run(job.code, job.name, archive, store, sys.executable)
+    print(f"+ {job.name}: {said}; its own code, so --steps and --model do not apply", flush=True)
+    sys.stdout.flush()
+    os.execve(command[0], command, {**os.environ, **variables})
 
 
 def main(argv: list[str] | None = None) -> int:
@@ -148,7 +174,18 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    job_args = list(jobs[args.job].args)
+    job = jobs[args.job]
+    if job.code:
+        return own_code(job, args)
+    if job.command:
+        print(
+            f"error: job {args.job} runs its own command ({shlex.join(job.command)}) in "
+            f"{job.image or 'the trainer image'}: run that image here (docker run), or give the "
+            "job `code` (a folder of this repository) to rehearse it with make job-local",
+            file=sys.stderr,
+        )
+        return 2
+    job_args = list(job.args)
     model = args.model or parse_options(job_args).model
     if model not in CPU_MODELS:
         print(
@@ -159,7 +196,7 @@ def main(argv: list[str] | None = None) -> int:
             file=sys.stderr,
         )
         return 2
-    checkpoint = args.checkpoint_dir or Path("build/local-jobs") / args.job
+    checkpoint = args.checkpoint_dir or LOCAL_JOBS / args.job
     if not args.resume:
         shutil.rmtree(checkpoint, ignore_errors=True)
     job_args = with_option(job_args, "--model", model)

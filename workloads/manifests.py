@@ -371,7 +371,7 @@ def mpi_job(
         **(EFA_ENV if pool.efa else {}),
         **(env or {}),
     }
-    launcher = pod_template(target.pods, LAUNCHER, [], with_resources=False)
+    launcher = pod_template(target.pods, LAUNCHER, [], _env(target.env), with_resources=False)
     container = launcher["spec"]["containers"][0]
     container["env"] += _env(env.items())
     identity = POD_IDENTITY_ENV if target.pod_identity else ()
@@ -385,7 +385,11 @@ def mpi_job(
         "--bind-to",
         "none",
         *[a for name in exported for a in ("-x", name)],
-        *(program or ["python", "-m", "trainer", *trainer_args(job, target.checkpoint)]),
+        *(
+            program
+            or target.program
+            or ["python", "-m", "trainer", *trainer_args(job, target.checkpoint)]
+        ),
     ]
     # sshd as the image's non-root user, with the config trainer/Dockerfile writes.
     sshd = ["/usr/sbin/sshd", "-De", "-f", "/home/trainer/.sshd_config"]
@@ -510,7 +514,8 @@ def train_job(target: JobTarget) -> dict:
             "trainer": {
                 "image": target.image,
                 **({"command": target.command} if target.program else {"args": list(job.args)}),
-                "env": [{"name": CHECKPOINT_ENV, "value": target.checkpoint}, *_env(target.env)],
+                # A program's own CHECKPOINT_DIR (a stack job's command) is the same folder.
+                "env": _env({CHECKPOINT_ENV: target.checkpoint, **dict(target.env)}.items()),
                 "numNodes": job.max_nodes,
                 "numProcPerNode": pool.procs_per_node,
             },

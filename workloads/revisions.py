@@ -40,13 +40,13 @@ def kept_manifest(
 
 
 def held_back(kept: dict | None, current: dict) -> list[str]:
-    """The parts of the current manifest its kept one lacks: its image, its trainer arguments,
-    the rest of its pods and spec."""
+    """The parts of the current manifest its kept one lacks: its image, its command and
+    arguments (the trainer's, or its own program's), the rest of its pods and spec."""
     if kept is None or kept == current:
         return []
     changed = []
     kept_runs, current_runs = _runs(kept), _runs(current)
-    for part, key in (("image", 1), ("trainer arguments", 2)):
+    for part, key in (("image", 1), ("command and arguments", 2)):
         if [run[0].get(run[key]) for run in kept_runs] != [
             run[0].get(run[key]) for run in current_runs
         ]:
@@ -58,10 +58,13 @@ def held_back(kept: dict | None, current: dict) -> list[str]:
 
 def _runs(manifest: dict) -> list[tuple[dict, str, str]]:
     """(where, its image key, its command key) for what runs the trainer: every container and
-    init container of the manifest's pods; a TrainJob's own trainer (image, args)."""
+    init container of the manifest's pods; a TrainJob's own trainer (image, and args, or a
+    program's command)."""
     if manifest.get("kind") == "TrainJob":
         trainer = dig(manifest, "spec", "trainer")
-        return [(trainer, "image", "args")] if trainer else []
+        if not trainer:
+            return []
+        return [(trainer, "image", "command" if "command" in trainer else "args")]
     return [
         (container, "image", "command")
         for _, template in pod_sets(manifest.get("kind", ""), manifest).values()

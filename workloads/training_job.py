@@ -1,5 +1,5 @@
 """TrainingJob: a job from stack config as a PyTorchJob, MPIJob or TrainJob, with an S3-scoped
-identity.
+identity, running the trainer or its own program (workloads/stack_code.py).
 
 A running job is restarted by any change to its pods' containers, so a job keeps the manifest it
 was deployed with, image included, until its `revision` goes up (workloads/revisions.py).
@@ -23,6 +23,7 @@ from workloads.manifests import (
     train_job,
 )
 from workloads.revisions import held_back, kept_manifest
+from workloads.stack_code import program
 
 RENDER = {"PyTorchJob": pytorch_job, "MPIJob": mpi_job, "TrainJob": train_job}
 # The stack output holding each job's deployed revision and manifest.
@@ -78,9 +79,11 @@ class TrainingJob(pulumi.ComponentResource):
         )
 
         def render(namespace: str, bucket_name: str, image_ref) -> dict:
+            checkpoint = checkpoint_dir(job, namespace, bucket_name)
+            own, env = program(job, checkpoint)
             target = JobTarget(
-                job, pool, namespace, image_ref, checkpoint_dir(job, namespace, bucket_name),
-                frozenset(storage),
+                job, pool, namespace, image_ref, checkpoint, frozenset(storage),
+                program=own, env=tuple(env.items()),
             )  # fmt: skip
             return RENDER[job.kind](target)
 

@@ -17,16 +17,16 @@ period), with trainer.user_code as its program:
 """
 
 import re
+from pathlib import Path
 from typing import Any
 
-from pydantic import Field, ValidationError, field_validator, model_validator
+from pydantic import Field, ValidationError, field_validator
 
 from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
-from infra.config.base import K8sName, Model, did_you_mean, one_line
-from infra.config.jobs import DEFAULT_MAX_RESTARTS
-from mesh.workdir import DEFAULT_MAX_MB
+from infra.config.base import K8sName, did_you_mean, one_line
+from infra.config.jobs import DEFAULT_MAX_RESTARTS, UserCode
+from mesh.workdir import DEFAULT_MAX_MB, Archive
 from trainer import user_code
-from trainer.user_code import CONTRACT_VARIABLES
 from workloads.manifests import JobTarget, mounted_checkpoint_dir, pytorch_job, train_job
 
 # Where a team's code snapshots and dependency environments are kept, per shared file system:
@@ -53,8 +53,9 @@ def parse_nodes(value: Any) -> tuple[int, int]:
     return low, high
 
 
-class Task(Model):
-    """What to run and where: `devctl submit`'s options, or a task file's keys."""
+class Task(UserCode):
+    """What to run and where: `devctl submit`'s options, or a task file's keys (the script and
+    what it needs are UserCode's, as a stack job's `code`)."""
 
     name: K8sName | None = Field(
         default=None,
@@ -63,27 +64,11 @@ class Task(Model):
     )
     pool: K8sName = Field(description="The node pool (kubectl get clustertrainingruntimes).")
     nodes: int | str = Field(default=1, description="N, or MIN:MAX for an elastic job.")
-    workdir: str = Field(
-        default=".",
-        description="The folder sent to every pod (relative to the task file).",
-    )
-    run: list[str] = Field(
-        min_length=1,
-        description="The script and its arguments, or -m and a module: [train.py, --lr, '3e-4'].",
-    )
-    requirements: str | None = Field(
-        default=None, description="A requirements file in the folder, installed once per content."
-    )
-    setup: str = Field(default="", description="A shell command that installs more.")
     image: str | None = Field(
         default=None, description="Your image (default: the pool's runtime image)."
     )
     queue: K8sName | None = Field(
         default=None, description="The team's LocalQueue (default: the namespace's one)."
-    )
-    env: dict[str, str] = Field(
-        default_factory=dict,
-        description="Variables of the script's processes (and of the install), e.g. PIP_INDEX_URL.",
     )
     exclude: list[str] = Field(default_factory=list, description="Globs left out of the folder.")
     max_size_mb: int = Field(
@@ -96,28 +81,11 @@ class Task(Model):
         description="Restarts of the worker group (elastic jobs).",
     )
 
-    @field_validator("env")
-    @classmethod
-    def _env(cls, value: dict[str, str]) -> dict[str, str]:
-        reserved = sorted(k for k in value if k.startswith("PET_") or k in CONTRACT_VARIABLES)
-        if reserved:
-            raise ValueError(f"{', '.join(reserved)}: set by the platform; allowed: other names")
-        bad = [k for k in value if not re.fullmatch(r"[A-Za-z_][A-Za-z0-9_]*", k)]
-        if bad:
-            raise ValueError(f"{bad[0]!r}: allowed: names of letters, digits and _")
-        return value
-
     @field_validator("nodes")
     @classmethod
     def _nodes(cls, value: int | str) -> int | str:
         parse_nodes(value)
         return value
-
-    @model_validator(mode="after")
-    def _run(self) -> "Task":
-        if self.run[0] == "-m" and len(self.run) < 2:
-            raise ValueError("run: -m needs a module; allowed: [-m, package.module, ...]")
-        return self
 
     @property
     def node_range(self) -> tuple[int, int]:
@@ -166,8 +134,36 @@ def program(task: Task, store: str, code: str, folder: str) -> tuple[str, ...]:
     job's folder, then torchrun's program (torchrun's nodes and ranks come from the operator's
     PET_* variables)."""
     return tuple(
-        user_code.command(CODE_STORES[store], code, folder, task.requirements, task.setup, task.run)
+        user_code.command(
+            folder, task.run, (CODE_STORES[store], code), None, task.requirements, task.setup
+        )
     )
+
+
+def local_run(
+    code: UserCode, name: str, archive: Archive, store: Path, python: str
+) -> tuple[list[str], dict[str, str], str]:
+    """(the command, its variables, what it stored) that runs `code` here as a job's pods run it:
+    trainer.user_code over the folder's snapshot in `store`, the job's folder in
+    `store`/checkpoints/`name`. `devctl submit --local` and `make job-local` run it."""
+    store = store.resolve()  # the script runs elsewhere (a fresh working directory)
+    sha, written = user_code.store_snapshot(store / "user-code", archive.data)
+    launch = ["--standalone", f"--nproc-per-node={user_code.LOCAL_NPROC}", *code.run]
+    folder = store / "checkpoints" / name
+    command = user_code.command(
+        str(folder),
+        launch,
+        (str(store / "user-code"), sha),
+        None,
+        code.requirements,
+        code.setup,
+        python,
+    )
+    said = (
+        f"{archive.summary()} ({'stored' if written else 'unchanged, already stored'} as "
+        f"{sha[:12]}); job folder {folder}"
+    )
+    return command, {**user_code.LOCAL_ENV, **code.env}, said
 
 
 def render(

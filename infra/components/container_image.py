@@ -50,7 +50,8 @@ LIFECYCLE = {
 def _ignore_patterns(context: Path) -> list[re.Pattern]:
     """.dockerignore's glob patterns as regular expressions over context-relative paths."""
     patterns = []
-    for line in (context / ".dockerignore").read_text().splitlines():
+    ignore = context / ".dockerignore"
+    for line in (ignore.read_text() if ignore.is_file() else "").splitlines():
         line = line.strip()
         if not line or line.startswith("#"):
             continue
@@ -82,21 +83,101 @@ def context_files(context: Path) -> list[Path]:
     )
 
 
-def source_tag(target: str, context: Path, dockerfile: Path) -> str:
+def source_tag(
+    target: str,
+    context: Path,
+    dockerfile: Path | None,
+    inline: str = "",
+    build_args: tuple = (),
+) -> str:
     """The tag of the image built for `target`: it changes whenever pulumi-docker-build would
     rebuild it.
 
-    The provider rebuilds when the context's files (names, modes, contents), the Dockerfile, the
-    target or the platforms change, and pushes under the tags given. ECR tags here are immutable,
-    so a rebuild must never push a new digest under an existing tag: the tag hashes the same things.
+    The provider rebuilds when the context's files (names, modes, contents), the Dockerfile (a
+    file of the context, or `inline` text), the target, the build arguments or the platforms
+    change, and pushes under the tags given. ECR tags here are immutable, so a rebuild must never
+    push a new digest under an existing tag: the tag hashes the same things (a build argument
+    known only after an apply, as a base image's digest, by what fixes it: its own tag).
     """
     digest = hashlib.sha256()
-    for path in [dockerfile, *context_files(context)]:
+    files = [dockerfile, *context_files(context)] if dockerfile else context_files(context)
+    for path in files:
         digest.update(path.relative_to(context).as_posix().encode() + b"\0")
         digest.update(f"{path.stat().st_mode:o}".encode() + b"\0")
         digest.update(path.read_bytes())
-    digest.update(json.dumps([target, PLATFORMS]).encode())
+    built_from = [inline, list(build_args)] if inline or build_args else []
+    digest.update(json.dumps([target, PLATFORMS, *built_from]).encode())
     return f"{target}-{digest.hexdigest()[:16]}"
+
+
+class EcrRepository:
+    """An ECR repository the stack pushes its builds to (scan on push, immutable tags that
+    change exactly when the build would, lifecycle policy), and the credential to push."""
+
+    def __init__(
+        self,
+        name: str,
+        repository_name: pulumi.Input[str],
+        tags: dict[str, str],
+        opts: pulumi.ResourceOptions,
+        data: DataGuard,
+    ):
+        self.opts = opts
+        self.repository = aws.ecr.Repository(
+            name,
+            name=repository_name,
+            image_tag_mutability="IMMUTABLE",
+            # The images running jobs and servers pull, those pinned by older job revisions
+            # included (workloads/training_job.py): a data holder, protected, never emptied by a
+            # deletion (AWS refuses to delete a repository that still holds images).
+            force_delete=False,
+            image_scanning_configuration={"scan_on_push": True},
+            encryption_configurations=[{"encryption_type": "AES256"}],
+            tags=data.tags(IMAGES, tags),
+            opts=pulumi.ResourceOptions.merge(opts, data.protect(IMAGES)),
+        )
+        aws.ecr.LifecyclePolicy(
+            name, repository=self.repository.name, policy=json.dumps(LIFECYCLE), opts=opts
+        )
+        token = aws.ecr.get_authorization_token_output(registry_id=self.repository.registry_id)
+        # One registry per account and region: this credential also pulls a base image from
+        # the stack's other repositories.
+        self.registries = [
+            {
+                "address": self.repository.repository_url,
+                "username": token.user_name,
+                # A registry credential: kept out of state and plan output in plaintext.
+                "password": pulumi.Output.secret(token.password),
+            }
+        ]
+
+    def push(
+        self,
+        name: str,
+        context: Path,
+        tag: str,
+        target: str | None = None,
+        inline: str = "",
+        build_args: dict[str, pulumi.Input[str]] | None = None,
+    ) -> pulumi.Output[str]:
+        """Build `context` (its Dockerfile, or the `inline` one) and push it under `tag`:
+        repository@sha256:digest."""
+        dockerfile = (
+            {"inline": inline} if inline else {"location": provider_path(context / "Dockerfile")}
+        )
+        image = docker_build.Image(
+            name,
+            context={"location": provider_path(context)},
+            dockerfile=dockerfile,
+            **({"target": target} if target else {}),
+            **({"build_args": build_args} if build_args else {}),
+            platforms=PLATFORMS,
+            push=True,
+            tags=[pulumi.Output.concat(self.repository.repository_url, ":", tag)],
+            registries=self.registries,
+            opts=self.opts,
+        )
+        return pulumi.Output.concat(self.repository.repository_url, "@", image.digest)
 
 
 def ecr_images(
@@ -108,54 +189,17 @@ def ecr_images(
     opts: pulumi.ResourceOptions,
     data: DataGuard,
 ) -> dict[str, pulumi.Output[str]]:
-    """Build `context`/Dockerfile for each target and push it to a new ECR repository (scan on
-    push, immutable tags that change exactly when the build would, lifecycle policy).
+    """Build `context`/Dockerfile for each target and push it to a new EcrRepository.
     Returns {target: repository@sha256:digest}. The trainer, the DevServers operator and the GPU
     registration watcher use it."""
-    repository = aws.ecr.Repository(
-        name,
-        name=repository_name,
-        image_tag_mutability="IMMUTABLE",
-        # The images running jobs and servers pull, those pinned by older job revisions
-        # included (workloads/training_job.py): a data holder, protected, never emptied by a
-        # deletion (AWS refuses to delete a repository that still holds images).
-        force_delete=False,
-        image_scanning_configuration={"scan_on_push": True},
-        encryption_configurations=[{"encryption_type": "AES256"}],
-        tags=data.tags(IMAGES, tags),
-        opts=pulumi.ResourceOptions.merge(opts, data.protect(IMAGES)),
-    )
-    aws.ecr.LifecyclePolicy(
-        name, repository=repository.name, policy=json.dumps(LIFECYCLE), opts=opts
-    )
-    token = aws.ecr.get_authorization_token_output(registry_id=repository.registry_id)
+    repository = EcrRepository(name, repository_name, tags, opts, data)
     dockerfile = context / "Dockerfile"
-    refs = {}
-    for target in targets:
-        image = docker_build.Image(
-            f"{name}-{target}",
-            context={"location": provider_path(context)},
-            dockerfile={"location": provider_path(dockerfile)},
-            target=target,
-            platforms=PLATFORMS,
-            push=True,
-            tags=[
-                pulumi.Output.concat(
-                    repository.repository_url, ":", source_tag(target, context, dockerfile)
-                )
-            ],
-            registries=[
-                {
-                    "address": repository.repository_url,
-                    "username": token.user_name,
-                    # A registry credential: kept out of state and plan output in plaintext.
-                    "password": pulumi.Output.secret(token.password),
-                }
-            ],
-            opts=opts,
+    return {
+        target: repository.push(
+            f"{name}-{target}", context, source_tag(target, context, dockerfile), target
         )
-        refs[target] = pulumi.Output.concat(repository.repository_url, "@", image.digest)
-    return refs
+        for target in targets
+    }
 
 
 def repository_name(cluster_name: str, image: str) -> str:

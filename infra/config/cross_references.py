@@ -7,11 +7,12 @@ from infra.catalog import (
 )
 from infra.config.base import HYBRID_POOL, allowed_list, did_you_mean
 from infra.config.hybrid import eks_service_cidr
-from infra.config.jobs import job_args_errors
+from infra.config.jobs import code_errors, job_args_errors
 from infra.config.policy import HYBRID_GATEWAY, public_ingress_resources
 from infra.config.pools import NODE_RESERVE, job_pod_fits, pod_room
 from infra.config.queues import TENSORBOARD, queue_shortfall
 from infra.config.stack import StackConfig
+from infra.paths import PROJECT_DIR
 from infra.versions import KUBERNETES_VERSIONS
 
 
@@ -251,6 +252,8 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                 )
             )
         problems += [((*loc, "args"), message) for message in job_args_errors(job)]
+        builds = not config.image.uri
+        problems += [((*loc, "code"), said) for said in code_errors(job, PROJECT_DIR, builds)]
         if pool is not None and pool.hybrid and job.checkpoint != "s3":
             # The EFS and FSx CSI node agents do not run on hybrid nodes (README, Cluster mode).
             problems.append(
