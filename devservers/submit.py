@@ -24,7 +24,6 @@ import yaml
 from devservers.cli import CliError, add_dry_run_options, print_manifest
 from mesh.spec import MeshError
 from mesh.workdir import DEFAULT_EXCLUDES, Archive, pack
-from trainer.user_code import LOCAL_NPROC
 
 TASK_OPTIONS = {  # option -> task key, for the options a task file can hold too
     "name": "name",
@@ -99,7 +98,7 @@ def add_parser(command) -> None:
     submit.add_argument(
         "--local",
         action="store_true",
-        help=f"run it here instead: torchrun, {LOCAL_NPROC} CPU processes (default: off)",
+        help="run it here instead: torchrun with CPU processes (gloo) (default: off)",
     )
     submit.add_argument(
         "--store",

@@ -191,6 +191,13 @@ NOT_EDITABLE = {
     "jobs[gpt-large-mpi].minNodes": "an MPIJob's minNodes equals its maxNodes (COORDINATED)",
     "jobs[gpt-large-mpi].maxNodes": "an MPIJob's minNodes equals its maxNodes (COORDINATED)",
     "jobs[gpt-large-mpi].args": "command and arguments (COORDINATED)",
+    # One program per job: its own code or command replaces args (tests/test_stack_code.py plans
+    # them, and a folder edit held back until the revision).
+    **{
+        f"jobs[{job}].{key}": "a program instead of args"
+        for job in ("gpt-large", "gpt-large-mpi")
+        for key in ("code", "command", "image")
+    },
     "devServers.flavors[a100-8].nodePool": "no other pool holds 8 GPUs and 979 GiB",
     "devServers.flavors[gpu-1].machine": "a machine goes with nodePool hybrid (none here)",
     "devServers.flavors[a100-8].machine": "a machine goes with nodePool hybrid (none here)",

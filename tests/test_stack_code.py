@@ -4,6 +4,7 @@ and prints, the manifests the CRDs and policies admit, the revision rule for a f
 image's Dockerfile under hadolint, and the in-image mode of trainer.user_code and `make
 job-local` run for real."""
 
+import json
 import os
 import shutil
 import subprocess
@@ -28,23 +29,43 @@ from tests.kube_api import admission_policies
 from tests.team_cluster import EXAMPLE
 from workloads.stack_code import CODE_DIR, dockerfile
 
-JOB = "cnn-example"  # Pulumi.dev.yaml's job of examples/your-own-code
+JOB = "cnn-example"  # examples/your-own-code as a job of the dev stack
 IMAGE = "docker-build:index:Image"
 EXAMPLE_CODE = {"workdir": "examples/your-own-code", "run": ["train.py"]}
 OWN_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/team-a/cnn@sha256:" + "1" * 64
 
 
+CNN = {
+    "name": JOB,
+    "kind": "TrainJob",
+    "nodePool": "cpu",
+    "minNodes": 2,
+    "maxNodes": 2,
+    "queue": "team-a",
+    "checkpoint": "efs",
+    "code": {
+        **EXAMPLE_CODE,
+        "run": ["train.py", "--epochs", "4"],
+        "requirements": "requirements.txt",
+    },
+}
+
+
 def dev_jobs(**changes) -> list[dict]:
-    return [
-        {**j, **changes} if j["name"] == JOB else j
-        for j in stack_values("dev")["training-platform:jobs"]
-    ]
+    """The dev stack's jobs and the example's, changed; a change to None drops the key."""
+    job = {k: v for k, v in {**CNN, **changes}.items() if v is not None}
+    return [*stack_values("dev")["training-platform:jobs"], job]
 
 
 def plan(jobs: list[dict], deployed: dict | None = None):
     values = stack_values("dev", jobs=jobs)
     config = parse_stack_config(values, "Pulumi.dev.yaml")
     return config, run_offline(lambda: build_platform(config), "dev", values, None, deployed)
+
+
+@pytest.fixture(scope="module")
+def code_plan():
+    return plan(dev_jobs())[1]
 
 
 def job_manifest(plan, name: str) -> dict:
@@ -54,10 +75,10 @@ def job_manifest(plan, name: str) -> dict:
 # -- what the plan builds, runs and prints ---------------------------------------------------
 
 
-def test_a_code_job_is_its_folder_built_over_the_trainer_image_and_run_by_user_code(dev_plan):
-    build = dev_plan.one(IMAGE, f"job-code-{JOB}").inputs
+def test_a_code_job_is_its_folder_built_over_the_trainer_image_and_run_by_user_code(code_plan):
+    build = code_plan.one(IMAGE, f"job-code-{JOB}").inputs
     assert build["context"]["location"] == "../examples/your-own-code"
-    trainer = dev_plan.outputs["trainerImages"]["runtime"]
+    trainer = code_plan.outputs["trainerImages"]["runtime"]
     assert build["buildArgs"] == {"BASE": trainer}
     assert build["push"] is True and build["tags"][0].split(":")[0].endswith("/tp-dev/job-code")
     text = build["dockerfile"]["inline"]
@@ -66,13 +87,13 @@ def test_a_code_job_is_its_folder_built_over_the_trainer_image_and_run_by_user_c
     pip = "python -m pip install --no-cache-dir -r requirements.txt"
     assert f'RUN ["sh", "-c", "set -e; {pip}"]' in text
     assert text.splitlines()[-1] == "USER 10001"  # never root at run time
-    repository = dev_plan.one("aws:ecr/repository:Repository", "job-code").inputs
+    repository = code_plan.one("aws:ecr/repository:Repository", "job-code").inputs
     assert repository["imageTagMutability"] == "IMMUTABLE"
     assert repository["forceDelete"] is False  # older revisions pull their images from it
 
-    job = job_manifest(dev_plan, JOB)
+    job = job_manifest(code_plan, JOB)
     trainer_spec = job["spec"]["trainer"]
-    assert trainer_spec["image"] == dev_plan.outputs["codeImages"][JOB]
+    assert trainer_spec["image"] == code_plan.outputs["codeImages"][JOB]
     assert trainer_spec["command"] == [
         "python", "-m", "trainer.user_code", "--code-dir", CODE_DIR,
         "--checkpoint-dir", f"/efs/checkpoints/{JOB}", "--", "train.py", "--epochs", "4",
@@ -80,11 +101,11 @@ def test_a_code_job_is_its_folder_built_over_the_trainer_image_and_run_by_user_c
     assert "args" not in trainer_spec
 
 
-def test_the_plan_says_what_each_job_runs(dev_plan):
-    config = parse_stack_config(stack_values("dev"), "Pulumi.dev.yaml")
-    text = summary(config, dev_plan)
+def test_the_plan_says_what_each_job_runs(code_plan):
+    config = parse_stack_config(stack_values("dev", jobs=dev_jobs()), "Pulumi.dev.yaml")
+    text = summary(config, code_plan)
     assert "  smoke-cpu runs the trainer --model tiny --steps 200" in text
-    image = dev_plan.outputs["codeImages"][JOB]
+    image = code_plan.outputs["codeImages"][JOB]
     assert (
         f"  {JOB} runs examples/your-own-code: train.py --epochs 4 (+ requirements.txt), "
         f"built into {image}" in text
@@ -92,12 +113,11 @@ def test_the_plan_says_what_each_job_runs(dev_plan):
 
 
 @pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob", "MPIJob"])
-def test_a_command_job_runs_its_command_in_its_image_with_the_contracts_folders(dev_plan, kind):
+def test_a_command_job_runs_its_command_in_its_image_with_the_contracts_folders(kind):
     nodes = {"minNodes": 1, "maxNodes": 1} if kind != "PyTorchJob" else {}
     jobs = dev_jobs(
         kind=kind, code=None, image=OWN_IMAGE, command=["torchrun", "train.py"], **nodes
     )
-    jobs = [{k: v for k, v in j.items() if v is not None} for j in jobs]
     config, found = plan(jobs)
     job = job_manifest(found, JOB)
     assert conformance_errors(job) == [] and cel_violations(job) == []
@@ -121,16 +141,16 @@ def test_a_command_job_runs_its_command_in_its_image_with_the_contracts_folders(
     assert IMAGE not in {r.type for r in found.resources if r.name.startswith("job-code")}
 
 
-def test_stack_jobs_of_own_code_pass_the_crds_and_every_admission_policy(dev_plan):
-    job = job_manifest(dev_plan, JOB)
+def test_stack_jobs_of_own_code_pass_the_crds_and_every_admission_policy(code_plan):
+    job = job_manifest(code_plan, JOB)
     assert conformance_errors(job) == [] and cel_violations(job) == []
     namespace = next(
         n.inputs
-        for n in dev_plan.of_type("kubernetes:core/v1:Namespace")
+        for n in code_plan.of_type("kubernetes:core/v1:Namespace")
         if n.inputs["metadata"]["name"] == "team-a"
     )
     # Created by `pulumi up` with the stack's rights, not a member's: the policies still apply.
-    for name, policy in admission_policies(dev_plan).items():
+    for name, policy in admission_policies(code_plan).items():
         found = refusals(policy, "CREATE", job, namespace=namespace, username="admin")
         assert not found, (name, found)
 
@@ -214,7 +234,7 @@ def test_the_code_images_dockerfile_passes_hadolint(tmp_path):
     ],
 )  # fmt: skip
 def test_a_bad_code_or_command_is_one_clear_error_naming_the_job(changes, said):
-    jobs = [{k: v for k, v in j.items() if v is not None} for j in dev_jobs(**changes)]
+    jobs = dev_jobs(**changes)
     with pytest.raises(ConfigError) as caught:
         parse_stack_config(stack_values("dev", jobs=jobs), "Pulumi.dev.yaml")
     message = str(caught.value)
@@ -224,7 +244,8 @@ def test_a_bad_code_or_command_is_one_clear_error_naming_the_job(changes, said):
 
 def test_a_stack_of_prebuilt_images_refuses_code_it_cannot_build():
     with pytest.raises(ConfigError) as caught:
-        parse_stack_config(stack_values("dev", image={"uri": PREBUILT_IMAGE}), "Pulumi.dev.yaml")
+        values = stack_values("dev", image={"uri": PREBUILT_IMAGE}, jobs=dev_jobs())
+        parse_stack_config(values, "Pulumi.dev.yaml")
     assert "this stack builds no images (image.uri is set)" in str(caught.value)
 
 
@@ -266,10 +287,23 @@ def test_user_code_takes_a_snapshot_or_a_built_folder_not_both(tmp_path):
     assert done.returncode == 2 and "belong to its build" in done.stderr
 
 
+# `python -m workloads.local` with the dev stack and the example's job in it (the dev stack file
+# has no such job): the real main, which ends by exec'ing trainer.user_code.
+JOB_LOCAL = """
+import json, sys
+import workloads.local
+from infra.config import parse_stack_config
+config = parse_stack_config(json.loads(sys.argv[1]), "Pulumi.dev.yaml")
+workloads.local.load_stack_for_command = lambda stack: config
+sys.exit(workloads.local.main(sys.argv[2:]))
+"""
+
+
 def test_make_job_local_runs_a_code_job_as_devctl_submit_local_does(tmp_path):
+    values = json.dumps(stack_values("dev", jobs=dev_jobs()))
     done = subprocess.run(
-        [sys.executable, "-m", "workloads.local", JOB, "--checkpoint-dir", str(tmp_path)],
-        cwd=ROOT, env={**os.environ}, capture_output=True, text=True, timeout=300,
+        [sys.executable, "-c", JOB_LOCAL, values, JOB, "--checkpoint-dir", str(tmp_path)],
+        cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
     assert f"+ {JOB}: " in done.stdout and "done at step 128" in done.stdout
@@ -282,8 +316,7 @@ def test_make_job_local_says_how_to_run_a_command_job(monkeypatch, capsys):
     import workloads.local
 
     jobs = dev_jobs(code=None, image=OWN_IMAGE, command=["torchrun", "train.py"])
-    values = stack_values("dev", jobs=[{k: v for k, v in j.items() if v is not None} for j in jobs])
-    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    config = parse_stack_config(stack_values("dev", jobs=jobs), "Pulumi.dev.yaml")
     monkeypatch.setattr(workloads.local, "load_stack_for_command", lambda stack: config)
     assert workloads.local.main([JOB]) == 2
     said = capsys.readouterr().err
