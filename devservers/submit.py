@@ -171,10 +171,10 @@ def local(task, name: str, folder: Path, archive: Archive, store: Path | None) -
     from workloads.user_job import local_run
 
     store = store or Path(os.environ.get("XDG_CACHE_HOME", Path.home() / ".cache")) / "devctl"
-    command, variables, said = local_run(task, name, archive, store, sys.executable)
+    command, variables, said = local_run(task, name, folder, archive, store, sys.executable)
     low, high = task.node_range
     print(
-        f"devctl: {name}: {said} from {folder}"
+        f"devctl: {name}: {said}"
         + (f"; nodes {task.nodes} run as one node here" if high > 1 else ""),
         file=sys.stderr,
         flush=True,

@@ -155,7 +155,7 @@ def own_code(job, args: argparse.Namespace) -> int:
     except MeshError as e:
         print(f"error: job {job.name}: {e}", file=sys.stderr)
         return 2
-    command, variables, said = local_run(job.code, job.name, archive, store, sys.executable)
+    command, variables, said = local_run(job.code, job.name, folder, archive, store, sys.executable)
     print(f"+ {job.name}: {said}; its own code, so --steps and --model do not apply", flush=True)
     sys.stdout.flush()
     os.execve(command[0], command, {**os.environ, **variables})

@@ -141,7 +141,7 @@ def program(task: Task, store: str, code: str, folder: str) -> tuple[str, ...]:
 
 
 def local_run(
-    code: UserCode, name: str, archive: Archive, store: Path, python: str
+    code: UserCode, name: str, folder: Path, archive: Archive, store: Path, python: str
 ) -> tuple[list[str], dict[str, str], str]:
     """(the command, its variables, what it stored) that runs `code` here as a job's pods run it:
     trainer.user_code over the folder's snapshot in `store`, the job's folder in
@@ -149,9 +149,9 @@ def local_run(
     store = store.resolve()  # the script runs elsewhere (a fresh working directory)
     sha, written = user_code.store_snapshot(store / "user-code", archive.data)
     launch = ["--standalone", f"--nproc-per-node={user_code.LOCAL_NPROC}", *code.run]
-    folder = store / "checkpoints" / name
+    job_folder = store / "checkpoints" / name
     command = user_code.command(
-        str(folder),
+        str(job_folder),
         launch,
         (str(store / "user-code"), sha),
         None,
@@ -159,10 +159,8 @@ def local_run(
         code.setup,
         python,
     )
-    said = (
-        f"{archive.summary()} ({'stored' if written else 'unchanged, already stored'} as "
-        f"{sha[:12]}); job folder {folder}"
-    )
+    stored = "stored" if written else "unchanged, already stored"
+    said = f"{archive.summary()} from {folder} ({stored} as {sha[:12]}); job folder {job_folder}"
     return command, {**user_code.LOCAL_ENV, **code.env}, said
 
 
