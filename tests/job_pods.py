@@ -25,6 +25,17 @@ controller), so a test runs the containers a cluster would run, environment incl
   pod i is named <job>-<i>-<random>, its hostname is <job>-<i>, and it carries
   batch.kubernetes.io/job-completion-index = i as annotation and label.
 
+- A Job's pod failure policy (Kubernetes v1.35): the API server refuses a Job whose
+  spec.podFailurePolicy goes with a pod restartPolicy other than Never, more than 20 rules, a
+  rule with both or neither of onExitCodes and onPodConditions, exit code values that are not
+  1-255 distinct and ordered (0 not with In), or a containerName no container has
+  (pkg/apis/batch/validation/validation.go validatePodFailurePolicy and
+  validatePodFailurePolicyRuleOnExitCodes). A JobSet whose Job is refused never starts.
+  The Job controller takes a failed pod's first matching rule (pkg/controller/job/
+  pod_failure_policy.go matchPodFailurePolicy: onExitCodes over the terminated containers'
+  exit codes, non-zero only; onPodConditions over the pod's conditions, status True by
+  default); no rule matching is Count.
+
 Not modelled: the Job's restarts (backoffLimit), Kueue's admission and gates, init containers.
 """
 
@@ -46,6 +57,9 @@ def trainjob_pods(trainjob: dict, runtime: dict) -> list[dict]:
     name, namespace = trainjob["metadata"]["name"], trainjob["metadata"]["namespace"]
     spec, trainer = trainjob["spec"], trainjob["spec"].get("trainer") or {}
     (replicated,) = runtime["spec"]["template"]["spec"]["replicatedJobs"]
+    refused = pod_failure_policy_errors(replicated["template"]["spec"])
+    if refused:  # JobSet's Job create fails: no pod ever starts
+        raise ValueError(f"the API server refuses the Job of {name}: {refused}")
     template = copy.deepcopy(replicated["template"]["spec"]["template"])
     for patch in spec.get("runtimePatches") or []:
         jobs = patch["trainingRuntimeSpec"]["template"]["spec"]["replicatedJobs"]
@@ -99,3 +113,57 @@ def trainjob_pods(trainjob: dict, runtime: dict) -> list[dict]:
         pod["spec"]["subdomain"] = name
         pods.append({"apiVersion": "v1", "kind": "Pod", **pod})
     return pods
+
+
+def pod_failure_policy_errors(job_spec: dict) -> list[str]:
+    """What the API server refuses in a Job's pod failure policy (rules in the module's doc)."""
+    policy = job_spec.get("podFailurePolicy")
+    if policy is None:
+        return []
+    pod = job_spec["template"]["spec"]
+    errors = []
+    if pod.get("restartPolicy") != "Never":
+        errors.append('spec.podFailurePolicy: only "Never" is supported as restartPolicy')
+    rules = policy.get("rules") or []
+    if len(rules) > 20:
+        errors.append("spec.podFailurePolicy.rules: at most 20")
+    containers = {c["name"] for kind in ("containers", "initContainers") for c in pod.get(kind, [])}
+    for i, rule in enumerate(rules):
+        where = f"spec.podFailurePolicy.rules[{i}]"
+        codes, conditions = rule.get("onExitCodes"), rule.get("onPodConditions")
+        if (codes is None) == (conditions is None):
+            errors.append(f"{where}: exactly one of onExitCodes and onPodConditions")
+        if rule.get("action") not in {"FailJob", "FailIndex", "Ignore", "Count"}:
+            errors.append(f"{where}.action: unsupported")
+        if codes is None:
+            continue
+        values = codes.get("values") or []
+        if codes.get("operator") not in {"In", "NotIn"}:
+            errors.append(f"{where}.onExitCodes.operator: In or NotIn")
+        if not 1 <= len(values) <= 255 or values != sorted(set(values)):
+            errors.append(f"{where}.onExitCodes.values: 1-255 distinct values, ordered")
+        if codes.get("operator") == "In" and 0 in values:
+            errors.append(f"{where}.onExitCodes.values: 0 not with In")
+        name = codes.get("containerName")
+        if name is not None and name not in containers:
+            errors.append(f"{where}.onExitCodes.containerName: no container {name}")
+    return errors
+
+
+def pod_failure_action(job_spec: dict, exit_codes: dict[str, int], conditions=()) -> str:
+    """The Job controller's action for a failed pod: FailJob, FailIndex, Ignore or Count.
+    `exit_codes`: container name -> exit code; `conditions`: the pod's True condition types."""
+    for rule in (job_spec.get("podFailurePolicy") or {}).get("rules") or []:
+        codes = rule.get("onExitCodes")
+        if codes is not None:
+            values = set(codes["values"])
+            for name, code in exit_codes.items():
+                if code == 0 or codes.get("containerName") not in (None, name):
+                    continue
+                if (code in values) == (codes["operator"] == "In"):
+                    return rule["action"]
+            continue
+        for pattern in rule.get("onPodConditions") or []:
+            if pattern.get("status", "True") == "True" and pattern["type"] in conditions:
+                return rule["action"]
+    return "Count"

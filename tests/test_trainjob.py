@@ -24,6 +24,7 @@ from tests.config_edits import PREBUILT_IMAGE
 from tests.conftest import ROOT, plan_of, stack_values
 from tests.crd_schema import CRD_DIR, cel_violations, conformance_errors, load_crd
 from tests.destroy_order import DestroyOrder
+from tests.job_pods import pod_failure_action, pod_failure_policy_errors
 from tests.kube_api import rbac_of, user
 from tests.kube_api.rbac import Authorizer
 from tests.kube_api.server import BUILTIN, ApiError, KubeAPI
@@ -95,7 +96,8 @@ def test_runtime_pods_are_a_stack_pytorchjobs_pods_of_the_same_pool(dev_plan, pr
             ours, theirs = runtime["spec"], worker["spec"]
             assert ours.pop("serviceAccountName") == SELF_SERVICE_ACCOUNT
             assert theirs.pop("serviceAccountName") == job.inputs["metadata"]["name"]
-            assert ours.pop("restartPolicy") == "OnFailure"  # a PyTorchJob's is its replica's
+            # A new pod per failure, for its pod failure policy (a PyTorchJob: its replica's).
+            assert ours.pop("restartPolicy") == "Never"
             theirs.pop("initContainers", None)  # a job checkpointing to FSx prepares its folder
             theirs["volumes"] = [v for v in theirs["volumes"] if v["name"] != "fsx"] + [
                 v for v in ours["volumes"] if v["name"] == "fsx"
@@ -136,6 +138,20 @@ def test_runtimes_follow_the_trainers_contract_and_checkpoint_under_the_namespac
 
 
 # -- the Trainer's CRDs, with their CEL rules ------------------------------------------------
+
+
+def test_a_runtimes_job_fails_at_once_on_bad_input_and_the_api_server_accepts_it(stack_plan):
+    for runtime in stack_plan.of_type(RUNTIME):
+        (replicated,) = runtime.inputs["spec"]["template"]["spec"]["replicatedJobs"]
+        job = replicated["template"]["spec"]
+        assert pod_failure_policy_errors(job) == []
+        assert pod_failure_action(job, {"node": 2}) == "FailJob"
+        # The rule the policy rests on: the Job API refuses it beside in-place restarts.
+        restarting = copy.deepcopy(job)
+        restarting["template"]["spec"]["restartPolicy"] = "OnFailure"
+        assert pod_failure_policy_errors(restarting) == [
+            'spec.podFailurePolicy: only "Never" is supported as restartPolicy'
+        ]
 
 
 def test_runtimes_and_a_stack_trainjob_conform_with_the_crds_cel_rules(trainjob_plan):

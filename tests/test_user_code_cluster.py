@@ -14,6 +14,7 @@ import pytest
 import yaml
 
 from devservers.job_status import COMPLETION_INDEX, JOBSET_NAME, REPLICATED_JOB
+from tests.job_pods import pod_failure_action
 from tests.kube_api import user
 from tests.kube_api.kubelet import IMAGE_ENV
 from tests.team_cluster import (
@@ -207,6 +208,30 @@ def test_a_submitted_folder_trains_in_the_pods_the_controllers_make_as_the_train
         shown = series(url, "cnn/tensorboard", "loss/train", 10)
     assert [step for step, _ in shown][:10] == list(range(1, 11))
     assert api.refusals == []
+
+
+def test_a_script_that_does_not_compile_fails_the_job_once_with_its_error(
+    trainer_cluster, project, tmp_path
+):
+    """Every node's pod ends with exit 2 and the compiler's message, before torchrun starts;
+    the runtime's pod failure policy makes that the end of the job, not a new pod."""
+    api, (folder, _, _) = trainer_cluster, project
+    (folder / "train.py").write_text("def train(:\n    pass\n")
+    env = as_member(api, ALICE, tmp_path / "kubeconfig")
+    submitted = devctl("submit", "-f", "task.yaml", "--name", "broken", "--pool", "cpu",
+                       cwd=folder, env=env)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    trainjob = api.read("trainjobs", TEAM, "broken", group="trainer.kubeflow.org")
+    runtime = api.read("clustertrainingruntimes", "", "torch-cpu", group="trainer.kubeflow.org")
+    nodes = start_trainjob(api, trainjob, runtime)
+    assert [node.wait() for node in nodes] == [2, 2]
+    assert all("train.py does not compile" in node.output for node in nodes), nodes[0].output
+    assert all("SyntaxError" in node.output for node in nodes)
+    job = runtime["spec"]["template"]["spec"]["replicatedJobs"][0]["template"]["spec"]
+    assert pod_failure_action(job, {"node": 2}) == "FailJob"  # the job fails; no new pod
+    assert pod_failure_action(job, {"node": 1}) == "Count"  # a crash: a new pod, backoffLimit
+    evicted = pod_failure_action(job, {"node": 143}, {"DisruptionTarget"})
+    assert evicted == "Ignore"  # a drained or interrupted node does not count
 
 
 def sdk_train(epochs: int = 3):

@@ -19,6 +19,7 @@ from infra.components.shared_file_system import CLAIM as EFS_CLAIM
 from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
 from infra.config.jobs import DEFAULT_MAX_RESTARTS
 from trainer import RESTRICTED_CONTAINER, RESTRICTED_POD, TRAINER_UID
+from trainer.user_code import INPUT_ERROR
 
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
 TRAINER_GROUP = "trainer.kubeflow.org"
@@ -436,6 +437,22 @@ CHECKPOINT_ENV = "CHECKPOINT_DIR"
 STACK_PATCH_MANAGER = "training-platform.io/stack"
 
 
+# How the Job of a runtime's nodes takes a failed pod (Kubernetes' Job podFailurePolicy, rules in
+# order): input no restart fixes (trainer.launch and trainer.user_code exit 2: no snapshot,
+# requirements that do not install, a script that does not compile) fails the job at once; a
+# pod evicted or preempted (a drain, a Spot interruption: condition DisruptionTarget) is
+# replaced without counting against backoffLimit; any other failure counts.
+POD_FAILURE_POLICY = {
+    "rules": [
+        {
+            "action": "FailJob",
+            "onExitCodes": {"containerName": NODE, "operator": "In", "values": [INPUT_ERROR]},
+        },
+        {"action": "Ignore", "onPodConditions": [{"type": "DisruptionTarget"}]},
+    ]
+}
+
+
 def runtime_name(pool: Pool) -> str:
     """The ClusterTrainingRuntime of a pool, which TrainJobs name to run there."""
     return f"torch-{pool.name}"
@@ -463,9 +480,9 @@ def training_runtime(pool: Pool, image: Any, storage: frozenset[str], bucket: st
     pods = TrainingPods(pool, image, storage, SELF_SERVICE_ACCOUNT)
     command = [*LAUNCH, "--checkpoint-dir", f"$({CHECKPOINT_ENV})"]
     template = pod_template(pods, NODE, command, env)
-    # A failed trainer restarts in its pod, as a PyTorchJob worker's does (restartPolicy
-    # OnFailure), at most as often as a stack job's default maxRestarts.
-    template["spec"]["restartPolicy"] = "OnFailure"
+    # A failed node gets a new pod, at most as often as a stack job's default maxRestarts; a pod
+    # failure policy needs restartPolicy Never (the Job API's validation).
+    template["spec"]["restartPolicy"] = "Never"
     return {
         "apiVersion": API_VERSIONS["ClusterTrainingRuntime"],
         "kind": "ClusterTrainingRuntime",
@@ -481,6 +498,7 @@ def training_runtime(pool: Pool, image: Any, storage: frozenset[str], bucket: st
                                 "metadata": {"labels": {ANCESTOR_LABEL: "trainer"}},
                                 "spec": {
                                     "backoffLimit": DEFAULT_MAX_RESTARTS,
+                                    "podFailurePolicy": POD_FAILURE_POLICY,
                                     "template": template,
                                 },
                             },
