@@ -513,6 +513,11 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
                 for t in config.queues.teams
             ],
         )
+        repositories = plan.outputs.get("teamImageRepositories") or {}
+        lines += [
+            f"  {team} members push their images to {url} (devctl submit --image)"
+            for team, url in sorted(repositories.items())
+        ]
     if config.dev_servers.enabled:
         lines += ["", "DevServers:"] + dev_server_rows(config)
     if resource_counts:

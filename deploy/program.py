@@ -26,6 +26,7 @@ from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.components.queues import Queues
 from infra.components.shared_file_system import SharedFileSystem
 from infra.components.team_access import TeamAccess, member_groups
+from infra.components.team_images import TeamImages
 from infra.components.team_jobs_identity import TeamJobsIdentity
 from infra.components.tenant_network import TenantNetwork
 from infra.components.training_operators import TrainingOperators
@@ -166,6 +167,9 @@ def build_platform(config: StackConfig) -> None:
         platform,
         entries_elsewhere={user.iam_principal_arn for user in dev_users},
     )
+    if any(team.image_repository for team in teams):
+        team_images = TeamImages("team-images", teams, platform)
+        pulumi.export("teamImageRepositories", team_images.urls)
     dev_namespaces = {}
     if config.dev_servers.enabled:
         flavor_pools = {f.name: config.flavor_pool(f) for f in config.dev_servers.flavors}

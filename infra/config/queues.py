@@ -68,6 +68,13 @@ class TeamConfig(Model):
         "gets one EKS access entry, mapped to the group team:<name> (a DevServer user's entry "
         "carries it too).",
     )
+    image_repository: bool = Field(
+        default=False,
+        description="An ECR repository <cluster>/teams/<name> (immutable tags, scanned on "
+        "push) the team's members push their own images to and run them with devctl submit "
+        "--image; its repository policy lets members push and pull (they need "
+        "ecr:GetAuthorizationToken in their own IAM policy to log in), the nodes pull it.",
+    )
     tensorboard: bool = Field(
         default=True,
         description="A TensorBoard in the namespace, on the system nodes, that reads the "
