@@ -300,13 +300,14 @@ sys.exit(workloads.local.main(sys.argv[2:]))
 
 
 def test_make_job_local_runs_a_code_job_as_devctl_submit_local_does(tmp_path):
-    values = json.dumps(stack_values("dev", jobs=dev_jobs()))
+    short = {**CNN["code"], "run": ["train.py", "--epochs", "1", "--samples", "512"]}
+    values = json.dumps(stack_values("dev", jobs=dev_jobs(code=short)))
     done = subprocess.run(
         [sys.executable, "-c", JOB_LOCAL, values, JOB, "--checkpoint-dir", str(tmp_path)],
         cwd=ROOT, capture_output=True, text=True, timeout=300,
     )  # fmt: skip
     assert done.returncode == 0, done.stderr
-    assert f"+ {JOB}: " in done.stdout and "done at step 128" in done.stdout
+    assert f"+ {JOB}: " in done.stdout and "done at step 8" in done.stdout
     job = tmp_path / "checkpoints" / JOB
     assert (job / "outputs" / "model.pt").is_file()
     assert len(list((tmp_path / "user-code" / "code").glob("*.tar"))) == 1
