@@ -36,6 +36,19 @@ controller), so a test runs the containers a cluster would run, environment incl
   exit codes, non-zero only; onPodConditions over the pod's conditions, status True by
   default); no rule matching is Count.
 
+- The training operator v1.9.4 (kubeflow/trainer tag v1.9.4) makes a PyTorchJob's pods:
+  defaulting (pkg/apis/kubeflow.org/v1/pytorch_defaults.go) adds the port `pytorchjob-port`
+  23456 to the container `pytorch` and nprocPerNode "auto" where unset; pod i of the Worker
+  replica is <job>-worker-<i> (pkg/controller.v1/common/pod.go createNewPod, GenGeneralName)
+  with the labels training.kubeflow.org/job-name, replica-type `worker`, replica-index i and
+  operator-name; restartPolicy ExitCode becomes the pod's Never (pkg/core/pod.go
+  SetRestartPolicy). The env appended to every container (pkg/controller.v1/pytorch/envvar.go
+  setPodEnv, elastic.go Generate): PYTHONUNBUFFERED=1, PET_NPROC_PER_NODE = nprocPerNode,
+  then for an elasticPolicy PET_RDZV_ENDPOINT = <job>-worker-0:<that port>, PET_RDZV_BACKEND,
+  PET_NNODES = "min:max", PET_MAX_RESTARTS. A failed pod under ExitCode is replaced for exit
+  codes >= 128 (a kill) and fails the job for the others (common/pod.go ReconcilePods,
+  pkg/util/train/train_util.go IsRetryableExitCode).
+
 Not modelled: the Job's restarts (backoffLimit), Kueue's admission and gates, init containers.
 """
 
@@ -43,6 +56,17 @@ import copy
 import secrets
 
 NODE = "node"
+PYTORCH_CONTAINER = "pytorch"
+PYTORCH_PORT = ("pytorchjob-port", 23456)
+OPERATOR_JOB_NAME = "training.kubeflow.org/job-name"
+# What the operator's Services select a replica's pod by (common/job_controller.go GenLabels,
+# SetReplicaType, SetReplicaIndex).
+OPERATOR_LABELS = (
+    OPERATOR_JOB_NAME,
+    "training.kubeflow.org/operator-name",
+    "training.kubeflow.org/replica-type",
+    "training.kubeflow.org/replica-index",
+)
 COMPLETION_INDEX = "batch.kubernetes.io/job-completion-index"
 TRAINER_PORT = 29500
 
@@ -167,3 +191,78 @@ def pod_failure_action(job_spec: dict, exit_codes: dict[str, int], conditions=()
             if pattern.get("status", "True") == "True" and pattern["type"] in conditions:
                 return rule["action"]
     return "Count"
+
+
+def pytorchjob_pods(job: dict) -> list[dict]:
+    """The Worker pods of `job` (a PyTorchJob), as the training operator creates them."""
+    name, namespace, spec = job["metadata"]["name"], job["metadata"]["namespace"], job["spec"]
+    worker = spec["pytorchReplicaSpecs"]["Worker"]
+    elastic = spec.get("elasticPolicy")
+    port_name, port = PYTORCH_PORT
+    pods = []
+    for index in range(worker.get("replicas", 1)):
+        pod = copy.deepcopy(worker["template"])
+        meta = pod.setdefault("metadata", {})
+        meta.update(name=f"{name}-worker-{index}", namespace=namespace)
+        meta["labels"] = {
+            **meta.get("labels", {}),
+            OPERATOR_JOB_NAME: name,
+            "training.kubeflow.org/replica-type": "worker",
+            "training.kubeflow.org/replica-index": str(index),
+            "training.kubeflow.org/operator-name": "pytorchjob-controller",
+        }
+        restart = worker.get("restartPolicy", "OnFailure")
+        pod["spec"]["restartPolicy"] = "Never" if restart == "ExitCode" else restart
+        for container in pod["spec"]["containers"]:
+            if container["name"] == PYTORCH_CONTAINER:
+                ports = container.setdefault("ports", [])
+                if not any(p.get("name") == port_name for p in ports):
+                    ports.append({"name": port_name, "containerPort": port})
+            env = [
+                {"name": "PYTHONUNBUFFERED", "value": "1"},
+                {"name": "PET_NPROC_PER_NODE", "value": str(spec.get("nprocPerNode", "auto"))},
+            ]
+            if elastic:
+                low, high = elastic["minReplicas"], elastic["maxReplicas"]
+                env += [
+                    {"name": "PET_RDZV_ENDPOINT", "value": f"{name}-worker-0:{port}"},
+                    {"name": "PET_RDZV_BACKEND", "value": elastic.get("rdzvBackend", "c10d")},
+                    {"name": "PET_NNODES", "value": f"{low}:{high}"},
+                ]
+                if "maxRestarts" in elastic:
+                    env.append({"name": "PET_MAX_RESTARTS", "value": str(elastic["maxRestarts"])})
+            container["env"] = [*(container.get("env") or []), *env]
+        pods.append(pod)
+    return pods
+
+
+def pytorchjob_services(job: dict) -> list[dict]:
+    """The headless Service per Worker pod the operator makes (pkg/controller.v1/common/
+    service.go CreateNewService): named like the pod, selecting it by the job's labels."""
+    name, namespace = job["metadata"]["name"], job["metadata"]["namespace"]
+    services = []
+    for pod in pytorchjob_pods(job):
+        selector = {k: v for k, v in pod["metadata"]["labels"].items() if k in OPERATOR_LABELS}
+        services.append(
+            {
+                "apiVersion": "v1",
+                "kind": "Service",
+                "metadata": {"name": pod["metadata"]["name"], "namespace": namespace,
+                             "labels": selector},
+                "spec": {
+                    "clusterIP": "None",
+                    "selector": selector,
+                    "ports": [{"name": PYTORCH_PORT[0], "port": PYTORCH_PORT[1]}],
+                },
+            }
+        )  # fmt: skip
+    assert all(s["metadata"]["name"].startswith(f"{name}-worker-") for s in services)
+    return services
+
+
+def pytorchjob_after_failure(job: dict, exit_code: int) -> str:
+    """What the operator does with a failed Worker pod: `restart` (a new pod) or `fail`."""
+    restart = job["spec"]["pytorchReplicaSpecs"]["Worker"].get("restartPolicy", "OnFailure")
+    if restart == "ExitCode":
+        return "restart" if exit_code >= 128 else "fail"
+    return "restart" if restart in ("OnFailure", "Always") else "fail"

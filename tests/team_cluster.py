@@ -19,7 +19,7 @@ from infra.config import parse_stack_config
 from tests import trainer_rules
 from tests.conftest import ROOT, stack_values
 from tests.crd_schema import CRD_DIR, load_crd
-from tests.job_pods import trainjob_pods
+from tests.job_pods import pytorchjob_pods, pytorchjob_services, trainjob_pods
 from tests.kube_api import Kubelet, admission_policies, rbac_of
 from tests.kube_api.rbac import Authorizer
 from tests.kube_api.server import KubeAPI
@@ -194,6 +194,22 @@ def image_python(root: Path) -> Path:
     torchrun.write_text(f"#!{root}/bin/python\nfrom torch.distributed.run import main\nmain()\n")
     torchrun.chmod(0o755)
     return root / "bin"
+
+
+def start_pytorchjob(api, job: dict) -> list:
+    """The PyTorchJob's Worker pods and Services, created as the operator creates them, the pods
+    running their commands (Node). The one deviation, as start_trainjob's: the rendezvous on a
+    free port of this machine, whose network the pods share."""
+    pods = pytorchjob_pods(job)
+    port = str(free_port("127.0.0.1"))
+    for service in pytorchjob_services(job):
+        create(api, "services", TEAM, service)
+    for pod in pods:
+        for variable in pod["spec"]["containers"][0]["env"]:
+            if variable["name"] == "PET_RDZV_ENDPOINT":
+                variable["value"] = f"{variable['value'].rpartition(':')[0]}:{port}"
+        create(api, "pods", TEAM, pod)
+    return run_nodes(api, pods)
 
 
 def start_trainjob(

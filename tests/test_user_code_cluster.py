@@ -14,7 +14,7 @@ import pytest
 import yaml
 
 from devservers.job_status import COMPLETION_INDEX, JOBSET_NAME, REPLICATED_JOB
-from tests.job_pods import pod_failure_action
+from tests.job_pods import pod_failure_action, pytorchjob_after_failure
 from tests.kube_api import user
 from tests.kube_api.kubelet import IMAGE_ENV
 from tests.team_cluster import (
@@ -23,6 +23,7 @@ from tests.team_cluster import (
     TEAM,
     as_member,
     image_python,
+    start_pytorchjob,
     start_trainjob,
     team_cluster,
     trainer_account,
@@ -208,6 +209,28 @@ def test_a_submitted_folder_trains_in_the_pods_the_controllers_make_as_the_train
         shown = series(url, "cnn/tensorboard", "loss/train", 10)
     assert [step for step, _ in shown][:10] == list(range(1, 11))
     assert api.refusals == []
+
+
+def test_an_elastic_job_trains_in_the_pods_the_training_operator_makes(
+    trainer_cluster, project, tmp_path
+):
+    """`--nodes 1:2`: a PyTorchJob, its pods made as the training operator v1.9.4 makes them
+    (tests/job_pods.py), torchrun's c10d rendezvous across them; a kill is restarted, a bad
+    input fails the job."""
+    api, (folder, _, pip) = trainer_cluster, project
+    env = as_member(api, ALICE, tmp_path / "kubeconfig")
+    pip_env = [a for k, v in pip.items() for a in ("--env", f"{k}={v}")]
+    submitted = devctl("submit", "-f", "task.yaml", "--name", "cnn", "--pool", "cpu",
+                       "--nodes", "1:2", *pip_env, "--", "train.py", "--samples", "256",
+                       "--epochs", "1", cwd=folder, env=env)  # fmt: skip
+    assert submitted.returncode == 0, submitted.stderr
+    job = api.read("pytorchjobs", TEAM, "cnn", group="kubeflow.org")
+    nodes = start_pytorchjob(api, job)
+    assert [node.wait(timeout=180) for node in nodes] == [0, 0], nodes[0].output
+    assert "done at step 4" in nodes[0].output + nodes[1].output
+    assert api.refusals == []
+    assert pytorchjob_after_failure(job, 2) == "fail"  # input no restart fixes
+    assert pytorchjob_after_failure(job, 137) == "restart"  # killed: a new pod
 
 
 def test_a_script_that_does_not_compile_fails_the_job_once_with_its_error(

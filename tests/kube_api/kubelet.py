@@ -237,9 +237,10 @@ def _hosts(api: KubeAPI, namespace: str) -> str:
     """/etc/hosts as the kubelet writes it (pkg/kubelet/kubelet_pods.go, managedHostsFileContent:
     localhost, then a pod's `<hostname>.<subdomain>.<namespace>.svc.<domain>`), here with every
     pod of the namespace: the names cluster DNS gives a headless Service's pods, as a pod looks
-    them up."""
+    them up, and the names of headless Services that select them."""
     lines = ["# Kubernetes-managed hosts file.", "127.0.0.1\tlocalhost"]
-    for pod in api.select(_kind(api, "", "pods"), namespace):
+    pods = api.select(_kind(api, "", "pods"), namespace)
+    for pod in pods:
         spec = pod["spec"]
         if spec.get("hostname") and spec.get("subdomain"):
             name = f"{spec['hostname']}.{spec['subdomain']}.{namespace}.svc.{CLUSTER_DOMAIN}"
@@ -248,6 +249,16 @@ def _hosts(api: KubeAPI, namespace: str) -> str:
             # Trainer's MASTER_ADDR use.
             short = f"{spec['hostname']}.{spec['subdomain']}"
             lines.append(f"{POD_IP}\t{name}\t{short}\t{spec['hostname']}")
+    # A headless Service (clusterIP None) with a selector: cluster DNS answers its name with
+    # the IPs of the pods it selects (the training operator's per-replica Services).
+    labels = [p["metadata"].get("labels") or {} for p in pods]
+    for service in api.select(_kind(api, "", "services"), namespace):
+        spec, name = service.get("spec") or {}, service["metadata"]["name"]
+        selector = spec.get("selector") or {}
+        if spec.get("clusterIP") != "None" or not selector:
+            continue
+        if any(selector.items() <= own.items() for own in labels):
+            lines.append(f"{POD_IP}\t{name}.{namespace}.svc.{CLUSTER_DOMAIN}\t{name}")
     return "\n".join(lines) + "\n"
 
 
