@@ -749,6 +749,8 @@ FREE: dict[str, str] = {
     "aws:cloudwatch/eventTarget:EventTarget": "EventBridge: part of its rule",
     "aws:ecr/lifecyclePolicy:LifecyclePolicy": "ECR: lifecycle policies are free (they bound "
     "the repository's storage)",
+    "aws:ecr/repositoryPolicy:RepositoryPolicy": "ECR: a repository's permissions (storage "
+    "and transfer bill, usage)",
     "aws:efs/mountTarget:MountTarget": "EFS bills storage and throughput, not mount targets",
     "aws:efs/accessPoint:AccessPoint": "EFS bills storage and throughput, not access points",
     "aws:efs/fileSystemPolicy:FileSystemPolicy": "EFS bills storage and throughput, not its "

@@ -12,6 +12,7 @@ from deploy.plan import summary
 from deploy.program import build_platform
 from deploy.steps import plan_steps
 from infra.config import parse_stack_config
+from infra.cost import plan_cost
 from infra.offline import run_offline
 from tests.conftest import stack_values
 from tests.iam_rules import Principal, Request, allowed
@@ -53,6 +54,12 @@ def test_a_team_gets_the_stacks_kind_of_repository_and_the_plan_names_it(with_im
     assert f"  team-a members push their images to {url} (devctl submit --image)" in summary(
         config, plan
     )
+
+
+def test_the_plan_prices_or_explains_every_type_it_adds(with_images):
+    _, plan = with_images
+    cost = plan_cost("us-west-2", plan)
+    assert cost.unpriced_types == []
 
 
 def test_its_members_push_and_pull_and_another_teams_members_do_not(with_images):
