@@ -5,7 +5,8 @@ by cel-python:
 
 - the policy applies to a request its matchConstraints match (resource, operation; for a
   namespaced object, the namespaceSelector against the namespace's labels) and for which every
-  matchCondition is true; a resourceRule's "*" matches any group or resource;
+  matchCondition is true; a resourceRule's "*" matches any group or resource, never a
+  subresource (`nodes` does not match a request to `nodes/status`: _resource_names);
 - `object` is the new object (null on DELETE), `oldObject` the existing one (null on CREATE),
   `request` the AdmissionRequest (its userInfo: username, groups), `namespaceObject` the
   namespace of a namespaced object (null for cluster-scoped ones), `variables` the policy's
@@ -36,6 +37,21 @@ def _evaluate(expression: str, activation: dict):
 
 def _names(listed: list[str], name: str) -> bool:
     return name in listed or "*" in listed
+
+
+def _resource_names(listed: list[str], requested: str) -> bool:
+    """A rule's resources against `requested` (`nodes`, or `nodes/status` for a subresource):
+    "'*' means all resources, but not subresources. 'pods/*' means all subresources of pods.
+    '*/scale' means all scale subresources. '*/*' means all resources and their subresources"
+    (API reference, admissionregistration.k8s.io/v1 NamedRuleWithOperations.resources)."""
+    resource, _, sub = requested.partition("/")
+    for entry in listed:
+        want_resource, _, want_sub = entry.partition("/")
+        if want_resource not in ("*", resource):
+            continue
+        if (want_sub or "") == sub or (sub and want_sub == "*"):
+            return True
+    return False
 
 
 def _matches_labels(selector: dict, labels: dict) -> bool:
@@ -74,7 +90,7 @@ def refusals(
     if not any(
         operation in rule["operations"]
         and (resource is None or _names(rule["apiGroups"], resource[0]))
-        and (resource is None or _names(rule["resources"], resource[1]))
+        and (resource is None or _resource_names(rule["resources"], resource[1]))
         for rule in rules
     ):
         return None

@@ -460,6 +460,35 @@ def test_a_hybrid_node_keeps_its_hybrid_label_taint_and_provider_id(admission):
     assert admitted(policy, "UPDATE", labelled, old=labelled, **user)
 
 
+@pytest.mark.parametrize("subresource", ["nodes", "nodes/status"])
+def test_a_hybrid_node_cannot_relabel_itself_through_its_status_either(admission, subresource):
+    """The kubelet patches its Node's labels through nodes/<self>/status as well; a policy
+    naming only `nodes` would never see those requests (a resource does not match its
+    subresources)."""
+    user = {"username": "system:node:mi-0bob"}
+    bare = hybrid_node()
+    labels = {**bare["metadata"]["labels"], "training-platform/node-role": "system"}
+    labels.pop("eks.amazonaws.com/compute-type")
+    rewritten = {**bare, "metadata": {**bare["metadata"], "labels": labels}}
+    for name in ("hybrid-node-registration", "hybrid-gateway-node-labels"):
+        rules = admission[name]["matchConstraints"]["resourceRules"]
+        assert any(subresource in rule["resources"] for rule in rules), name
+    found = refusals(
+        admission["hybrid-node-registration"], "UPDATE", rewritten, old=bare,
+        resource=("", subresource), **user,
+    )  # fmt: skip
+    assert found and any("compute-type=hybrid" in m for m in found)
+    # The rule the fix rests on: named alone, `nodes` leaves the status subresource open.
+    registration = admission["hybrid-node-registration"]
+    (rule,) = registration["matchConstraints"]["resourceRules"]
+    narrow = {
+        **registration,
+        "matchConstraints": {"resourceRules": [{**rule, "resources": ["nodes"]}]},
+    }
+    applies = refusals(narrow, "UPDATE", rewritten, old=bare, resource=("", subresource), **user)
+    assert (applies is None) is (subresource == "nodes/status")
+
+
 def test_the_gateway_changes_only_the_machine_labels_of_hybrid_nodes(admission):
     policy = admission["hybrid-gateway-node-labels"]
     gateway = {

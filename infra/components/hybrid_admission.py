@@ -63,10 +63,17 @@ HYBRID_NODE_LABEL_KEYS = (
 CILIUM_OPERATOR = "system:serviceaccount:kube-system:cilium-operator"
 
 
-def resource_rules(group: str, resource: str, operations: list[str]) -> dict:
-    """matchConstraints for `operations` on `resource` of `group`, every version."""
+def resource_rules(group: str, resources: list[str], operations: list[str]) -> dict:
+    """matchConstraints for `operations` on `resources` of `group`, every version. A resource
+    does not match its subresources: each is named (admissionregistration/v1)."""
     rule = {"apiGroups": [group], "apiVersions": ["*"], "operations": operations}
-    return {"resourceRules": [{**rule, "resources": [resource]}]}
+    return {"resourceRules": [{**rule, "resources": resources}]}
+
+
+# A kubelet writes its Node's labels through the object and through its status subresource
+# (PATCH nodes/<self>/status: kubernetes pkg/kubelet/kubelet_node_status.go
+# updateNodeStatus, and NodeRestriction admits a node's own status): both are held.
+NODE_WRITES = ["nodes", "nodes/status"]
 
 
 def cel(value) -> str:
@@ -112,7 +119,7 @@ def node_registration_policy(config: HybridConfig) -> dict:
     taint = HYBRID_TAINT
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": resource_rules("", "nodes", ["CREATE", "UPDATE"]),
+        "matchConstraints": resource_rules("", NODE_WRITES, ["CREATE", "UPDATE"]),
         "matchConditions": [{"name": "hybrid-node", "expression": hybrid_node(config)}],
         "variables": LABEL_VARIABLES,
         "validations": [
@@ -158,7 +165,7 @@ def gateway_labels_policy(config: HybridConfig) -> dict:
     machines = cel([m.name for m in config.machines])
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": resource_rules("", "nodes", ["UPDATE"]),
+        "matchConstraints": resource_rules("", NODE_WRITES, ["UPDATE"]),
         "matchConditions": [
             {"name": "gateway", "expression": f"'{GATEWAY_GROUP}' in request.userInfo.groups"}
         ],
@@ -211,7 +218,7 @@ def machine_tolerations_policy(config: HybridConfig, user_label: str) -> dict:
         "failurePolicy": "Fail",
         "matchConstraints": {
             "namespaceSelector": {"matchExpressions": [{"key": TEAM_LABEL, "operator": "Exists"}]},
-            **resource_rules("", "pods", ["CREATE", "UPDATE"]),
+            **resource_rules("", ["pods"], ["CREATE", "UPDATE"]),
         },
         "variables": [
             {"name": "tenants", "expression": tenants},
@@ -247,7 +254,7 @@ def ciliumnode_policy() -> dict:
     cidrs = "has({o}.spec) && has({o}.spec.ipam) && has({o}.spec.ipam.podCIDRs) ? "
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": resource_rules("cilium.io", "ciliumnodes", ["CREATE", "UPDATE"]),
+        "matchConstraints": resource_rules("cilium.io", ["ciliumnodes"], ["CREATE", "UPDATE"]),
         "matchConditions": [
             {
                 "name": "not-the-operator",
