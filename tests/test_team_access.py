@@ -16,7 +16,9 @@ from infra.components.queues import TEAM_LABEL
 from infra.components.team_access import (
     DISRUPT_POLICY,
     DO_NOT_DISRUPT,
+    PLACE_POLICY,
     POD_POLICY,
+    PRIORITY_LABEL,
     QUEUE_LABEL,
     QUEUE_POLICY,
     QUEUE_RULE,
@@ -414,7 +416,9 @@ def test_a_job_without_its_queue_label_is_refused_in_every_team_namespace(dev_pl
         f"{admission}:ValidatingAdmissionPolicy")}  # fmt: skip
     bindings = {b.inputs["metadata"]["name"]: b.inputs for b in dev_plan.of_type(
         f"{admission}:ValidatingAdmissionPolicyBinding")}  # fmt: skip
-    assert set(policies) == set(bindings) == {QUEUE_POLICY, DISRUPT_POLICY, POD_POLICY}
+    assert (
+        set(policies) == set(bindings) == {QUEUE_POLICY, DISRUPT_POLICY, POD_POLICY, PLACE_POLICY}
+    )
     for name, policy in policies.items():
         for manifest, kind in (
             (policy, "ValidatingAdmissionPolicy"),
@@ -528,6 +532,73 @@ def test_a_teams_jobs_keep_karpenter_from_draining_their_nodes(dev_plan):
         for replicated in runtime.inputs["spec"]["template"]["spec"]["replicatedJobs"]:
             pods = replicated["template"]["spec"]["template"]["metadata"]
             assert pods["annotations"][DO_NOT_DISRUPT] == "true"
+
+
+def with_pod_spec(job: dict, replica: str, specs: str, **fields) -> dict:
+    changed = copy.deepcopy(job)
+    changed["spec"][specs][replica]["template"]["spec"].update(fields)
+    return changed
+
+
+def patched_spec(trainjob: dict, **fields) -> dict:
+    """`trainjob` with a runtime patch of its own setting `fields` on the node pods' spec."""
+    pods = {"template": {"spec": fields}}
+    patch = {"replicatedJobs": [{"name": "node", "template": {"spec": pods}}]}
+    runtime = {"manager": "me", "trainingRuntimeSpec": {"template": {"spec": patch}}}
+    return {**trainjob, "spec": {**trainjob["spec"], "runtimePatches": [runtime]}}
+
+
+def test_a_teams_job_names_no_node_and_no_priority(dev_plan):
+    """A job's template naming a machine's node would run there past its taints, unadmitted; a
+    priority class or Kueue's priority label would preempt other teams in a shared queue. Each
+    way, per job kind, is refused; what the stack, the examples, devctl submit and the SDK
+    write is admitted."""
+    from tests.test_trainjob import with_trainjob
+    from tests.test_user_code import rendered
+
+    policy = admission_policies(dev_plan)[PLACE_POLICY]
+    job = example_job("team-a", IMAGE)
+    mpi = dev_plan.one("kubernetes:kubeflow.org/v2beta1:MPIJob").inputs
+    trainjob = yaml.safe_load((ROOT / "examples" / "trainjob.yaml").read_text())
+    stack = plan_of("dev", jobs=with_trainjob())
+    admitted = [
+        job, mpi, trainjob, rendered("--name", "cnn"), rendered("--name", "cnn", "--nodes", "1:2"),
+        *(j.inputs for j in dev_plan.of_type("kubernetes:kubeflow.org/v1:PyTorchJob")),
+        stack.one("kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob").inputs,
+        patched(trainjob, {DO_NOT_DISRUPT: "true"}),
+    ]  # fmt: skip
+    for obj in admitted:
+        assert refusals(policy, "CREATE", obj, namespace=TEAM_A) == [], obj["metadata"]["name"]
+    machine = "mi-0123456789abcdef0"
+    priority = "system-node-critical"
+    labelled = copy.deepcopy(job)
+    labelled["metadata"]["labels"][PRIORITY_LABEL] = "high"
+    run_policy = copy.deepcopy(job)
+    run_policy["spec"].setdefault("runPolicy", {})["schedulingPolicy"] = {"priorityClass": priority}
+    refused = [
+        with_pod_spec(job, "Worker", "pytorchReplicaSpecs", nodeName=machine),
+        with_pod_spec(job, "Worker", "pytorchReplicaSpecs", priorityClassName=priority),
+        with_pod_spec(mpi, "Launcher", "mpiReplicaSpecs", nodeName=machine),
+        with_pod_spec(mpi, "Worker", "mpiReplicaSpecs", priorityClassName=priority),
+        patched_spec(trainjob, nodeName=machine),
+        patched_spec(trainjob, priorityClassName=priority),
+        labelled,
+        run_policy,
+    ]
+    for obj in refused:
+        (message,) = refusals(policy, "CREATE", obj, namespace=TEAM_A)
+        assert "every team's work ranks alike" in message
+
+
+def test_a_members_pod_names_no_priority(dev_plan):
+    policy = admission_policies(dev_plan)[POD_POLICY]
+    assert refusals(policy, "CREATE", member_pod(), namespace=TEAM_A, **MEMBER) == []
+    high = member_pod(priorityClassName="system-node-critical")
+    labelled = member_pod()
+    labelled["metadata"]["labels"][PRIORITY_LABEL] = "high"
+    for pod in (high, labelled):
+        (message,) = refusals(policy, "CREATE", pod, namespace=TEAM_A, **MEMBER)
+        assert message.startswith("a pod of a team member names no priority class")
 
 
 TEAM_A = {"metadata": {"name": "team-a", "labels": {TEAM_LABEL: "team-a"}}}

@@ -5,8 +5,9 @@ submit, watch and delete their jobs, read what tells them how the jobs fare, rea
 TensorBoard, and fetch checkpoints (trainer.fetch). Outside the namespace they read only the
 platform's ClusterTrainingRuntimes (RUNTIMES_ROLE), beside what every authenticated user has
 (discovery, the Trainer's public ConfigMap). A job they create must name a queue (QUEUE_POLICY),
-or Kueue would not hold it, and keep Karpenter from draining its nodes (DISRUPT_POLICY); a pod
-they create must name a queue too, and may not reach the system nodes (POD_POLICY).
+or Kueue would not hold it, keep Karpenter from draining its nodes (DISRUPT_POLICY), and name no
+node and no priority (PLACE_POLICY); a pod they create must name a queue too, no priority, and
+may not reach the system nodes (POD_POLICY).
 
 Each member principal gets one EKS access entry (type STANDARD, no access policy: its rights are
 this RBAC and nothing more) mapping it to the groups of every team it is a member of. EKS keeps
@@ -175,6 +176,95 @@ def disrupt_policy_spec() -> dict:
     }
 
 
+# Where a team's job runs and how it ranks are the stack's to say, not the job's. `nodeName`
+# binds a pod without the scheduler, past every NoSchedule taint, and the kubelet checks only
+# NoExecute ones: a job's template naming a machine's node would run there though its team was
+# never admitted (Kueue admits it by its queue's flavors, not by nodeName). A priority class
+# (any, system-node-critical included, resolves in every namespace) or Kueue's
+# WorkloadPriorityClass label would let a team preempt another in a shared ClusterQueue
+# (withinClusterQueue: LowerPriority). Kueue v0.19.2 takes a job's priority from that label
+# first (pkg/controller/jobframework), else from the job's PriorityClass(): its run policy's
+# schedulingPolicy.priorityClass, else its replicas' pod templates' priorityClassName
+# (pkg/controller/jobs/kubeflow/kubeflowjob/kubeflowjob_controller.go). All three are refused
+# in team namespaces, and in a TrainJob's runtime patches. On create only.
+PLACE_POLICY = "team-jobs-keep-their-place"
+PRIORITY_LABEL = "kueue.x-k8s.io/priority-class"
+PLACED = ("nodeName", "priorityClassName")
+
+
+def unplaced(spec: str) -> str:
+    """CEL: the pod spec at `spec` names no node and no priority class."""
+    return " && ".join(f"!has({spec}.{field})" for field in PLACED)
+
+
+def replicas_unplaced(kind: str, specs: str) -> str:
+    field = f"object.spec.{specs}"
+    pods = f"{field}[r].template.spec"
+    return (
+        f"object.kind != '{kind}' || !has({field}) || {field}.all(r, "
+        f"!has({field}[r].template) || !has({pods}) || ({unplaced(pods)}))"
+    )
+
+
+def patches_unplaced() -> str:
+    pods = "j.template.spec.template.spec"
+    return (
+        "object.kind != 'TrainJob' || !has(object.spec.runtimePatches) || "
+        "object.spec.runtimePatches.all(p, !has(p.trainingRuntimeSpec) || "
+        "!has(p.trainingRuntimeSpec.template) || !has(p.trainingRuntimeSpec.template.spec) || "
+        "!has(p.trainingRuntimeSpec.template.spec.replicatedJobs) || "
+        "p.trainingRuntimeSpec.template.spec.replicatedJobs.all(j, !has(j.template) || "
+        f"!has(j.template.spec) || !has(j.template.spec.template) || !has({pods}) || "
+        f"({unplaced(pods)})))"
+    )
+
+
+NO_PRIORITY_LABEL = (
+    f"(!has(object.metadata.labels) || !('{PRIORITY_LABEL}' in object.metadata.labels))"
+)
+
+
+def place_policy_spec() -> dict:
+    why = (
+        "the scheduler places a team's pods by its queue's admission, and every team's work "
+        "ranks alike in a shared queue"
+    )
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": created_jobs(),
+        "validations": [
+            *(
+                {
+                    "expression": replicas_unplaced(kind, specs),
+                    "message": f"a {kind}'s pod templates in a team namespace name no nodeName "
+                    f"and no priorityClassName: {why}",
+                    "reason": "Invalid",
+                }
+                for kind, specs in REPLICA_SPEC_KEYS.items()
+            ),
+            {
+                "expression": "!has(object.spec.runPolicy) || "
+                "!has(object.spec.runPolicy.schedulingPolicy) || "
+                "!has(object.spec.runPolicy.schedulingPolicy.priorityClass)",
+                "message": f"a job in a team namespace sets no runPolicy.schedulingPolicy."
+                f"priorityClass: {why}",
+                "reason": "Invalid",
+            },
+            {
+                "expression": patches_unplaced(),
+                "message": "a TrainJob's runtimePatches set no nodeName and no "
+                f"priorityClassName on its pods: {why}",
+                "reason": "Invalid",
+            },
+            {
+                "expression": NO_PRIORITY_LABEL,
+                "message": f"a job in a team namespace has no {PRIORITY_LABEL} label: {why}",
+                "reason": "Invalid",
+            },
+        ],
+    }
+
+
 # A member may create pods (trainer.fetch's copy pod), and a pod of her own is no job: the job
 # policy above does not see it. Kueue's pod integration (on: infra/components/kueue.py
 # FRAMEWORKS) holds a pod that names a queue behind its scheduling gate until the queue admits
@@ -248,6 +338,13 @@ def member_pods_policy_spec() -> dict:
                 "reason": "Invalid",
             },
             {
+                "expression": f"!has({SPEC}.priorityClassName) && {NO_PRIORITY_LABEL}",
+                "message": "a pod of a team member names no priority class (neither "
+                f"priorityClassName nor {PRIORITY_LABEL}): a team's work ranks alike with "
+                "every other team's in a shared queue",
+                "reason": "Invalid",
+            },
+            {
                 "expression": f"!has({SPEC}.nodeName)",
                 "message": "a pod of a team member does not name its node: the scheduler "
                 "places it, within the team's quota and off the system nodes",
@@ -277,6 +374,7 @@ def member_pods_policy_spec() -> dict:
 POLICIES = {
     QUEUE_POLICY: ("queue-label", queue_policy_spec),
     DISRUPT_POLICY: ("do-not-disrupt", disrupt_policy_spec),
+    PLACE_POLICY: ("keep-their-place", place_policy_spec),
     POD_POLICY: ("member-pods", member_pods_policy_spec),
 }
 
