@@ -21,12 +21,11 @@ from infra.components.container_image import source_tag
 from infra.config import ConfigError, parse_stack_config
 from infra.config.jobs import UserCode
 from infra.offline import run_offline
-from tests.admission_rules import refusals
 from tests.config_edits import PREBUILT_IMAGE
 from tests.conftest import ROOT, hadolint, stack_values
 from tests.crd_schema import cel_violations, conformance_errors
-from tests.kube_api import admission_policies
 from tests.team_cluster import EXAMPLE
+from tests.test_user_code import policy_refusals
 from workloads.stack_code import CODE_DIR, dockerfile
 
 JOB = "cnn-example"  # examples/your-own-code as a job of the dev stack
@@ -144,15 +143,8 @@ def test_a_command_job_runs_its_command_in_its_image_with_the_contracts_folders(
 def test_stack_jobs_of_own_code_pass_the_crds_and_every_admission_policy(code_plan):
     job = job_manifest(code_plan, JOB)
     assert conformance_errors(job) == [] and cel_violations(job) == []
-    namespace = next(
-        n.inputs
-        for n in code_plan.of_type("kubernetes:core/v1:Namespace")
-        if n.inputs["metadata"]["name"] == "team-a"
-    )
     # Created by `pulumi up` with the stack's rights, not a member's: the policies still apply.
-    for name, policy in admission_policies(code_plan).items():
-        found = refusals(policy, "CREATE", job, namespace=namespace, username="admin")
-        assert not found, (name, found)
+    assert policy_refusals(code_plan, job, username="admin") == {}
 
 
 # -- day two: a folder edit waits for the revision -------------------------------------------

@@ -133,18 +133,29 @@ def replicas_kept(kind: str, specs: str) -> str:
     )
 
 
-def patches_kept() -> str:
-    """CEL: no runtime patch of a TrainJob sets the annotation on its pods to another value."""
-    job = "j.template.spec.template"
-    pods = f"{job}.metadata.annotations"
+# A TrainJob's runtime patches' pod templates, in CEL (patches_kept, patches_unplaced).
+PATCHED_POD = "j.template.spec.template"
+
+
+def every_patched_pod(condition: str) -> str:
+    """CEL: `condition` holds for the pod template (PATCHED_POD) of every runtime patch of a
+    TrainJob that has one; other kinds, and patches without pods, pass."""
     return (
         "object.kind != 'TrainJob' || !has(object.spec.runtimePatches) || "
         "object.spec.runtimePatches.all(p, !has(p.trainingRuntimeSpec) || "
         "!has(p.trainingRuntimeSpec.template) || !has(p.trainingRuntimeSpec.template.spec) || "
         "!has(p.trainingRuntimeSpec.template.spec.replicatedJobs) || "
         "p.trainingRuntimeSpec.template.spec.replicatedJobs.all(j, !has(j.template) || "
-        f"!has(j.template.spec) || !has({job}) || !has({job}.metadata) || !has({pods}) || "
-        f"!('{DO_NOT_DISRUPT}' in {pods}) || {pods}['{DO_NOT_DISRUPT}'] == 'true'))"
+        f"!has(j.template.spec) || !has({PATCHED_POD}) || {condition}))"
+    )
+
+
+def patches_kept() -> str:
+    """CEL: no runtime patch of a TrainJob sets the annotation on its pods to another value."""
+    pods = f"{PATCHED_POD}.metadata.annotations"
+    return every_patched_pod(
+        f"!has({PATCHED_POD}.metadata) || !has({pods}) || "
+        f"!('{DO_NOT_DISRUPT}' in {pods}) || {pods}['{DO_NOT_DISRUPT}'] == 'true'"
     )
 
 
@@ -207,16 +218,8 @@ def replicas_unplaced(kind: str, specs: str) -> str:
 
 
 def patches_unplaced() -> str:
-    pods = "j.template.spec.template.spec"
-    return (
-        "object.kind != 'TrainJob' || !has(object.spec.runtimePatches) || "
-        "object.spec.runtimePatches.all(p, !has(p.trainingRuntimeSpec) || "
-        "!has(p.trainingRuntimeSpec.template) || !has(p.trainingRuntimeSpec.template.spec) || "
-        "!has(p.trainingRuntimeSpec.template.spec.replicatedJobs) || "
-        "p.trainingRuntimeSpec.template.spec.replicatedJobs.all(j, !has(j.template) || "
-        f"!has(j.template.spec) || !has(j.template.spec.template) || !has({pods}) || "
-        f"({unplaced(pods)})))"
-    )
+    pods = f"{PATCHED_POD}.spec"
+    return every_patched_pod(f"!has({pods}) || ({unplaced(pods)})")
 
 
 NO_PRIORITY_LABEL = (
