@@ -1,9 +1,9 @@
 """What a change does to what already runs: the data it loses, the nodes it drifts, the jobs it
-restarts. It reads the steps of a change (deploy/steps.py: offline from two plans, or from a real
-`pulumi preview --json`) and words them for the platform engineer who is about to apply them.
+restarts. It reads the steps of a change (infra/core/steps.py: offline from two plans, or from a
+real `pulumi preview --json`) and words them for the platform engineer who is about to apply them.
 
 The rules, from upstream source at the pinned versions:
-- Data holders (infra/data_holders.py) are protected. The engine replaces a protected resource
+- Data holders (infra/core/data_holders.py) are protected. The engine replaces a protected resource
   only when the program no longer protects it, and deletes one only when its deployed state is
   no longer protected (pulumi/pulumi pkg/resource/deploy/step_generator.go `new.Protect &&
   old.Protect`; step.go DeleteStep.Apply `s.old.Protect`): a deletion takes one `pulumi up` with
@@ -27,13 +27,13 @@ import json
 import re
 from dataclasses import dataclass, field
 
-from deploy.replace_rules import changed_paths
-from deploy.steps import CREATE, DELETE, REPLACE, UPDATE, Step
 from devservers.api import API_VERSION as DEVSERVERS_API_VERSION
-from infra.components.container_image import KEPT_BUILDS as ECR_KEPT_BUILDS
-from infra.config import StackConfig
-from infra.data_holders import BUCKET, EFS, FSX, HOLDER_ANNOTATION, HOLDER_TAG, loss
-from infra.declared import dig, kind_of, listed, pod_sets
+from infra.core.data_holders import BUCKET, EFS, FSX, HOLDER_ANNOTATION, HOLDER_TAG, loss
+from infra.core.declared import dig, kind_of, listed, pod_sets
+from infra.core.replacement import changed_paths
+from infra.core.steps import CREATE, DELETE, REPLACE, UPDATE, Step
+from infra.images.container_image import KEPT_BUILDS as ECR_KEPT_BUILDS
+from infra.stack.config import StackConfig
 from workloads.manifests import CHECKPOINT_ENV
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"

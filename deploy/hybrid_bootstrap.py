@@ -4,7 +4,7 @@
   sudo bash bootstrap.sh      # on the machine
 
 The pages are secret stack outputs (`hybridBootstrap`, `hybridPeerConfigs`) written by
-infra/components/hybrid_nodes.py; this reads them with the Pulumi CLI.
+infra/hybrid/nodes.py; this reads them with the Pulumi CLI.
 """
 
 import argparse
@@ -12,7 +12,7 @@ import json
 import subprocess
 import sys
 
-from infra.paths import PROJECT_DIR
+from infra.core.paths import PROJECT_DIR
 
 OUTPUTS = {"bootstrap": "hybridBootstrap", "wireguard": "hybridPeerConfigs"}
 

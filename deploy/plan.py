@@ -27,30 +27,33 @@ import yaml
 from deploy.day_two import consequences
 from deploy.plan_changes import Facts, changes, plan_facts
 from deploy.program import build_platform
-from deploy.steps import plan_steps
 from devservers.api import user_namespace
-from infra.catalog import HOURS_PER_MONTH
-from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
-from infra.components.lustre import CHECKPOINTS_CLAIM as FSX_CHECKPOINTS_CLAIM
-from infra.components.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
-from infra.components.queues import PLATFORM_QUEUE, team_cluster_queue
-from infra.components.shared_file_system import CLAIM as EFS_CLAIM
-from infra.config import (
-    ConfigError,
-    StackConfig,
-    load_stack_file,
-    placeholder_errors,
-    read_stack_file,
+from infra.core.capacity import SystemFit, system_fit
+from infra.core.catalog import HOURS_PER_MONTH
+from infra.core.config import ConfigError
+from infra.core.cost import StackCost, money, plan_cost
+from infra.core.declared import Declared, declared_in, dig, listed
+from infra.core.offline import Plan, RecordedResource, run_offline
+from infra.core.paths import PROJECT_DIR
+from infra.core.steps import plan_steps
+from infra.core.versions import KUBERNETES_VERSIONS
+from infra.eks.support import PLAN_DAY_VARIABLE, plan_day, support_on
+from infra.jobs.expected import Expected, expected_cost
+from infra.jobs.usage import UsageLine, usage_lines
+from infra.karpenter.cold_start import (
+    MARGIN,
+    SPOT_NOTICE_S,
+    cold_start,
+    duration,
+    pods_ready_timeouts,
 )
-from infra.cost import StackCost, money, plan_cost
-from infra.declared import Declared, declared_in, dig, listed
-from infra.expected import Expected, expected_cost
-from infra.offline import Plan, RecordedResource, run_offline
-from infra.paths import PROJECT_DIR
-from infra.support import PLAN_DAY_VARIABLE, plan_day, support_on
-from infra.system_capacity import SystemFit, system_fit
-from infra.usage import UsageLine, usage_lines
-from infra.versions import KUBERNETES_VERSIONS
+from infra.kueue.queues import PLATFORM_QUEUE, team_cluster_queue
+from infra.stack.config import StackConfig
+from infra.stack.loading import load_stack_file, read_stack_file
+from infra.stack.policy import placeholder_errors
+from infra.storage.lustre import CHECKPOINTS_CLAIM as FSX_CHECKPOINTS_CLAIM
+from infra.storage.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
+from infra.storage.shared_file_system import CLAIM as EFS_CLAIM
 from policies.offline import check
 from policies.pack_config import policy_settings
 from workloads.stack_code import runs
@@ -231,8 +234,8 @@ def cold_start_rows(config: StackConfig) -> list[str]:
     cold = f"{slowest.pool} {duration(slowest.total_s)}" if slowest else "no pool, at least"
     return [
         "",
-        "Cold start of a pod on a new node (infra/cold_start.py: launch to Ready + GPUs, image "
-        "pull, process start):",
+        "Cold start of a pod on a new node (infra/karpenter/cold_start.py: launch to Ready + "
+        "GPUs, image pull, process start):",
         *table(header, rows),
         f"  Kueue waitForPodsReady: timeout {duration(timeouts.timeout_s)} = slowest ({cold}) "
         f"x {MARGIN}; recoveryTimeout {duration(timeouts.recovery_timeout_s)} = "
@@ -244,7 +247,7 @@ def cold_start_rows(config: StackConfig) -> list[str]:
 
 def cost_rows(cost: StackCost, stack: list[Declared]) -> list[str]:
     """Floor, ceiling and expected figure; usage estimates; what is unpriced; every price's
-    source (infra/cost.py, infra/expected.py, infra/usage.py)."""
+    source (infra/core/cost.py, infra/jobs/expected.py, infra/jobs/usage.py)."""
 
     def row(item: str, detail: str, per_hour: float, per_month: float | None = None) -> list[str]:
         month = per_hour * HOURS_PER_MONTH if per_month is None else per_month

@@ -9,7 +9,7 @@ jobs:
 - recent spot prices for spot pools (a type with no spot price in any zone has no spot market);
 - the pools' capacity reservations: they exist, are active (a Capacity Block may still be
   scheduled), and hold the instance type, count and zone the stack file says;
-- the EKS add-on builds pinned for the stack's Kubernetes version (infra/versions.py): offered
+- the EKS add-on builds pinned for the stack's Kubernetes version (infra/core/versions.py): offered
   for that version, and whether each is EKS's default there.
 It prints one line per finding and exits 1 when something is not satisfiable.
 """
@@ -24,9 +24,12 @@ from datetime import UTC, datetime, timedelta
 import boto3
 from botocore.exceptions import BotoCoreError, ClientError
 
-from infra.catalog import load_catalog, load_prices
-from infra.config import CapacityReservation, ConfigError, StackConfig, load_stack_file
-from infra.versions import KUBERNETES_VERSIONS
+from infra.core.catalog import load_catalog, load_prices
+from infra.core.config import ConfigError
+from infra.core.versions import KUBERNETES_VERSIONS
+from infra.karpenter.config import CapacityReservation
+from infra.stack.config import StackConfig
+from infra.stack.loading import load_stack_file
 
 
 @dataclass(frozen=True)
@@ -92,7 +95,7 @@ class Report:
 
 
 def stack_zones(config: StackConfig, ec2) -> list[str]:
-    """The AZs the stack's subnets are in: as infra/components/network.py picks them."""
+    """The AZs the stack's subnets are in: as infra/vpc/network.py picks them."""
     existing = config.network.existing_vpc
     if existing:
         subnets = ec2.describe_subnets(SubnetIds=existing.private_subnet_ids)["Subnets"]
@@ -347,7 +350,7 @@ def check_addons(config: StackConfig, eks, report: Report) -> None:
             report.problems.append(
                 f"add-on {name} {pinned} is not offered for Kubernetes {version}"
                 + (f" (EKS's default there is {default})" if default else "")
-                + "; pin an offered build in infra/versions.py"
+                + "; pin an offered build in infra/core/versions.py"
             )
         elif default and pinned != default:
             report.notes.append(

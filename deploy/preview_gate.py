@@ -15,9 +15,10 @@ import sys
 from pathlib import Path
 
 from deploy.day_two import consequences
-from deploy.steps import preview_steps
-from infra.config import ConfigError, load_stack_file
-from infra.paths import PROJECT_DIR
+from infra.core.config import ConfigError
+from infra.core.paths import PROJECT_DIR
+from infra.core.steps import preview_steps
+from infra.stack.loading import load_stack_file
 
 # What a preview's JSON holds (pulumi/pulumi sdk/pkg/display/json.go PreviewDigest). The engine
 # leaves empty ones out, never all three: every preview counts the stack's resources in

@@ -7,32 +7,34 @@ import pulumi_aws as aws
 
 from devservers.api import OWNER_LABEL
 from devservers.component import DevServers
-from infra.catalog import load_prices
-from infra.components.block_storage import BlockStorage
-from infra.components.bucket import CHECKPOINT_PREFIX, TrainingBucket
-from infra.components.cluster import Cluster
-from infra.components.efa_device_plugin import EfaDevicePlugin
-from infra.components.gpu_metrics import GpuMetrics
-from infra.components.gpu_registration_watch import GpuRegistrationWatch
-from infra.components.hybrid_homes import HybridHomes
-from infra.components.hybrid_nodes import HybridNodes, kueue_flavor
-from infra.components.karpenter import Karpenter, feature_gates
-from infra.components.kueue import Kueue
-from infra.components.lustre import LustreFileSystem
-from infra.components.network import Network
-from infra.components.node_monitoring_agent import NodeMonitoringAgent
-from infra.components.node_pools import NodePools
-from infra.components.nvidia_device_plugin import NvidiaDevicePlugin
-from infra.components.queues import Queues
-from infra.components.shared_file_system import SharedFileSystem
-from infra.components.team_access import TeamAccess, member_groups
-from infra.components.team_images import TeamImages
-from infra.components.team_jobs_identity import TeamJobsIdentity
-from infra.components.tenant_network import TenantNetwork
-from infra.components.training_operators import TrainingOperators
-from infra.config import StackConfig, config_from_pulumi, image_target
-from infra.data_holders import DataGuard
-from infra.versions import KUBERNETES_VERSIONS
+from infra.core.catalog import load_prices
+from infra.core.data_holders import DataGuard
+from infra.core.versions import KUBERNETES_VERSIONS
+from infra.eks.cluster import Cluster
+from infra.eks.node_monitoring_agent import NodeMonitoringAgent
+from infra.gpu.efa_device_plugin import EfaDevicePlugin
+from infra.gpu.metrics import GpuMetrics
+from infra.gpu.nvidia_device_plugin import NvidiaDevicePlugin
+from infra.gpu.registration_watch import GpuRegistrationWatch
+from infra.hybrid.homes import HybridHomes
+from infra.hybrid.nodes import HybridNodes, kueue_flavor
+from infra.karpenter.config import image_target
+from infra.karpenter.karpenter import Karpenter, feature_gates
+from infra.karpenter.node_pools import NodePools
+from infra.kueue.kueue import Kueue
+from infra.kueue.queues import Queues
+from infra.operators.training_operators import TrainingOperators
+from infra.stack.config import StackConfig
+from infra.stack.loading import config_from_pulumi
+from infra.storage.block_storage import BlockStorage
+from infra.storage.bucket import CHECKPOINT_PREFIX, TrainingBucket
+from infra.storage.lustre import LustreFileSystem
+from infra.storage.shared_file_system import SharedFileSystem
+from infra.teams.access import TeamAccess, member_groups
+from infra.teams.images import TeamImages
+from infra.teams.jobs_identity import TeamJobsIdentity
+from infra.teams.network import TenantNetwork
+from infra.vpc.network import Network
 from workloads.image import RUNTIME, TrainerImage, stack_targets, trainer_image_repository
 from workloads.revisions import deployed_outputs
 from workloads.stack_code import CodeImages

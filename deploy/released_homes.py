@@ -4,7 +4,7 @@
     .venv/bin/python -m deploy.released_homes --delete pvc-0a1b...  # delete that volume's disk
 
 Needs the cluster (a kubeconfig) and a platform admin's rights. Homes live on the gp3-home
-StorageClass, whose reclaimPolicy is Retain (infra/components/block_storage.py): when a user is
+StorageClass, whose reclaimPolicy is Retain (infra/storage/block_storage.py): when a user is
 removed from stack config (her namespace goes) or a claim is deleted, the volume stays Released
 with its EBS disk and data. Deleting is the documented Kubernetes way: set the volume's
 persistentVolumeReclaimPolicy to Delete, and the EBS CSI driver deletes the disk and the volume
@@ -16,7 +16,7 @@ import sys
 from dataclasses import dataclass
 
 from deploy.cluster_access import add_arguments, with_cluster
-from infra.components.block_storage import HOME_STORAGE_CLASS
+from infra.storage.block_storage import HOME_STORAGE_CLASS
 
 
 @dataclass(frozen=True)

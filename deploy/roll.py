@@ -28,8 +28,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from deploy.cluster_access import add_arguments, with_cluster
-from infra.config import ConfigError, load_stack_file
-from infra.paths import PROJECT_DIR
+from infra.core.config import ConfigError
+from infra.core.paths import PROJECT_DIR
+from infra.stack.loading import load_stack_file
 
 NODECLAIMS = ("karpenter.sh", "v1", "nodeclaims")
 WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "workloads")

@@ -34,28 +34,30 @@ from devservers.api import (
     storage_quota,
     user_namespace,
 )
-from infra.catalog import RegionPrices
-from infra.components.block_storage import HOME_STORAGE_CLASS
-from infra.components.container_image import images
-from infra.components.context import ClusterContext
-from infra.components.gpu_metrics import NAMESPACE as DCGM_NAMESPACE
-from infra.components.hybrid_homes import STORAGE_CLASS as HYBRID_HOME_STORAGE_CLASS
-from infra.components.placement import node_selector, tolerations
-from infra.components.queues import (
+from infra.core.catalog import RegionPrices
+from infra.core.context import ClusterContext
+from infra.core.cost import SSH_LOAD_BALANCERS_ANNOTATION
+from infra.core.data_holders import annotated, user_holder
+from infra.core.paths import PROJECT_DIR
+from infra.core.rbac import CONNECT, READ, binding, group, rule
+from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.gpu.metrics import NAMESPACE as DCGM_NAMESPACE
+from infra.hybrid.config import Pool
+from infra.hybrid.homes import STORAGE_CLASS as HYBRID_HOME_STORAGE_CLASS
+from infra.hybrid.placement import node_selector, tolerations
+from infra.images.container_image import images
+from infra.kueue.config import TeamConfig
+from infra.kueue.queues import (
     API_VERSION as KUEUE_API_VERSION,
 )
-from infra.components.queues import (
+from infra.kueue.queues import (
     QUEUE_ACCESS_LABEL,
     TEAM_LABEL,
     team_cluster_queue,
 )
-from infra.components.rbac import CONNECT, READ, binding, group, rule
-from infra.components.system_nodes import SYSTEM_PLACEMENT
-from infra.components.tenant_network import admit_pods
-from infra.config import DevServersConfig, Pool, TeamConfig
-from infra.cost import SSH_LOAD_BALANCERS_ANNOTATION
-from infra.data_holders import annotated, user_holder
-from infra.paths import PROJECT_DIR
+from infra.stack.dev_servers import DevServersConfig
+from infra.storage.block_storage import HOME_STORAGE_CLASS
+from infra.teams.network import admit_pods
 
 NAMESPACE = "devservers-system"
 OPERATOR = "devserver-operator"
@@ -397,7 +399,7 @@ class DevServers(pulumi.ComponentResource):
                     **{key: str(cpu) for key in CPU_QUOTA},
                     **{key: f"{memory_gib}Gi" for key in MEMORY_QUOTA},
                     # Every home, whether a server uses it or it was kept after a delete or a
-                    # shrink: the plan's cost table prices this ceiling (infra/cost.py).
+                    # shrink: the plan's cost table prices this ceiling (infra/core/cost.py).
                     storage_quota(HOME_STORAGE_CLASS): f"{user.quota.home_gib}Gi",
                 }
             },

@@ -19,7 +19,7 @@ from devservers.component import flavor_manifest
 from devservers.controller import WARN_BEFORE, idle_rule
 from devservers.render import Settings, children
 from devservers.stack_defaults import StackDefaults, StackDefaultsError
-from infra.config import load_stack_for_command
+from infra.stack.loading import load_stack_for_command
 
 DEMO_KEY = "ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIDemoKeyOnlyForTheOfflineDemo demo@example"
 

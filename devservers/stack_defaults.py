@@ -10,8 +10,10 @@ image holds the devservers package alone).
 from dataclasses import dataclass
 
 from devservers.api import user_namespace
-from infra.config import ConfigError, StackConfig, load_stack_file
-from infra.paths import PROJECT_DIR
+from infra.core.config import ConfigError
+from infra.core.paths import PROJECT_DIR
+from infra.stack.config import StackConfig
+from infra.stack.loading import load_stack_file
 from workloads.image import stack_targets, trainer_image_repository, trainer_tag
 
 

@@ -13,7 +13,7 @@ from pulumi_policy import (
 )
 from pulumi_policy.proxy import unknown_checking_proxy
 
-from infra.offline import Plan
+from infra.core.offline import Plan
 from policies.rules import POLICIES
 
 

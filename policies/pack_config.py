@@ -17,7 +17,8 @@ import sys
 from pathlib import Path
 from typing import Any
 
-from infra.config import StackConfig, load_stack_for_command
+from infra.stack.config import StackConfig
+from infra.stack.loading import load_stack_for_command
 from policies.rules import POLICIES
 
 

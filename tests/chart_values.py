@@ -1,8 +1,8 @@
 """kube-prometheus-stack's values, written down where the program's values must match them.
 
 Read from prometheus-community/helm-charts at tag kube-prometheus-stack-88.5.3 (2026-08-22, the
-newest tag stored where this was written; 88.6.5 is pinned in infra/versions.py and no copy of it
-could be read), with its subcharts at the versions that tag's Chart.yaml names:
+newest tag stored where this was written; 88.6.5 is pinned in infra/core/versions.py and no copy of
+it could be read), with its subcharts at the versions that tag's Chart.yaml names:
 kube-state-metrics 8.4.0 and prometheus-node-exporter 4.56.1 (same repository, their own tags),
 grafana 12.11.1 (grafana-community/helm-charts, tag grafana-12.11.1). Each entry: a values key
 path that exists at that version, with the values.yaml line it was read at.
@@ -39,7 +39,7 @@ KEYS = {
     "prometheus-node-exporter.resources": "prometheus-node-exporter-4.56.1 values.yaml:334",
 }
 # Every component of the chart that makes pods with the chart's defaults and ours, as
-# infra/system_capacity.py names them; off by default there: the admission webhook Deployment
+# infra/core/capacity.py names them; off by default there: the admission webhook Deployment
 # (prometheusOperator.admissionWebhooks.deployment.enabled: false, line 2900), Thanos Ruler
 # (thanosRuler.enabled: false, 5307), the CRD upgrade Job (crds.upgradeJob.enabled: false, 40),
 # the Windows exporter (windowsMonitoring.enabled: false, 369), Grafana's image renderer

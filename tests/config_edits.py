@@ -15,9 +15,9 @@ from typing import Any
 
 from pydantic import BaseModel
 
-from infra.catalog import load_catalog
-from infra.config import ConfigError, parse_stack_config
-from infra.config.base import NAMESPACE
+from infra.core.catalog import load_catalog
+from infra.core.config import NAMESPACE, ConfigError
+from infra.stack.loading import parse_stack_config
 
 # A prebuilt image by digest, for the `uri` keys that otherwise build one.
 PREBUILT_IMAGE = "123456789012.dkr.ecr.us-west-2.amazonaws.com/prebuilt/image@sha256:" + "0" * 64

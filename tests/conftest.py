@@ -15,9 +15,9 @@ from typing import Any
 import pytest
 
 from deploy.program import build_platform
-from infra.config import parse_stack_config, read_stack_file
-from infra.offline import Plan, run_offline
-from infra.support import PLAN_DAY_VARIABLE
+from infra.core.offline import Plan, run_offline
+from infra.eks.support import PLAN_DAY_VARIABLE
+from infra.stack.loading import parse_stack_config, read_stack_file
 from tests.netns import Namespaces
 
 ROOT = Path(__file__).resolve().parent.parent

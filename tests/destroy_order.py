@@ -32,7 +32,7 @@ on 2026-08-21, commit 1b59498, the Python SDK as installed at the pinned 3.272):
 from collections.abc import Iterable
 from dataclasses import dataclass
 
-from infra.offline import Plan
+from infra.core.offline import Plan
 
 
 @dataclass(frozen=True)

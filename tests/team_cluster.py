@@ -15,7 +15,7 @@ from pathlib import Path
 
 import yaml
 
-from infra.config import parse_stack_config
+from infra.stack.loading import parse_stack_config
 from tests import trainer_rules
 from tests.conftest import ROOT, stack_values
 from tests.crd_schema import CRD_DIR, load_crd

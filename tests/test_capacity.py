@@ -18,11 +18,12 @@ import yaml
 from botocore.stub import Stubber
 
 from deploy import preflight
-from infra.catalog import PRICES_DIR, load_prices
-from infra.components.queues import NETWORK_TOPOLOGY, TOPOLOGY_LEVELS
-from infra.config import ConfigError, parse_stack_config
-from infra.cost import NODEPOOL, CostLine, Part, stack_cost
-from infra.declared import Declared, declared_in, listed
+from infra.core.catalog import PRICES_DIR, load_prices
+from infra.core.config import ConfigError
+from infra.core.cost import NODEPOOL, CostLine, Part, stack_cost
+from infra.core.declared import Declared, declared_in, listed
+from infra.kueue.queues import NETWORK_TOPOLOGY, TOPOLOGY_LEVELS
+from infra.stack.loading import parse_stack_config
 from tests import karpenter_rules as karpenter
 from tests.conftest import NO_DEV_SERVERS, deep_merge, plan_of, stack_values
 from tests.crd_schema import cel_violations, conformance_errors

@@ -9,8 +9,8 @@ import pytest
 import yaml
 from botocore.stub import Stubber
 
-from infra.catalog import COPIED, PRICES_DIR
-from infra.catalog.refresh import _filters, refresh
+from infra.core.catalog import COPIED, PRICES_DIR
+from infra.core.catalog.refresh import _filters, refresh
 
 
 def product(instance_type: str, region: str, usd: str) -> str:

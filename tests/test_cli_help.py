@@ -26,7 +26,7 @@ CLIS = {
     "python -m deploy.released_homes": "deploy.released_homes",
     "python -m workloads.local": "workloads.local",
     "python -m workloads.nccl_check": "workloads.nccl_check",
-    "python -m infra.catalog.refresh": "infra.catalog.refresh",
+    "python -m infra.core.catalog.refresh": "infra.core.catalog.refresh",
     "python -m policies.pack_config": "policies.pack_config",
     "python -m devservers.demo": "devservers.demo",
     "python -m gpuwatch.watcher": "gpuwatch.watcher",

@@ -2,9 +2,9 @@
 
 import json
 
-from infra.components.cluster import CONTROL_PLANE_LOG_TYPES
-from infra.offline import SECRET
-from infra.versions import KUBERNETES_VERSIONS
+from infra.core.offline import SECRET
+from infra.core.versions import KUBERNETES_VERSIONS
+from infra.eks.cluster import CONTROL_PLANE_LOG_TYPES
 from tests.conftest import plan_of
 
 

@@ -6,9 +6,11 @@ import jsonschema
 import pytest
 import yaml
 
-from infra.catalog import load_catalog
-from infra.cold_start import IMAGES, cold_start, fast_image_pull, pull_seconds
-from infra.config import ConfigError, NodePoolConfig, parse_stack_config
+from infra.core.catalog import load_catalog
+from infra.core.config import ConfigError
+from infra.karpenter.cold_start import IMAGES, cold_start, fast_image_pull, pull_seconds
+from infra.karpenter.config import NodePoolConfig
+from infra.stack.loading import parse_stack_config
 from tests.conftest import stack_values
 from tests.crd_schema import cel_violations, conformance_errors
 
@@ -63,7 +65,7 @@ def node_classes(plan) -> dict[str, dict]:
 
 def test_pools_with_nvme_unpack_images_on_a_raid0_of_it_the_others_on_ebs(dev_plan):
     """dev: g5.12xlarge (1 x 3800 GB NVMe) and p4d.24xlarge (8 x 1000 GB) have instance store,
-    m6i has none (AWS instance store volume table, infra/catalog/instance_types.yaml)."""
+    m6i has none (AWS instance store volume table, infra/core/catalog/instance_types.yaml)."""
     classes = node_classes(dev_plan)
     assert classes["gpu-small"]["spec"]["instanceStorePolicy"] == "RAID0"
     assert classes["gpu-large"]["spec"]["instanceStorePolicy"] == "RAID0"

@@ -11,8 +11,9 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
-from infra.config import ConfigError, load_stack_file, parse_stack_config, read_stack_file
-from infra.versions import KARPENTER_AMI_ALIAS
+from infra.core.config import ConfigError
+from infra.core.versions import KARPENTER_AMI_ALIAS
+from infra.stack.loading import load_stack_file, parse_stack_config, read_stack_file
 from tests.conftest import STACKS, stack_values
 
 
@@ -205,12 +206,8 @@ def test_job_errors_name_the_job(job, expected):
 
 
 def test_every_derived_iam_role_name_fits_for_the_longest_names_config_allows():
-    from infra.config import (
-        AUTONAME_SUFFIX,
-        IAM_ROLE_NAME_MAX,
-        job_role_resource_name,
-        karpenter_role_names,
-    )
+    from infra.eks.config import IAM_ROLE_NAME_MAX, karpenter_role_names
+    from infra.jobs.config import AUTONAME_SUFFIX, job_role_resource_name
 
     longest_job = "j" * 40  # K8sName
     assert len(job_role_resource_name(longest_job)) + AUTONAME_SUFFIX <= IAM_ROLE_NAME_MAX
@@ -260,7 +257,7 @@ def test_yaml_problems_name_the_file(tmp_path, text, expected):
 def test_the_running_stacks_file_is_checked_for_duplicate_keys(tmp_path, monkeypatch):
     import pulumi
 
-    from infra.config import loading
+    from infra.stack import loading
 
     write_stack(tmp_path, "config:\n  aws:region: us-west-2\n  aws:region: us-east-1\n")
     monkeypatch.setattr(loading, "PROJECT_DIR", tmp_path)
@@ -433,7 +430,7 @@ PINNED_RELEASE = datetime.datetime.strptime(KARPENTER_AMI_ALIAS, "al2023@v%Y%m%d
 @pytest.fixture
 def today_is_the_pinned_release(monkeypatch):
     """Today, for the amiAlias check, is the day of the pinned default release: no wall clock."""
-    from infra.config import cluster
+    from infra.eks import config as cluster
 
     monkeypatch.setattr(cluster, "utc_today", lambda: PINNED_RELEASE)
 
@@ -509,7 +506,8 @@ def test_not_internet_ranges_are_what_python_calls_not_global():
     less the documentation ranges (placeholders, refused at pulumi up)."""
     import ipaddress
 
-    from infra.config import DOCUMENTATION_RANGES, NOT_INTERNET
+    from infra.eks.config import NOT_INTERNET
+    from infra.stack.policy import DOCUMENTATION_RANGES
 
     def refused(address):
         return any(address in n for n in NOT_INTERNET)
@@ -554,8 +552,8 @@ def test_allowed_public_ingress_names_a_resource_the_stack_opens(hybrid, names, 
 def test_a_stack_with_nothing_to_queue_for_is_refused():
     """Kueue refuses a ClusterQueue without flavors (resourceGroups[].flavors minItems 1 in the
     upstream CRD), and the platform ClusterQueue's flavors are the node pools (and hybrid)."""
-    from infra.components.queues import cluster_queue_spec
-    from infra.config import QueuesConfig
+    from infra.kueue.config import QueuesConfig
+    from infra.kueue.queues import cluster_queue_spec
     from tests.conftest import NO_DEV_SERVERS
     from tests.crd_schema import conformance_errors
 

@@ -1,7 +1,7 @@
 """The plan's money (issue 30): a floor that prices what runs, an expected figure beside the
 ceiling, nothing silently free, every price sourced.
 
-Figures are checked against the price files read here directly (yaml, not infra.catalog), the
+Figures are checked against the price files read here directly (yaml, not infra.core.catalog), the
 chart values written down in tests/chart_values.py, nodeadm's kubelet reservations and a real
 DCP checkpoint the trainer writes.
 """
@@ -16,14 +16,20 @@ import pytest
 import yaml
 
 from deploy.plan import cost_rows, main
-from infra.catalog import HOURS_PER_MONTH, PRICES_DIR, load_catalog, load_prices, supported_regions
-from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
-from infra.cost import FREE, Part, classify, plan_cost, stack_cost
-from infra.declared import Declared, declared_in
-from infra.expected import expected_cost
-from infra.system_capacity import CHARTS, allocatable, system_fit
-from infra.usage import usage_lines
-from infra.versions import KUBE_PROMETHEUS_STACK_CHART
+from infra.core.capacity import CHARTS, allocatable, system_fit
+from infra.core.catalog import (
+    HOURS_PER_MONTH,
+    PRICES_DIR,
+    load_catalog,
+    load_prices,
+    supported_regions,
+)
+from infra.core.cost import FREE, Part, classify, plan_cost, stack_cost
+from infra.core.declared import Declared, declared_in
+from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
+from infra.core.versions import KUBE_PROMETHEUS_STACK_CHART
+from infra.jobs.expected import expected_cost
+from infra.jobs.usage import usage_lines
 from tests import chart_values
 from tests.conftest import ROOT, plan_of, stack_values
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
@@ -395,7 +401,7 @@ def test_refresh_without_credentials_ends_in_one_line(tmp_path):
     }
     before = (PRICES_DIR / "us-west-2.yaml").read_text()
     done = subprocess.run(
-        [sys.executable, "-m", "infra.catalog.refresh", "--region", "us-west-2"],
+        [sys.executable, "-m", "infra.core.catalog.refresh", "--region", "us-west-2"],
         cwd=ROOT,
         env=env,
         capture_output=True,

@@ -1,7 +1,7 @@
 """Day two: no edit of a running stack loses data or kills training without the plan saying so.
 
 The class tests go through every data holder the program creates and every input that the
-providers replace it for (deploy/replace_rules.py, written down from terraform-provider-aws and
+providers replace it for (infra/core/replacement.py, written down from terraform-provider-aws and
 pulumi-kubernetes source), and through every stack-config key (tests/test_day_two_edits.py): a
 loss is refused unless the stack file acknowledges it, and shown either way.
 """
@@ -13,12 +13,12 @@ import json
 import pytest
 
 from deploy.day_two import consequences, holder_of
-from deploy.replace_rules import AWS_RULES, K8S_METADATA, K8S_RULES, covers, replacing_paths
-from deploy.steps import DELETE, REPLACE, plan_steps
-from infra.config import parse_stack_config
-from infra.config.data_loss import DataLossAcknowledgement
-from infra.data_holders import HOLDER_PATTERN
-from infra.offline import Plan
+from infra.core.data_holders import HOLDER_PATTERN
+from infra.core.offline import Plan
+from infra.core.replacement import AWS_RULES, K8S_METADATA, K8S_RULES, covers, replacing_paths
+from infra.core.steps import DELETE, REPLACE, plan_steps
+from infra.stack.data_loss import DataLossAcknowledgement
+from infra.stack.loading import parse_stack_config
 from tests.conftest import plan_of, stack_values
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 
@@ -220,7 +220,7 @@ def test_an_acknowledged_holder_loses_protect_and_only_it():
     ]
     config = parse_stack_config(values, "Pulumi.prod.yaml")
     from deploy.program import build_platform
-    from infra.offline import run_offline
+    from infra.core.offline import run_offline
 
     plan = run_offline(lambda: build_platform(config), "prod", values)
     protected = {holder_of(r): r.protect for r in holders(plan)}
@@ -279,8 +279,8 @@ def test_a_claim_bound_to_another_volume_is_named():
 
 
 def lifecycle_step(old_rules: list[dict], new_rules: list[dict]):
-    from deploy.steps import UPDATE, Step
-    from infra.offline import RecordedResource
+    from infra.core.offline import RecordedResource
+    from infra.core.steps import UPDATE, Step
 
     def resource(rules):
         return RecordedResource("urn:lc", LIFECYCLE, "bucket", "", "", [], {"rules": rules}, True)

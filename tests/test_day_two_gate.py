@@ -15,8 +15,8 @@ import pytest
 import yaml
 
 from deploy.preview_gate import main
-from deploy.steps import DELETE, REPLACE, plan_steps
-from infra.offline import RecordedResource
+from infra.core.offline import RecordedResource
+from infra.core.steps import DELETE, REPLACE, plan_steps
 from tests.conftest import ROOT, plan_of, stack_values
 
 

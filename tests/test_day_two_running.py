@@ -5,10 +5,10 @@ import pytest
 
 from deploy.day_two import consequences
 from deploy.program import build_platform
-from deploy.steps import plan_steps
-from infra.config import parse_stack_config
-from infra.offline import run_offline
-from infra.versions import KUBERNETES_VERSIONS
+from infra.core.offline import run_offline
+from infra.core.steps import plan_steps
+from infra.core.versions import KUBERNETES_VERSIONS
+from infra.stack.loading import parse_stack_config
 from tests.config_edits import PREBUILT_IMAGE
 from tests.conftest import stack_values
 

@@ -13,9 +13,9 @@ from deploy.plan import cost_rows
 from devservers.api import crds
 from devservers.cli import parse_args, server_manifest
 from devservers.render import stateful_set
-from infra.catalog import HOURS_PER_MONTH, load_prices
-from infra.cost import STORAGE_CLASS, plan_cost, stack_cost
-from infra.declared import declared_in
+from infra.core.catalog import HOURS_PER_MONTH, load_prices
+from infra.core.cost import STORAGE_CLASS, plan_cost, stack_cost
+from infra.core.declared import declared_in
 from tests.conftest import ROOT, hadolint, plan_of, stack_values
 from tests.crd_schema import conformance_errors
 from tests.test_services import kueue_config
@@ -260,7 +260,7 @@ def test_make_demo_renders_a_devserver_for_dev(tmp_path, capsys):
 
 def test_the_plan_summary_lists_flavors_and_users():
     from deploy.plan import dev_server_rows
-    from infra.config import load_stack_file
+    from infra.stack.loading import load_stack_file
 
     rows = "\n".join(dev_server_rows(load_stack_file("dev")))
     assert "a100-8     gpu-large     8    86         979" in rows

@@ -2,7 +2,8 @@
 
 import pytest
 
-from infra.config import ConfigError, load_stack_file, parse_stack_config
+from infra.core.config import ConfigError
+from infra.stack.loading import load_stack_file, parse_stack_config
 from tests.conftest import stack_values
 
 
@@ -41,7 +42,7 @@ USER = {
     ],
 )
 def test_a_flavor_must_fit_its_pools_smallest_instance_type(flavor, key, allowed):
-    from infra.config import load_stack_file
+    from infra.stack.loading import load_stack_file
 
     gpu_small = next(p for p in load_stack_file("dev").node_pools if p.name == "gpu-small")
     assert gpu_small.job_pod_requests() == (43, 163)  # DevServers and jobs: one rule

@@ -20,7 +20,7 @@ from devservers.render import (
     owner_of_namespace,
     stateful_set,
 )
-from infra.offline import ACCOUNT_ID
+from infra.core.offline import ACCOUNT_ID
 from tests.crd_schema import cel_violations, conformance_errors, with_defaults
 from tests.test_devservers_crds import gpu_flavor
 

@@ -16,7 +16,7 @@ from tests.test_devservers_operator import START, World, gpu_at
 from tests.test_devservers_render import server as server_manifest
 
 # The nodes the pods land on: (instance type, capacity). g5.12xlarge: 4 GPUs, 48 vCPU, 192 GiB;
-# m6i.2xlarge: 8 vCPU, 32 GiB (infra/catalog/instance_types.yaml).
+# m6i.2xlarge: 8 vCPU, 32 GiB (infra/core/catalog/instance_types.yaml).
 NODES = {
     "dev-alice": (
         "gpu-node",

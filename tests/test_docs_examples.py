@@ -11,7 +11,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.support import PLAN_DAY_VARIABLE
+from infra.eks.support import PLAN_DAY_VARIABLE
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "docs/_ext"))

@@ -8,7 +8,7 @@ from typing import Annotated, Any
 import pytest
 from pydantic import AfterValidator, BaseModel, Field
 
-from infra.config import StackConfig
+from infra.stack.config import StackConfig
 from tests.conftest import ROOT
 
 sys.path.insert(0, str(ROOT / "docs/_ext"))

@@ -5,7 +5,7 @@ import json
 
 from tests import iam_rules
 
-ACCOUNT = "123456789012"  # the offline plan's account (infra/offline.py)
+ACCOUNT = "123456789012"  # the offline plan's account (infra/core/offline.py)
 
 
 # EFS: a mount is elasticfilesystem:ClientMount (ClientWrite to write) on the file system, with

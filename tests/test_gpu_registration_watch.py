@@ -25,7 +25,7 @@ import kubernetes_validate
 import pytest
 import yaml
 
-from infra.catalog import load_catalog
+from infra.core.catalog import load_catalog
 from tests.conftest import ROOT
 from tests.crd_schema import CRD_DIR, cel_violations, conformance_errors
 from tests.kube_api import from_plan, service_account

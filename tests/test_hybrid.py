@@ -18,8 +18,11 @@ from pulumi.runtime.sync_await import _sync_await
 
 from deploy import hybrid_bootstrap
 from deploy.program import build_platform
-from infra.components.hybrid_gateway import wireguard_sources
-from infra.components.hybrid_gateway_boot import (
+from infra.core.config import ConfigError
+from infra.core.offline import run_offline
+from infra.hybrid.config import HybridConfig, SsmActivation
+from infra.hybrid.gateway import wireguard_sources
+from infra.hybrid.gateway_boot import (
     FORWARD_SCRIPT,
     KEY_PLACEHOLDER,
     SYNC_PROGRAM,
@@ -30,11 +33,10 @@ from infra.components.hybrid_gateway_boot import (
     sync_program,
     sync_units,
 )
-from infra.components.hybrid_machines import HYBRID_TAINT
-from infra.components.hybrid_nodes import remote_network_transform
-from infra.components.node_pools import MACHINE_LABEL, POOL_LABEL
-from infra.config import ConfigError, HybridConfig, SsmActivation, parse_stack_config
-from infra.offline import run_offline
+from infra.hybrid.machines import HYBRID_TAINT
+from infra.hybrid.nodes import remote_network_transform
+from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
+from infra.stack.loading import parse_stack_config
 from policies.offline import check
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 

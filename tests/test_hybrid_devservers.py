@@ -1,6 +1,6 @@
 """DevServers on the hybrid machines (flavors naming `nodePool: hybrid`): placement from
 placement.py, homes in directories of each machine's own disk made by the local-path provisioner
-(infra/components/hybrid_homes.py), no /shared. Through the offline plan, and the operator on the
+(infra/hybrid/homes.py), no /shared. Through the offline plan, and the operator on the
 local Kubernetes API. The provisioner cannot run here (no kubelet, no hostPath): its overlay is
 checked against upstream's rules, written down below from its sources at the pinned tag, never
 against copies of its manifests."""
@@ -12,14 +12,14 @@ import pytest
 import yaml
 
 from deploy.program import OVERLAYS, build_platform
-from infra.components.hybrid_homes import NAMESPACE, OVERLAY, PROVISIONER, STORAGE_CLASS
-from infra.components.hybrid_machines import HYBRID_TAINT, MACHINE_TOLERATION, machine_taint
-from infra.components.node_pools import MACHINE_LABEL, POOL_LABEL
-from infra.components.placement import node_selector, tolerations
-from infra.config import parse_stack_config
-from infra.config.queues import SYSTEM_NAMESPACES
-from infra.offline import run_offline
-from infra.versions import LOCAL_PATH_HELPER_IMAGE, LOCAL_PATH_PROVISIONER_VERSION
+from infra.core.offline import run_offline
+from infra.core.versions import LOCAL_PATH_HELPER_IMAGE, LOCAL_PATH_PROVISIONER_VERSION
+from infra.hybrid.homes import NAMESPACE, OVERLAY, PROVISIONER, STORAGE_CLASS
+from infra.hybrid.machines import HYBRID_TAINT, MACHINE_TOLERATION, machine_taint
+from infra.hybrid.placement import node_selector, tolerations
+from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
+from infra.kueue.config import SYSTEM_NAMESPACES
+from infra.stack.loading import parse_stack_config
 from policies.offline import check
 from tests.conftest import local_cluster, stack_values
 from tests.crd_schema import conformance_errors

@@ -23,7 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
-from infra.components.hybrid_gateway_boot import (
+from infra.hybrid.gateway_boot import (
     FORWARD_SCRIPT,
     KEY_PLACEHOLDER,
     SYNC_SECONDS,
@@ -35,8 +35,8 @@ from infra.components.hybrid_gateway_boot import (
     sync_program,
     sync_units,
 )
-from infra.components.hybrid_gateway_sync import machine_parameter
-from infra.components.node_pools import MACHINE_LABEL, POOL_LABEL
+from infra.hybrid.gateway_sync import machine_parameter
+from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
 from mesh.wireguard import Hub, Spoke, generate_private_key, public_key, spoke_config
 from tests.netns import Namespaces, stop
 
@@ -52,7 +52,7 @@ ACTIVATIONS = {
 }
 
 # The AWS CLI for the four calls the sync makes, printing what the real one prints (response
-# shapes in infra/components/hybrid_gateway_sync.py); any other call fails loudly.
+# shapes in infra/hybrid/gateway_sync.py); any other call fails loudly.
 FAKE_AWS = """#!{python}
 import json, os, sys
 state = json.load(open(os.environ["FAKE_AWS_STATE"]))

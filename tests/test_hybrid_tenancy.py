@@ -18,15 +18,15 @@ import json
 import pytest
 
 from devservers.api import OWNER_LABEL
-from infra.components.hybrid_admission import policies
-from infra.components.hybrid_gateway import GATEWAY_GROUP
-from infra.components.hybrid_machines import node_labels, node_taints
-from infra.components.node_pools import MACHINE_LABEL, POOL_LABEL
-from infra.components.queues import TEAM_LABEL
-from infra.components.system_nodes import SYSTEM_PLACEMENT
-from infra.components.team_access import POLICIES
-from infra.config import HybridConfig
-from infra.system_capacity import SYSTEM_LABELS, SYSTEM_TAINT
+from infra.core.capacity import SYSTEM_LABELS, SYSTEM_TAINT
+from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.hybrid.admission import policies
+from infra.hybrid.config import HybridConfig
+from infra.hybrid.gateway import GATEWAY_GROUP
+from infra.hybrid.machines import node_labels, node_taints
+from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
+from infra.kueue.queues import TEAM_LABEL
+from infra.teams.access import POLICIES
 from tests.admission_rules import ENV, admitted, refusals
 from tests.test_hybrid import HYBRID
 from tests.test_hybrid_devservers import plan_of_values

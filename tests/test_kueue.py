@@ -17,8 +17,14 @@ from devservers.api import API_VERSION
 from devservers.cli import main as devctl
 from devservers.controller import JOB_UID_LABEL, kueue_state
 from devservers.kube import KubeCluster, settings_from_env
-from infra.cold_start import MARGIN, SPOT_NOTICE_S, cold_start, duration, pods_ready_timeouts
-from infra.config import parse_stack_config
+from infra.karpenter.cold_start import (
+    MARGIN,
+    SPOT_NOTICE_S,
+    cold_start,
+    duration,
+    pods_ready_timeouts,
+)
+from infra.stack.loading import parse_stack_config
 from tests import kueue_rules as kueue
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 from tests.crd_schema import conformance_errors

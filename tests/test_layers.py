@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.components.container_image import context_files
+from infra.images.container_image import context_files
 from tests.conftest import ROOT
 
 # Bottom to top. A folder may import the folders of lower layers, never one of its own layer or

@@ -18,15 +18,11 @@ import pytest
 import yaml
 from kubernetes.config import kube_config
 
-from infra.catalog import load_catalog, load_published_busbw
-from infra.config import (
-    FABRIC_MAX_BYTES,
-    ConfigError,
-    StackConfig,
-    fabric_sizes,
-    load_stack_file,
-    parse_stack_config,
-)
+from infra.core.catalog import load_catalog, load_published_busbw
+from infra.core.config import ConfigError
+from infra.karpenter.fabric_check import FABRIC_MAX_BYTES, fabric_sizes
+from infra.stack.config import StackConfig
+from infra.stack.loading import load_stack_file, parse_stack_config
 from tests.conftest import NO_DEV_SERVERS, ROOT, stack_values
 from tests.crd_schema import conformance_errors
 from tests.kube_api import ADMIN, KubeAPI

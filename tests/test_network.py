@@ -5,11 +5,12 @@ import ipaddress
 
 import pytest
 
-from infra.catalog import load_prices
-from infra.config import ConfigError, parse_stack_config
-from infra.cost import plan_cost
-from infra.declared import declared_in
-from infra.usage import usage_lines
+from infra.core.catalog import load_prices
+from infra.core.config import ConfigError
+from infra.core.cost import plan_cost
+from infra.core.declared import declared_in
+from infra.jobs.usage import usage_lines
+from infra.stack.loading import parse_stack_config
 from tests.conftest import plan_of, stack_values
 
 SUBNET = "aws:ec2/subnet:Subnet"

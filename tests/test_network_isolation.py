@@ -13,14 +13,14 @@ import pytest
 from devservers.api import API_VERSION, user_namespace
 from devservers.kube import DCGM_PORT, settings_from_env
 from devservers.render import POD_INDEX_LABEL, RDZV_PORTS, SSH_PORT, children
-from infra.config import read_stack_file
+from infra.stack.loading import read_stack_file
 from tests import network_policy_rules
 from tests.conftest import plan_of
 from tests.crd_schema import with_defaults
 from tests.network_policy_rules import NAMESPACE_NAME_LABEL, Endpoint
 
 POLICY = "kubernetes:networking.k8s.io/v1:NetworkPolicy"
-ACCOUNT = "123456789012"  # the offline plan's account (infra/offline.py)
+ACCOUNT = "123456789012"  # the offline plan's account (infra/core/offline.py)
 # A second user beside the prod stack's carol, in another team.
 DAVE = {
     "name": "dave",

@@ -11,10 +11,11 @@ import jsonschema
 import kubernetes_validate
 import pytest
 
-from infra.catalog import load_catalog
-from infra.components.gpu_registration_watch import registration_timeout
-from infra.config import ConfigError, parse_stack_config
-from infra.versions import KUBERNETES_VERSIONS
+from infra.core.catalog import load_catalog
+from infra.core.config import ConfigError
+from infra.core.versions import KUBERNETES_VERSIONS
+from infra.gpu.registration_watch import registration_timeout
+from infra.stack.loading import parse_stack_config
 from tests import karpenter_rules as karpenter
 from tests import node_monitoring_agent_rules as agent
 from tests.conftest import NO_DEV_SERVERS, ROOT, deep_merge, hadolint, plan_of, stack_values
@@ -147,7 +148,7 @@ def watcher_args(plan) -> list[str]:
 
 
 def test_the_default_timeout_is_the_slowest_gpu_pools_launch_with_margin(dev_plan):
-    """infra/cold_start.py: p4d 300 s boot + 30 s device plugin, g5 90 + 30; times 1.5, in
+    """infra/karpenter/cold_start.py: p4d 300 s boot + 30 s device plugin, g5 90 + 30; times 1.5, in
     whole minutes. dev has both: p4d's 495 s, 9 minutes."""
     pools = {p.name: p for p in parse_stack_config(stack_values("dev"), "dev").node_pools}
     assert registration_timeout([pools["gpu-small"]]) == 180

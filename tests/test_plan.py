@@ -92,7 +92,7 @@ def test_a_program_edit_dropping_node_pool_limits_is_reported_not_a_traceback(
 ):
     """The CLI as `make plan` runs it, after a program edit: no traceback, every unbounded pool
     named by the policy pack, and the plan's cost saying it has no ceiling."""
-    from infra.components import node_pools
+    from infra.karpenter import node_pools
 
     spec_with_limits = node_pools.node_pool_spec
 

@@ -10,17 +10,17 @@ from deploy.plan import CHANGES_FILE, main
 from deploy.plan_changes import changes, plan_facts
 from deploy.program import build_platform
 from deploy.program import main as program_main
-from infra.catalog import load_prices, supported_regions
-from infra.config import (
-    ConfigError,
+from infra.core.catalog import load_prices, supported_regions
+from infra.core.config import ConfigError
+from infra.core.offline import run_offline
+from infra.stack.loading import (
     config_from_pulumi,
     load_stack_file,
     parse_stack_config,
-    placeholder_errors,
     read_stack_file,
 )
-from infra.config.policy import _placeholder as placeholder_reason
-from infra.offline import run_offline
+from infra.stack.policy import _placeholder as placeholder_reason
+from infra.stack.policy import placeholder_errors
 from tests.conftest import ROOT, plan_of, stack_values
 
 MAX_NODES_4_TO_12 = [
@@ -122,7 +122,7 @@ def with_gpu_large_types(types: list[str]) -> list[dict]:
         (
             "ap-northeast-1",
             "p4d.24xlarge",
-            "aws:region: no prices for region 'ap-northeast-1' in infra/catalog/prices/; "
+            "aws:region: no prices for region 'ap-northeast-1' in infra/core/catalog/prices/; "
             "supported regions: eu-central-1, eu-west-1, us-east-1, us-west-2",
         ),
         (
@@ -141,7 +141,7 @@ def with_gpu_large_types(types: list[str]) -> list[dict]:
             "eu-west-1",  # sold there, but its price not read yet
             "g6.48xlarge",
             "training-platform:nodePools[gpu-large].instanceTypes[0]: g6.48xlarge has no "
-            "eu-west-1 price in infra/catalog/prices/eu-west-1.yaml",
+            "eu-west-1 price in infra/core/catalog/prices/eu-west-1.yaml",
         ),
     ],
 )

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pytest
 
-from infra.offline import Plan, RecordedResource
+from infra.core.offline import Plan, RecordedResource
 from policies.offline import check
 from policies.rules import POLICIES
 from tests.conftest import ROOT
@@ -704,8 +704,8 @@ def test_unknown_values_the_rule_does_not_read_do_not_matter():
 def hybrid_stack():
     """The dev stack with hybrid nodes: its config and offline plan."""
     from deploy.program import build_platform
-    from infra.config import parse_stack_config
-    from infra.offline import run_offline
+    from infra.core.offline import run_offline
+    from infra.stack.loading import parse_stack_config
     from tests.conftest import stack_values
     from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 
@@ -725,7 +725,7 @@ def budget_total(plan: Plan) -> float:
 
 @pytest.mark.parametrize("stack", ["dev", "prod", "hybrid"])
 def test_the_budget_rule_adds_up_what_the_plans_cost_table_does(stack, request, hybrid_stack):
-    from infra.cost import plan_cost
+    from infra.core.cost import plan_cost
 
     plan = hybrid_stack[1] if stack == "hybrid" else request.getfixturevalue(f"{stack}_plan")
     assert budget_total(plan) == round(plan_cost("us-west-2", plan).total_per_hour, 2)
@@ -734,7 +734,7 @@ def test_the_budget_rule_adds_up_what_the_plans_cost_table_does(stack, request, 
 def test_the_budget_rule_counts_the_hybrid_lines(hybrid_stack, dev_plan):
     """The hybrid section adds the gateway, its address and the machines' vCPUs to the table;
     the budget rule's total moves by exactly those lines."""
-    from infra.cost import plan_cost
+    from infra.core.cost import plan_cost
 
     dev = {line.item for line in plan_cost("us-west-2", dev_plan).lines}
     added = [line for line in plan_cost("us-west-2", hybrid_stack[1]).lines if line.item not in dev]
@@ -765,8 +765,8 @@ def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
     desiredSize in the floor and up to maxSize above it, FSx per GiB-month, NAT gateways and their
     addresses, KMS keys, the control plane, and the gp3 quota and SSH load balancers of carol's
     DevServers."""
-    from infra.catalog import HOURS_PER_MONTH, load_prices
-    from infra.cost import plan_cost
+    from infra.core.catalog import HOURS_PER_MONTH, load_prices
+    from infra.core.cost import plan_cost
 
     prices = load_prices("us-west-2")
 
@@ -810,11 +810,12 @@ def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
 def test_the_hybrid_gateway_is_costed_and_its_type_priced_in_config(hybrid_stack, tmp_path):
     """Figured by hand from us-west-2's price file: the gateway (c6i.large, 8 GiB gp3 root
     volume), its Elastic IP, and EKS's per-vCPU-hour charge for HYBRID's 16 + 8 vCPUs."""
-    from infra.catalog import HOURS_PER_MONTH, load_prices
-    from infra.config import ConfigError, load_stack_file
-    from infra.cost import plan_cost
-    from infra.declared import declared_in
-    from infra.usage import usage_lines
+    from infra.core.catalog import HOURS_PER_MONTH, load_prices
+    from infra.core.config import ConfigError
+    from infra.core.cost import plan_cost
+    from infra.core.declared import declared_in
+    from infra.jobs.usage import usage_lines
+    from infra.stack.loading import load_stack_file
 
     config, plan = hybrid_stack
     prices = load_prices("us-west-2")
@@ -876,7 +877,7 @@ def test_storage_growth_past_the_budget_fails_the_plan_naming_the_storage():
 def test_allowed_public_ingress_names_are_what_the_program_opens(hybrid_stack):
     """public_ingress_resources (what stack config lets policy.allowedPublicIngress name) is
     what no-world-ingress flags in the program's own plan."""
-    from infra.config import public_ingress_resources
+    from infra.stack.policy import public_ingress_resources
 
     config, plan = hybrid_stack
     flagged = {v.urn.rsplit("::", 1)[-1] for v in violations_of(plan, "no-world-ingress")}

@@ -8,7 +8,7 @@ import pytest
 from google.protobuf import json_format, struct_pb2
 from pulumi.runtime import proto
 
-from infra.config import load_stack_file
+from infra.stack.loading import load_stack_file
 from policies.pack_config import main, pack_config, policy_settings, render
 from policies.rules import POLICIES
 from policies.rules.base import DEFAULTS

@@ -7,7 +7,7 @@ from botocore.stub import Stubber
 from moto import mock_aws
 
 from deploy import preflight
-from infra.config import parse_stack_config
+from infra.stack.loading import parse_stack_config
 from tests.conftest import NO_DEV_SERVERS, stack_values
 
 ACCOUNT = "123456789012"

@@ -2,7 +2,7 @@
 
 import json
 
-from infra.components.queues import POD_SECURITY_LABELS
+from infra.kueue.queues import POD_SECURITY_LABELS
 from trainer import TRAINER_UID
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"

@@ -6,12 +6,9 @@ import pytest
 import yaml
 
 from deploy.program import OVERLAYS
-from infra.components.kueue import FRAMEWORKS
-from infra.components.queues import TEAM_LABEL
-from infra.components.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TOLERATION
-from infra.components.training_operators import MPI_OPERATOR, TRAINER, TRAINING_OPERATOR
-from infra.config import ConfigError, load_stack_file, parse_stack_config
-from infra.versions import (
+from infra.core.config import ConfigError
+from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TOLERATION
+from infra.core.versions import (
     DCGM_EXPORTER_CHART,
     JOBSET_VERSION,
     KUBE_PROMETHEUS_STACK_CHART,
@@ -20,6 +17,10 @@ from infra.versions import (
     TRAINER_VERSION,
     TRAINING_OPERATOR_VERSION,
 )
+from infra.kueue.kueue import FRAMEWORKS
+from infra.kueue.queues import TEAM_LABEL
+from infra.operators.training_operators import MPI_OPERATOR, TRAINER, TRAINING_OPERATOR
+from infra.stack.loading import load_stack_file, parse_stack_config
 from tests import trainer_rules
 from tests.conftest import STACKS, stack_values
 from tests.crd_schema import CRD_DIR, load_crd

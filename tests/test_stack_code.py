@@ -16,11 +16,12 @@ import pytest
 from deploy.day_two import consequences
 from deploy.plan import summary
 from deploy.program import build_platform
-from deploy.steps import plan_steps
-from infra.components.container_image import source_tag
-from infra.config import ConfigError, parse_stack_config
-from infra.config.jobs import UserCode
-from infra.offline import run_offline
+from infra.core.config import ConfigError
+from infra.core.offline import run_offline
+from infra.core.steps import plan_steps
+from infra.images.container_image import source_tag
+from infra.jobs.config import UserCode
+from infra.stack.loading import parse_stack_config
 from tests.config_edits import PREBUILT_IMAGE
 from tests.conftest import ROOT, hadolint, stack_values
 from tests.crd_schema import cel_violations, conformance_errors
@@ -284,7 +285,7 @@ def test_user_code_takes_a_snapshot_or_a_built_folder_not_both(tmp_path):
 JOB_LOCAL = """
 import json, sys
 import workloads.local
-from infra.config import parse_stack_config
+from infra.stack.loading import parse_stack_config
 config = parse_stack_config(json.loads(sys.argv[1]), "Pulumi.dev.yaml")
 workloads.local.load_stack_for_command = lambda stack: config
 sys.exit(workloads.local.main(sys.argv[2:]))

@@ -5,10 +5,11 @@ import json
 
 import pytest
 
-from infra.components.bucket import prefix_access_policy
-from infra.config import ConfigError, parse_stack_config
-from infra.data_holders import FSX, loss
-from infra.versions import DEFAULT_KUBERNETES_VERSION, KUBERNETES_VERSIONS
+from infra.core.config import ConfigError
+from infra.core.data_holders import FSX, loss
+from infra.core.versions import DEFAULT_KUBERNETES_VERSION, KUBERNETES_VERSIONS
+from infra.stack.loading import parse_stack_config
+from infra.storage.bucket import prefix_access_policy
 from tests.conftest import stack_values
 
 # The stacks run the default version.

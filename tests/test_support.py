@@ -6,9 +6,9 @@ import datetime
 import pytest
 
 from deploy.plan import main, summary
-from infra.config import parse_stack_config
-from infra.cost import plan_cost
-from infra.support import PLAN_DAY_VARIABLE, support_on
+from infra.core.cost import plan_cost
+from infra.eks.support import PLAN_DAY_VARIABLE, support_on
+from infra.stack.loading import parse_stack_config
 from tests.conftest import SUITE_PLAN_DAY, plan_of, stack_values
 
 OLD = {"kubernetesVersion": "1.34", "upgradePolicy": "EXTENDED"}

@@ -11,9 +11,10 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.dynamic.exceptions import ForbiddenError
 
-from infra.components.node_pools import POOL_LABEL
-from infra.components.queues import TEAM_LABEL
-from infra.components.team_access import (
+from infra.karpenter.node_pools import POOL_LABEL
+from infra.kueue.config import TeamConfig
+from infra.kueue.queues import TEAM_LABEL
+from infra.teams.access import (
     DISRUPT_POLICY,
     DO_NOT_DISRUPT,
     PLACE_POLICY,
@@ -24,7 +25,6 @@ from infra.components.team_access import (
     QUEUE_RULE,
     member_groups,
 )
-from infra.config import TeamConfig
 from tests.admission_rules import refusals
 from tests.conftest import ROOT, plan_of, stack_values
 from tests.crd_schema import CRD_DIR, conformance_errors

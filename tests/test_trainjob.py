@@ -11,13 +11,15 @@ import yaml
 
 from deploy.day_two import consequences
 from deploy.program import build_platform
-from deploy.steps import plan_steps
-from infra.components.node_pools import POOL_LABEL
-from infra.components.team_access import team_group
-from infra.config import SELF_SERVICE_ACCOUNT, TeamConfig, parse_stack_config
-from infra.declared import declared_in
-from infra.declared_jobs import declared_jobs
-from infra.offline import run_offline
+from infra.core.declared import declared_in
+from infra.core.offline import run_offline
+from infra.core.steps import plan_steps
+from infra.jobs.config import SELF_SERVICE_ACCOUNT
+from infra.jobs.declared import declared_jobs
+from infra.karpenter.node_pools import POOL_LABEL
+from infra.kueue.config import TeamConfig
+from infra.stack.loading import parse_stack_config
+from infra.teams.access import team_group
 from policies.offline import check
 from tests import trainer_rules
 from tests.config_edits import PREBUILT_IMAGE
@@ -221,7 +223,7 @@ def test_a_stack_trainjob_runs_on_its_pools_runtime_as_its_own_identity(trainjob
 
 
 def test_a_hybrid_trainjob_is_refused():
-    from infra.config import ConfigError
+    from infra.core.config import ConfigError
     from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 
     values = stack_values(
@@ -358,7 +360,7 @@ def cel_admission(kind_, obj):
 
 @pytest.fixture(scope="module")
 def trainer_api(dev_plan):
-    # The team members' rights as the dev stack grants them (infra/components/team_access.py).
+    # The team members' rights as the dev stack grants them (infra/teams/access.py).
     api = KubeAPI(Authorizer([*rbac_of(dev_plan), *PUBLIC_RBAC]), BUILTIN).start()
     api.admission.append(cel_admission)
     try:

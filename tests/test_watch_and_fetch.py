@@ -385,7 +385,7 @@ def test_the_copy_pod_is_restricted_and_reads_a_claim_read_only_or_s3_as_the_tea
 
 
 def test_the_teams_service_account_is_the_one_its_role_is_associated_with(dev_plan):
-    from infra.config import SELF_SERVICE_ACCOUNT
+    from infra.jobs.config import SELF_SERVICE_ACCOUNT
 
     associated = {
         (a.inputs["namespace"], a.inputs["serviceAccount"])
@@ -403,7 +403,7 @@ def test_the_claims_are_the_ones_job_pods_mount():
 
 def test_the_copy_pod_names_its_queue_and_knows_kueues_gate_as_the_platform_does():
     from devservers.controller import KUEUE_GATE as GATE
-    from infra.components.team_access import QUEUE_LABEL as LABEL
+    from infra.teams.access import QUEUE_LABEL as LABEL
 
     assert (QUEUE_LABEL, KUEUE_GATE) == (LABEL, GATE)
 

@@ -7,8 +7,9 @@ import sys
 
 import pytest
 
-from infra.components.container_image import context_files, source_tag
-from infra.config import ConfigError, parse_stack_config
+from infra.core.config import ConfigError
+from infra.images.container_image import context_files, source_tag
+from infra.stack.loading import parse_stack_config
 from tests.conftest import ROOT, plan_of, stack_values
 from tests.crd_schema import conformance_errors
 from workloads.image import CONTEXT, trainer_tag

@@ -19,8 +19,8 @@ import subprocess
 import sys
 from pathlib import Path
 
-from infra.config import load_stack_for_command
-from infra.paths import PROJECT_DIR
+from infra.core.paths import PROJECT_DIR
+from infra.stack.loading import load_stack_for_command
 from trainer.options import parse_options
 from trainer.user_code import LOCAL_ENV as WORKER_ENV
 

@@ -11,13 +11,13 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.components.lustre import CHECKPOINTS_CLAIM as FSX_CHECKPOINTS_CLAIM
-from infra.components.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
-from infra.components.placement import pod_placement
-from infra.components.queues import PREFERRED_TOPOLOGY_LEVEL
-from infra.components.shared_file_system import CLAIM as EFS_CLAIM
-from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
-from infra.config.jobs import DEFAULT_MAX_RESTARTS
+from infra.hybrid.config import Pool
+from infra.hybrid.placement import pod_placement
+from infra.jobs.config import DEFAULT_MAX_RESTARTS, SELF_SERVICE_ACCOUNT, JobConfig
+from infra.kueue.queues import PREFERRED_TOPOLOGY_LEVEL
+from infra.storage.lustre import CHECKPOINTS_CLAIM as FSX_CHECKPOINTS_CLAIM
+from infra.storage.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
+from infra.storage.shared_file_system import CLAIM as EFS_CLAIM
 from trainer import RESTRICTED_CONTAINER, RESTRICTED_POD, TRAINER_UID
 from trainer.user_code import INPUT_ERROR
 

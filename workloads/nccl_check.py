@@ -24,15 +24,12 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
-from infra.config import (
-    FabricCheckPlan,
-    JobConfig,
-    NodePoolConfig,
-    StackConfig,
-    image_target,
-    load_stack_for_command,
-    queue_shortfall,
-)
+from infra.jobs.config import JobConfig
+from infra.karpenter.config import NodePoolConfig, image_target
+from infra.karpenter.fabric_check import FabricCheckPlan
+from infra.kueue.config import queue_shortfall
+from infra.stack.config import StackConfig
+from infra.stack.loading import load_stack_for_command
 from workloads.manifests import API_VERSIONS, LAUNCHER, JobTarget, mpi_job, network_policy
 
 CHECK_LABEL = "training-platform/fabric-check"

@@ -14,7 +14,7 @@ import copy
 
 import pulumi
 
-from infra.declared import dig, pod_sets
+from infra.core.declared import dig, pod_sets
 
 
 def deployed_outputs(*names: str) -> dict[str, pulumi.Output[dict]]:

@@ -19,12 +19,12 @@ import shlex
 
 import pulumi
 
-from infra.components.container_image import EcrRepository, repository_name, source_tag
-from infra.components.context import ClusterContext
-from infra.config import image_target
-from infra.config.jobs import JobConfig, UserCode
-from infra.config.stack import StackConfig
-from infra.paths import PROJECT_DIR
+from infra.core.context import ClusterContext
+from infra.core.paths import PROJECT_DIR
+from infra.images.container_image import EcrRepository, repository_name, source_tag
+from infra.jobs.config import JobConfig, UserCode
+from infra.karpenter.config import image_target
+from infra.stack.config import StackConfig
 from trainer import TRAINER_UID
 from trainer.user_code import command, contract_paths
 from workloads.image import trainer_tag

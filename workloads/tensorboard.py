@@ -14,12 +14,12 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.components.bucket import TrainingBucket
-from infra.components.context import ClusterContext
-from infra.components.iam import pod_identity_role
-from infra.components.system_nodes import SYSTEM_PLACEMENT
-from infra.config import CHECKPOINT_PREFIX, TeamConfig
-from infra.config.queues import TENSORBOARD
+from infra.core.context import ClusterContext
+from infra.core.iam import pod_identity_role
+from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.kueue.config import TENSORBOARD, TeamConfig
+from infra.storage.bucket import TrainingBucket
+from infra.storage.config import CHECKPOINT_PREFIX
 from trainer import RESTRICTED_CONTAINER, RESTRICTED_POD
 from workloads.manifests import CHECKPOINT_ROOTS, MOUNTS
 

@@ -9,10 +9,11 @@ import pulumi
 import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
-from infra.components.bucket import TrainingBucket
-from infra.components.context import ClusterContext
-from infra.components.iam import pod_identity_role
-from infra.config import JobConfig, Pool, job_role_resource_name
+from infra.core.context import ClusterContext
+from infra.core.iam import pod_identity_role
+from infra.hybrid.config import Pool
+from infra.jobs.config import JobConfig, job_role_resource_name
+from infra.storage.bucket import TrainingBucket
 from workloads.manifests import (
     API_VERSIONS,
     JobTarget,

@@ -6,7 +6,7 @@ pool's node selector and tolerations, every GPU and EFA interface of its smalles
 trainer's image, arguments, environment and node count, little else of the pods. The hybrid
 machines have none: their job pods are sized per job (HybridPool). Each runtime's pods are those
 a stack job on the pool gets (workloads/manifests.py pod_template), run as the team's
-self-service identity (infra/components/team_jobs_identity.py).
+self-service identity (infra/teams/jobs_identity.py).
 
 Day two: a change to a runtime's containers restarts every running TrainJob on it that does not
 set the changed field itself (tests/trainer_rules.py). So runtimes keep the manifest they were
@@ -17,9 +17,10 @@ and the plan lists what that holds back.
 import pulumi
 import pulumi_kubernetes as k8s
 
-from infra.components.bucket import TrainingBucket
-from infra.components.context import ClusterContext
-from infra.config import NodePoolConfig, RuntimesConfig, image_target
+from infra.core.context import ClusterContext
+from infra.jobs.runtimes import RuntimesConfig
+from infra.karpenter.config import NodePoolConfig, image_target
+from infra.storage.bucket import TrainingBucket
 from workloads.manifests import API_VERSIONS, runtime_name, training_runtime
 from workloads.revisions import held_back, kept_manifest
 

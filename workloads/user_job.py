@@ -22,9 +22,9 @@ from typing import Any
 
 from pydantic import Field, ValidationError, field_validator
 
-from infra.config import SELF_SERVICE_ACCOUNT, JobConfig, Pool
-from infra.config.base import K8sName, did_you_mean, one_line
-from infra.config.jobs import DEFAULT_MAX_RESTARTS, UserCode
+from infra.core.config import K8sName, did_you_mean, one_line
+from infra.hybrid.config import Pool
+from infra.jobs.config import DEFAULT_MAX_RESTARTS, SELF_SERVICE_ACCOUNT, JobConfig, UserCode
 from mesh.workdir import DEFAULT_MAX_MB, Archive
 from trainer import user_code
 from workloads.manifests import JobTarget, mounted_checkpoint_dir, pytorch_job, train_job

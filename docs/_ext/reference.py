@@ -28,8 +28,8 @@ from pydantic_core import PydanticUndefined
 from sphinx.util import logging
 from sphinx.util.docutils import SphinxDirective
 
-from infra.config.base import NAMESPACE, PATTERN_HINTS
-from infra.config.stack import StackConfig
+from infra.core.config import NAMESPACE, PATTERN_HINTS
+from infra.stack.config import StackConfig
 
 LOG = logging.getLogger(__name__)
 

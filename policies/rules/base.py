@@ -19,8 +19,8 @@ from pulumi_policy import (
 from pulumi_policy.proxy import UnknownValueError, _DictProxy
 from pulumi_policy.proxy import _is_unknown as _unknown
 
-from infra.config import MANDATORY_PRODUCTION_STACKS
-from infra.declared import dig, kind_of, listed, pod_sets
+from infra.core.declared import dig, kind_of, listed, pod_sets
+from infra.stack.policy import MANDATORY_PRODUCTION_STACKS
 
 MANDATORY = EnforcementLevel.MANDATORY
 TRAINJOB = "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob"

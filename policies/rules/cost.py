@@ -4,9 +4,9 @@ import math
 
 from pulumi_policy import ReportViolation, StackValidationArgs
 
-from infra.catalog import UnpricedError, load_prices
-from infra.cost import PRICERS, stack_cost
-from infra.declared import Declared
+from infra.core.catalog import UnpricedError, load_prices
+from infra.core.cost import PRICERS, stack_cost
+from infra.core.declared import Declared
 from policies.rules.base import config_of
 
 

@@ -1,5 +1,5 @@
 """Data rules: every resource that holds data says so and is protected, unless the stack file
-acknowledges losing it (infra/data_holders.py, `acknowledgeDataLoss`).
+acknowledges losing it (infra/core/data_holders.py, `acknowledgeDataLoss`).
 
 A real preview hands the rule each resource's options, `protect` among them; what a change would
 replace or delete is the plan's and the pull-request gate's concern (deploy/day_two.py), which
@@ -10,8 +10,8 @@ from collections.abc import Iterable, Mapping
 
 from pulumi_policy import ResourceValidationArgs
 
-from infra.data_holders import HOLDER_ANNOTATION, HOLDER_TAG
-from infra.declared import dig
+from infra.core.data_holders import HOLDER_ANNOTATION, HOLDER_TAG
+from infra.core.declared import dig
 from policies.rules.base import config_of
 
 # Types whose every resource holds data; a Namespace holds it when a team or a user works in it.
@@ -47,7 +47,7 @@ def protected(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
     name = holder(props)
     if name is None:
         where = "annotation " + HOLDER_ANNOTATION if kind == NAMESPACE else "tag " + HOLDER_TAG
-        yield f"holds data but names no holder: set its {where} (infra/data_holders.py)"
+        yield f"holds data but names no holder: set its {where} (infra/core/data_holders.py)"
         return
     acknowledged = config_of(args)["acknowledgedDataLoss"]
     if name not in acknowledged and not (args.opts and args.opts.protect):

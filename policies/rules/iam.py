@@ -6,7 +6,7 @@ from typing import Any
 
 from pulumi_policy import ResourceValidationArgs
 
-from infra.declared import dig, listed
+from infra.core.declared import dig, listed
 from policies.rules.base import allows, iam_statements, statements_of
 
 READ_VERBS = ("Describe", "Get", "List", "BatchGet", "Search", "Lookup", "View")

@@ -5,7 +5,7 @@ from collections.abc import Iterable, Mapping
 
 from pulumi_policy import ReportViolation, ResourceValidationArgs, StackValidationArgs
 
-from infra.declared import dig, listed
+from infra.core.declared import dig, listed
 from policies.rules.base import config_of, in_production, world_open
 
 LOG_TYPES = {"api", "audit", "authenticator", "controllerManager", "scheduler"}

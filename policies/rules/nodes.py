@@ -4,8 +4,8 @@ from collections.abc import Iterable, Mapping
 
 from pulumi_policy import ResourceValidationArgs
 
-from infra.catalog import load_catalog
-from infra.declared import dig, listed
+from infra.core.catalog import load_catalog
+from infra.core.declared import dig, listed
 from policies.rules.base import GPU, NODECLASS, node_pool_types, spec_of
 
 

@@ -4,7 +4,7 @@ from collections.abc import Iterable, Mapping
 
 from pulumi_policy import ReportViolation, ResourceValidationArgs, StackValidationArgs
 
-from infra.declared import dig, listed
+from infra.core.declared import dig, listed
 from policies.rules.base import (
     NODECLASS,
     SSE_CONFIGS,

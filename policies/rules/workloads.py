@@ -6,9 +6,9 @@ from typing import Any
 
 from pulumi_policy import ReportViolation, ResourceValidationArgs, StackValidationArgs
 
-from infra.catalog import load_catalog
-from infra.components.node_pools import POOL_LABEL
-from infra.declared import dig, listed
+from infra.core.catalog import load_catalog
+from infra.core.declared import dig, listed
+from infra.karpenter.node_pools import POOL_LABEL
 from policies.rules.base import (
     GPU,
     NODECLASS,

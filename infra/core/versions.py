@@ -1,0 +1,190 @@
+"""Every version the platform deploys: Kubernetes, EKS add-ons, Helm charts, images.
+
+Python package versions live in pyproject.toml. Everything the program installs into AWS or the
+cluster is pinned here, so an upgrade is one reviewed diff. Refresh EKS add-on builds with
+`aws eks describe-addon-versions --kubernetes-version <k8s> --addon-name <name>`.
+"""
+
+import datetime
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True)
+class KubernetesVersion:
+    """An EKS Kubernetes minor version the platform supports: the EKS managed add-on builds it
+    installs with it, the first AL2023 AMI release that has AMIs for it, and EKS's support dates.
+
+    EKS dates: the EKS "Kubernetes release calendar" as scraped by endoflife.date
+    (endoflife-date/endoflife.date@a70eca3, products/amazon-eks.md, 2026-08-22), which agrees with
+    aws-samples' calendar for 1.34 and 1.35. After `standard_support_ends` a cluster on this
+    version pays extended support (EKS_EXTENDED_SUPPORT_PER_HOUR) unless upgraded; after
+    `extended_support_ends` EKS upgrades it itself.
+    """
+
+    addons: dict[str, str]
+    # awslabs/amazon-eks-ami CHANGELOG.md: the first release listing amazon-eks-node-al2023-*-<v>.
+    # Karpenter resolves `al2023@<release>` through an SSM parameter named after the cluster's
+    # Kubernetes version and the release (karpenter-provider-aws v1.14.1,
+    # pkg/providers/amifamily/al2023.go resolvePath): an older release has no AMI for the version.
+    first_al2023_release: str
+    standard_support_ends: datetime.date
+    extended_support_ends: datetime.date
+    # Add-on builds not confirmed as EKS's default for this version (no AWS access where this was
+    # written): deploy.preflight checks every pin against `aws eks describe-addon-versions`.
+    unconfirmed_addons: tuple[str, ...] = ()
+
+
+# Supported versions, newest first; the first is the default of `cluster.kubernetesVersion`.
+# Refresh add-on builds with
+#   aws eks describe-addon-versions --kubernetes-version <v> --addon-name <name> \
+#     --query 'addons[].addonVersions[?compatibilities[?defaultVersion]].addonVersion'
+# (python -m deploy.preflight runs this check against the account before `pulumi up`).
+KUBERNETES_VERSIONS = {
+    "1.35": KubernetesVersion(
+        # vpc-cni, coredns, kube-proxy, pod identity agent and EBS CSI: the 1.35 entries of
+        # awslabs/cdk-eks-blueprints' add-on version maps ("the default version" per cluster
+        # version; lib/addons/*/index.ts at 05d3dbd, 2026-07-01).
+        addons={
+            "vpc-cni": "v1.21.1-eksbuild.1",
+            "coredns": "v1.13.2-eksbuild.3",
+            "kube-proxy": "v1.35.0-eksbuild.2",
+            "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
+            "aws-ebs-csi-driver": "v1.57.1-eksbuild.1",
+            # The 1.34 builds: no source found for these add-ons' 1.35 compatibility.
+            "aws-efs-csi-driver": "v2.1.13-eksbuild.1",
+            "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+            "eks-node-monitoring-agent": "v1.7.0-eksbuild.1",
+        },
+        first_al2023_release="v20260114",
+        standard_support_ends=datetime.date(2027, 3, 27),
+        extended_support_ends=datetime.date(2028, 3, 27),
+        unconfirmed_addons=(
+            "vpc-cni",
+            "coredns",
+            "kube-proxy",
+            "eks-pod-identity-agent",
+            "aws-ebs-csi-driver",
+            "aws-efs-csi-driver",
+            "aws-fsx-csi-driver",
+            "eks-node-monitoring-agent",
+        ),
+    ),
+    "1.34": KubernetesVersion(
+        addons={
+            "vpc-cni": "v1.20.4-eksbuild.1",
+            "coredns": "v1.12.4-eksbuild.1",
+            "kube-proxy": "v1.34.0-eksbuild.4",
+            "eks-pod-identity-agent": "v1.3.9-eksbuild.3",
+            "aws-ebs-csi-driver": "v1.51.1-eksbuild.1",
+            "aws-efs-csi-driver": "v2.1.13-eksbuild.1",
+            "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+            # The agent's own chart at tag v1.7.0 (aws/eks-node-monitoring-agent,
+            # charts/eks-node-monitoring-agent/values.yaml) runs image v1.7.0-eksbuild.1, and
+            # add-on builds carry the image's name.
+            "eks-node-monitoring-agent": "v1.7.0-eksbuild.1",
+        },
+        first_al2023_release="v20250915",
+        standard_support_ends=datetime.date(2026, 12, 2),
+        extended_support_ends=datetime.date(2027, 12, 2),
+        unconfirmed_addons=("eks-node-monitoring-agent",),
+    ),
+}
+DEFAULT_KUBERNETES_VERSION = next(iter(KUBERNETES_VERSIONS))
+
+
+@dataclass(frozen=True)
+class ChartPin:
+    """A Helm chart at a fixed version: `chart` is an OCI reference, or a name within `repo`."""
+
+    chart: str
+    version: str
+    repo: str | None = None
+
+
+# FSx for Lustre server version.
+LUSTRE_VERSION = "2.15"
+
+KARPENTER_CHART = ChartPin("oci://public.ecr.aws/karpenter/karpenter", "1.14.1")
+# Same version as the controller, always: the controller expects exactly these CRDs.
+KARPENTER_CRD_CHART = ChartPin(
+    "oci://public.ecr.aws/karpenter/karpenter-crd", KARPENTER_CHART.version
+)
+NVIDIA_DEVICE_PLUGIN_CHART = ChartPin(
+    "nvidia-device-plugin", "0.18.0", repo="https://nvidia.github.io/k8s-device-plugin"
+)
+# Chart v0.5.30 deploys device plugin image v0.5.20 (aws/eks-charts, 2026-08).
+EFA_DEVICE_PLUGIN_CHART = ChartPin(
+    "aws-efa-k8s-device-plugin", "v0.5.30", repo="https://aws.github.io/eks-charts"
+)
+
+# Default EKS-optimized AL2023 release for Karpenter nodes; the NVIDIA variant is picked for GPU
+# instance types by the same alias. A stack may pin another with `karpenter.amiAlias`. List them:
+# aws ssm get-parameters-by-path --path /aws/service/eks/optimized-ami/1.34/amazon-linux-2023/
+KARPENTER_AMI_ALIAS = "al2023@v20261020"
+KUEUE_CHART = ChartPin("oci://registry.k8s.io/kueue/charts/kueue", "0.19.2")
+DCGM_EXPORTER_CHART = ChartPin(
+    "dcgm-exporter", "4.8.3", repo="https://nvidia.github.io/dcgm-exporter/helm-charts"
+)
+KUBE_PROMETHEUS_STACK_CHART = ChartPin(
+    "kube-prometheus-stack", "88.6.5", repo="https://prometheus-community.github.io/helm-charts"
+)
+# Kubeflow training operator (v1 line, PyTorchJob kubeflow.org/v1): the upstream standalone
+# overlay at this tag, patched by deploy/manifests/training-operator/kustomization.yaml.
+TRAINING_OPERATOR_VERSION = "v1.9.4"
+# MPI operator (MPIJob kubeflow.org/v2beta1): upstream's standalone overlay at this tag, placed
+# by deploy/manifests/mpi-operator/kustomization.yaml.
+MPI_OPERATOR_VERSION = "v0.8.0"
+# Kubeflow Trainer v2 (TrainJob, TrainingRuntime, ClusterTrainingRuntime in
+# trainer.kubeflow.org/v1alpha1): upstream's `manager` overlay at this tag (the controller, its CRDs
+# and webhooks, and the JobSet it runs on; not upstream's own runtimes), placed by
+# deploy/manifests/trainer/kustomization.yaml. Alpha API: read the release notes before a bump.
+TRAINER_VERSION = "v2.3.0"
+# The JobSet (jobset.x-k8s.io/v1alpha2) that overlay installs: at TRAINER_VERSION its
+# manifests/third-party/jobset/kustomization.yaml names this release's manifests.yaml. It comes
+# with the Trainer and moves with it; tests/trainer_rules.py holds the pair as read upstream.
+JOBSET_VERSION = "v0.12.0"
+# The local-path provisioner (rancher/local-path-provisioner), which makes DevServer homes on the
+# hybrid machines' disks: upstream's deploy/ kustomization at this tag, patched by
+# deploy/manifests/local-path-provisioner/kustomization.yaml. That tag's manifest pins its own
+# image (docker.io/rancher/local-path-provisioner:v0.0.37).
+LOCAL_PATH_PROVISIONER_VERSION = "v0.0.37"
+# The image of its helper pods, which create and remove a home's directory on its machine (a
+# shell, mkdir, rm). Upstream's template names busybox with no tag; pinned here by tag (no
+# registry could be asked for a digest where this was written).
+LOCAL_PATH_HELPER_IMAGE = "docker.io/library/busybox:1.37.0"
+
+# Hybrid nodes (infra/hybrid/gateway.py). The WireGuard gateway boots the AL2023 AMI this
+# public SSM parameter names when it is created; a later AMI does not replace a running gateway.
+WIREGUARD_GATEWAY_AMI_PARAMETER = (
+    "/aws/service/ami-amazon-linux-latest/al2023-ami-kernel-6.1-x86_64"
+)
+# nodeadm, the EKS hybrid nodes agent the bootstrap installs: a release of aws/eks-hybrid (tag
+# v1.0.20, 2026-08-20). Each release keeps its files under releases/<version>/, a sha256sum file
+# beside each binary (hack/build-nodeadm.sh, hack/release-nodeadm.sh in that repository).
+NODEADM_VERSION = "v1.0.20"
+# NVIDIA container toolkit the bootstrap installs on GPU hybrid nodes (Debian package version of
+# tag v1.18.1). Its packages require each other at exactly the same version, so all four are
+# pinned together.
+NVIDIA_CONTAINER_TOOLKIT_VERSION = "1.18.1-1"
+
+# Cilium, the CNI of hybrid nodes (the VPC CNI does not run there): AWS's build, the one AWS
+# supports on hybrid nodes, with chart and images in ECR Public. 1.18.x is a supported minor (EKS
+# user guide, "Configure CNI for hybrid nodes"); this build and these image digests are the ones
+# aws/eks-hybrid's e2e suite installed (test/e2e/cni/testdata/cilium, commit 29b7e2aa, 2026-01).
+CILIUM_CHART = ChartPin("oci://public.ecr.aws/eks/cilium/cilium", "1.18.5-0")
+CILIUM_IMAGES = {
+    "agent": {
+        "repository": "public.ecr.aws/eks/cilium/cilium",
+        "tag": "v1.18.5-0",
+        "digest": "sha256:f274a319c8eab14aff9c3f45b1688dddd60afc87bd0aeacba709cb606cbebcf3",
+        "useDigest": True,
+    },
+    # The chart appends "-generic" (the build without cloud-provider IPAM), hence genericDigest:
+    # the digest of operator-generic:v1.18.5-0.
+    "operator": {
+        "repository": "public.ecr.aws/eks/cilium/operator",
+        "tag": "v1.18.5-0",
+        "genericDigest": "sha256:b48284d14a8ebb3176537aae2452760fb7ef7e8ae499fbedb8b0a1d2d552a0ff",
+        "useDigest": True,
+    },
+}

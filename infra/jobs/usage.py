@@ -1,0 +1,172 @@
+"""The usage-priced part of the bill: estimated from the stack's own jobs where the plan knows
+what they do, else named with its unit price.
+
+A job's checkpoints are known: its model preset gives the size of one DCP checkpoint (model and
+AdamW state, trainer/presets.py), its arguments how many a run writes (--steps,
+--checkpoint-every) and how many it keeps (--keep-last), its manifest where they go. What a run
+costs follows from the store's prices, per run of the job (a run's length in hours depends on a
+step time the plan cannot know):
+  EFS (Elastic Throughput)  every byte written bills per GB; storage: the kept checkpoints
+  S3                        one PUT per 8 MiB part (s3torchconnector's default part size) plus
+                            the files' own requests; storage: the kept checkpoints, and every
+                            replaced one for 7 days as a noncurrent version (the bucket's rule)
+  FSx for Lustre            no per-byte charge (throughput is provisioned)
+Gradient traffic between a job's nodes bills $0.01/GB each way when they sit in different AZs:
+pools without an availabilityZone may spread, so those jobs get an upper bound (every node's ring
+all-reduce traffic, 2 (n-1)/n of the fp32 gradients a step, crossing AZs).
+"""
+
+import math
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from infra.core.cost import PriceBook, StackCost
+from infra.core.declared import Declared, dig, listed
+from infra.core.resource_types import NAT_GATEWAY, NODEPOOL, VPC_ENDPOINT
+from infra.jobs.declared import DeclaredJob, declared_jobs
+
+GB = 1e9
+S3_PART_BYTES = 8 * 2**20  # s3torchconnector's default multipart part size
+NONCURRENT_DAYS = 7  # the training bucket keeps a replaced object this long (bucket.py)
+TOPOLOGY_ZONE = "topology.kubernetes.io/zone"
+
+
+@dataclass(frozen=True)
+class UsageLine:
+    item: str
+    formula: str
+    usd: float | None  # None: a unit price only, no figure the plan can know
+    per: str  # "run" (of a job) or "month"
+
+
+def _gb(n: float) -> str:
+    return f"{n / GB:,.3g} GB"
+
+
+def _checkpoints(job: DeclaredJob, book: PriceBook) -> list[UsageLine]:
+    size, count, kept = job.model.checkpoint_bytes(), job.checkpoints, job.options.keep_last
+    each = f"{count} checkpoints x {_gb(size)} ({job.options.model}, 12 B/parameter)"
+    name = f"{job.name} checkpoints"
+    if job.store == "efs":
+        rate = book.usd("efsElasticWritePerGb")
+        storage = book.usd("efsStandardPerGibMonth")
+        return [
+            UsageLine(name, f"EFS writes: {each} x ${rate}/GB", count * size / GB * rate, "run"),
+            UsageLine(
+                f"{job.name} kept on EFS",
+                f"{kept} kept x {_gb(size)} x ${storage}/GB-month",
+                kept * size / GB * storage,
+                "month",
+            ),
+        ]
+    if job.store == "s3":
+        put = book.usd("s3PutPer1000")
+        storage = book.usd("s3StandardPerGibMonth")
+        # One PUT a part, and a create and a complete for each rank's file and the metadata.
+        requests = count * (math.ceil(size / S3_PART_BYTES) + 3 * (job.ranks + 1))
+        return [
+            UsageLine(
+                name,
+                f"S3 requests: {count} x ({_gb(size)} / 8 MiB parts + 3 per file of "
+                f"{job.ranks} ranks and metadata) = {requests:,} PUTs x ${put}/1000",
+                requests / 1000 * put,
+                "run",
+            ),
+            UsageLine(
+                f"{job.name} kept in S3",
+                f"at least {kept} kept x {_gb(size)} x ${storage}/GB-month, + each replaced "
+                f"one for {NONCURRENT_DAYS} days (noncurrent version)",
+                kept * size / GB * storage,
+                "month",
+            ),
+        ]
+    if job.store == "fsx":
+        return [UsageLine(name, f"FSx for Lustre: {each}, no per-byte charge", 0.0, "run")]
+    return []
+
+
+def _zones(pool: str, stack: Sequence[Declared]) -> list[str]:
+    return [
+        str(z)
+        for r in stack
+        if r.type == NODEPOOL and dig(r.props, "metadata", "name") == pool
+        for req in listed(dig(r.props, "spec", "template", "spec", "requirements"))
+        if dig(req, "key") == TOPOLOGY_ZONE
+        for z in listed(dig(req, "values"))
+    ]
+
+
+def _cross_az(job: DeclaredJob, stack: Sequence[Declared], book: PriceBook) -> list[UsageLine]:
+    if job.nodes < 2 or len(_zones(job.pool, stack)) == 1:
+        return []
+    rate = book.usd("crossAzPerGb")
+    gradients = 4 * job.model.params()
+    sent = 2 * (job.nodes - 1) * gradients * job.options.steps
+    return [
+        UsageLine(
+            f"{job.name} cross-AZ",
+            f"up to {job.options.steps:,} steps x 2 x ({job.nodes}-1) x {_gb(gradients)} fp32 "
+            f"gradients x 2 x ${rate}/GB (pool {job.pool} may spread over AZs)",
+            sent / GB * 2 * rate,
+            "run",
+        )
+    ]
+
+
+def _unit(book: PriceBook, item: str, key: str, unit: str, note: str = "") -> UsageLine:
+    return UsageLine(item, f"${book.usd(key)}/{unit}" + (f" {note}" if note else ""), None, "month")
+
+
+def usage_lines(cost: StackCost, stack: Sequence[Declared]) -> list[UsageLine]:
+    """Estimates per job, then the unit prices of what the plan cannot know."""
+    book = cost.book
+    lines = []
+    for job in declared_jobs(stack):
+        lines += _checkpoints(job, book) + _cross_az(job, stack, book)
+    types = set(cost.usage_types) | {r.type for r in stack}
+    if NAT_GATEWAY in types:
+        lines.append(
+            _unit(book, "NAT data", "natGatewayPerGb", "GB", "(S3 goes by the gateway endpoint)")
+        )
+    if any(dig(r.props, "vpcEndpointType") == "Interface" for r in stack if r.type == VPC_ENDPOINT):
+        lines.append(_unit(book, "VPC endpoint data", "vpcInterfaceEndpointPerGb", "GB"))
+    if "aws:s3/bucket:Bucket" in types:
+        lines.append(_unit(book, "S3 other storage", "s3StandardPerGibMonth", "GB-month"))
+    if "aws:efs/fileSystem:FileSystem" in types:
+        lines.append(
+            _unit(
+                book,
+                "EFS other use",
+                "efsStandardPerGibMonth",
+                "GB-month",
+                f"+ ${book.usd('efsElasticReadPerGb')}/GB read, "
+                f"${book.usd('efsElasticWritePerGb')}/GB written",
+            )
+        )
+    if "aws:cloudwatch/logGroup:LogGroup" in types:
+        lines.append(
+            _unit(
+                book,
+                "control plane logs",
+                "cloudwatchLogsIngestPerGb",
+                "GB ingested",
+                f"+ ${book.usd('cloudwatchLogsStoragePerGbMonth')}/GB-month kept (retention "
+                "bounds it)",
+            )
+        )
+    if "aws:ecr/repository:Repository" in types:
+        lines.append(_unit(book, "ECR images", "ecrStoragePerGbMonth", "GB-month of layers"))
+    if "aws:sqs/queue:Queue" in types:
+        lines.append(
+            _unit(
+                book,
+                "SQS (interruption queue)",
+                "sqsRequestsPerMillion",
+                "million requests",
+                "after the first million a month (free tier)",
+            )
+        )
+    if any(line.item == "EKS hybrid nodes" for line in cost.lines):
+        # In from the internet is free; out bills per GB (README: Hybrid nodes' costs).
+        lines.append(_unit(book, "hybrid traffic out of the gateway", "internetEgressPerGb", "GB"))
+    return lines

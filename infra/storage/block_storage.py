@@ -1,0 +1,71 @@
+"""BlockStorage: the EBS CSI driver, the default gp3 StorageClass, and gp3-home for DevServer homes.
+
+Homes outlive their claims: gp3-home retains the volume when the claim goes (a user removed from
+stack config, a namespace deleted), where gp3 deletes it. A StorageClass's reclaimPolicy cannot
+change once created (the API server refuses the update), hence a class of its own.
+"""
+
+import pulumi
+import pulumi_kubernetes as k8s
+
+from infra.core.context import ClusterContext
+from infra.core.iam import csi_driver_addon
+
+EBS_CSI_POLICY = "service-role/AmazonEBSCSIDriverPolicy"
+STORAGE_CLASS = "gp3"
+HOME_STORAGE_CLASS = "gp3-home"
+# The EBS CSI driver's parameters of both classes (aws-ebs-csi-driver docs/parameters.md).
+GP3_PARAMETERS = {"type": "gp3", "encrypted": "true", "fsType": "ext4"}
+# Tags the driver puts on each volume it creates (`tagSpecification_<n>: key=value`, with the
+# claim's namespace templated: aws-ebs-csi-driver docs/tagging.md): volumes a destroyed cluster
+# left behind (Released homes) are found by them (docs/platform/upgrades.md).
+VOLUME_CLUSTER_TAG = "training-platform:cluster"
+VOLUME_NAMESPACE_TAG = "training-platform:namespace"
+
+
+def volume_tags(cluster_name: str) -> dict[str, str]:
+    return {
+        "tagSpecification_1": f"{VOLUME_CLUSTER_TAG}={cluster_name}",
+        "tagSpecification_2": f"{VOLUME_NAMESPACE_TAG}={{{{ .PVCNamespace }}}}",
+    }
+
+
+class BlockStorage(pulumi.ComponentResource):
+    # The EBS CSI driver: it detaches and deletes volumes, so nodes with attached volumes and
+    # namespaces with claims depend on it.
+    addon: pulumi.Resource
+
+    def __init__(
+        self,
+        name: str,
+        cluster: ClusterContext,
+        addon_version: str,
+        opts: pulumi.ResourceOptions | None = None,
+    ):
+        super().__init__("training-platform:infra:BlockStorage", name, None, opts)
+        child = pulumi.ResourceOptions(parent=self)
+        self.addon = addon = csi_driver_addon(
+            f"{name}-csi",
+            cluster,
+            "aws-ebs-csi-driver",
+            addon_version,
+            "ebs-csi-controller-sa",
+            child,
+            managed_policies=[EBS_CSI_POLICY],
+        )
+        for class_name, reclaim, annotations in (
+            (STORAGE_CLASS, "Delete", {"storageclass.kubernetes.io/is-default-class": "true"}),
+            (HOME_STORAGE_CLASS, "Retain", {}),
+        ):
+            k8s.storage.v1.StorageClass(
+                class_name,
+                metadata={"name": class_name, "annotations": annotations},
+                provisioner="ebs.csi.aws.com",
+                parameters={**GP3_PARAMETERS, **volume_tags(cluster.config_name)},
+                # Create the volume in the AZ the pod lands in, not before.
+                volume_binding_mode="WaitForFirstConsumer",
+                allow_volume_expansion=True,
+                reclaim_policy=reclaim,
+                opts=cluster.in_cluster(self, addon),
+            )
+        self.register_outputs({"storageClass": STORAGE_CLASS, "homes": HOME_STORAGE_CLASS})
