@@ -1,5 +1,5 @@
 """What a change does to what already runs: the data it loses, the nodes it drifts, the jobs it
-restarts. It reads the steps of a change (infra/core/steps.py: offline from two plans, or from a
+restarts. It reads the steps of a change (infra/steps.py: offline from two plans, or from a
 real `pulumi preview --json`) and words them for the platform engineer who is about to apply them.
 
 The rules, from upstream source at the pinned versions:
@@ -30,31 +30,23 @@ from dataclasses import dataclass, field
 from devservers.api import API_VERSION as DEVSERVERS_API_VERSION
 from infra.core.data_holders import BUCKET, EFS, FSX, HOLDER_ANNOTATION, HOLDER_TAG, loss
 from infra.core.declared import dig, kind_of, listed, pod_sets
+from infra.core.kinds import HELM_RELEASE, NAMESPACE
 from infra.core.replacement import changed_paths
-from infra.core.steps import CREATE, DELETE, REPLACE, UPDATE, Step
+from infra.eks.facts import EKS_CLUSTER, EKS_COMPONENT, NODE_GROUP
 from infra.images.container_image import KEPT_BUILDS as ECR_KEPT_BUILDS
+from infra.karpenter.facts import NODECLASS, NODEPOOL
+from infra.operators.facts import JOB_TYPES, RUNTIME
 from infra.stack.config import StackConfig
+from infra.steps import CREATE, DELETE, REPLACE, UPDATE, Step
+from infra.storage.facts import CLAIM, LIFECYCLE
+from infra.vpc.facts import NAT_GATEWAY as NAT
+from infra.vpc.facts import SUBNET
 from workloads.manifests import CHECKPOINT_ENV
 
-NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
-NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
-JOB_TYPES = {
-    "kubernetes:kubeflow.org/v1:PyTorchJob",
-    "kubernetes:kubeflow.org/v2beta1:MPIJob",
-    "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob",
-}
-RUNTIME = "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime"
 FLAVOR = f"kubernetes:{DEVSERVERS_API_VERSION}:DevServerFlavor"
 # The control plane: pulumi-eks's component offline (its children are invisible under mocks), the
 # aws:eks Cluster it creates in a real preview.
-EKS_CLUSTERS = {"eks:index:Cluster", "aws:eks/cluster:Cluster"}
-SUBNET = "aws:ec2/subnet:Subnet"
-NAT = "aws:ec2/natGateway:NatGateway"
-CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
-NAMESPACE = "kubernetes:core/v1:Namespace"
-LIFECYCLE = "aws:s3/bucketLifecycleConfiguration:BucketLifecycleConfiguration"
-NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
-HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+EKS_CLUSTERS = {EKS_COMPONENT, EKS_CLUSTER}
 ACKNOWLEDGE = "training-platform:acknowledgeDataLoss"
 # What EC2NodeClass drift leaves out of its hash: resolved dynamically, drifting only the nodes
 # whose subnet, security groups, reservation or AMI no longer match (ec2nodeclass.go hash:"ignore").

@@ -28,16 +28,16 @@ from deploy.day_two import consequences
 from deploy.plan_changes import Facts, changes, plan_facts
 from deploy.program import build_platform
 from devservers.api import user_namespace
-from infra.core.capacity import SystemFit, system_fit
+from infra.core.capacity import SystemFit
 from infra.core.catalog import HOURS_PER_MONTH
 from infra.core.config import ConfigError
-from infra.core.cost import StackCost, money, plan_cost
+from infra.core.cost import StackCost, money
 from infra.core.declared import Declared, declared_in, dig, listed
 from infra.core.offline import Plan, RecordedResource, run_offline
 from infra.core.paths import PROJECT_DIR
-from infra.core.steps import plan_steps
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.support import PLAN_DAY_VARIABLE, plan_day, support_on
+from infra.integrations import plan_cost, system_fit
 from infra.jobs.expected import Expected, expected_cost
 from infra.jobs.usage import UsageLine, usage_lines
 from infra.karpenter.cold_start import (
@@ -51,6 +51,7 @@ from infra.kueue.queues import PLATFORM_QUEUE, team_cluster_queue
 from infra.stack.config import StackConfig
 from infra.stack.loading import load_stack_file, read_stack_file
 from infra.stack.policy import placeholder_errors
+from infra.steps import plan_steps
 from infra.storage.lustre import CHECKPOINTS_CLAIM as FSX_CHECKPOINTS_CLAIM
 from infra.storage.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
 from infra.storage.shared_file_system import CLAIM as EFS_CLAIM

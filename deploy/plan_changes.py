@@ -9,10 +9,12 @@ written beside plan.json as facts.json; the change list compares two of them lin
 from typing import Any
 
 from infra.core.catalog import load_prices
-from infra.core.cost import INSTANCE_TYPE_LABEL, NODEPOOL, money, stack_cost
+from infra.core.cost import money
 from infra.core.declared import declared_in, dig, listed
 from infra.core.offline import Plan
+from infra.integrations import stack_cost
 from infra.jobs.expected import expected_cost
+from infra.karpenter.facts import INSTANCE_TYPE_LABEL, NODEPOOL
 from infra.stack.config import StackConfig
 
 Facts = dict[str, dict[str, str]]

@@ -36,7 +36,6 @@ from devservers.api import (
 )
 from infra.core.catalog import RegionPrices
 from infra.core.context import ClusterContext
-from infra.core.cost import SSH_LOAD_BALANCERS_ANNOTATION
 from infra.core.data_holders import annotated, user_holder
 from infra.core.paths import PROJECT_DIR
 from infra.core.rbac import CONNECT, READ, binding, group, rule
@@ -57,6 +56,7 @@ from infra.kueue.queues import (
 )
 from infra.stack.dev_servers import DevServersConfig
 from infra.storage.block_storage import HOME_STORAGE_CLASS
+from infra.storage.facts import SSH_LOAD_BALANCERS_ANNOTATION
 from infra.teams.network import admit_pods
 
 NAMESPACE = "devservers-system"

@@ -20,8 +20,10 @@ from botocore.stub import Stubber
 from deploy import preflight
 from infra.core.catalog import PRICES_DIR, load_prices
 from infra.core.config import ConfigError
-from infra.core.cost import NODEPOOL, CostLine, Part, stack_cost
+from infra.core.cost import CostLine, Part
 from infra.core.declared import Declared, declared_in, listed
+from infra.integrations import stack_cost
+from infra.karpenter.facts import NODEPOOL
 from infra.kueue.queues import NETWORK_TOPOLOGY, TOPOLOGY_LEVELS
 from infra.stack.loading import parse_stack_config
 from tests import karpenter_rules as karpenter

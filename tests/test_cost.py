@@ -16,7 +16,7 @@ import pytest
 import yaml
 
 from deploy.plan import cost_rows, main
-from infra.core.capacity import CHARTS, allocatable, system_fit
+from infra.core.capacity import allocatable
 from infra.core.catalog import (
     HOURS_PER_MONTH,
     PRICES_DIR,
@@ -24,10 +24,11 @@ from infra.core.catalog import (
     load_prices,
     supported_regions,
 )
-from infra.core.cost import FREE, Part, classify, plan_cost, stack_cost
+from infra.core.cost import Part
 from infra.core.declared import Declared, declared_in
 from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.core.versions import KUBE_PROMETHEUS_STACK_CHART
+from infra.integrations import FACTS, classify, plan_cost, stack_cost, system_fit
 from infra.jobs.expected import expected_cost
 from infra.jobs.usage import usage_lines
 from tests import chart_values
@@ -84,7 +85,7 @@ def test_every_type_the_stacks_create_is_priced_free_or_usage_priced(stack, requ
     assert {k: classify(k) for k in kinds if classify(k) == "unpriced"} == {}
     for kind in kinds:
         if classify(kind) == "free" and not kind.startswith(("training-platform:", "pulumi:")):
-            assert len(FREE[kind]) > 15, kind
+            assert len(FACTS.kinds[kind].free) > 15, kind
     usage = [u.item for u in usage_lines(plan_cost("us-west-2", plan), declared_in(plan))]
     assert {"S3 other storage", "control plane logs", "ECR images"} <= set(usage)
 
@@ -162,7 +163,7 @@ def test_every_prometheus_stack_component_is_placed_on_the_system_nodes_by_keys_
     # Every key we pass is one the chart reads at that version.
     assert leaf_paths(values) <= set(chart_values.KEYS)
     # Every component that makes pods is modelled, and each one but the DaemonSet is placed.
-    components = {c.component: c for c in CHARTS[release["chart"]]}
+    components = {c.component: c for c in FACTS.charts[release["chart"]]}
     assert set(components) == chart_values.COMPONENTS
     for name, component in components.items():
         if name in chart_values.DAEMONSETS:

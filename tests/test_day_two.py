@@ -15,10 +15,11 @@ import pytest
 from deploy.day_two import consequences, holder_of
 from infra.core.data_holders import HOLDER_PATTERN
 from infra.core.offline import Plan
-from infra.core.replacement import AWS_RULES, K8S_METADATA, K8S_RULES, covers, replacing_paths
-from infra.core.steps import DELETE, REPLACE, plan_steps
+from infra.core.replacement import covers, rule_for
+from infra.integrations import FACTS, replacing_paths
 from infra.stack.data_loss import DataLossAcknowledgement
 from infra.stack.loading import parse_stack_config
+from infra.steps import DELETE, REPLACE, plan_steps
 from tests.conftest import plan_of, stack_values
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 
@@ -113,9 +114,8 @@ def _edit(inputs: dict, path: str) -> dict:
 
 
 def _rule_paths(resource_type: str) -> list[str]:
-    if resource_type in AWS_RULES:
-        return list(AWS_RULES[resource_type].force_new)
-    return [*K8S_METADATA, *K8S_RULES.get(resource_type, ())]
+    rule = rule_for(resource_type, FACTS)
+    return list(rule.force_new) if rule else []
 
 
 def _replacing(plan: Plan, urn: str, path: str) -> Plan:
@@ -280,7 +280,7 @@ def test_a_claim_bound_to_another_volume_is_named():
 
 def lifecycle_step(old_rules: list[dict], new_rules: list[dict]):
     from infra.core.offline import RecordedResource
-    from infra.core.steps import UPDATE, Step
+    from infra.steps import UPDATE, Step
 
     def resource(rules):
         return RecordedResource("urn:lc", LIFECYCLE, "bucket", "", "", [], {"rules": rules}, True)

@@ -13,9 +13,9 @@ import pytest
 from deploy.day_two import consequences, deleting_updates, holder_of
 from deploy.program import build_platform
 from infra.core.offline import run_offline
-from infra.core.steps import DELETE, REPLACE, plan_steps
 from infra.stack.data_loss import DataLossAcknowledgement
 from infra.stack.loading import parse_stack_config
+from infra.steps import DELETE, REPLACE, plan_steps
 from tests.config_edits import Edit, _valid, entry_edits, key_edits
 from tests.conftest import stack_values
 

@@ -16,7 +16,7 @@ import yaml
 
 from deploy.preview_gate import main
 from infra.core.offline import RecordedResource
-from infra.core.steps import DELETE, REPLACE, plan_steps
+from infra.steps import DELETE, REPLACE, plan_steps
 from tests.conftest import ROOT, plan_of, stack_values
 
 

@@ -6,9 +6,9 @@ import pytest
 from deploy.day_two import consequences
 from deploy.program import build_platform
 from infra.core.offline import run_offline
-from infra.core.steps import plan_steps
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.stack.loading import parse_stack_config
+from infra.steps import plan_steps
 from tests.config_edits import PREBUILT_IMAGE
 from tests.conftest import stack_values
 

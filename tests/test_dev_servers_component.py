@@ -14,8 +14,9 @@ from devservers.api import crds
 from devservers.cli import parse_args, server_manifest
 from devservers.render import stateful_set
 from infra.core.catalog import HOURS_PER_MONTH, load_prices
-from infra.core.cost import STORAGE_CLASS, plan_cost, stack_cost
 from infra.core.declared import declared_in
+from infra.integrations import plan_cost, stack_cost
+from infra.storage.facts import STORAGE_CLASS
 from tests.conftest import ROOT, hadolint, plan_of, stack_values
 from tests.crd_schema import conformance_errors
 from tests.test_services import kueue_config

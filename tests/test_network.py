@@ -7,8 +7,8 @@ import pytest
 
 from infra.core.catalog import load_prices
 from infra.core.config import ConfigError
-from infra.core.cost import plan_cost
 from infra.core.declared import declared_in
+from infra.integrations import plan_cost
 from infra.jobs.usage import usage_lines
 from infra.stack.loading import parse_stack_config
 from tests.conftest import plan_of, stack_values

@@ -725,7 +725,7 @@ def budget_total(plan: Plan) -> float:
 
 @pytest.mark.parametrize("stack", ["dev", "prod", "hybrid"])
 def test_the_budget_rule_adds_up_what_the_plans_cost_table_does(stack, request, hybrid_stack):
-    from infra.core.cost import plan_cost
+    from infra.integrations import plan_cost
 
     plan = hybrid_stack[1] if stack == "hybrid" else request.getfixturevalue(f"{stack}_plan")
     assert budget_total(plan) == round(plan_cost("us-west-2", plan).total_per_hour, 2)
@@ -734,7 +734,7 @@ def test_the_budget_rule_adds_up_what_the_plans_cost_table_does(stack, request, 
 def test_the_budget_rule_counts_the_hybrid_lines(hybrid_stack, dev_plan):
     """The hybrid section adds the gateway, its address and the machines' vCPUs to the table;
     the budget rule's total moves by exactly those lines."""
-    from infra.core.cost import plan_cost
+    from infra.integrations import plan_cost
 
     dev = {line.item for line in plan_cost("us-west-2", dev_plan).lines}
     added = [line for line in plan_cost("us-west-2", hybrid_stack[1]).lines if line.item not in dev]
@@ -766,7 +766,7 @@ def test_every_priced_resource_is_costed_at_its_ceiling(prod_plan):
     addresses, KMS keys, the control plane, and the gp3 quota and SSH load balancers of carol's
     DevServers."""
     from infra.core.catalog import HOURS_PER_MONTH, load_prices
-    from infra.core.cost import plan_cost
+    from infra.integrations import plan_cost
 
     prices = load_prices("us-west-2")
 
@@ -812,8 +812,8 @@ def test_the_hybrid_gateway_is_costed_and_its_type_priced_in_config(hybrid_stack
     volume), its Elastic IP, and EKS's per-vCPU-hour charge for HYBRID's 16 + 8 vCPUs."""
     from infra.core.catalog import HOURS_PER_MONTH, load_prices
     from infra.core.config import ConfigError
-    from infra.core.cost import plan_cost
     from infra.core.declared import declared_in
+    from infra.integrations import plan_cost
     from infra.jobs.usage import usage_lines
     from infra.stack.loading import load_stack_file
 

@@ -6,8 +6,8 @@ import datetime
 import pytest
 
 from deploy.plan import main, summary
-from infra.core.cost import plan_cost
 from infra.eks.support import PLAN_DAY_VARIABLE, support_on
+from infra.integrations import plan_cost
 from infra.stack.loading import parse_stack_config
 from tests.conftest import SUITE_PLAN_DAY, plan_of, stack_values
 

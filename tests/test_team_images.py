@@ -10,10 +10,10 @@ import pytest
 from deploy.day_two import consequences
 from deploy.plan import summary
 from deploy.program import build_platform
-from infra.core.cost import plan_cost
 from infra.core.offline import run_offline
-from infra.core.steps import plan_steps
+from infra.integrations import plan_cost
 from infra.stack.loading import parse_stack_config
+from infra.steps import plan_steps
 from tests.conftest import stack_values
 from tests.iam_rules import Principal, Request, allowed
 

@@ -17,8 +17,8 @@ import yaml
 from kubernetes import config
 
 from devservers.kube import KubeCluster
-from infra.core.capacity import system_fit
 from infra.core.declared import declared_in
+from infra.integrations import system_fit
 from tests.conftest import ROOT
 from tests.kube_api import from_plan, user
 from tests.moto_s3 import moto_server, s3_client

@@ -7,42 +7,33 @@ that does not tolerate the system taint lands on a pool instead, and keeps a poo
 day and night. Both are found here from the declared resources, as the plan records them
 offline and the engine hands them to the policy pack:
 
-- Helm releases: each chart's pod-making components (CHARTS), placed and sized by the values we
-  pass laid over the chart's defaults at the pinned version;
-- EKS add-ons (ADDONS) and pulumi-eks's own (vpc-cni, kube-proxy), at their defaults, placed by
-  the configurationValues we pass;
-- the kustomize overlays (OVERLAYS), placed on the system nodes by deploy/manifests/system-nodes;
+- Helm releases: each chart's pod-making components (an integration's `charts`), placed and
+  sized by the values we pass laid over the chart's defaults at the pinned version;
+- EKS add-ons (an integration's `addons`) and pulumi-eks's own (vpc-cni, kube-proxy), at their
+  defaults, placed by the configurationValues we pass;
+- the kustomize overlays (`overlays`), placed on the system nodes by deploy/manifests/system-nodes;
 - the Deployments, DaemonSets, StatefulSets and CronJobs the program declares itself.
+
+Which resource runs which pods is each integration's own knowledge (its `pods`,
+infra/core/facts.py); this module holds the model they share and the fit.
 
 Node affinity is matched for `In`, `NotIn`, `Exists` and `DoesNotExist` against the system nodes'
 labels; other scheduling rules (pod anti-affinity, spread) are not modelled: the fit is a sum of
 requests against a sum of allocatable, with every pod required to fit one node.
 """
 
-import json
 import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
+from typing import TYPE_CHECKING
 
 from infra.core.catalog import load_catalog
 from infra.core.declared import Declared, dig, listed, quantity
-from infra.core.resource_types import (
-    EKS_ADDON,
-    EKS_CLUSTER,
-    EKS_COMPONENT,
-    HELM_RELEASE,
-    NODE_GROUP,
-    OVERLAY,
-)
 from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 
-WORKLOADS = {
-    "kubernetes:apps/v1:Deployment": False,
-    "kubernetes:apps/v1:StatefulSet": False,
-    "kubernetes:apps/v1:DaemonSet": True,
-    "kubernetes:batch/v1:CronJob": False,
-    "kubernetes:batch/v1:Job": False,
-}
+if TYPE_CHECKING:  # facts.py builds on this module
+    from infra.core.facts import Facts
+
 # Well-known labels every system node carries besides ours (kubelet sets them).
 SYSTEM_LABELS = {**SYSTEM_NODE_LABEL, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
 SYSTEM_TAINT = {"key": SYSTEM_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
@@ -172,7 +163,7 @@ def _at(values: object, path: str) -> object:
     return dig(values, *path.split(".")) if path else values
 
 
-def _chart_pod_sets(release: str, values: object, components: Sequence[ChartPods]) -> list[PodSet]:
+def chart_pod_sets(release: str, values: object, components: Sequence[ChartPods]) -> list[PodSet]:
     sets = []
     for c in components:
         placed = _at(values, c.placement)
@@ -197,131 +188,6 @@ def _chart_pod_sets(release: str, values: object, components: Sequence[ChartPods
 CRITICAL_ADDONS = [{"key": SYSTEM_TAINT_KEY, "operator": "Exists"}]
 EVERY_TAINT = [{"operator": "Exists"}]
 GPU_ONLY = "GPU nodes only, not read: never on the system nodes"
-KPS = (
-    "prometheus-community/helm-charts kube-prometheus-stack-88.5.3 "
-    "charts/kube-prometheus-stack/values.yaml"
-)
-# Pod-making components of each chart the program installs, by chart (ChartPin.chart). Requests
-# read from each chart's values.yaml at the pinned version unless the source says otherwise.
-CHARTS: dict[str, list[ChartPods]] = {
-    "oci://public.ecr.aws/karpenter/karpenter": [
-        ChartPods(
-            "controller",
-            "",
-            "controller.resources",
-            Requests(),
-            "aws/karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml: resources {}",
-            replicas="replicas",
-            default_replicas=2,
-            default_selector={"kubernetes.io/os": "linux"},
-            default_tolerations=CRITICAL_ADDONS,
-        )
-    ],
-    "oci://public.ecr.aws/karpenter/karpenter-crd": [],
-    "oci://registry.k8s.io/kueue/charts/kueue": [
-        ChartPods(
-            "controller-manager",
-            "controllerManager",
-            "controllerManager.manager.resources",
-            Requests(0.5, 512),
-            "kubernetes-sigs/kueue v0.19.2 charts/kueue/values.yaml: 500m, 512Mi",
-            replicas="controllerManager.replicas",
-        )
-    ],
-    "nvidia-device-plugin": [
-        ChartPods("device-plugin", "", "resources", Requests(), GPU_ONLY, daemonset=True)
-    ],
-    "aws-efa-k8s-device-plugin": [
-        ChartPods("device-plugin", "", "resources", Requests(), GPU_ONLY, daemonset=True)
-    ],
-    "dcgm-exporter": [ChartPods("exporter", "", "resources", Requests(), GPU_ONLY, daemonset=True)],
-    "oci://public.ecr.aws/eks/cilium/cilium": [
-        ChartPods(
-            "agent",
-            "",
-            "resources",
-            Requests(),
-            "hybrid nodes only (its affinity): never on the system nodes",
-            daemonset=True,
-            default_tolerations=EVERY_TAINT,
-        ),
-        ChartPods(
-            "operator",
-            "operator",
-            "operator.resources",
-            Requests(),
-            "cilium/cilium chart values.yaml: operator.resources {} (read from memory)",
-            replicas="operator.replicas",
-            default_replicas=2,
-        ),
-    ],
-    # 88.6.5 is pinned; the newest tag stored where this was written is 88.5.3 (2026-08-22), whose
-    # keys are the ones here. Every component's requests are ours (gpu_metrics.py): the chart's
-    # are all {} (BestEffort pods the scheduler would place anywhere with no room reserved).
-    "kube-prometheus-stack": [
-        ChartPods(
-            "prometheus",
-            "prometheus.prometheusSpec",
-            "prometheus.prometheusSpec.resources",
-            Requests(),
-            f"{KPS}: prometheus.prometheusSpec.resources {{}}",
-            replicas="prometheus.prometheusSpec.replicas",
-            # The operator adds its config-reloader container: 10m, 50Mi (prometheus-operator
-            # defaults --config-reloader-cpu-request/-memory-request, read from memory).
-            extra=Requests(0.01, 50),
-        ),
-        ChartPods(
-            "alertmanager",
-            "alertmanager.alertmanagerSpec",
-            "alertmanager.alertmanagerSpec.resources",
-            Requests(),
-            f"{KPS}: alertmanager.alertmanagerSpec.resources {{}}",
-            replicas="alertmanager.alertmanagerSpec.replicas",
-            extra=Requests(0.01, 50),
-        ),
-        ChartPods(
-            "operator",
-            "prometheusOperator",
-            "prometheusOperator.resources",
-            Requests(),
-            f"{KPS}: prometheusOperator.resources {{}}",
-        ),
-        ChartPods(
-            "admission-webhook-patch",
-            "prometheusOperator.admissionWebhooks.patch",
-            "prometheusOperator.admissionWebhooks.patch.resources",
-            Requests(),
-            f"{KPS}: a Job at install and upgrade; resources {{}}",
-        ),
-        ChartPods(
-            "kube-state-metrics",
-            "kube-state-metrics",
-            "kube-state-metrics.resources",
-            Requests(),
-            "prometheus-community/helm-charts kube-state-metrics-8.4.0 values.yaml: resources {}",
-            replicas="kube-state-metrics.replicas",
-        ),
-        ChartPods(
-            "grafana",
-            "grafana",
-            "grafana.resources",
-            Requests(),
-            "grafana-community/helm-charts grafana-12.11.1 values.yaml: resources {}",
-            replicas="grafana.replicas",
-        ),
-        ChartPods(
-            "node-exporter",
-            "prometheus-node-exporter",
-            "prometheus-node-exporter.resources",
-            Requests(),
-            "prometheus-community/helm-charts prometheus-node-exporter-4.56.1 values.yaml: "
-            "resources {}, tolerates every NoSchedule taint",
-            daemonset=True,
-            default_selector={"kubernetes.io/os": "linux"},
-            default_tolerations=[{"effect": "NoSchedule", "operator": "Exists"}],
-        ),
-    ],
-}
 
 
 @dataclass(frozen=True)
@@ -335,140 +201,19 @@ class AddonPods:
     selector_values: str | None = None  # configurationValues path of its nodeSelector
 
 
-EBS_CHART = "kubernetes-sigs/aws-ebs-csi-driver v1.51.1 charts/aws-ebs-csi-driver/values.yaml"
-FSX_CHART = "kubernetes-sigs/aws-fsx-csi-driver v1.7.0 charts/aws-fsx-csi-driver/values.yaml"
-# EKS add-ons at their defaults (the add-on's own manifests follow each project's chart).
-ADDONS: dict[str, list[AddonPods]] = {
-    "vpc-cni": [
-        AddonPods(
-            "aws-node",
-            1,
-            True,
-            Requests(0.025, 0),
-            EVERY_TAINT,
-            "aws/amazon-vpc-cni-k8s v1.20.4 charts/aws-vpc-cni/values.yaml: 25m, tolerates all",
-        )
-    ],
-    "kube-proxy": [
-        AddonPods(
-            "kube-proxy",
-            1,
-            True,
-            Requests(0.1, 0),
-            EVERY_TAINT,
-            "EKS kube-proxy add-on manifest: 100m (read from memory)",
-        )
-    ],
-    "coredns": [
-        AddonPods(
-            "coredns",
-            2,
-            False,
-            Requests(0.1, 70),
-            CRITICAL_ADDONS,
-            "EKS CoreDNS add-on, as Kubernetes' cluster/addons/dns/coredns manifest: 2 replicas "
-            "of 100m, 70Mi, tolerating CriticalAddonsOnly (read from memory)",
-        )
-    ],
-    "eks-pod-identity-agent": [
-        AddonPods(
-            "agent",
-            1,
-            True,
-            Requests(),
-            EVERY_TAINT,
-            "aws/eks-pod-identity-agent charts values.yaml: resources commented out, "
-            "tolerations all",
-        )
-    ],
-    "aws-ebs-csi-driver": [
-        AddonPods(
-            "controller",
-            2,
-            False,
-            # ebs-plugin, provisioner, attacher, snapshotter, resizer, liveness-probe.
-            Requests(0.01, 40) * 6,
-            CRITICAL_ADDONS,
-            f"{EBS_CHART}: controller.replicaCount 2, 10m and 40Mi in each of 6 containers",
-            selector_values="controller.nodeSelector",
-        ),
-        AddonPods(
-            "node",
-            1,
-            True,
-            Requests(0.01, 40) * 3,
-            EVERY_TAINT,
-            f"{EBS_CHART}: node.tolerateAllTaints, 10m and 40Mi in each of 3 containers",
-        ),
-    ],
-    "aws-efs-csi-driver": [
-        AddonPods(
-            "controller",
-            2,
-            False,
-            Requests(),
-            CRITICAL_ADDONS,
-            "kubernetes-sigs/aws-efs-csi-driver v2.1.13 values.yaml: replicaCount 2, resources {}",
-            selector_values="controller.nodeSelector",
-        ),
-        AddonPods(
-            "node",
-            1,
-            True,
-            Requests(),
-            EVERY_TAINT,
-            "kubernetes-sigs/aws-efs-csi-driver v2.1.13 values.yaml: resources {}",
-        ),
-    ],
-    "aws-fsx-csi-driver": [
-        AddonPods(
-            "controller",
-            2,
-            False,
-            Requests(0.01, 40) + Requests(0.01, 32) * 3,
-            CRITICAL_ADDONS,
-            f"{FSX_CHART}: replicaCount 2; plugin 10m/40Mi, 3 sidecars 10m/32Mi",
-            selector_values="controller.nodeSelector",
-        ),
-        AddonPods(
-            "node",
-            1,
-            True,
-            Requests(0.01, 40) + Requests(0.01, 32) * 2,
-            EVERY_TAINT,
-            f"{FSX_CHART}: tolerateAllTaints; plugin 10m/40Mi, 2 sidecars 10m/32Mi",
-        ),
-    ],
-    "eks-node-monitoring-agent": [
-        AddonPods(
-            "agent",
-            1,
-            True,
-            Requests(0.01, 30),
-            EVERY_TAINT,
-            "aws/eks-node-monitoring-agent v1.7.0 charts values.yaml: 10m, 30Mi, tolerates all",
-        )
-    ],
-}
-# pulumi-eks's Cluster installs these add-ons itself (ours: cluster.py).
-CLUSTER_ADDONS = ("vpc-cni", "kube-proxy")
+@dataclass(frozen=True)
+class OverlayPods:
+    """A Deployment of a kustomize overlay: on the system nodes (deploy/manifests/system-nodes),
+    with the requests upstream sets (none, so far)."""
+
+    component: str
+    source: str
+
+
 SYSTEM_PLACED = (SYSTEM_NODE_LABEL, [{"key": SYSTEM_TAINT_KEY, "operator": "Exists"}])
-# The overlays in deploy/manifests: their Deployments go to the system nodes (its system-nodes
-# component); upstream sets no requests.
-OVERLAYS = {
-    "manifests/training-operator": [
-        ("training-operator", "kubeflow/trainer v1.9.4 manifests/base/deployment.yaml: none")
-    ],
-    "manifests/mpi-operator": [
-        ("mpi-operator", "kubeflow/mpi-operator v0.8.0 deploy/v2beta1/mpi-operator.yaml: none")
-    ],
-    "manifests/local-path-provisioner": [
-        ("local-path-provisioner", "rancher/local-path-provisioner v0.0.37 deploy/: none")
-    ],
-}
 
 
-def _workload_pod_sets(r: Declared, daemonset: bool) -> list[PodSet]:
+def workload_pod_sets(r: Declared, daemonset: bool) -> list[PodSet]:
     spec = dig(r.props, "spec")
     template = dig(spec, "jobTemplate", "spec", "template", "spec") or dig(spec, "template", "spec")
     each = Requests()
@@ -491,9 +236,9 @@ def _workload_pod_sets(r: Declared, daemonset: bool) -> list[PodSet]:
     ]
 
 
-def _addon_pod_sets(addon: str, configuration: object) -> list[PodSet]:
+def addon_pod_sets(addon: str, configuration: object, facts: "Facts") -> list[PodSet]:
     sets = []
-    for pods in ADDONS.get(addon, []):
+    for pods in facts.addons.get(addon, []):
         selector = _at(configuration, pods.selector_values) if pods.selector_values else None
         sets.append(
             PodSet(
@@ -511,43 +256,19 @@ def _addon_pod_sets(addon: str, configuration: object) -> list[PodSet]:
     return sets
 
 
-def pod_sets(stack: Sequence[Declared]) -> list[PodSet]:
-    """Every add-on pod set the stack declares, as placed and sized by what the program passes."""
-    sets: list[PodSet] = []
-    for r in stack:
-        if r.type == HELM_RELEASE:
-            chart = str(dig(r.props, "chart"))
-            name = str(dig(r.props, "name") or r.name)
-            sets += _chart_pod_sets(name, dig(r.props, "values") or {}, CHARTS.get(chart, []))
-        elif r.type == EKS_ADDON:
-            raw = dig(r.props, "configurationValues")
-            configuration = json.loads(str(raw)) if raw else {}
-            sets += _addon_pod_sets(str(dig(r.props, "addonName")), configuration)
-        elif r.type == EKS_COMPONENT and not any(d.type == EKS_CLUSTER for d in stack):
-            for addon in CLUSTER_ADDONS:
-                sets += _addon_pod_sets(addon, {})
-        elif r.type == OVERLAY:
-            for component, source in OVERLAYS.get(str(dig(r.props, "directory")), []):
-                selector, tolerations = SYSTEM_PLACED
-                sets.append(
-                    PodSet(
-                        r.name, component, 1, False, Requests(), selector, tolerations, {}, source
-                    )
-                )
-        elif r.type in WORKLOADS:
-            sets += _workload_pod_sets(r, WORKLOADS[r.type])
-    return sets
+def overlay_pod_sets(r: Declared, directory: str, facts: "Facts") -> list[PodSet]:
+    selector, tolerations = SYSTEM_PLACED
+    return [
+        PodSet(r.name, pods.component, 1, False, Requests(), selector, tolerations, {}, pods.source)
+        for pods in facts.overlays.get(directory, [])
+    ]
 
 
-def unknown_charts(stack: Sequence[Declared]) -> list[str]:
-    """Charts the stack installs that CHARTS does not describe: their pods are not counted."""
-    return sorted(
-        {
-            str(dig(r.props, "chart"))
-            for r in stack
-            if r.type == HELM_RELEASE and str(dig(r.props, "chart")) not in CHARTS
-        }
-    )
+def pod_sets(stack: Sequence[Declared], facts: "Facts") -> list[PodSet]:
+    """Every add-on pod set the stack declares, as placed and sized by what the program passes:
+    each resource's pods as the integration that declares its kind reads them."""
+    readers = [i.pods for i in facts.integrations if i.pods]
+    return [pods for r in stack for read in readers for pods in read(r, stack, facts)]
 
 
 def allocatable(instance_type: str) -> Requests:
@@ -598,20 +319,14 @@ class SystemFit:
         return not self.too_big and self.needed <= self.desired
 
 
-def system_fit(stack: Sequence[Declared]) -> SystemFit | None:
+def system_fit(stack: Sequence[Declared], facts: "Facts") -> SystemFit | None:
     """The system node group's fit, or None when the stack declares none."""
-    groups = [
-        r
-        for r in stack
-        if r.type == NODE_GROUP
-        and all(dig(r.props, "labels", k) == v for k, v in SYSTEM_NODE_LABEL.items())
-    ]
-    if not groups:
+    found = [i.system_nodes(stack) for i in facts.integrations if i.system_nodes]
+    nodes = next((n for n in found if n), None)
+    if nodes is None:
         return None
-    group = groups[0]
-    instance_type = str(listed(dig(group.props, "instanceTypes"))[0])
-    desired = int(dig(group.props, "scalingConfig", "desiredSize") or 0)
-    sets = pod_sets(stack)
+    instance_type, desired = nodes.instance_type, nodes.desired
+    sets = pod_sets(stack, facts)
     on_system = [s for s in sets if s.may_run_on_system_nodes()]
     daemonsets = [s for s in on_system if s.daemonset]
     overhead = Requests()

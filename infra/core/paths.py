@@ -11,7 +11,8 @@ from pathlib import Path
 
 import yaml
 
-PROJECT_DIR = Path(__file__).resolve().parents[2]
+# The folder of Pulumi.yaml: the project, wherever this module sits in it.
+PROJECT_DIR = next(p for p in Path(__file__).resolve().parents if (p / "Pulumi.yaml").is_file())
 # The folder `pulumi up` runs the program in.
 PROGRAM_DIR = (
     PROJECT_DIR / yaml.safe_load((PROJECT_DIR / "Pulumi.yaml").read_text())["main"]

@@ -4,10 +4,10 @@ Only EC2 instances attach EBS volumes, and the EBS, EFS and FSx CSI node agents 
 nodes, so a DevServer on the machines keeps its home in a directory of the machine it runs on.
 The local-path provisioner (rancher/local-path-provisioner, pinned in infra/core/versions.py,
 patched by the overlay deploy/manifests/local-path-provisioner) makes one per claim of the
-StorageClass below, when the claim's first pod has been scheduled: the PersistentVolume it
-records pins every later pod of that claim to that machine (required node affinity on kubernetes.io/hostname). A
-home on a machine is used only there, and a server whose machine is off cannot start until it
-is back.
+StorageClass below, when the claim's first pod has been scheduled: the PersistentVolume it records
+pins every later pod of that claim to that machine (required node affinity on
+kubernetes.io/hostname). A home on a machine is used only there, and a server whose machine is off
+cannot start until it is back.
 
 What upstream does, read at the pinned tag (provisioner.go, util.go, main.go):
 - the controller only calls the API server; a helper pod per create and delete does the disk

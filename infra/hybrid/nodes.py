@@ -23,7 +23,6 @@ import pulumi_aws as aws
 import pulumi_random as random
 
 from infra.core.context import ClusterContext
-from infra.core.cost import HYBRID_MACHINES_ANNOTATION
 from infra.core.helm import helm_release
 from infra.core.iam import partition, policy_document
 from infra.core.system_nodes import SYSTEM_PLACEMENT
@@ -31,6 +30,7 @@ from infra.core.versions import CILIUM_CHART, CILIUM_IMAGES
 from infra.hybrid.admission import hybrid_admission
 from infra.hybrid.config import HybridConfig
 from infra.hybrid.credentials import node_credentials
+from infra.hybrid.facts import HYBRID_MACHINES_ANNOTATION
 from infra.hybrid.gateway import WIREGUARD_PORT, wireguard_gateway
 from infra.hybrid.machines import (
     HYBRID_FLAVOR,

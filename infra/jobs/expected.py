@@ -14,17 +14,17 @@ bound when spot capacity is not there.
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from infra.core.cost import (
-    StackCost,
+from infra.core.cost import StackCost
+from infra.core.declared import Declared, dig, quantity
+from infra.jobs.declared import declared_jobs
+from infra.karpenter.facts import (
+    NODEPOOL,
     node_class_of,
     node_disks,
     pool_capacity_types,
     pool_types,
     reserved_count,
 )
-from infra.core.declared import Declared, dig, quantity
-from infra.core.resource_types import NODEPOOL
-from infra.jobs.declared import declared_jobs
 
 
 @dataclass(frozen=True)

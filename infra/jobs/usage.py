@@ -22,8 +22,9 @@ from dataclasses import dataclass
 
 from infra.core.cost import PriceBook, StackCost
 from infra.core.declared import Declared, dig, listed
-from infra.core.resource_types import NAT_GATEWAY, NODEPOOL, VPC_ENDPOINT
 from infra.jobs.declared import DeclaredJob, declared_jobs
+from infra.karpenter.facts import NODEPOOL
+from infra.vpc.facts import NAT_GATEWAY, VPC_ENDPOINT
 
 GB = 1e9
 S3_PART_BYTES = 8 * 2**20  # s3torchconnector's default multipart part size

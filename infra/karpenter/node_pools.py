@@ -13,8 +13,8 @@ import yaml
 
 from infra.core.config import ConfigError
 from infra.core.context import ClusterContext
-from infra.core.cost import RESERVATIONS_ANNOTATION
 from infra.karpenter.config import NodePoolConfig
+from infra.karpenter.facts import RESERVATIONS_ANNOTATION
 from infra.vpc.network import discovery_tag
 
 # The label a pod selects its pool by. No kubelet may set, change or remove a label of the

@@ -5,8 +5,8 @@ import math
 from pulumi_policy import ReportViolation, StackValidationArgs
 
 from infra.core.catalog import UnpricedError, load_prices
-from infra.core.cost import PRICERS, stack_cost
 from infra.core.declared import Declared
+from infra.integrations import classify, stack_cost
 from policies.rules.base import config_of
 
 
@@ -35,7 +35,7 @@ def cost_budget(args: StackValidationArgs, report: ReportViolation) -> None:
         )
         for r in args.resources
     ]
-    if not any(r.type in PRICERS for r in stack):
+    if not any(classify(r.type) == "priced" for r in stack):
         return
     region = region_of(args)
     if region is None:

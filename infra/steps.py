@@ -17,7 +17,8 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from infra.core.offline import Plan, RecordedResource
-from infra.core.replacement import changed_paths, replacing_paths
+from infra.core.replacement import changed_paths
+from infra.integrations import replacing_paths
 
 CREATE, UPDATE, REPLACE, DELETE = "create", "update", "replace", "delete"
 PROVIDER_PREFIX = "pulumi:providers:"
