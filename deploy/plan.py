@@ -28,10 +28,10 @@ from deploy.day_two import consequences
 from deploy.plan_changes import Facts, changes, plan_facts
 from deploy.program import build_platform
 from devservers.api import user_namespace
+from infra.core.bill import StackCost, money
 from infra.core.capacity import SystemFit
 from infra.core.catalog import HOURS_PER_MONTH
 from infra.core.config import ConfigError
-from infra.core.cost import StackCost, money
 from infra.core.declared import Declared, declared_in, dig, listed
 from infra.core.offline import Plan, RecordedResource, run_offline
 from infra.core.paths import PROJECT_DIR

@@ -8,8 +8,8 @@ written beside plan.json as facts.json; the change list compares two of them lin
 
 from typing import Any
 
+from infra.core.bill import money
 from infra.core.catalog import load_prices
-from infra.core.cost import money
 from infra.core.declared import declared_in, dig, listed
 from infra.core.offline import Plan
 from infra.integrations import stack_cost

@@ -9,6 +9,7 @@ from devservers.api import OWNER_LABEL
 from devservers.component import DevServers
 from infra.core.catalog import load_prices
 from infra.core.data_holders import DataGuard
+from infra.core.pools import image_target
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.cluster import Cluster
 from infra.eks.node_monitoring_agent import NodeMonitoringAgent
@@ -17,8 +18,7 @@ from infra.gpu.metrics import GpuMetrics
 from infra.gpu.nvidia_device_plugin import NvidiaDevicePlugin
 from infra.gpu.registration_watch import GpuRegistrationWatch
 from infra.hybrid.homes import HybridHomes
-from infra.hybrid.nodes import HybridNodes, kueue_flavor
-from infra.karpenter.config import image_target
+from infra.hybrid.nodes import HybridNodes, kueue_flavor, remote_nodes
 from infra.karpenter.karpenter import Karpenter, feature_gates
 from infra.karpenter.node_pools import NodePools
 from infra.kueue.kueue import Kueue
@@ -55,7 +55,12 @@ def build_platform(config: StackConfig) -> None:
     # Every data holder is protected but those the stack file acknowledges losing.
     data = DataGuard(config.released)
     cluster = Cluster(
-        "cluster", config.cluster, network=network, tags=tags, data=data, hybrid=config.hybrid
+        "cluster",
+        config.cluster,
+        network=network,
+        tags=tags,
+        data=data,
+        remote_nodes=remote_nodes(config.hybrid) if config.hybrid else None,
     )
     platform = cluster.context
     karpenter = Karpenter(

@@ -37,11 +37,11 @@ from devservers.api import (
 from infra.core.catalog import RegionPrices
 from infra.core.context import ClusterContext
 from infra.core.data_holders import annotated, user_holder
+from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.core.paths import PROJECT_DIR
+from infra.core.pools import Pool
 from infra.core.rbac import CONNECT, READ, binding, group, rule
-from infra.core.system_nodes import SYSTEM_PLACEMENT
 from infra.gpu.metrics import NAMESPACE as DCGM_NAMESPACE
-from infra.hybrid.config import Pool
 from infra.hybrid.homes import STORAGE_CLASS as HYBRID_HOME_STORAGE_CLASS
 from infra.hybrid.placement import node_selector, tolerations
 from infra.images.container_image import images

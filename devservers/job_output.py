@@ -13,7 +13,7 @@ short-lived pod mounting the team's claim read-only, in S3 through one with the 
 import sys
 from pathlib import Path
 
-from devservers.cli import CliError, Devctl
+from devservers.devctl import CliError, Devctl
 from devservers.job_status import (
     COMPLETION_INDEX,
     JOB_ROLE,

@@ -26,7 +26,7 @@ import threading
 import time
 from concurrent.futures import ThreadPoolExecutor
 
-from devservers.cli import CliError, Devctl
+from devservers.devctl import CliError, Devctl
 from devservers.render import CONTAINER, SCRIPTS
 from mesh.spec import MeshError
 from mesh.workdir import DEFAULT_EXCLUDES, pack

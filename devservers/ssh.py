@@ -17,7 +17,7 @@ import sys
 import tempfile
 from pathlib import Path
 
-from devservers.cli import CliError, Devctl
+from devservers.devctl import CliError, Devctl
 from devservers.render import CONTAINER, SSH_PORT, ssh_enabled, world_size
 
 CHUNK = 65536

@@ -21,7 +21,7 @@ from pathlib import Path
 
 import yaml
 
-from devservers.cli import CliError, add_dry_run_options, print_manifest
+from devservers.devctl import CliError, add_dry_run_options, print_manifest
 from mesh.spec import MeshError
 from mesh.workdir import DEFAULT_EXCLUDES, Archive, pack
 
@@ -197,9 +197,9 @@ class Stack:
         self.teams = {t.namespace_name: t.name for t in self.config.queues.teams}
 
     def namespace(self, given: str | None) -> str:
-        from devservers.cli import _kube_namespace
+        from devservers.devctl import kube_namespace
 
-        namespace = given or _kube_namespace()
+        namespace = given or kube_namespace()
         if not namespace:
             raise CliError(
                 f"which namespace? pass --namespace (teams in {self.defaults.file}: "

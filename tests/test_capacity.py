@@ -18,9 +18,9 @@ import yaml
 from botocore.stub import Stubber
 
 from deploy import preflight
+from infra.core.bill import CostLine, Part
 from infra.core.catalog import PRICES_DIR, load_prices
 from infra.core.config import ConfigError
-from infra.core.cost import CostLine, Part
 from infra.core.declared import Declared, declared_in, listed
 from infra.integrations import stack_cost
 from infra.karpenter.facts import NODEPOOL

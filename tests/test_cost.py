@@ -16,6 +16,7 @@ import pytest
 import yaml
 
 from deploy.plan import cost_rows, main
+from infra.core.bill import Part
 from infra.core.capacity import allocatable
 from infra.core.catalog import (
     HOURS_PER_MONTH,
@@ -24,9 +25,8 @@ from infra.core.catalog import (
     load_prices,
     supported_regions,
 )
-from infra.core.cost import Part
 from infra.core.declared import Declared, declared_in
-from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
+from infra.core.nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.core.versions import KUBE_PROMETHEUS_STACK_CHART
 from infra.integrations import FACTS, classify, plan_cost, stack_cost, system_fit
 from infra.jobs.expected import expected_cost

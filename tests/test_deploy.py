@@ -16,11 +16,16 @@ import yaml
 
 from deploy.program import build_platform
 from infra.core.iam import CSI_CONTROLLER_NODE_SELECTOR
+from infra.core.nodes import (
+    EFA_NODE_LABELS,
+    POOL_LABEL,
+    SYSTEM_NODE_LABEL,
+    SYSTEM_PLACEMENT,
+    SYSTEM_TOLERATION,
+)
 from infra.core.offline import Plan, RecordedResource, run_offline
 from infra.core.paths import PROGRAM_DIR
-from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_PLACEMENT, SYSTEM_TOLERATION
 from infra.core.versions import EFA_DEVICE_PLUGIN_CHART, KARPENTER_CHART, KARPENTER_CRD_CHART
-from infra.karpenter.node_pools import EFA_NODE_LABELS, POOL_LABEL
 from infra.kueue.kueue import EXCLUDED_RESOURCE_PREFIXES
 from infra.kueue.queues import COVERED_RESOURCES
 from infra.stack.loading import parse_stack_config

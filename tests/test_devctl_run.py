@@ -19,7 +19,7 @@ import pytest
 from kubernetes import config
 
 from devservers import run as devctl_run
-from devservers.cli import Devctl
+from devservers.devctl import Devctl
 from devservers.kube import KubeCluster
 from devservers.render import HOME
 from tests.devservers_cluster import Cluster, free_port, wait_for

@@ -19,6 +19,7 @@ from pulumi.runtime.sync_await import _sync_await
 from deploy import hybrid_bootstrap
 from deploy.program import build_platform
 from infra.core.config import ConfigError
+from infra.core.nodes import MACHINE_LABEL, POOL_LABEL
 from infra.core.offline import run_offline
 from infra.hybrid.config import HybridConfig, SsmActivation
 from infra.hybrid.gateway import wireguard_sources
@@ -34,8 +35,7 @@ from infra.hybrid.gateway_boot import (
     sync_units,
 )
 from infra.hybrid.machines import HYBRID_TAINT
-from infra.hybrid.nodes import remote_network_transform
-from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
+from infra.hybrid.nodes import remote_nodes
 from infra.stack.loading import parse_stack_config
 from policies.offline import check
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
@@ -115,7 +115,7 @@ def sections(config: str) -> list[dict[str, str]]:
 
 def test_cluster_gets_the_remote_networks():
     config = HybridConfig.model_validate(HYBRID)
-    transform = remote_network_transform(config)
+    transform = remote_nodes(config).transform
     args = pulumi.ResourceTransformArgs(
         custom=True,
         type_="aws:eks/cluster:Cluster",

@@ -12,12 +12,12 @@ import pytest
 import yaml
 
 from deploy.program import OVERLAYS, build_platform
+from infra.core.nodes import MACHINE_LABEL, POOL_LABEL
 from infra.core.offline import run_offline
 from infra.core.versions import LOCAL_PATH_HELPER_IMAGE, LOCAL_PATH_PROVISIONER_VERSION
 from infra.hybrid.homes import NAMESPACE, OVERLAY, PROVISIONER, STORAGE_CLASS
 from infra.hybrid.machines import HYBRID_TAINT, MACHINE_TOLERATION, machine_taint
 from infra.hybrid.placement import node_selector, tolerations
-from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
 from infra.kueue.config import SYSTEM_NAMESPACES
 from infra.stack.loading import parse_stack_config
 from policies.offline import check

@@ -23,6 +23,7 @@ from cryptography.hazmat.primitives import hashes, serialization
 from cryptography.hazmat.primitives.asymmetric import ec
 from cryptography.x509.oid import NameOID
 
+from infra.core.nodes import MACHINE_LABEL, POOL_LABEL
 from infra.hybrid.gateway_boot import (
     FORWARD_SCRIPT,
     KEY_PLACEHOLDER,
@@ -36,7 +37,6 @@ from infra.hybrid.gateway_boot import (
     sync_units,
 )
 from infra.hybrid.gateway_sync import machine_parameter
-from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
 from mesh.wireguard import Hub, Spoke, generate_private_key, public_key, spoke_config
 from tests.netns import Namespaces, stop
 

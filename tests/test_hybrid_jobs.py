@@ -8,9 +8,9 @@ import yaml
 
 from deploy.program import build_platform
 from infra.core.config import ConfigError
+from infra.core.nodes import MACHINE_LABEL, POOL_LABEL
 from infra.core.offline import run_offline
 from infra.hybrid.machines import HYBRID_TAINT, machine_taint
-from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
 from infra.stack.loading import load_stack_file, parse_stack_config, read_stack_file
 from tests.conftest import stack_values
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF

@@ -18,13 +18,12 @@ import json
 import pytest
 
 from devservers.api import OWNER_LABEL
-from infra.core.capacity import SYSTEM_LABELS, SYSTEM_TAINT
-from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.core.nodes import MACHINE_LABEL, POOL_LABEL, SYSTEM_PLACEMENT
+from infra.core.pods import SYSTEM_LABELS, SYSTEM_TAINT
 from infra.hybrid.admission import policies
 from infra.hybrid.config import HybridConfig
 from infra.hybrid.gateway import GATEWAY_GROUP
 from infra.hybrid.machines import node_labels, node_taints
-from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
 from infra.kueue.queues import TEAM_LABEL
 from infra.teams.access import POLICIES
 from tests.admission_rules import ENV, admitted, refusals

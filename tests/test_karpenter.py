@@ -7,9 +7,9 @@ import pytest
 
 from deploy.plan import summary
 from infra.core.config import ConfigError
+from infra.core.nodes import GPU_TAINT
 from infra.core.versions import KARPENTER_CHART, NVIDIA_DEVICE_PLUGIN_CHART
 from infra.karpenter.karpenter import INTERRUPTION_EVENTS
-from infra.karpenter.node_pools import GPU_TAINT
 from infra.stack.loading import load_stack_file, parse_stack_config
 from tests.conftest import NO_DEV_SERVERS, plan_of, stack_values
 

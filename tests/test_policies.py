@@ -877,7 +877,7 @@ def test_storage_growth_past_the_budget_fails_the_plan_naming_the_storage():
 def test_allowed_public_ingress_names_are_what_the_program_opens(hybrid_stack):
     """public_ingress_resources (what stack config lets policy.allowedPublicIngress name) is
     what no-world-ingress flags in the program's own plan."""
-    from infra.stack.policy import public_ingress_resources
+    from infra.stack.cross_references import public_ingress_resources
 
     config, plan = hybrid_stack
     flagged = {v.urn.rsplit("::", 1)[-1] for v in violations_of(plan, "no-world-ingress")}

@@ -7,7 +7,7 @@ import yaml
 
 from deploy.program import OVERLAYS
 from infra.core.config import ConfigError
-from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TOLERATION
+from infra.core.nodes import SYSTEM_NODE_LABEL, SYSTEM_TOLERATION
 from infra.core.versions import (
     DCGM_EXPORTER_CHART,
     JOBSET_VERSION,

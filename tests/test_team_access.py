@@ -11,7 +11,7 @@ import yaml
 from kubernetes import client, dynamic
 from kubernetes.dynamic.exceptions import ForbiddenError
 
-from infra.karpenter.node_pools import POOL_LABEL
+from infra.core.nodes import POOL_LABEL
 from infra.kueue.config import TeamConfig
 from infra.kueue.queues import TEAM_LABEL
 from infra.teams.access import (

@@ -12,10 +12,10 @@ import yaml
 from deploy.day_two import consequences
 from deploy.program import build_platform
 from infra.core.declared import declared_in
+from infra.core.nodes import POOL_LABEL
 from infra.core.offline import run_offline
 from infra.jobs.config import SELF_SERVICE_ACCOUNT
 from infra.jobs.declared import declared_jobs
-from infra.karpenter.node_pools import POOL_LABEL
 from infra.kueue.config import TeamConfig
 from infra.stack.loading import parse_stack_config
 from infra.steps import plan_steps

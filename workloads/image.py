@@ -5,8 +5,8 @@ import pulumi
 from infra.core.config import ImageConfig
 from infra.core.context import ClusterContext
 from infra.core.paths import PROJECT_DIR
+from infra.core.pools import image_target
 from infra.images.container_image import images, repository_name, source_tag
-from infra.karpenter.config import image_target
 from infra.stack.config import StackConfig
 
 # The build context is the trainer's folder alone: the image needs nothing else, and

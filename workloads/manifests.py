@@ -11,7 +11,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from typing import Any
 
-from infra.hybrid.config import Pool
+from infra.core.pools import Pool
 from infra.hybrid.placement import pod_placement
 from infra.jobs.config import DEFAULT_MAX_RESTARTS, SELF_SERVICE_ACCOUNT, JobConfig
 from infra.kueue.queues import PREFERRED_TOPOLOGY_LEVEL

@@ -24,8 +24,9 @@ from kubernetes.client.exceptions import ApiException
 from kubernetes.config.config_exception import ConfigException
 from urllib3.exceptions import HTTPError
 
+from infra.core.pools import image_target
 from infra.jobs.config import JobConfig
-from infra.karpenter.config import NodePoolConfig, image_target
+from infra.karpenter.config import NodePoolConfig
 from infra.karpenter.fabric_check import FabricCheckPlan
 from infra.kueue.config import queue_shortfall
 from infra.stack.config import StackConfig

@@ -21,9 +21,9 @@ import pulumi
 
 from infra.core.context import ClusterContext
 from infra.core.paths import PROJECT_DIR
+from infra.core.pools import image_target
 from infra.images.container_image import EcrRepository, repository_name, source_tag
 from infra.jobs.config import JobConfig, UserCode
-from infra.karpenter.config import image_target
 from infra.stack.config import StackConfig
 from trainer import TRAINER_UID
 from trainer.user_code import command, contract_paths

@@ -16,7 +16,7 @@ import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
 from infra.core.iam import pod_identity_role
-from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.kueue.config import TENSORBOARD, TeamConfig
 from infra.storage.bucket import TrainingBucket
 from infra.storage.config import CHECKPOINT_PREFIX

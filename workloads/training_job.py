@@ -11,7 +11,7 @@ import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
 from infra.core.iam import pod_identity_role
-from infra.hybrid.config import Pool
+from infra.core.pools import Pool
 from infra.jobs.config import JobConfig, job_role_resource_name
 from infra.storage.bucket import TrainingBucket
 from workloads.manifests import (

@@ -18,8 +18,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
+from infra.core.pools import image_target
 from infra.jobs.runtimes import RuntimesConfig
-from infra.karpenter.config import NodePoolConfig, image_target
+from infra.karpenter.config import NodePoolConfig
 from infra.storage.bucket import TrainingBucket
 from workloads.manifests import API_VERSIONS, runtime_name, training_runtime
 from workloads.revisions import held_back, kept_manifest

@@ -23,7 +23,7 @@ from typing import Any
 from pydantic import Field, ValidationError, field_validator
 
 from infra.core.config import K8sName, did_you_mean, one_line
-from infra.hybrid.config import Pool
+from infra.core.pools import Pool
 from infra.jobs.config import DEFAULT_MAX_RESTARTS, SELF_SERVICE_ACCOUNT, JobConfig, UserCode
 from mesh.workdir import DEFAULT_MAX_MB, Archive
 from trainer import user_code

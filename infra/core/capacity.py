@@ -15,7 +15,7 @@ offline and the engine hands them to the policy pack:
 - the Deployments, DaemonSets, StatefulSets and CronJobs the program declares itself.
 
 Which resource runs which pods is each integration's own knowledge (its `pods`,
-infra/core/facts.py); this module holds the model they share and the fit.
+infra/core/facts.py); infra/core/pods.py holds the model they share, this module the fit.
 
 Node affinity is matched for `In`, `NotIn`, `Exists` and `DoesNotExist` against the system nodes'
 labels; other scheduling rules (pod anti-affinity, spread) are not modelled: the fit is a sum of
@@ -23,20 +23,14 @@ requests against a sum of allocatable, with every pod required to fit one node.
 """
 
 import math
-from collections.abc import Mapping, Sequence
-from dataclasses import dataclass, field
-from typing import TYPE_CHECKING
+from collections.abc import Sequence
+from dataclasses import dataclass
 
 from infra.core.catalog import load_catalog
-from infra.core.declared import Declared, dig, listed, quantity
-from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
+from infra.core.declared import Declared
+from infra.core.facts import Facts
+from infra.core.pods import SYSTEM_PLACED, PodSet, Requests, at
 
-if TYPE_CHECKING:  # facts.py builds on this module
-    from infra.core.facts import Facts
-
-# Well-known labels every system node carries besides ours (kubelet sets them).
-SYSTEM_LABELS = {**SYSTEM_NODE_LABEL, "kubernetes.io/os": "linux", "kubernetes.io/arch": "amd64"}
-SYSTEM_TAINT = {"key": SYSTEM_TAINT_KEY, "value": "true", "effect": "NoSchedule"}
 # EC2 keeps part of an instance's memory from the OS; Karpenter assumes 7.5 % (its
 # VM_MEMORY_OVERHEAD_PERCENT default), as infra/karpenter/config.py does.
 VM_MEMORY_OVERHEAD = 0.075
@@ -53,193 +47,10 @@ EVICTION_MIB = 100
 MAX_PODS = {"large": 29, "xlarge": 58, "2xlarge": 58, "4xlarge": 110}
 
 
-@dataclass(frozen=True)
-class Requests:
-    cpu: float = 0.0  # cores
-    memory_mib: float = 0.0
-
-    def __add__(self, other: "Requests") -> "Requests":
-        return Requests(self.cpu + other.cpu, self.memory_mib + other.memory_mib)
-
-    def __mul__(self, n: float) -> "Requests":
-        return Requests(self.cpu * n, self.memory_mib * n)
-
-    def fits(self, room: "Requests") -> bool:
-        return self.cpu <= room.cpu + 1e-9 and self.memory_mib <= room.memory_mib + 1e-9
-
-
-def requests_of(resources: object) -> Requests:
-    """A container's (or a chart value's) resources.requests; limits stand in where requests are
-    missing, as the API server defaults them."""
-    asked = dig(resources, "requests") or dig(resources, "limits") or {}
-    cpu, memory = dig(asked, "cpu"), dig(asked, "memory")
-    return Requests(
-        quantity(cpu) if cpu is not None else 0.0,
-        quantity(memory) / 2**20 if memory is not None else 0.0,
-    )
-
-
-@dataclass(frozen=True)
-class PodSet:
-    """Pods of one add-on component: how many, what each asks, and where they may go."""
-
-    owner: str  # the release, add-on, overlay or workload
-    component: str
-    replicas: int  # per node for a DaemonSet
-    daemonset: bool
-    each: Requests
-    node_selector: Mapping[str, str]
-    tolerations: Sequence[Mapping]
-    affinity: Mapping = field(default_factory=dict)
-    source: str = "the values we pass"
-
-    @property
-    def name(self) -> str:
-        return f"{self.owner}/{self.component}"
-
-    def may_run_on_system_nodes(self) -> bool:
-        selected = all(SYSTEM_LABELS.get(k) == v for k, v in self.node_selector.items())
-        return selected and _affinity_allows(self.affinity) and tolerates(self.tolerations)
-
-
-def tolerates(tolerations: Sequence[Mapping], taint: Mapping = SYSTEM_TAINT) -> bool:
-    """Kubernetes' ToleratesTaint: an empty key with Exists tolerates every taint."""
-    for t in tolerations:
-        effect = dig(t, "effect")
-        if effect and effect != taint["effect"]:
-            continue
-        key, operator = dig(t, "key"), dig(t, "operator") or "Equal"
-        if not key and operator == "Exists":
-            return True
-        if key == taint["key"] and (operator == "Exists" or dig(t, "value") == taint["value"]):
-            return True
-    return False
-
-
-def _affinity_allows(affinity: Mapping) -> bool:
-    terms = dig(
-        affinity,
-        "nodeAffinity",
-        "requiredDuringSchedulingIgnoredDuringExecution",
-        "nodeSelectorTerms",
-    )
-    if not terms:
-        return True
-
-    def matches(expression: Mapping) -> bool:
-        key, operator = dig(expression, "key"), dig(expression, "operator")
-        values = [str(v) for v in listed(dig(expression, "values"))]
-        value = SYSTEM_LABELS.get(key)
-        return {
-            "In": value in values,
-            "NotIn": value not in values,
-            "Exists": value is not None,
-            "DoesNotExist": value is None,
-        }.get(operator, False)
-
-    return any(all(matches(e) for e in listed(dig(t, "matchExpressions"))) for t in terms)
-
-
-@dataclass(frozen=True)
-class ChartPods:
-    """One pod-making component of a chart: where its values place and size it, and the chart's
-    defaults at the pinned version for what we do not pass."""
-
-    component: str
-    placement: str  # dotted path of the values holding nodeSelector and tolerations ("" = top)
-    resources: str  # dotted path of its resources (requests)
-    default_requests: Requests
-    source: str  # where the defaults were read
-    replicas: str | None = None  # dotted path of its replica count
-    default_replicas: int = 1
-    daemonset: bool = False
-    default_selector: Mapping[str, str] = field(default_factory=dict)
-    default_tolerations: Sequence[Mapping] = ()
-    # Other containers of the pod, sized by the chart (e.g. sidecars), added to each pod.
-    extra: Requests = Requests()
-
-
-def _at(values: object, path: str) -> object:
-    return dig(values, *path.split(".")) if path else values
-
-
-def chart_pod_sets(release: str, values: object, components: Sequence[ChartPods]) -> list[PodSet]:
-    sets = []
-    for c in components:
-        placed = _at(values, c.placement)
-        resources = _at(values, c.resources)
-        replicas = _at(values, c.replicas) if c.replicas else None
-        sets.append(
-            PodSet(
-                release,
-                c.component,
-                1 if c.daemonset else int(replicas if replicas is not None else c.default_replicas),
-                c.daemonset,
-                (requests_of(resources) if resources else c.default_requests) + c.extra,
-                dig(placed, "nodeSelector") or c.default_selector,
-                listed(dig(placed, "tolerations")) or list(c.default_tolerations),
-                dig(placed, "affinity") or {},
-                "the values we pass" if resources else c.source,
-            )
-        )
-    return sets
-
-
-CRITICAL_ADDONS = [{"key": SYSTEM_TAINT_KEY, "operator": "Exists"}]
-EVERY_TAINT = [{"operator": "Exists"}]
-GPU_ONLY = "GPU nodes only, not read: never on the system nodes"
-
-
-@dataclass(frozen=True)
-class AddonPods:
-    component: str
-    replicas: int  # per node for a DaemonSet
-    daemonset: bool
-    each: Requests
-    tolerations: Sequence[Mapping]
-    source: str
-    selector_values: str | None = None  # configurationValues path of its nodeSelector
-
-
-@dataclass(frozen=True)
-class OverlayPods:
-    """A Deployment of a kustomize overlay: on the system nodes (deploy/manifests/system-nodes),
-    with the requests upstream sets (none, so far)."""
-
-    component: str
-    source: str
-
-
-SYSTEM_PLACED = (SYSTEM_NODE_LABEL, [{"key": SYSTEM_TAINT_KEY, "operator": "Exists"}])
-
-
-def workload_pod_sets(r: Declared, daemonset: bool) -> list[PodSet]:
-    spec = dig(r.props, "spec")
-    template = dig(spec, "jobTemplate", "spec", "template", "spec") or dig(spec, "template", "spec")
-    each = Requests()
-    for container in listed(dig(template, "containers")):
-        each = each + requests_of(dig(container, "resources"))
-    replicas = 1 if daemonset else int(dig(spec, "replicas") or 1)
-    name = dig(r.props, "metadata", "name") or r.name
-    return [
-        PodSet(
-            name,
-            str(dig(r.props, "kind") or r.type.rsplit(":", 1)[-1]),
-            replicas,
-            daemonset,
-            each,
-            dig(template, "nodeSelector") or {},
-            listed(dig(template, "tolerations")),
-            dig(template, "affinity") or {},
-            "its pod template",
-        )
-    ]
-
-
-def addon_pod_sets(addon: str, configuration: object, facts: "Facts") -> list[PodSet]:
+def addon_pod_sets(addon: str, configuration: object, facts: Facts) -> list[PodSet]:
     sets = []
     for pods in facts.addons.get(addon, []):
-        selector = _at(configuration, pods.selector_values) if pods.selector_values else None
+        selector = at(configuration, pods.selector_values) if pods.selector_values else None
         sets.append(
             PodSet(
                 addon,
@@ -256,7 +67,7 @@ def addon_pod_sets(addon: str, configuration: object, facts: "Facts") -> list[Po
     return sets
 
 
-def overlay_pod_sets(r: Declared, directory: str, facts: "Facts") -> list[PodSet]:
+def overlay_pod_sets(r: Declared, directory: str, facts: Facts) -> list[PodSet]:
     selector, tolerations = SYSTEM_PLACED
     return [
         PodSet(r.name, pods.component, 1, False, Requests(), selector, tolerations, {}, pods.source)
@@ -264,7 +75,7 @@ def overlay_pod_sets(r: Declared, directory: str, facts: "Facts") -> list[PodSet
     ]
 
 
-def pod_sets(stack: Sequence[Declared], facts: "Facts") -> list[PodSet]:
+def pod_sets(stack: Sequence[Declared], facts: Facts) -> list[PodSet]:
     """Every add-on pod set the stack declares, as placed and sized by what the program passes:
     each resource's pods as the integration that declares its kind reads them."""
     readers = [i.pods for i in facts.integrations if i.pods]
@@ -319,7 +130,7 @@ class SystemFit:
         return not self.too_big and self.needed <= self.desired
 
 
-def system_fit(stack: Sequence[Declared], facts: "Facts") -> SystemFit | None:
+def system_fit(stack: Sequence[Declared], facts: Facts) -> SystemFit | None:
     """The system node group's fit, or None when the stack declares none."""
     found = [i.system_nodes(stack) for i in facts.integrations if i.system_nodes]
     nodes = next((n for n in found if n), None)

@@ -15,10 +15,23 @@ pattern: one package per upstream system, one typed contract, one list.
 from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
-from infra.core.capacity import AddonPods, ChartPods, OverlayPods, PodSet
-from infra.core.cost import CostLine, PriceBook
+from infra.core.bill import CostLine, PriceBook
 from infra.core.declared import Declared
-from infra.core.replacement import ReplaceRule
+from infra.core.pods import AddonPods, ChartPods, OverlayPods, PodSet
+
+TF = "hashicorp/terraform-provider-aws internal/service"
+K8S = "pulumi/pulumi-kubernetes provider/pkg/provider/diff.go"
+
+# pulumi-kubernetes: besides .metadata.name and .metadata.namespace of every object.
+K8S_METADATA = ("metadata.name", "metadata.namespace")
+
+
+@dataclass(frozen=True)
+class ReplaceRule:
+    force_new: tuple[str, ...]
+    source: str
+    custom: Callable[[dict, dict], list[str]] | None = None
+
 
 Pricer = Callable[[Declared, Sequence[Declared], PriceBook], list[CostLine]]
 # Reasons shared by kinds of several integrations.

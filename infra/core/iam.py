@@ -7,7 +7,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.core.context import ClusterContext
-from infra.core.system_nodes import SYSTEM_NODE_LABEL
+from infra.core.nodes import SYSTEM_NODE_LABEL
 
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
 # EKS add-on controllers (EBS, EFS, FSx CSI) run in this namespace.

@@ -4,19 +4,20 @@ releases and kustomize overlays; and how the pods of releases, overlays and work
 
 from collections.abc import Sequence
 
-from infra.core.capacity import (
-    PodSet,
-    chart_pod_sets,
-    overlay_pod_sets,
-    workload_pod_sets,
-)
-from infra.core.cost import (
-    CostLine,
-    PriceBook,
-)
+from infra.core.bill import CostLine, PriceBook
+from infra.core.capacity import overlay_pod_sets
 from infra.core.declared import Declared, dig
-from infra.core.facts import K8S_OBJECT, RUNS_ON_NODES, Facts, Integration, Kind
-from infra.core.replacement import K8S, TF, ReplaceRule
+from infra.core.facts import (
+    K8S,
+    K8S_OBJECT,
+    RUNS_ON_NODES,
+    TF,
+    Facts,
+    Integration,
+    Kind,
+    ReplaceRule,
+)
+from infra.core.pods import PodSet, chart_pod_sets, workload_pod_sets
 
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
 OVERLAY = "kubernetes:kustomize/v2:Directory"

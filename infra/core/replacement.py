@@ -22,32 +22,15 @@ Each rule is written down beside the integration that declares its kind (a `Kind
 infra/<name>/facts.py); this module holds the rule type, the provider-wide rules and the diff.
 """
 
-from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
-if TYPE_CHECKING:  # facts.py builds on this module
-    from infra.core.facts import Facts
-
-TF = "hashicorp/terraform-provider-aws internal/service"
-K8S = "pulumi/pulumi-kubernetes provider/pkg/provider/diff.go"
-
-
-@dataclass(frozen=True)
-class ReplaceRule:
-    force_new: tuple[str, ...]
-    source: str
-    custom: Callable[[dict, dict], list[str]] | None = None
-
-
-# pulumi-kubernetes: besides .metadata.name and .metadata.namespace of every object.
-K8S_METADATA = ("metadata.name", "metadata.namespace")
+from infra.core.facts import K8S, K8S_METADATA, Facts, ReplaceRule
 
 # Providers whose objects are not the cluster's own: a release or overlay is applied, not diffed.
 NOT_OBJECTS = ("kubernetes:helm.sh/", "kubernetes:kustomize/", "kubernetes:yaml/")
 
 
-def rule_for(resource_type: str, facts: "Facts") -> ReplaceRule | None:
+def rule_for(resource_type: str, facts: Facts) -> ReplaceRule | None:
     """The replacement rule of a resource type; None where no input forces one (or the type is
     not one the rules cover: components, Helm releases). pulumi-kubernetes replaces every object
     whose name or namespace changes, besides its kind's own paths."""
@@ -61,7 +44,7 @@ def rule_for(resource_type: str, facts: "Facts") -> ReplaceRule | None:
 
 
 def replacing_paths(
-    resource_type: str, old: dict[str, Any], new: dict[str, Any], facts: "Facts"
+    resource_type: str, old: dict[str, Any], new: dict[str, Any], facts: Facts
 ) -> list[str]:
     """The changed input paths that force a replacement of a resource of this type."""
     rule = rule_for(resource_type, facts)

@@ -1,5 +1,7 @@
 """Cluster: the EKS control plane, its system node group, core add-ons and a Kubernetes provider."""
 
+from dataclasses import dataclass
+
 import pulumi
 import pulumi_aws as aws
 import pulumi_eks as eks
@@ -8,14 +10,22 @@ import pulumi_kubernetes as k8s
 from infra.core.context import ClusterContext, VpcPlacement
 from infra.core.data_holders import CLUSTER, DataGuard
 from infra.core.iam import node_role, partition
-from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
+from infra.core.nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.config import ClusterConfig
-from infra.hybrid.config import HybridConfig
-from infra.hybrid.nodes import POD_IDENTITY_ON_HYBRID_NODES, remote_network_transform
 from infra.vpc.network import Network, discovery_tag
 
 CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]
+
+
+@dataclass(frozen=True)
+class RemoteNodes:
+    """What nodes outside the VPC need of the cluster (infra/hybrid/nodes.py remote_nodes): the
+    remote node and pod networks, set on the aws:eks Cluster inside pulumi-eks's component by a
+    transform, and the Pod Identity agent's configuration values for nodes without IMDS."""
+
+    transform: pulumi.ResourceTransform
+    pod_identity_values: str
 
 
 class Cluster(pulumi.ComponentResource):
@@ -39,7 +49,7 @@ class Cluster(pulumi.ComponentResource):
         tags: dict[str, str],
         data: DataGuard,
         opts: pulumi.ResourceOptions | None = None,
-        hybrid: HybridConfig | None = None,
+        remote_nodes: RemoteNodes | None = None,
     ):
         super().__init__("training-platform:infra:Cluster", name, None, opts)
         child = pulumi.ResourceOptions(parent=self)
@@ -122,12 +132,12 @@ class Cluster(pulumi.ComponentResource):
             cluster_tags=data.tags(CLUSTER, {}),
             # Protected, with its children (the engine hands `protect` to the component's
             # provider, whose children inherit it). Hybrid nodes: the cluster's remote node and
-            # pod networks (see hybrid_nodes.py).
+            # pod networks (see infra/hybrid/nodes.py).
             opts=pulumi.ResourceOptions.merge(
                 pulumi.ResourceOptions(parent=self, depends_on=[log_group]),
                 pulumi.ResourceOptions(
                     protect=data.protect(CLUSTER).protect,
-                    transforms=[remote_network_transform(hybrid)] if hybrid else None,
+                    transforms=[remote_nodes.transform] if remote_nodes else None,
                 ),
             ),
         )
@@ -141,7 +151,7 @@ class Cluster(pulumi.ComponentResource):
             addon_version=addons["eks-pod-identity-agent"],
             resolve_conflicts_on_update="OVERWRITE",
             # Hybrid nodes have no IMDS: a second DaemonSet there reads nodeadm's credentials file.
-            configuration_values=POD_IDENTITY_ON_HYBRID_NODES if hybrid else None,
+            configuration_values=remote_nodes.pod_identity_values if remote_nodes else None,
             tags=tags,
             opts=child,
         )

@@ -5,27 +5,13 @@ EKS installs; where the system node group is; which inputs replace them."""
 import json
 from collections.abc import Sequence
 
-from infra.core.capacity import (
-    CRITICAL_ADDONS,
-    EVERY_TAINT,
-    AddonPods,
-    PodSet,
-    Requests,
-    addon_pod_sets,
-)
+from infra.core.bill import CostLine, Part, PriceBook, describe_disks, ebs_disks, required
+from infra.core.capacity import addon_pod_sets
 from infra.core.catalog import UnpricedError
-from infra.core.cost import (
-    CostLine,
-    Part,
-    PriceBook,
-    describe_disks,
-    ebs_disks,
-    required,
-)
 from infra.core.declared import Declared, dig, listed
-from infra.core.facts import RUNS_ON_NODES, Facts, Integration, Kind, SystemNodes
-from infra.core.replacement import TF, ReplaceRule
-from infra.core.system_nodes import SYSTEM_NODE_LABEL
+from infra.core.facts import RUNS_ON_NODES, TF, Facts, Integration, Kind, ReplaceRule, SystemNodes
+from infra.core.nodes import SYSTEM_NODE_LABEL
+from infra.core.pods import CRITICAL_ADDONS, EVERY_TAINT, AddonPods, PodSet, Requests
 from infra.eks.support import support_on
 
 EKS_COMPONENT = "eks:index:Cluster"

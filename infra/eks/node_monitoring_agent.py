@@ -22,7 +22,7 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.core.context import ClusterContext
-from infra.karpenter.node_pools import GPU_TOLERATION
+from infra.core.nodes import GPU_TOLERATION
 
 ADDON = "eks-node-monitoring-agent"
 DCGM_HOST_ENGINE_PORT = 5555

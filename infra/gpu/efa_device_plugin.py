@@ -8,8 +8,8 @@ import pulumi
 
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
+from infra.core.nodes import EFA_NODE_LABELS, GPU_TOLERATION
 from infra.core.versions import EFA_DEVICE_PLUGIN_CHART
-from infra.karpenter.node_pools import EFA_NODE_LABELS, GPU_TOLERATION
 
 
 class EfaDevicePlugin(pulumi.ComponentResource):

@@ -1,8 +1,8 @@
 """The pods of the GPU charts: device plugins and the DCGM exporter run on GPU nodes only; the
 monitoring stack's components on the system nodes, at the requests we pass."""
 
-from infra.core.capacity import GPU_ONLY, ChartPods, Requests
 from infra.core.facts import Integration
+from infra.core.pods import GPU_ONLY, ChartPods, Requests
 
 KPS = (
     "prometheus-community/helm-charts kube-prometheus-stack-88.5.3 "

@@ -19,11 +19,10 @@ import pulumi_random as random
 
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
-from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.core.nodes import GPU_NODE_LABELS, GPU_TOLERATION, SYSTEM_PLACEMENT
 from infra.core.versions import DCGM_EXPORTER_CHART, KUBE_PROMETHEUS_STACK_CHART
 from infra.eks.node_monitoring_agent import DCGM_HOST_ENGINE_PORT
 from infra.hybrid.machines import GPU_AGENT_TOLERATIONS, HYBRID_NODE_AFFINITY
-from infra.karpenter.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
 from infra.teams.network import admit_pods
 
 NAMESPACE = "monitoring"

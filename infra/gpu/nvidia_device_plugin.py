@@ -7,9 +7,9 @@ import pulumi
 
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
+from infra.core.nodes import GPU_NODE_LABELS
 from infra.core.versions import NVIDIA_DEVICE_PLUGIN_CHART
 from infra.hybrid.machines import GPU_AGENT_TOLERATIONS
-from infra.karpenter.node_pools import GPU_NODE_LABELS
 
 
 class NvidiaDevicePlugin(pulumi.ComponentResource):

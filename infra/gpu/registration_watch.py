@@ -12,13 +12,12 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
+from infra.core.nodes import GPU_NODE_LABELS, SYSTEM_PLACEMENT
 from infra.core.paths import PROJECT_DIR
-from infra.core.system_nodes import SYSTEM_PLACEMENT
 from infra.eks.config import KarpenterConfig
 from infra.images.container_image import images
 from infra.karpenter.cold_start import MARGIN, launch_seconds
 from infra.karpenter.config import NodePoolConfig
-from infra.karpenter.node_pools import GPU_NODE_LABELS
 
 NAMESPACE = "kube-system"
 NAME = "gpu-registration-watch"

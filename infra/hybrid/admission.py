@@ -34,10 +34,10 @@ import pulumi_kubernetes as k8s
 
 from infra.core.config import HYBRID_POOL
 from infra.core.context import ClusterContext
+from infra.core.nodes import GPU_NODE_LABELS, MACHINE_LABEL, POOL_LABEL
 from infra.hybrid.config import HybridConfig
 from infra.hybrid.gateway import GATEWAY_GROUP
 from infra.hybrid.machines import HYBRID_NODE_LABELS, HYBRID_TAINT, MACHINE_TAINT_KEY
-from infra.karpenter.node_pools import GPU_NODE_LABELS, MACHINE_LABEL, POOL_LABEL
 from infra.kueue.queues import TEAM_LABEL
 
 COMPUTE_TYPE = "eks.amazonaws.com/compute-type"

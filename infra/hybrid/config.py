@@ -22,7 +22,7 @@ from infra.core.config import (
     Model,
     retired,
 )
-from infra.karpenter.config import NodePoolConfig, PoolCeiling, smallest_room
+from infra.core.pools import PoolCeiling, processes_per_node, smallest_room
 
 # Address ranges EKS accepts for hybrid nodes' remote node and pod networks (RFC 1918, CGNAT).
 HYBRID_ALLOWED_RANGES = [
@@ -355,8 +355,10 @@ class HybridPool:
     efa: ClassVar[bool] = False
     efa_network_cards: ClassVar[int] = 0
     topology: ClassVar[bool] = False
-    # The same rule as a NodePool's: one trainer process per GPU, one on CPU machines (gloo).
-    procs_per_node = NodePoolConfig.procs_per_node
+
+    @property
+    def procs_per_node(self) -> int:
+        return processes_per_node(self)
 
     @property
     def max_nodes(self) -> int:
@@ -386,9 +388,6 @@ class HybridPool:
             vcpu=sum(m.vcpu for m in self.machines),
             memory_gib=sum(m.memory_gib for m in self.machines),
         )
-
-
-Pool = NodePoolConfig | HybridPool
 
 
 def eks_service_cidr(vpc_cidr: ipaddress.IPv4Network) -> ipaddress.IPv4Network:

@@ -4,17 +4,10 @@ parameter; the pods of Cilium and of the homes' local-path provisioner."""
 
 from collections.abc import Sequence
 
-from infra.core.capacity import EVERY_TAINT, ChartPods, OverlayPods, Requests
-from infra.core.cost import (
-    CostLine,
-    PriceBook,
-    gp3_volume,
-    listed_annotation,
-    required,
-)
+from infra.core.bill import CostLine, PriceBook, gp3_volume, listed_annotation, required
 from infra.core.declared import Declared, dig
-from infra.core.facts import Integration, Kind
-from infra.core.replacement import TF, ReplaceRule
+from infra.core.facts import TF, Integration, Kind, ReplaceRule
+from infra.core.pods import EVERY_TAINT, ChartPods, OverlayPods, Requests
 
 # The machines a hybrid nodes' ResourceFlavor stands for (JSON: a list of {name, vcpu}), written
 # by infra/hybrid/nodes.py: EKS bills hybrid nodes per vCPU-hour while they are joined.

@@ -11,6 +11,7 @@ import pulumi_random as random
 
 from infra.core.context import ClusterContext
 from infra.core.iam import assume_role_policy, partition, policy_document
+from infra.core.nodes import MACHINE_LABEL, POOL_LABEL
 from infra.core.versions import WIREGUARD_GATEWAY_AMI_PARAMETER
 from infra.hybrid.config import HybridConfig
 from infra.hybrid.gateway_boot import (
@@ -21,7 +22,6 @@ from infra.hybrid.gateway_boot import (
     user_data,
 )
 from infra.hybrid.gateway_sync import machine_parameter
-from infra.karpenter.node_pools import MACHINE_LABEL, POOL_LABEL
 from mesh.wireguard import Spoke, public_key
 
 WIREGUARD_PORT = 51820

@@ -14,10 +14,10 @@ machine by its credentials (hybrid_gateway_boot.py); the node admission policy
 import yaml
 
 from infra.core.config import HYBRID_POOL
+from infra.core.nodes import GPU_NODE_LABELS, GPU_TOLERATION
 from infra.core.versions import NODEADM_VERSION, NVIDIA_CONTAINER_TOOLKIT_VERSION
 from infra.hybrid.config import HybridConfig, HybridMachine
 from infra.hybrid.gateway import WIREGUARD_PORT
-from infra.karpenter.node_pools import GPU_NODE_LABELS, GPU_TOLERATION
 from mesh.wireguard import Spoke
 
 HYBRID_FLAVOR = HYBRID_POOL

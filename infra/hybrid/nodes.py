@@ -25,8 +25,9 @@ import pulumi_random as random
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
 from infra.core.iam import partition, policy_document
-from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.core.nodes import POOL_LABEL, SYSTEM_PLACEMENT
 from infra.core.versions import CILIUM_CHART, CILIUM_IMAGES
+from infra.eks.cluster import RemoteNodes
 from infra.hybrid.admission import hybrid_admission
 from infra.hybrid.config import HybridConfig
 from infra.hybrid.credentials import node_credentials
@@ -40,7 +41,6 @@ from infra.hybrid.machines import (
     node_config,
     spokes,
 )
-from infra.karpenter.node_pools import POOL_LABEL
 from infra.kueue.queues import Flavor
 from mesh.wireguard import Hub, spoke_config
 
@@ -103,8 +103,9 @@ def remote_network_config(config: HybridConfig) -> dict:
     }
 
 
-def remote_network_transform(config: HybridConfig) -> pulumi.ResourceTransform:
-    """Sets remoteNetworkConfig on the aws:eks Cluster inside pulumi-eks's Cluster component.
+def remote_nodes(config: HybridConfig) -> RemoteNodes:
+    """What the cluster needs for the machines: remoteNetworkConfig on the aws:eks Cluster inside
+    pulumi-eks's Cluster component, and the Pod Identity agent's DaemonSet for hybrid nodes.
 
     pulumi-eks 4.x does not expose the setting (pulumi/pulumi-eks#1512); transforms reach the
     resources of packaged components, so this adds it where pulumi-eks creates the cluster.
@@ -116,7 +117,7 @@ def remote_network_transform(config: HybridConfig) -> pulumi.ResourceTransform:
         props = {**args.props, "remoteNetworkConfig": remote_network_config(config)}
         return pulumi.ResourceTransformResult(props=props, opts=args.opts)
 
-    return transform
+    return RemoteNodes(transform, POD_IDENTITY_ON_HYBRID_NODES)
 
 
 def kueue_flavor(config: HybridConfig) -> Flavor:

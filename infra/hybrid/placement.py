@@ -10,9 +10,9 @@ machines and tolerate their taints, and no other. The machines' Kueue flavor inj
 toleration (hybrid_nodes.kueue_flavor says why).
 """
 
-from infra.hybrid.config import Pool
+from infra.core.nodes import GPU_TAINT, MACHINE_LABEL, POOL_LABEL
+from infra.core.pools import Pool
 from infra.hybrid.machines import HYBRID_TAINT, machine_taint
-from infra.karpenter.node_pools import GPU_TAINT, MACHINE_LABEL, POOL_LABEL
 
 
 def node_taints(pool: Pool) -> list[dict]:

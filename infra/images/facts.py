@@ -1,8 +1,7 @@
 """What the platform knows about its image registries' kinds: ECR bills per GB-month of layers,
 its policies are free, and an image is built where pulumi runs."""
 
-from infra.core.facts import Integration, Kind
-from infra.core.replacement import TF, ReplaceRule
+from infra.core.facts import TF, Integration, Kind, ReplaceRule
 
 IMAGES = Integration(
     "images",

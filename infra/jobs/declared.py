@@ -19,7 +19,7 @@ from infra.core.declared import (
     listed,
     pod_sets,
 )
-from infra.karpenter.node_pools import POOL_LABEL
+from infra.core.nodes import POOL_LABEL
 from infra.storage.lustre import CHECKPOINTS_CLAIM as FSX_CLAIM
 from infra.storage.shared_file_system import CLAIM as EFS_CLAIM
 from trainer.options import OptionsError, TrainConfig, parse_options

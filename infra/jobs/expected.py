@@ -14,7 +14,7 @@ bound when spot capacity is not there.
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from infra.core.cost import StackCost
+from infra.core.bill import StackCost
 from infra.core.declared import Declared, dig, quantity
 from infra.jobs.declared import declared_jobs
 from infra.karpenter.facts import (

@@ -20,7 +20,7 @@ import math
 from collections.abc import Sequence
 from dataclasses import dataclass
 
-from infra.core.cost import PriceBook, StackCost
+from infra.core.bill import PriceBook, StackCost
 from infra.core.declared import Declared, dig, listed
 from infra.jobs.declared import DeclaredJob, declared_jobs
 from infra.karpenter.facts import NODEPOOL

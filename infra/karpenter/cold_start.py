@@ -17,7 +17,8 @@ import math
 from dataclasses import dataclass
 
 from infra.core.catalog import InstanceType
-from infra.karpenter.config import NodePoolConfig, image_target
+from infra.core.pools import image_target
+from infra.karpenter.config import NodePoolConfig
 
 
 @dataclass(frozen=True)

@@ -1,11 +1,9 @@
 """`nodePools`: Karpenter NodePools, their ceilings (the one knob behind limits, quotas and cost),
 capacity reservations, and the room a pod may ask of a node."""
 
-import math
-from typing import TYPE_CHECKING, ClassVar, Literal
+from typing import ClassVar, Literal
 
 from pydantic import (
-    BaseModel,
     Field,
     model_validator,
 )
@@ -16,6 +14,7 @@ from infra.core.catalog import (
     load_published_busbw,
 )
 from infra.core.config import Duration, InstanceTypeName, K8sName, Model, hours
+from infra.core.pools import PoolCeiling, processes_per_node, smallest_room
 from infra.karpenter.fabric_check import (
     FABRIC_DEFAULT_MAX_BYTES,
     PUBLISHED_FLOOR_SHARE,
@@ -25,29 +24,9 @@ from infra.karpenter.fabric_check import (
     fabric_sizes,
 )
 
-if TYPE_CHECKING:  # hybrid.py builds on this module
-    from infra.hybrid.config import HybridMachine, HybridPool
-
 # Bounds of a node's lifetime (expireAfter): under an hour nodes churn under running jobs; over
 # 90 days they miss the AMI patches that only replacement brings.
 EXPIRE_AFTER_HOURS = (1, 2160)
-
-
-def pod_room(node: "InstanceType | HybridMachine") -> tuple[int, int]:
-    """(vCPU, GiB of memory) a pod may request and still fit alone on this node.
-
-    What the node keeps: EC2's memory overhead (Karpenter assumes 7.5 %), the kubelet's
-    reservations and eviction threshold, and the DaemonSets (CNI, kube-proxy, CSI and device
-    plugins, GPU metrics): 10 % of the vCPUs (at least one) and 15 % of the memory.
-    """
-    vcpu, memory_gib = node.vcpu, node.memory_gib
-    return min(vcpu - 1, math.floor(vcpu * 0.9)), math.floor(memory_gib * 0.85)
-
-
-def smallest_room(nodes: "list[InstanceType] | list[HybridMachine]") -> tuple[int, int]:
-    """(vCPU, GiB) a pod may request and fit alone on any of `nodes` (pod_room of each)."""
-    rooms = [pod_room(n) for n in nodes]
-    return min(vcpu for vcpu, _ in rooms), min(memory for _, memory in rooms)
 
 
 # gp3 root volume throughput (MiB/s) by whether the pool's nodes have NVMe instance store. Without
@@ -56,15 +35,6 @@ def smallest_room(nodes: "list[InstanceType] | list[HybridMachine]") -> tuple[in
 # MiB/s would make the disk the bottleneck of every cold start. With it, the root volume holds only
 # the OS and gets gp3's baseline, which costs nothing extra.
 ROOT_THROUGHPUT_MIBPS = {False: 600, True: 125}
-
-
-class PoolCeiling(BaseModel):
-    """The most a NodePool can ever hold; Karpenter limits and Kueue quotas both come from it."""
-
-    nodes: int
-    gpus: int
-    vcpu: int
-    memory_gib: int
 
 
 class CapacityReservation(Model):
@@ -343,8 +313,7 @@ class NodePoolConfig(Model):
 
     @property
     def procs_per_node(self) -> int:
-        """Trainer processes per node: one per GPU; one on CPU pools (gloo)."""
-        return self.gpus_per_node if self.gpu else 1
+        return processes_per_node(self)
 
     @property
     def efa_network_cards(self) -> int:
@@ -420,9 +389,3 @@ def job_pod_fits(pool: NodePoolConfig, instance: InstanceType) -> bool:
         instance.vcpu - NODE_RESERVE["vcpu"] >= cpu
         and instance.memory_gib - NODE_RESERVE["memory_gib"] >= memory_gib
     )
-
-
-def image_target(pool: "NodePoolConfig | HybridPool") -> str:
-    """The trainer image's Dockerfile target a job on `pool` runs (trainer/Dockerfile): NCCL over
-    EFA needs libfabric and aws-ofi-nccl, which only the `efa` target ships."""
-    return "efa" if pool.efa else "runtime"

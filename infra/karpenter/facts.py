@@ -5,18 +5,7 @@ refuse keep a pool's nodes up; its interruption queue bills per request; the pod
 import math
 from collections.abc import Sequence
 
-from infra.core.capacity import (
-    CRITICAL_ADDONS,
-    SYSTEM_LABELS,
-    ChartPods,
-    PodSet,
-    Requests,
-    allocatable,
-    system_fit,
-    tolerates,
-)
-from infra.core.catalog import UnpricedError
-from infra.core.cost import (
+from infra.core.bill import (
     CostLine,
     Gp3,
     Part,
@@ -27,10 +16,12 @@ from infra.core.cost import (
     required,
     sized,
 )
+from infra.core.capacity import allocatable, system_fit
+from infra.core.catalog import UnpricedError
 from infra.core.declared import Declared, dig, listed
-from infra.core.facts import Facts, Integration, Kind
-from infra.core.replacement import TF, ReplaceRule
-from infra.core.system_nodes import SYSTEM_NODE_LABEL
+from infra.core.facts import TF, Facts, Integration, Kind, ReplaceRule
+from infra.core.nodes import SYSTEM_NODE_LABEL
+from infra.core.pods import CRITICAL_ADDONS, SYSTEM_LABELS, ChartPods, PodSet, Requests, tolerates
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"

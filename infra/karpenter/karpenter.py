@@ -12,7 +12,7 @@ import pulumi_aws as aws
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
 from infra.core.iam import node_role, partition, pod_identity_role
-from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.core.versions import KARPENTER_CHART, KARPENTER_CRD_CHART
 from infra.eks.config import karpenter_role_names
 from infra.karpenter.config import NodePoolConfig

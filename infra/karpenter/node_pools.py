@@ -13,34 +13,17 @@ import yaml
 
 from infra.core.config import ConfigError
 from infra.core.context import ClusterContext
+from infra.core.nodes import EFA_NODE_LABELS, GPU_NODE_LABELS, GPU_TAINT, POOL_LABEL, POOL_TAG
 from infra.karpenter.config import NodePoolConfig
 from infra.karpenter.facts import RESERVATIONS_ANNOTATION
 from infra.vpc.network import discovery_tag
 
-# The label a pod selects its pool by. No kubelet may set, change or remove a label of the
-# node-restriction.kubernetes.io domain on its own Node (the NodeRestriction admission plugin,
-# kubernetes plugin/pkg/admission/noderestriction/admission.go, getForbiddenLabels), so a machine
-# joining as a hybrid node cannot pass for a pool: Karpenter sets its NodePool's template labels
-# on the Node through the API once it registers (kubernetes-sigs/karpenter v1.14.1
-# pkg/controllers/nodeclaim/lifecycle/registration.go, syncNode), and leaves this domain out of
-# the kubelet's --node-labels (aws/karpenter-provider-aws v1.14.1
+# POOL_LABEL reaches a pool's nodes through its template labels: Karpenter sets them on the Node
+# through the API once it registers (kubernetes-sigs/karpenter v1.14.1
+# pkg/controllers/nodeclaim/lifecycle/registration.go, syncNode), and leaves the
+# node-restriction domain out of the kubelet's --node-labels (aws/karpenter-provider-aws v1.14.1
 # pkg/providers/amifamily/resolver.go, RejectForbiddenLabels); its NodePool CRD refuses only
-# karpenter.sh, karpenter.k8s.aws and kubernetes.io/hostname template labels. The hybrid
-# machines' nodes get it from the gateway (hybrid_gateway_sync.py), never from their kubelets.
-POOL_LABEL = "training-platform.node-restriction.kubernetes.io/pool"
-# Which hybrid machine a node is: the gateway sets it with POOL_LABEL=hybrid on the node it has
-# matched to the machine by its credentials (hybrid_gateway_sync.py), and pods of a job or flavor
-# select the machines they may use by it (placement.py).
-MACHINE_LABEL = "training-platform.node-restriction.kubernetes.io/machine"
-# The EC2NodeClass tags its instances with their pool (an EC2 tag, not a node label).
-POOL_TAG = "training-platform/pool"
-GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
-# What the DaemonSets that serve GPU nodes (device plugins, DCGM exporter) tolerate.
-GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}
-# The NVIDIA device plugin chart schedules itself onto nodes carrying this label.
-GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
-# The EFA device plugin runs on nodes carrying this label.
-EFA_NODE_LABELS = {"training-platform/efa": "true"}
+# karpenter.sh, karpenter.k8s.aws and kubernetes.io/hostname template labels.
 GP3_BASELINE_IOPS = 3000
 # The user data of every EC2NodeClass, a nodeadm NodeConfig (node.eks.aws/v1alpha1).
 FAST_IMAGE_PULL_NODE_CONFIG = {

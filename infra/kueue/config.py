@@ -9,7 +9,7 @@ from pydantic import (
 )
 
 from infra.core.config import IamPrincipalArn, K8sName, Model
-from infra.hybrid.config import Pool
+from infra.core.pools import Pool
 from infra.jobs.config import JobConfig
 
 # Namespaces the cluster or this program's controllers own: a team namespace there would mix

@@ -1,8 +1,8 @@
 """What the platform knows about Kueue's kinds (Kubernetes objects, free) and its chart's pods.
 A ResourceFlavor that stands for hybrid machines is priced by the hybrid integration."""
 
-from infra.core.capacity import ChartPods, Requests
 from infra.core.facts import K8S_OBJECT, Integration, Kind
+from infra.core.pods import ChartPods, Requests
 
 KUEUE = Integration(
     "kueue",

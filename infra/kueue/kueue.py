@@ -5,7 +5,7 @@ import yaml
 
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
-from infra.core.system_nodes import SYSTEM_PLACEMENT
+from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.core.versions import KUEUE_CHART
 from infra.karpenter.cold_start import duration, pods_ready_timeouts
 from infra.karpenter.config import NodePoolConfig

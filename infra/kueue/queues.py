@@ -12,8 +12,8 @@ import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
 from infra.core.data_holders import annotated, team_holder
+from infra.core.nodes import GPU_TAINT, POOL_LABEL
 from infra.karpenter.config import NodePoolConfig
-from infra.karpenter.node_pools import GPU_TAINT, POOL_LABEL
 from infra.kueue.config import QueuesConfig, TeamConfig
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"

@@ -1,9 +1,8 @@
 """What the platform knows about the job operators' kinds (their jobs' pods run on the pools, the
 expected cost prices them) and the Deployments of the overlays that install the operators."""
 
-from infra.core.capacity import OverlayPods
-from infra.core.facts import K8S_OBJECT, Integration, Kind
-from infra.core.replacement import K8S, ReplaceRule
+from infra.core.facts import K8S, K8S_OBJECT, Integration, Kind, ReplaceRule
+from infra.core.pods import OverlayPods
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"

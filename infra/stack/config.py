@@ -9,8 +9,9 @@ from pydantic import (
 )
 
 from infra.core.config import HYBRID_POOL, ImageConfig, Model, known_region
+from infra.core.pools import Pool
 from infra.eks.config import ClusterConfig, KarpenterConfig
-from infra.hybrid.config import HybridConfig, Pool
+from infra.hybrid.config import HybridConfig
 from infra.jobs.config import JobConfig
 from infra.jobs.runtimes import RuntimesConfig
 from infra.karpenter.config import NodePoolConfig

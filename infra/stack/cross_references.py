@@ -7,13 +7,20 @@ from infra.core.catalog import (
 )
 from infra.core.config import HYBRID_POOL, allowed_list, did_you_mean
 from infra.core.paths import PROJECT_DIR
+from infra.core.pools import pod_room
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.hybrid.config import eks_service_cidr
 from infra.jobs.config import code_errors, job_args_errors
-from infra.karpenter.config import NODE_RESERVE, job_pod_fits, pod_room
+from infra.karpenter.config import NODE_RESERVE, job_pod_fits
 from infra.kueue.config import TENSORBOARD, queue_shortfall
 from infra.stack.config import StackConfig
-from infra.stack.policy import HYBRID_GATEWAY, public_ingress_resources
+from infra.stack.policy import HYBRID_GATEWAY
+
+
+def public_ingress_resources(config: StackConfig) -> list[str]:
+    """What this stack opens to the internet on purpose, by resource name: the WireGuard
+    gateway's security group of the hybrid section. policy.allowedPublicIngress names these."""
+    return [HYBRID_GATEWAY] if config.hybrid else []
 
 
 def _not_a_pool(name: str, config: "StackConfig") -> str:

@@ -3,7 +3,7 @@ documentation placeholders `pulumi up` refuses."""
 
 import ipaddress
 import re
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from pydantic import (
     Field,
@@ -11,9 +11,6 @@ from pydantic import (
 )
 
 from infra.core.config import Model, key_path
-
-if TYPE_CHECKING:  # stack.py builds on this module
-    from infra.stack.config import StackConfig
 
 # Stacks whose mandatory guards no stack file can switch off: `policy.productionStacks` may add
 # stacks to this list, never drop one.
@@ -54,12 +51,6 @@ class PolicyConfig(Model):
 
 
 HYBRID_GATEWAY = "hybrid-gateway"
-
-
-def public_ingress_resources(config: "StackConfig") -> list[str]:
-    """What this stack opens to the internet on purpose, by resource name: the WireGuard
-    gateway's security group of the hybrid section. policy.allowedPublicIngress names these."""
-    return [HYBRID_GATEWAY] if config.hybrid else []
 
 
 # Documentation values that the stack files ship as placeholders, wherever they appear in a value:
@@ -147,7 +138,7 @@ def _values(value: Any, loc: tuple = ()):
         yield loc, value
 
 
-def placeholder_errors(config: "StackConfig") -> list[str]:
+def placeholder_errors(config: Model) -> list[str]:
     """`key: message` per key anywhere in the stack holding a documentation placeholder (a range,
     an ARN of AWS's example account, an address at an example domain); `pulumi preview` and
     `pulumi up` refuse them, in every stack. The offline plan lists them and plans on."""

@@ -5,20 +5,11 @@ smaller FSx file system, for one); the pods of the CSI drivers' EKS add-ons."""
 from collections.abc import Sequence
 from typing import Any
 
-from infra.core.capacity import CRITICAL_ADDONS, EVERY_TAINT, AddonPods, Requests
+from infra.core.bill import CostLine, Gp3, Part, PriceBook, require_gp3, required, sized
 from infra.core.catalog import HOURS_PER_MONTH, UnpricedError
-from infra.core.cost import (
-    CostLine,
-    Gp3,
-    Part,
-    PriceBook,
-    require_gp3,
-    required,
-    sized,
-)
 from infra.core.declared import Declared, dig
-from infra.core.facts import K8S_OBJECT, Integration, Kind
-from infra.core.replacement import K8S, TF, ReplaceRule
+from infra.core.facts import K8S, K8S_OBJECT, TF, Integration, Kind, ReplaceRule
+from infra.core.pods import CRITICAL_ADDONS, EVERY_TAINT, AddonPods, Requests
 from infra.vpc.facts import classic_load_balancer
 
 LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"

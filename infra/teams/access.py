@@ -21,8 +21,8 @@ import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
 from infra.core.declared import REPLICA_SPEC_KEYS
+from infra.core.nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.core.rbac import CONNECT, READ, binding, group, rule
-from infra.core.system_nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.kueue.config import TeamConfig
 from infra.kueue.queues import TEAM_LABEL
 

@@ -3,14 +3,10 @@ addresses bill by the hour; the VPC's own constructs are free; which inputs repl
 
 from collections.abc import Sequence
 
+from infra.core.bill import CostLine, PriceBook
 from infra.core.catalog import UnpricedError
-from infra.core.cost import (
-    CostLine,
-    PriceBook,
-)
 from infra.core.declared import Declared, dig, listed
-from infra.core.facts import Integration, Kind
-from infra.core.replacement import K8S, TF, ReplaceRule
+from infra.core.facts import K8S, TF, Integration, Kind, ReplaceRule
 from infra.vpc.network import PUBLIC_ELB_TAG
 
 SUBNET = "aws:ec2/subnet:Subnet"

@@ -8,7 +8,7 @@ from pulumi_policy import ReportViolation, ResourceValidationArgs, StackValidati
 
 from infra.core.catalog import load_catalog
 from infra.core.declared import dig, listed
-from infra.karpenter.node_pools import POOL_LABEL
+from infra.core.nodes import POOL_LABEL
 from policies.rules.base import (
     GPU,
     NODECLASS,
