@@ -37,7 +37,7 @@ from infra.core.offline import Plan, RecordedResource, run_offline
 from infra.core.paths import PROJECT_DIR
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.support import PLAN_DAY_VARIABLE, plan_day, support_on
-from infra.integrations import plan_cost, system_fit
+from infra.integrations import plan_cost, plan_steps, system_fit
 from infra.jobs.expected import Expected, expected_cost
 from infra.jobs.usage import UsageLine, usage_lines
 from infra.karpenter.cold_start import (
@@ -51,7 +51,6 @@ from infra.kueue.queues import PLATFORM_QUEUE, team_cluster_queue
 from infra.stack.config import StackConfig
 from infra.stack.loading import load_stack_file, read_stack_file
 from infra.stack.policy import placeholder_errors
-from infra.steps import plan_steps
 from infra.storage.lustre import CHECKPOINTS_CLAIM as FSX_CHECKPOINTS_CLAIM
 from infra.storage.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
 from infra.storage.shared_file_system import CLAIM as EFS_CLAIM

@@ -17,8 +17,8 @@ from pathlib import Path
 from deploy.day_two import consequences
 from infra.core.config import ConfigError
 from infra.core.paths import PROJECT_DIR
+from infra.integrations import preview_steps
 from infra.stack.loading import load_stack_file
-from infra.steps import preview_steps
 
 # What a preview's JSON holds (pulumi/pulumi sdk/pkg/display/json.go PreviewDigest). The engine
 # leaves empty ones out, never all three: every preview counts the stack's resources in

@@ -10,21 +10,21 @@ infra/core read only what is listed here.
 from collections.abc import Sequence
 from typing import Any
 
-from infra.core import capacity, cost, replacement
+from infra.core import capacity, cost, replacement, steps
 from infra.core.catalog import RegionPrices, load_prices
 from infra.core.declared import Declared, declared_in
 from infra.core.facts import Facts
 from infra.core.kinds import CORE
 from infra.core.offline import Plan
-from infra.eks.facts import EKS
-from infra.gpu.facts import GPU
-from infra.hybrid.facts import HYBRID
-from infra.images.facts import IMAGES
-from infra.karpenter.facts import KARPENTER
-from infra.kueue.facts import KUEUE
-from infra.operators.facts import OPERATORS
-from infra.storage.facts import STORAGE
-from infra.vpc.facts import VPC
+from infra.eks import EKS
+from infra.gpu import GPU
+from infra.hybrid import HYBRID
+from infra.images import IMAGES
+from infra.karpenter import KARPENTER
+from infra.kueue import KUEUE
+from infra.operators import OPERATORS
+from infra.storage import STORAGE
+from infra.vpc import VPC
 
 # The order of the program (deploy/program.py), the core's generic kinds last: the cost table
 # lists its lines in this order.
@@ -50,3 +50,11 @@ def system_fit(stack: Sequence[Declared]) -> capacity.SystemFit | None:
 
 def replacing_paths(resource_type: str, old: dict[str, Any], new: dict[str, Any]) -> list[str]:
     return replacement.replacing_paths(resource_type, old, new, FACTS)
+
+
+def plan_steps(old: Plan, new: Plan) -> list[steps.Step]:
+    return steps.plan_steps(old, new, FACTS)
+
+
+def preview_steps(preview: dict) -> list[steps.Step]:
+    return steps.preview_steps(preview, FACTS)

@@ -12,14 +12,15 @@ import json
 
 import pytest
 
-from deploy.day_two import consequences, holder_of
+from deploy.day_two import consequences
+from infra.core.change import DELETE, REPLACE
 from infra.core.data_holders import HOLDER_PATTERN
+from infra.core.day_two import holder_of
 from infra.core.offline import Plan
 from infra.core.replacement import covers, rule_for
-from infra.integrations import FACTS, replacing_paths
+from infra.integrations import FACTS, plan_steps, replacing_paths
 from infra.stack.data_loss import DataLossAcknowledgement
 from infra.stack.loading import parse_stack_config
-from infra.steps import DELETE, REPLACE, plan_steps
 from tests.conftest import plan_of, stack_values
 from tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 
@@ -279,8 +280,8 @@ def test_a_claim_bound_to_another_volume_is_named():
 
 
 def lifecycle_step(old_rules: list[dict], new_rules: list[dict]):
+    from infra.core.change import UPDATE, Step
     from infra.core.offline import RecordedResource
-    from infra.steps import UPDATE, Step
 
     def resource(rules):
         return RecordedResource("urn:lc", LIFECYCLE, "bucket", "", "", [], {"rules": rules}, True)
@@ -325,7 +326,7 @@ RULE = {"id": "expire-old-checkpoints", "status": "Enabled", "filter": {"prefix"
     ],
 )
 def test_a_lifecycle_that_expires_sooner_or_more_deletes_data(new_rules, deletes):
-    from deploy.day_two import deleting_updates
+    from infra.storage.day_two import deleting_updates
 
     step = lifecycle_step([{**RULE, "expiration": {"days": 30}}], new_rules)
     found = [line.split("delete the ", 1)[1] for _, line in deleting_updates([step])]

@@ -10,12 +10,15 @@ loses data without an INVENTORY line fails the test.
 
 import pytest
 
-from deploy.day_two import consequences, deleting_updates, holder_of
+from deploy.day_two import consequences
 from deploy.program import build_platform
+from infra.core.change import DELETE, REPLACE
+from infra.core.day_two import holder_of
 from infra.core.offline import run_offline
+from infra.integrations import plan_steps
 from infra.stack.data_loss import DataLossAcknowledgement
 from infra.stack.loading import parse_stack_config
-from infra.steps import DELETE, REPLACE, plan_steps
+from infra.storage.day_two import deleting_updates
 from tests.config_edits import Edit, _valid, entry_edits, key_edits
 from tests.conftest import stack_values
 

@@ -15,8 +15,9 @@ import pytest
 import yaml
 
 from deploy.preview_gate import main
+from infra.core.change import DELETE, REPLACE
 from infra.core.offline import RecordedResource
-from infra.steps import DELETE, REPLACE, plan_steps
+from infra.integrations import plan_steps
 from tests.conftest import ROOT, plan_of, stack_values
 
 

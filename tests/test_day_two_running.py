@@ -7,8 +7,8 @@ from deploy.day_two import consequences
 from deploy.program import build_platform
 from infra.core.offline import run_offline
 from infra.core.versions import KUBERNETES_VERSIONS
+from infra.integrations import plan_steps
 from infra.stack.loading import parse_stack_config
-from infra.steps import plan_steps
 from tests.config_edits import PREBUILT_IMAGE
 from tests.conftest import stack_values
 

@@ -19,9 +19,9 @@ from deploy.program import build_platform
 from infra.core.config import ConfigError
 from infra.core.offline import run_offline
 from infra.images.container_image import source_tag
+from infra.integrations import plan_steps
 from infra.jobs.config import UserCode
 from infra.stack.loading import parse_stack_config
-from infra.steps import plan_steps
 from tests.config_edits import PREBUILT_IMAGE
 from tests.conftest import ROOT, hadolint, stack_values
 from tests.crd_schema import cel_violations, conformance_errors

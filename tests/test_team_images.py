@@ -11,9 +11,8 @@ from deploy.day_two import consequences
 from deploy.plan import summary
 from deploy.program import build_platform
 from infra.core.offline import run_offline
-from infra.integrations import plan_cost
+from infra.integrations import plan_cost, plan_steps
 from infra.stack.loading import parse_stack_config
-from infra.steps import plan_steps
 from tests.conftest import stack_values
 from tests.iam_rules import Principal, Request, allowed
 

@@ -14,11 +14,11 @@ from deploy.program import build_platform
 from infra.core.declared import declared_in
 from infra.core.nodes import POOL_LABEL
 from infra.core.offline import run_offline
+from infra.integrations import plan_steps
 from infra.jobs.config import SELF_SERVICE_ACCOUNT
 from infra.jobs.declared import declared_jobs
 from infra.kueue.config import TeamConfig
 from infra.stack.loading import parse_stack_config
-from infra.steps import plan_steps
 from infra.teams.access import team_group
 from policies.offline import check
 from tests import trainer_rules

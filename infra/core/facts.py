@@ -16,6 +16,7 @@ from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 
 from infra.core.bill import CostLine, PriceBook
+from infra.core.change import Change
 from infra.core.declared import Declared
 from infra.core.pods import AddonPods, ChartPods, OverlayPods, PodSet
 
@@ -52,6 +53,9 @@ class Kind:
     free: str = ""
     usage: str = ""
     replace: ReplaceRule | None = None
+    # A multi-language component that stands, offline, for the resource it creates (its children
+    # are invisible under mocks): the offline plan's steps treat it as that resource.
+    stands_in: bool = False
 
     def __post_init__(self) -> None:
         if sum(map(bool, (self.price, self.free, self.usage))) > 1:
@@ -85,6 +89,8 @@ class Integration:
     system_nodes: Callable[[Sequence[Declared]], SystemNodes | None] | None = None
     # Lines of the bill no single resource makes (pods the system nodes refuse, on a pool).
     stack_lines: Callable[[Sequence[Declared], PriceBook, "Facts"], list[CostLine]] | None = None
+    # What a change to its kinds does to what already runs (infra/core/day_two.py), in order.
+    day_two: tuple[Callable[[Change], None], ...] = ()
 
 
 class Facts:

@@ -54,7 +54,7 @@ class RecordedResource:
     delete_before_replace: bool = False
     # What the resource's dependents may read of it: its id and the string outputs the provider
     # computes (arn, dnsName, ...). A dependent whose inputs hold one of them changes when this
-    # resource is replaced (infra/steps.py).
+    # resource is replaced (infra/core/steps.py).
     outputs: dict[str, str] = field(default_factory=dict)
 
     def as_plan_entry(self) -> dict[str, Any]:

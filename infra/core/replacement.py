@@ -1,7 +1,7 @@
 """Which input changes make the providers replace a resource, written down from their source.
 
 The offline plan has no provider to ask, so it applies these rules to the inputs two plans
-record (infra/steps.py). A real `pulumi preview` asks the providers themselves; the
+record (infra/core/steps.py). A real `pulumi preview` asks the providers themselves; the
 pull-request gate reads its steps instead (deploy/preview_gate.py).
 
 Sources (read 2026-11; the pinned releases are pulumi 3.272.0, pulumi-aws 7.51.1, pulumi-eks

@@ -9,7 +9,7 @@ from infra.core.bill import CostLine, Part, PriceBook, describe_disks, ebs_disks
 from infra.core.capacity import addon_pod_sets
 from infra.core.catalog import UnpricedError
 from infra.core.declared import Declared, dig, listed
-from infra.core.facts import RUNS_ON_NODES, TF, Facts, Integration, Kind, ReplaceRule, SystemNodes
+from infra.core.facts import RUNS_ON_NODES, TF, Facts, Kind, ReplaceRule, SystemNodes
 from infra.core.nodes import SYSTEM_NODE_LABEL
 from infra.core.pods import CRITICAL_ADDONS, EVERY_TAINT, AddonPods, PodSet, Requests
 from infra.eks.support import support_on
@@ -93,7 +93,7 @@ def _node_group(r: Declared, stack: Sequence[Declared], book: PriceBook) -> list
     return lines
 
 
-def _pods(r: Declared, stack: Sequence[Declared], facts: Facts) -> list[PodSet]:
+def pods(r: Declared, stack: Sequence[Declared], facts: Facts) -> list[PodSet]:
     if r.type == EKS_ADDON:
         raw = dig(r.props, "configurationValues")
         configuration = json.loads(str(raw)) if raw else {}
@@ -103,7 +103,7 @@ def _pods(r: Declared, stack: Sequence[Declared], facts: Facts) -> list[PodSet]:
     return []
 
 
-def _system_nodes(stack: Sequence[Declared]) -> SystemNodes | None:
+def system_nodes(stack: Sequence[Declared]) -> SystemNodes | None:
     groups = [
         r
         for r in stack
@@ -119,129 +119,122 @@ def _system_nodes(stack: Sequence[Declared]) -> SystemNodes | None:
     )
 
 
-EKS = Integration(
-    "eks",
-    kinds=(
-        Kind(EKS_COMPONENT, price=_control_plane, replace=EKS_CLUSTER_RULE),
-        Kind(EKS_CLUSTER, price=_control_plane, replace=EKS_CLUSTER_RULE),
-        Kind(
-            NODE_GROUP,
-            price=_node_group,
-            replace=ReplaceRule(
-                (
-                    "amiType",
-                    "capacityType",
-                    "clusterName",
-                    "diskSize",
-                    "instanceTypes",
-                    "launchTemplate.id",
-                    "launchTemplate.name",
-                    "nodeGroupName",
-                    "nodeGroupNamePrefix",
-                    "nodeRoleArn",
-                    "remoteAccess",
-                    "subnetIds",
-                ),
-                f"{TF}/eks/node_group.go",
+KINDS = (
+    Kind(EKS_COMPONENT, price=_control_plane, replace=EKS_CLUSTER_RULE, stands_in=True),
+    Kind(EKS_CLUSTER, price=_control_plane, replace=EKS_CLUSTER_RULE),
+    Kind(
+        NODE_GROUP,
+        price=_node_group,
+        replace=ReplaceRule(
+            (
+                "amiType",
+                "capacityType",
+                "clusterName",
+                "diskSize",
+                "instanceTypes",
+                "launchTemplate.id",
+                "launchTemplate.name",
+                "nodeGroupName",
+                "nodeGroupNamePrefix",
+                "nodeRoleArn",
+                "remoteAccess",
+                "subnetIds",
             ),
-        ),
-        Kind(
-            LAUNCH_TEMPLATE,
-            free="a template: its instances and disks are priced on the node group's line",
-            replace=ReplaceRule(
-                ("name", "namePrefix"),
-                f"{TF}/ec2/ec2_launch_template.go (other changes: a new version)",
-            ),
-        ),
-        Kind(
-            EKS_ADDON,
-            free=f"EKS add-ons have no charge: {RUNS_ON_NODES}",
-            replace=ReplaceRule(
-                ("addonName", "clusterName", "namespaceConfig"), f"{TF}/eks/addon.go"
-            ),
-        ),
-        # A member's access is gone between the delete and the create.
-        Kind(
-            "aws:eks/accessEntry:AccessEntry",
-            free="EKS: access entries have no charge",
-            replace=ReplaceRule(
-                ("clusterName", "principalArn", "type"), f"{TF}/eks/access_entry.go"
-            ),
-        ),
-        Kind(
-            "aws:eks/accessPolicyAssociation:AccessPolicyAssociation",
-            free="EKS: part of an access entry",
-        ),
-        Kind(
-            "aws:eks/podIdentityAssociation:PodIdentityAssociation",
-            free="EKS: Pod Identity has no charge",
-            replace=ReplaceRule(
-                ("clusterName", "namespace", "serviceAccount"),
-                f"{TF}/eks/pod_identity_association.go",
-            ),
-        ),
-        Kind(
-            "aws:cloudwatch/logGroup:LogGroup",
-            usage="CloudWatch Logs ingestion per GB, storage per GB-month",
-            replace=ReplaceRule(("name", "namePrefix", "logGroupClass"), f"{TF}/logs/group.go"),
+            f"{TF}/eks/node_group.go",
         ),
     ),
-    # EKS add-ons at their defaults (the add-on's own manifests follow each project's chart).
-    addons={
-        "vpc-cni": [
-            AddonPods(
-                "aws-node",
-                1,
-                True,
-                Requests(0.025, 0),
-                EVERY_TAINT,
-                "aws/amazon-vpc-cni-k8s v1.20.4 charts/aws-vpc-cni/values.yaml: 25m, tolerates all",
-            )
-        ],
-        "kube-proxy": [
-            AddonPods(
-                "kube-proxy",
-                1,
-                True,
-                Requests(0.1, 0),
-                EVERY_TAINT,
-                "EKS kube-proxy add-on manifest: 100m (read from memory)",
-            )
-        ],
-        "coredns": [
-            AddonPods(
-                "coredns",
-                2,
-                False,
-                Requests(0.1, 70),
-                CRITICAL_ADDONS,
-                "EKS CoreDNS add-on, as Kubernetes' cluster/addons/dns/coredns manifest: 2 "
-                "replicas "
-                "of 100m, 70Mi, tolerating CriticalAddonsOnly (read from memory)",
-            )
-        ],
-        "eks-pod-identity-agent": [
-            AddonPods(
-                "agent",
-                1,
-                True,
-                Requests(),
-                EVERY_TAINT,
-                "aws/eks-pod-identity-agent charts values.yaml: resources commented out, "
-                "tolerations all",
-            )
-        ],
-        "eks-node-monitoring-agent": [
-            AddonPods(
-                "agent",
-                1,
-                True,
-                Requests(0.01, 30),
-                EVERY_TAINT,
-                "aws/eks-node-monitoring-agent v1.7.0 charts values.yaml: 10m, 30Mi, tolerates all",
-            )
-        ],
-    },
-    pods=_pods,
-    system_nodes=_system_nodes,
+    Kind(
+        LAUNCH_TEMPLATE,
+        free="a template: its instances and disks are priced on the node group's line",
+        replace=ReplaceRule(
+            ("name", "namePrefix"),
+            f"{TF}/ec2/ec2_launch_template.go (other changes: a new version)",
+        ),
+    ),
+    Kind(
+        EKS_ADDON,
+        free=f"EKS add-ons have no charge: {RUNS_ON_NODES}",
+        replace=ReplaceRule(("addonName", "clusterName", "namespaceConfig"), f"{TF}/eks/addon.go"),
+    ),
+    # A member's access is gone between the delete and the create.
+    Kind(
+        "aws:eks/accessEntry:AccessEntry",
+        free="EKS: access entries have no charge",
+        replace=ReplaceRule(("clusterName", "principalArn", "type"), f"{TF}/eks/access_entry.go"),
+    ),
+    Kind(
+        "aws:eks/accessPolicyAssociation:AccessPolicyAssociation",
+        free="EKS: part of an access entry",
+    ),
+    Kind(
+        "aws:eks/podIdentityAssociation:PodIdentityAssociation",
+        free="EKS: Pod Identity has no charge",
+        replace=ReplaceRule(
+            ("clusterName", "namespace", "serviceAccount"),
+            f"{TF}/eks/pod_identity_association.go",
+        ),
+    ),
+    Kind(
+        "aws:cloudwatch/logGroup:LogGroup",
+        usage="CloudWatch Logs ingestion per GB, storage per GB-month",
+        replace=ReplaceRule(("name", "namePrefix", "logGroupClass"), f"{TF}/logs/group.go"),
+    ),
 )
+
+
+# EKS add-ons at their defaults (the add-on's own manifests follow each project's chart).
+ADDONS = {
+    "vpc-cni": [
+        AddonPods(
+            "aws-node",
+            1,
+            True,
+            Requests(0.025, 0),
+            EVERY_TAINT,
+            "aws/amazon-vpc-cni-k8s v1.20.4 charts/aws-vpc-cni/values.yaml: 25m, tolerates all",
+        )
+    ],
+    "kube-proxy": [
+        AddonPods(
+            "kube-proxy",
+            1,
+            True,
+            Requests(0.1, 0),
+            EVERY_TAINT,
+            "EKS kube-proxy add-on manifest: 100m (read from memory)",
+        )
+    ],
+    "coredns": [
+        AddonPods(
+            "coredns",
+            2,
+            False,
+            Requests(0.1, 70),
+            CRITICAL_ADDONS,
+            "EKS CoreDNS add-on, as Kubernetes' cluster/addons/dns/coredns manifest: 2 "
+            "replicas "
+            "of 100m, 70Mi, tolerating CriticalAddonsOnly (read from memory)",
+        )
+    ],
+    "eks-pod-identity-agent": [
+        AddonPods(
+            "agent",
+            1,
+            True,
+            Requests(),
+            EVERY_TAINT,
+            "aws/eks-pod-identity-agent charts values.yaml: resources commented out, "
+            "tolerations all",
+        )
+    ],
+    "eks-node-monitoring-agent": [
+        AddonPods(
+            "agent",
+            1,
+            True,
+            Requests(0.01, 30),
+            EVERY_TAINT,
+            "aws/eks-node-monitoring-agent v1.7.0 charts values.yaml: 10m, 30Mi, tolerates all",
+        )
+    ],
+}

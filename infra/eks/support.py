@@ -11,9 +11,9 @@ import datetime
 import os
 from dataclasses import dataclass
 
+import infra.eks.config as cluster_config
 from infra.core.config import ConfigError
 from infra.core.versions import KUBERNETES_VERSIONS
-from infra.eks import config as cluster_config
 
 # How long ahead of the end of standard support the plan warns.
 WARN_AHEAD = datetime.timedelta(days=90)

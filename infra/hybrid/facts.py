@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 from infra.core.bill import CostLine, PriceBook, gp3_volume, listed_annotation, required
 from infra.core.declared import Declared, dig
-from infra.core.facts import TF, Integration, Kind, ReplaceRule
+from infra.core.facts import TF, Kind, ReplaceRule
 from infra.core.pods import EVERY_TAINT, ChartPods, OverlayPods, Requests
 
 # The machines a hybrid nodes' ResourceFlavor stands for (JSON: a list of {name, vcpu}), written
@@ -59,77 +59,78 @@ def _hybrid_nodes(r: Declared, stack: Sequence[Declared], book: PriceBook) -> li
     ]
 
 
-HYBRID = Integration(
-    "hybrid",
-    kinds=(
-        Kind(
-            "aws:ec2/instance:Instance",
-            price=_instance,
-            replace=ReplaceRule(
-                (
-                    "ami",
-                    "associatePublicIpAddress",
-                    "availabilityZone",
-                    "cpuOptions",
-                    "ebsOptimized",
-                    "enclaveOptions",
-                    "ephemeralBlockDevices",
-                    "hibernation",
-                    "hostId",
-                    "instanceMarketOptions",
-                    "ipv6Addresses",
-                    "keyName",
-                    "launchTemplate",
-                    "networkInterfaces",
-                    "placementGroup",
-                    "placementPartitionNumber",
-                    "privateDnsNameOptions",
-                    "privateIp",
-                    "securityGroups",
-                    "subnetId",
-                    "tenancy",
-                    "ebsBlockDevices",
-                    "rootBlockDevice.encrypted",
-                    "rootBlockDevice.kmsKeyId",
-                ),
-                f"{TF}/ec2/ec2_instance.go",
+KINDS = (
+    Kind(
+        "aws:ec2/instance:Instance",
+        price=_instance,
+        replace=ReplaceRule(
+            (
+                "ami",
+                "associatePublicIpAddress",
+                "availabilityZone",
+                "cpuOptions",
+                "ebsOptimized",
+                "enclaveOptions",
+                "ephemeralBlockDevices",
+                "hibernation",
+                "hostId",
+                "instanceMarketOptions",
+                "ipv6Addresses",
+                "keyName",
+                "launchTemplate",
+                "networkInterfaces",
+                "placementGroup",
+                "placementPartitionNumber",
+                "privateDnsNameOptions",
+                "privateIp",
+                "securityGroups",
+                "subnetId",
+                "tenancy",
+                "ebsBlockDevices",
+                "rootBlockDevice.encrypted",
+                "rootBlockDevice.kmsKeyId",
             ),
-        ),
-        Kind("aws:ssm/parameter:Parameter", price=_ssm_parameter),
-        Kind("kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor", price=_hybrid_nodes),
-        Kind(
-            "aws:ssm/activation:Activation",
-            free="Systems Manager: hybrid activations register standard-tier "
-            "managed instances, free up to 1,000 per account and region (SSM pricing, from memory)",
+            f"{TF}/ec2/ec2_instance.go",
         ),
     ),
-    charts={
-        "oci://public.ecr.aws/eks/cilium/cilium": [
-            ChartPods(
-                "agent",
-                "",
-                "resources",
-                Requests(),
-                "hybrid nodes only (its affinity): never on the system nodes",
-                daemonset=True,
-                default_tolerations=EVERY_TAINT,
-            ),
-            ChartPods(
-                "operator",
-                "operator",
-                "operator.resources",
-                Requests(),
-                "cilium/cilium chart values.yaml: operator.resources {} (read from memory)",
-                replicas="operator.replicas",
-                default_replicas=2,
-            ),
-        ],
-    },
-    overlays={
-        "manifests/local-path-provisioner": [
-            OverlayPods(
-                "local-path-provisioner", "rancher/local-path-provisioner v0.0.37 deploy/: none"
-            )
-        ],
-    },
+    Kind("aws:ssm/parameter:Parameter", price=_ssm_parameter),
+    Kind("kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor", price=_hybrid_nodes),
+    Kind(
+        "aws:ssm/activation:Activation",
+        free="Systems Manager: hybrid activations register standard-tier "
+        "managed instances, free up to 1,000 per account and region (SSM pricing, from memory)",
+    ),
 )
+
+
+CHARTS = {
+    "oci://public.ecr.aws/eks/cilium/cilium": [
+        ChartPods(
+            "agent",
+            "",
+            "resources",
+            Requests(),
+            "hybrid nodes only (its affinity): never on the system nodes",
+            daemonset=True,
+            default_tolerations=EVERY_TAINT,
+        ),
+        ChartPods(
+            "operator",
+            "operator",
+            "operator.resources",
+            Requests(),
+            "cilium/cilium chart values.yaml: operator.resources {} (read from memory)",
+            replicas="operator.replicas",
+            default_replicas=2,
+        ),
+    ],
+}
+
+
+OVERLAYS = {
+    "manifests/local-path-provisioner": [
+        OverlayPods(
+            "local-path-provisioner", "rancher/local-path-provisioner v0.0.37 deploy/: none"
+        )
+    ],
+}

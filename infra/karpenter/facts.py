@@ -19,7 +19,7 @@ from infra.core.bill import (
 from infra.core.capacity import allocatable, system_fit
 from infra.core.catalog import UnpricedError
 from infra.core.declared import Declared, dig, listed
-from infra.core.facts import TF, Facts, Integration, Kind, ReplaceRule
+from infra.core.facts import TF, Facts, Kind, ReplaceRule
 from infra.core.nodes import SYSTEM_NODE_LABEL
 from infra.core.pods import CRITICAL_ADDONS, SYSTEM_LABELS, ChartPods, PodSet, Requests, tolerates
 
@@ -191,44 +191,42 @@ def stray_pool_lines(stack: Sequence[Declared], book: PriceBook, facts: Facts) -
     ]
 
 
-KARPENTER = Integration(
-    "karpenter",
-    kinds=(
-        Kind(NODEPOOL, price=_node_pool),
-        Kind(NODECLASS, price=_reserved_capacity),
-        Kind(
-            "aws:sqs/queue:Queue",
-            usage="SQS per million requests after the first million a month",
-            replace=ReplaceRule(("name", "namePrefix", "fifoQueue"), f"{TF}/sqs/queue.go"),
-        ),
-        Kind("aws:sqs/queuePolicy:QueuePolicy", free="queue configuration"),
-        Kind(
-            "aws:cloudwatch/eventRule:EventRule",
-            free="EventBridge: events AWS services send to the default "
-            "bus are free (these match EC2 and AWS Health events; EventBridge pricing, from "
-            "memory)",
-        ),
-        Kind("aws:cloudwatch/eventTarget:EventTarget", free="EventBridge: part of its rule"),
-        Kind(
-            "aws:ec2/placementGroup:PlacementGroup",
-            free="EC2: no charge for placement groups (from memory)",
-        ),
+KINDS = (
+    Kind(NODEPOOL, price=_node_pool),
+    Kind(NODECLASS, price=_reserved_capacity),
+    Kind(
+        "aws:sqs/queue:Queue",
+        usage="SQS per million requests after the first million a month",
+        replace=ReplaceRule(("name", "namePrefix", "fifoQueue"), f"{TF}/sqs/queue.go"),
     ),
-    charts={
-        "oci://public.ecr.aws/karpenter/karpenter": [
-            ChartPods(
-                "controller",
-                "",
-                "controller.resources",
-                Requests(),
-                "aws/karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml: resources {}",
-                replicas="replicas",
-                default_replicas=2,
-                default_selector={"kubernetes.io/os": "linux"},
-                default_tolerations=CRITICAL_ADDONS,
-            )
-        ],
-        "oci://public.ecr.aws/karpenter/karpenter-crd": [],
-    },
-    stack_lines=stray_pool_lines,
+    Kind("aws:sqs/queuePolicy:QueuePolicy", free="queue configuration"),
+    Kind(
+        "aws:cloudwatch/eventRule:EventRule",
+        free="EventBridge: events AWS services send to the default "
+        "bus are free (these match EC2 and AWS Health events; EventBridge pricing, from "
+        "memory)",
+    ),
+    Kind("aws:cloudwatch/eventTarget:EventTarget", free="EventBridge: part of its rule"),
+    Kind(
+        "aws:ec2/placementGroup:PlacementGroup",
+        free="EC2: no charge for placement groups (from memory)",
+    ),
 )
+
+
+CHARTS = {
+    "oci://public.ecr.aws/karpenter/karpenter": [
+        ChartPods(
+            "controller",
+            "",
+            "controller.resources",
+            Requests(),
+            "aws/karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml: resources {}",
+            replicas="replicas",
+            default_replicas=2,
+            default_selector={"kubernetes.io/os": "linux"},
+            default_tolerations=CRITICAL_ADDONS,
+        )
+    ],
+    "oci://public.ecr.aws/karpenter/karpenter-crd": [],
+}

@@ -1,26 +1,25 @@
 """What the platform knows about Kueue's kinds (Kubernetes objects, free) and its chart's pods.
 A ResourceFlavor that stands for hybrid machines is priced by the hybrid integration."""
 
-from infra.core.facts import K8S_OBJECT, Integration, Kind
+from infra.core.facts import K8S_OBJECT, Kind
 from infra.core.pods import ChartPods, Requests
 
-KUEUE = Integration(
-    "kueue",
-    kinds=(
-        Kind("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue", free=K8S_OBJECT),
-        Kind("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue", free=K8S_OBJECT),
-        Kind("kubernetes:kueue.x-k8s.io/v1beta2:Topology", free=K8S_OBJECT),
-    ),
-    charts={
-        "oci://registry.k8s.io/kueue/charts/kueue": [
-            ChartPods(
-                "controller-manager",
-                "controllerManager",
-                "controllerManager.manager.resources",
-                Requests(0.5, 512),
-                "kubernetes-sigs/kueue v0.19.2 charts/kueue/values.yaml: 500m, 512Mi",
-                replicas="controllerManager.replicas",
-            )
-        ],
-    },
+KINDS = (
+    Kind("kubernetes:kueue.x-k8s.io/v1beta2:ClusterQueue", free=K8S_OBJECT),
+    Kind("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue", free=K8S_OBJECT),
+    Kind("kubernetes:kueue.x-k8s.io/v1beta2:Topology", free=K8S_OBJECT),
 )
+
+
+CHARTS = {
+    "oci://registry.k8s.io/kueue/charts/kueue": [
+        ChartPods(
+            "controller-manager",
+            "controllerManager",
+            "controllerManager.manager.resources",
+            Requests(0.5, 512),
+            "kubernetes-sigs/kueue v0.19.2 charts/kueue/values.yaml: 500m, 512Mi",
+            replicas="controllerManager.replicas",
+        )
+    ],
+}

@@ -1,7 +1,7 @@
 """What the platform knows about the job operators' kinds (their jobs' pods run on the pools, the
 expected cost prices them) and the Deployments of the overlays that install the operators."""
 
-from infra.core.facts import K8S, K8S_OBJECT, Integration, Kind, ReplaceRule
+from infra.core.facts import K8S, K8S_OBJECT, Kind, ReplaceRule
 from infra.core.pods import OverlayPods
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
@@ -10,43 +10,43 @@ TRAINJOB = "kubernetes:trainer.kubeflow.org/v1alpha1:TrainJob"
 JOB_TYPES = {PYTORCHJOB, MPIJOB, TRAINJOB}
 RUNTIME = "kubernetes:trainer.kubeflow.org/v1alpha1:ClusterTrainingRuntime"
 
-OPERATORS = Integration(
-    "operators",
-    kinds=(
-        Kind(
-            PYTORCHJOB,
-            free=f"{K8S_OBJECT}; its pods run on the pools (expected)",
-        ),
-        Kind(
-            MPIJOB,
-            free=f"{K8S_OBJECT}; its pods run on the pools (expected)",
-        ),
-        # Not the provider's: the program's replace_on_changes (workloads/training_job.py),
-        # because the Trainer v2.3 TrainJob CRD makes spec.trainer and spec.runtimeRef immutable.
-        Kind(
-            TRAINJOB,
-            free=f"{K8S_OBJECT}; its pods run on the pools (expected)",
-            replace=ReplaceRule(("spec",), K8S),
-        ),
-        Kind(
-            RUNTIME,
-            free=f"{K8S_OBJECT}; the pods of "
-            "TrainJobs the teams submit run on its pool, within the pool's ceiling",
-        ),
+
+KINDS = (
+    Kind(
+        PYTORCHJOB,
+        free=f"{K8S_OBJECT}; its pods run on the pools (expected)",
     ),
-    # The overlays in deploy/manifests: their Deployments go to the system nodes (its system-nodes
-    # component); upstream sets no requests.
-    overlays={
-        "manifests/training-operator": [
-            OverlayPods(
-                "training-operator", "kubeflow/trainer v1.9.4 manifests/base/deployment.yaml: none"
-            )
-        ],
-        "manifests/mpi-operator": [
-            OverlayPods(
-                "mpi-operator",
-                "kubeflow/mpi-operator v0.8.0 deploy/v2beta1/mpi-operator.yaml: none",
-            )
-        ],
-    },
+    Kind(
+        MPIJOB,
+        free=f"{K8S_OBJECT}; its pods run on the pools (expected)",
+    ),
+    # Not the provider's: the program's replace_on_changes (workloads/training_job.py),
+    # because the Trainer v2.3 TrainJob CRD makes spec.trainer and spec.runtimeRef immutable.
+    Kind(
+        TRAINJOB,
+        free=f"{K8S_OBJECT}; its pods run on the pools (expected)",
+        replace=ReplaceRule(("spec",), K8S),
+    ),
+    Kind(
+        RUNTIME,
+        free=f"{K8S_OBJECT}; the pods of "
+        "TrainJobs the teams submit run on its pool, within the pool's ceiling",
+    ),
 )
+
+
+# The overlays in deploy/manifests: their Deployments go to the system nodes (its system-nodes
+# component); upstream sets no requests.
+OVERLAYS = {
+    "manifests/training-operator": [
+        OverlayPods(
+            "training-operator", "kubeflow/trainer v1.9.4 manifests/base/deployment.yaml: none"
+        )
+    ],
+    "manifests/mpi-operator": [
+        OverlayPods(
+            "mpi-operator",
+            "kubeflow/mpi-operator v0.8.0 deploy/v2beta1/mpi-operator.yaml: none",
+        )
+    ],
+}

@@ -1,0 +1,6 @@
+"""The stack file (infra/stack): every section composed into one StackConfig, the checks between
+sections, and reading it from Pulumi config or a stack file.
+"""
+
+# The packages of infra this one may import, besides itself (tests/test_layers.py).
+INPUTS = ("core", "eks", "hybrid", "jobs", "karpenter", "kueue", "storage", "vpc")

@@ -8,7 +8,7 @@ from typing import Any
 from infra.core.bill import CostLine, Gp3, Part, PriceBook, require_gp3, required, sized
 from infra.core.catalog import HOURS_PER_MONTH, UnpricedError
 from infra.core.declared import Declared, dig
-from infra.core.facts import K8S, K8S_OBJECT, TF, Integration, Kind, ReplaceRule
+from infra.core.facts import K8S, K8S_OBJECT, TF, Kind, ReplaceRule
 from infra.core.pods import CRITICAL_ADDONS, EVERY_TAINT, AddonPods, Requests
 from infra.vpc.facts import classic_load_balancer
 
@@ -153,235 +153,231 @@ def _claim(r: Declared, stack: Sequence[Declared], book: PriceBook) -> list[Cost
     return [CostLine(f"volume {r.name}", f"{gib:g} GiB gp3", Gp3(gib).per_hour(book))]
 
 
-STORAGE = Integration(
-    "storage",
-    kinds=(
-        Kind(
-            LUSTRE,
-            price=_lustre,
-            replace=ReplaceRule(
-                (
-                    "backupId",
-                    "copyTagsToBackups",
-                    "deploymentType",
-                    "driveCacheType",
-                    "exportPath",
-                    "importPath",
-                    "importedFileChunkSize",
-                    "kmsKeyId",
-                    "securityGroupIds",
-                    "storageType",
-                    "subnetIds",
-                ),
-                f"{TF}/fsx/lustre_file_system.go",
-                _lustre_decreases,
+KINDS = (
+    Kind(
+        LUSTRE,
+        price=_lustre,
+        replace=ReplaceRule(
+            (
+                "backupId",
+                "copyTagsToBackups",
+                "deploymentType",
+                "driveCacheType",
+                "exportPath",
+                "importPath",
+                "importedFileChunkSize",
+                "kmsKeyId",
+                "securityGroupIds",
+                "storageType",
+                "subnetIds",
             ),
-        ),
-        Kind(RESOURCE_QUOTA, price=_resource_quota, replace=ReplaceRule(("spec.scopes",), K8S)),
-        Kind(
-            CLAIM,
-            price=_claim,
-            replace=ReplaceRule(
-                (
-                    "spec.accessModes",
-                    "spec.storageClassName",
-                    "spec.volumeName",
-                    _SELECTOR,
-                ),
-                K8S,
-            ),
-        ),
-        Kind(
-            "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
-            free="FSx: the link is free; its imports and exports are S3 requests (usage)",
-            replace=ReplaceRule(
-                ("dataRepositoryPath", "fileSystemId", "fileSystemPath"),
-                f"{TF}/fsx/data_repository_association.go",
-            ),
-        ),
-        Kind(
-            "aws:efs/fileSystem:FileSystem",
-            usage="EFS storage per GB-month, Elastic Throughput per GB",
-            replace=ReplaceRule(
-                (
-                    "availabilityZoneName",
-                    "creationToken",
-                    "encrypted",
-                    "kmsKeyId",
-                    "performanceMode",
-                ),
-                f"{TF}/efs/file_system.go",
-            ),
-        ),
-        Kind(
-            "aws:efs/mountTarget:MountTarget",
-            free="EFS bills storage and throughput, not mount targets",
-            replace=ReplaceRule(
-                ("fileSystemId", "subnetId", "ipAddress", "ipAddressType", "ipv6Address"),
-                f"{TF}/efs/mount_target.go",
-            ),
-        ),
-        Kind(
-            "aws:efs/accessPoint:AccessPoint",
-            free="EFS bills storage and throughput, not access points",
-            replace=ReplaceRule(
-                ("fileSystemId", "posixUser", "rootDirectory"), f"{TF}/efs/access_point.go"
-            ),
-        ),
-        Kind(
-            "aws:efs/fileSystemPolicy:FileSystemPolicy",
-            free="EFS bills storage and throughput, not its file system policy",
-            replace=ReplaceRule(("fileSystemId",), f"{TF}/efs/file_system_policy.go"),
-        ),
-        Kind(
-            "aws:efs/backupPolicy:BackupPolicy",
-            usage="AWS Backup storage of the EFS recovery points per GB-month (AWS Backup pricing)",
-            replace=ReplaceRule(("fileSystemId",), f"{TF}/efs/backup_policy.go"),
-        ),
-        Kind(
-            "aws:s3/bucket:Bucket",
-            usage="S3 storage per GB-month and requests",
-            replace=ReplaceRule(
-                (
-                    "bucket",
-                    "bucketPrefix",
-                    "objectLockEnabled",
-                    "objectLockConfiguration.objectLockEnabled",
-                ),
-                f"{TF}/s3/bucket.go",
-            ),
-        ),
-        Kind(
-            LIFECYCLE,
-            free="bucket configuration (the bucket's storage and requests are usage)",
-        ),
-        Kind("aws:s3/bucketOwnershipControls:BucketOwnershipControls", free="bucket configuration"),
-        Kind("aws:s3/bucketPolicy:BucketPolicy", free="bucket configuration"),
-        Kind(
-            "aws:s3/bucketObjectv2:BucketObjectv2",
-            free="an empty object (FSx's team marker): its PUT and storage are too small to price",
-            replace=ReplaceRule(("bucket", "key"), f"{TF}/s3/object.go"),
-        ),
-        Kind("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", free="bucket configuration"),
-        Kind(
-            "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
-            free="bucket configuration (SSE-KMS requests bill on the key's request rate, usage)",
-        ),
-        Kind(
-            "aws:s3/bucketVersioning:BucketVersioning",
-            free="bucket configuration (noncurrent versions bill as storage, usage)",
-        ),
-        Kind(
-            "aws:ebs/volume:Volume",
-            replace=ReplaceRule(
-                (
-                    "availabilityZone",
-                    "encrypted",
-                    "kmsKeyId",
-                    "multiAttachEnabled",
-                    "outpostArn",
-                    "snapshotId",
-                ),
-                f"{TF}/ec2/ebs_volume.go",
-            ),
-        ),
-        Kind(
-            "kubernetes:core/v1:PersistentVolume",
-            free=f"{K8S_OBJECT}; it names a volume priced itself (FSx)",
-            replace=ReplaceRule(
-                tuple(
-                    f"spec.{source}"
-                    for source in (
-                        "awsElasticBlockStore",
-                        "azureDisk",
-                        "azureFile",
-                        "cephfs",
-                        "cinder",
-                        "csi",
-                        "fc",
-                        "flexVolume",
-                        "flocker",
-                        "gcePersistentDisk",
-                        "glusterfs",
-                        "hostPath",
-                        "iscsi",
-                        "local",
-                        "nfs",
-                        "photonPersistentDisk",
-                        "portworxVolume",
-                        "quobyte",
-                        "rbd",
-                        "scaleIO",
-                        "storageos",
-                        "vsphereVolume",
-                    )
-                ),
-                K8S,
-            ),
-        ),
-        Kind(
-            STORAGE_CLASS, free=K8S_OBJECT, replace=ReplaceRule(("parameters", "provisioner"), K8S)
+            f"{TF}/fsx/lustre_file_system.go",
+            _lustre_decreases,
         ),
     ),
-    addons={
-        "aws-ebs-csi-driver": [
-            AddonPods(
-                "controller",
-                2,
-                False,
-                # ebs-plugin, provisioner, attacher, snapshotter, resizer, liveness-probe.
-                Requests(0.01, 40) * 6,
-                CRITICAL_ADDONS,
-                f"{EBS_CHART}: controller.replicaCount 2, 10m and 40Mi in each of 6 containers",
-                selector_values="controller.nodeSelector",
+    Kind(RESOURCE_QUOTA, price=_resource_quota, replace=ReplaceRule(("spec.scopes",), K8S)),
+    Kind(
+        CLAIM,
+        price=_claim,
+        replace=ReplaceRule(
+            (
+                "spec.accessModes",
+                "spec.storageClassName",
+                "spec.volumeName",
+                _SELECTOR,
             ),
-            AddonPods(
-                "node",
-                1,
-                True,
-                Requests(0.01, 40) * 3,
-                EVERY_TAINT,
-                f"{EBS_CHART}: node.tolerateAllTaints, 10m and 40Mi in each of 3 containers",
+            K8S,
+        ),
+    ),
+    Kind(
+        "aws:fsx/dataRepositoryAssociation:DataRepositoryAssociation",
+        free="FSx: the link is free; its imports and exports are S3 requests (usage)",
+        replace=ReplaceRule(
+            ("dataRepositoryPath", "fileSystemId", "fileSystemPath"),
+            f"{TF}/fsx/data_repository_association.go",
+        ),
+    ),
+    Kind(
+        "aws:efs/fileSystem:FileSystem",
+        usage="EFS storage per GB-month, Elastic Throughput per GB",
+        replace=ReplaceRule(
+            (
+                "availabilityZoneName",
+                "creationToken",
+                "encrypted",
+                "kmsKeyId",
+                "performanceMode",
             ),
-        ],
-        "aws-efs-csi-driver": [
-            AddonPods(
-                "controller",
-                2,
-                False,
-                Requests(),
-                CRITICAL_ADDONS,
-                "kubernetes-sigs/aws-efs-csi-driver v2.1.13 values.yaml: replicaCount 2, "
-                "resources {}",
-                selector_values="controller.nodeSelector",
+            f"{TF}/efs/file_system.go",
+        ),
+    ),
+    Kind(
+        "aws:efs/mountTarget:MountTarget",
+        free="EFS bills storage and throughput, not mount targets",
+        replace=ReplaceRule(
+            ("fileSystemId", "subnetId", "ipAddress", "ipAddressType", "ipv6Address"),
+            f"{TF}/efs/mount_target.go",
+        ),
+    ),
+    Kind(
+        "aws:efs/accessPoint:AccessPoint",
+        free="EFS bills storage and throughput, not access points",
+        replace=ReplaceRule(
+            ("fileSystemId", "posixUser", "rootDirectory"), f"{TF}/efs/access_point.go"
+        ),
+    ),
+    Kind(
+        "aws:efs/fileSystemPolicy:FileSystemPolicy",
+        free="EFS bills storage and throughput, not its file system policy",
+        replace=ReplaceRule(("fileSystemId",), f"{TF}/efs/file_system_policy.go"),
+    ),
+    Kind(
+        "aws:efs/backupPolicy:BackupPolicy",
+        usage="AWS Backup storage of the EFS recovery points per GB-month (AWS Backup pricing)",
+        replace=ReplaceRule(("fileSystemId",), f"{TF}/efs/backup_policy.go"),
+    ),
+    Kind(
+        "aws:s3/bucket:Bucket",
+        usage="S3 storage per GB-month and requests",
+        replace=ReplaceRule(
+            (
+                "bucket",
+                "bucketPrefix",
+                "objectLockEnabled",
+                "objectLockConfiguration.objectLockEnabled",
             ),
-            AddonPods(
-                "node",
-                1,
-                True,
-                Requests(),
-                EVERY_TAINT,
-                "kubernetes-sigs/aws-efs-csi-driver v2.1.13 values.yaml: resources {}",
+            f"{TF}/s3/bucket.go",
+        ),
+    ),
+    Kind(
+        LIFECYCLE,
+        free="bucket configuration (the bucket's storage and requests are usage)",
+    ),
+    Kind("aws:s3/bucketOwnershipControls:BucketOwnershipControls", free="bucket configuration"),
+    Kind("aws:s3/bucketPolicy:BucketPolicy", free="bucket configuration"),
+    Kind(
+        "aws:s3/bucketObjectv2:BucketObjectv2",
+        free="an empty object (FSx's team marker): its PUT and storage are too small to price",
+        replace=ReplaceRule(("bucket", "key"), f"{TF}/s3/object.go"),
+    ),
+    Kind("aws:s3/bucketPublicAccessBlock:BucketPublicAccessBlock", free="bucket configuration"),
+    Kind(
+        "aws:s3/bucketServerSideEncryptionConfiguration:BucketServerSideEncryptionConfiguration",
+        free="bucket configuration (SSE-KMS requests bill on the key's request rate, usage)",
+    ),
+    Kind(
+        "aws:s3/bucketVersioning:BucketVersioning",
+        free="bucket configuration (noncurrent versions bill as storage, usage)",
+    ),
+    Kind(
+        "aws:ebs/volume:Volume",
+        replace=ReplaceRule(
+            (
+                "availabilityZone",
+                "encrypted",
+                "kmsKeyId",
+                "multiAttachEnabled",
+                "outpostArn",
+                "snapshotId",
             ),
-        ],
-        "aws-fsx-csi-driver": [
-            AddonPods(
-                "controller",
-                2,
-                False,
-                Requests(0.01, 40) + Requests(0.01, 32) * 3,
-                CRITICAL_ADDONS,
-                f"{FSX_CHART}: replicaCount 2; plugin 10m/40Mi, 3 sidecars 10m/32Mi",
-                selector_values="controller.nodeSelector",
+            f"{TF}/ec2/ebs_volume.go",
+        ),
+    ),
+    Kind(
+        "kubernetes:core/v1:PersistentVolume",
+        free=f"{K8S_OBJECT}; it names a volume priced itself (FSx)",
+        replace=ReplaceRule(
+            tuple(
+                f"spec.{source}"
+                for source in (
+                    "awsElasticBlockStore",
+                    "azureDisk",
+                    "azureFile",
+                    "cephfs",
+                    "cinder",
+                    "csi",
+                    "fc",
+                    "flexVolume",
+                    "flocker",
+                    "gcePersistentDisk",
+                    "glusterfs",
+                    "hostPath",
+                    "iscsi",
+                    "local",
+                    "nfs",
+                    "photonPersistentDisk",
+                    "portworxVolume",
+                    "quobyte",
+                    "rbd",
+                    "scaleIO",
+                    "storageos",
+                    "vsphereVolume",
+                )
             ),
-            AddonPods(
-                "node",
-                1,
-                True,
-                Requests(0.01, 40) + Requests(0.01, 32) * 2,
-                EVERY_TAINT,
-                f"{FSX_CHART}: tolerateAllTaints; plugin 10m/40Mi, 2 sidecars 10m/32Mi",
-            ),
-        ],
-    },
+            K8S,
+        ),
+    ),
+    Kind(STORAGE_CLASS, free=K8S_OBJECT, replace=ReplaceRule(("parameters", "provisioner"), K8S)),
 )
+
+
+ADDONS = {
+    "aws-ebs-csi-driver": [
+        AddonPods(
+            "controller",
+            2,
+            False,
+            # ebs-plugin, provisioner, attacher, snapshotter, resizer, liveness-probe.
+            Requests(0.01, 40) * 6,
+            CRITICAL_ADDONS,
+            f"{EBS_CHART}: controller.replicaCount 2, 10m and 40Mi in each of 6 containers",
+            selector_values="controller.nodeSelector",
+        ),
+        AddonPods(
+            "node",
+            1,
+            True,
+            Requests(0.01, 40) * 3,
+            EVERY_TAINT,
+            f"{EBS_CHART}: node.tolerateAllTaints, 10m and 40Mi in each of 3 containers",
+        ),
+    ],
+    "aws-efs-csi-driver": [
+        AddonPods(
+            "controller",
+            2,
+            False,
+            Requests(),
+            CRITICAL_ADDONS,
+            "kubernetes-sigs/aws-efs-csi-driver v2.1.13 values.yaml: replicaCount 2, resources {}",
+            selector_values="controller.nodeSelector",
+        ),
+        AddonPods(
+            "node",
+            1,
+            True,
+            Requests(),
+            EVERY_TAINT,
+            "kubernetes-sigs/aws-efs-csi-driver v2.1.13 values.yaml: resources {}",
+        ),
+    ],
+    "aws-fsx-csi-driver": [
+        AddonPods(
+            "controller",
+            2,
+            False,
+            Requests(0.01, 40) + Requests(0.01, 32) * 3,
+            CRITICAL_ADDONS,
+            f"{FSX_CHART}: replicaCount 2; plugin 10m/40Mi, 3 sidecars 10m/32Mi",
+            selector_values="controller.nodeSelector",
+        ),
+        AddonPods(
+            "node",
+            1,
+            True,
+            Requests(0.01, 40) + Requests(0.01, 32) * 2,
+            EVERY_TAINT,
+            f"{FSX_CHART}: tolerateAllTaints; plugin 10m/40Mi, 2 sidecars 10m/32Mi",
+        ),
+    ],
+}

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 from infra.core.bill import CostLine, PriceBook
 from infra.core.catalog import UnpricedError
 from infra.core.declared import Declared, dig, listed
-from infra.core.facts import K8S, TF, Integration, Kind, ReplaceRule
+from infra.core.facts import K8S, TF, Kind, ReplaceRule
 from infra.vpc.network import PUBLIC_ELB_TAG
 
 SUBNET = "aws:ec2/subnet:Subnet"
@@ -79,51 +79,48 @@ def _service(r: Declared, stack: Sequence[Declared], book: PriceBook) -> list[Co
     ]
 
 
-VPC = Integration(
-    "vpc",
-    kinds=(
-        Kind(NAT_GATEWAY, price=_nat_gateway),
-        Kind(VPC_ENDPOINT, price=_vpc_endpoint),
-        Kind("aws:ec2/eip:Eip", price=_elastic_ip),
-        Kind(
-            "kubernetes:core/v1:Service",
-            price=_service,
-            replace=ReplaceRule(("spec.clusterIP",), K8S),
-        ),
-        Kind(
-            "aws:ec2/vpc:Vpc",
-            free=_VPC,
-            replace=ReplaceRule(
-                ("cidrBlock", "ipv4IpamPoolId", "ipv4NetmaskLength"), f"{TF}/ec2/vpc_.go"
-            ),
-        ),
-        Kind(
-            SUBNET,
-            free=_VPC,
-            replace=ReplaceRule(
-                (
-                    "availabilityZone",
-                    "availabilityZoneId",
-                    "cidrBlock",
-                    "ipv6Native",
-                    "outpostArn",
-                    "vpcId",
-                ),
-                f"{TF}/ec2/vpc_subnet.go",
-            ),
-        ),
-        Kind("aws:ec2/routeTable:RouteTable", free=_VPC),
-        Kind("aws:ec2/routeTableAssociation:RouteTableAssociation", free=_VPC),
-        Kind("aws:ec2/route:Route", free=_VPC),
-        Kind("aws:ec2/internetGateway:InternetGateway", free=_VPC),
-        Kind(
-            "aws:ec2/securityGroup:SecurityGroup",
-            free=_VPC,
-            replace=ReplaceRule(
-                ("description", "name", "namePrefix", "vpcId"), f"{TF}/ec2/vpc_security_group.go"
-            ),
-        ),
-        Kind("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", free=_VPC),
-        Kind("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule", free=_VPC),
+KINDS = (
+    Kind(NAT_GATEWAY, price=_nat_gateway),
+    Kind(VPC_ENDPOINT, price=_vpc_endpoint),
+    Kind("aws:ec2/eip:Eip", price=_elastic_ip),
+    Kind(
+        "kubernetes:core/v1:Service",
+        price=_service,
+        replace=ReplaceRule(("spec.clusterIP",), K8S),
     ),
+    Kind(
+        "aws:ec2/vpc:Vpc",
+        free=_VPC,
+        replace=ReplaceRule(
+            ("cidrBlock", "ipv4IpamPoolId", "ipv4NetmaskLength"), f"{TF}/ec2/vpc_.go"
+        ),
+    ),
+    Kind(
+        SUBNET,
+        free=_VPC,
+        replace=ReplaceRule(
+            (
+                "availabilityZone",
+                "availabilityZoneId",
+                "cidrBlock",
+                "ipv6Native",
+                "outpostArn",
+                "vpcId",
+            ),
+            f"{TF}/ec2/vpc_subnet.go",
+        ),
+    ),
+    Kind("aws:ec2/routeTable:RouteTable", free=_VPC),
+    Kind("aws:ec2/routeTableAssociation:RouteTableAssociation", free=_VPC),
+    Kind("aws:ec2/route:Route", free=_VPC),
+    Kind("aws:ec2/internetGateway:InternetGateway", free=_VPC),
+    Kind(
+        "aws:ec2/securityGroup:SecurityGroup",
+        free=_VPC,
+        replace=ReplaceRule(
+            ("description", "name", "namePrefix", "vpcId"), f"{TF}/ec2/vpc_security_group.go"
+        ),
+    ),
+    Kind("aws:vpc/securityGroupIngressRule:SecurityGroupIngressRule", free=_VPC),
+    Kind("aws:vpc/securityGroupEgressRule:SecurityGroupEgressRule", free=_VPC),
 )

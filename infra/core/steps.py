@@ -13,43 +13,27 @@ op values in pkg/resource/deploy/step.go StepOps).
 """
 
 import json
-from dataclasses import dataclass, field
 from typing import Any
 
+from infra.core.change import CREATE, DELETE, REPLACE, UPDATE, Step
+from infra.core.facts import Facts
 from infra.core.offline import Plan, RecordedResource
-from infra.core.replacement import changed_paths
-from infra.integrations import replacing_paths
+from infra.core.replacement import changed_paths, replacing_paths
 
-CREATE, UPDATE, REPLACE, DELETE = "create", "update", "replace", "delete"
 PROVIDER_PREFIX = "pulumi:providers:"
-# A multi-language component that stands, offline, for the resource it creates: pulumi-eks's
-# Cluster for the EKS control plane (its children are invisible under mocks).
-STANDS_FOR_RESOURCE = {"eks:index:Cluster"}
 
 
-def _managed(resource: RecordedResource) -> bool:
-    return resource.custom or resource.type in STANDS_FOR_RESOURCE
+def _managed(resource: RecordedResource, facts: Facts) -> bool:
+    """A resource of the provider's own, or a component that stands for one offline
+    (`Kind.stands_in`)."""
+    kind = facts.kind(resource.type)
+    return resource.custom or bool(kind and kind.stands_in)
 
 
-@dataclass
-class Step:
-    op: str
-    urn: str
-    type: str
-    old: RecordedResource | None
-    new: RecordedResource | None
-    # Why: the inputs that changed; for a replacement, those that force it.
-    reasons: list[str] = field(default_factory=list)
-
-    @property
-    def name(self) -> str:
-        return self.urn.rsplit("::", 1)[-1]
-
-
-def plan_steps(old: Plan, new: Plan) -> list[Step]:
+def plan_steps(old: Plan, new: Plan, facts: Facts) -> list[Step]:
     """Every resource's step from `old` to `new` (unchanged resources have none)."""
-    before = {r.urn: r for r in old.resources if _managed(r)}
-    after = {r.urn: r for r in new.resources if _managed(r)}
+    before = {r.urn: r for r in old.resources if _managed(r, facts)}
+    after = {r.urn: r for r in new.resources if _managed(r, facts)}
     steps: dict[str, Step] = {}
     for urn, resource in before.items():
         if urn not in after:
@@ -59,7 +43,7 @@ def plan_steps(old: Plan, new: Plan) -> list[Step]:
             steps[urn] = Step(CREATE, urn, resource.type, None, resource)
             continue
         previous = before[urn]
-        replacing = replacing_paths(resource.type, previous.inputs, resource.inputs)
+        replacing = replacing_paths(resource.type, previous.inputs, resource.inputs, facts)
         changed = changed_paths(previous.inputs, resource.inputs)
         if replacing:
             steps[urn] = Step(REPLACE, urn, resource.type, previous, resource, replacing)
@@ -72,12 +56,15 @@ def plan_steps(old: Plan, new: Plan) -> list[Step]:
             if urn in before and resource.type.startswith(("aws:", "eks:")):
                 reason = f"aws:region {old.region} -> {new.region}"
                 steps[urn] = Step(REPLACE, urn, resource.type, before[urn], resource, [reason])
-    _carry_replacements(before, after, steps)
+    _carry_replacements(before, after, steps, facts)
     return sorted(steps.values(), key=lambda s: s.urn)
 
 
 def _carry_replacements(
-    before: dict[str, RecordedResource], after: dict[str, RecordedResource], steps: dict
+    before: dict[str, RecordedResource],
+    after: dict[str, RecordedResource],
+    steps: dict,
+    facts: Facts,
 ) -> None:
     """Replace what a replacement takes with it, until nothing more changes."""
     pending = [s.urn for s in steps.values() if s.op == REPLACE]
@@ -87,7 +74,7 @@ def _carry_replacements(
         for urn, resource in after.items():
             if urn not in before or (urn in steps and steps[urn].op == REPLACE):
                 continue
-            reasons = _taken_along(replaced, before[urn], resource, marks)
+            reasons = _taken_along(replaced, before[urn], resource, marks, facts)
             if reasons:
                 steps[urn] = Step(REPLACE, urn, resource.type, before[urn], resource, reasons)
                 pending.append(urn)
@@ -98,6 +85,7 @@ def _taken_along(
     old: RecordedResource,
     new: RecordedResource,
     marks: set[str],
+    facts: Facts,
 ) -> list[str]:
     provider = new.provider.split("::")[-1] if new.provider else ""
     if replaced.type.startswith(PROVIDER_PREFIX) and new.provider.startswith(replaced.urn):
@@ -115,7 +103,8 @@ def _taken_along(
     for path in holding:
         _set(stand_in, path, f"<new {replaced.name}>")
     return [
-        f"{path} (from {replaced.name})" for path in replacing_paths(new.type, old.inputs, stand_in)
+        f"{path} (from {replaced.name})"
+        for path in replacing_paths(new.type, old.inputs, stand_in, facts)
     ]
 
 
@@ -156,7 +145,7 @@ PREVIEW_OPS = {
 }
 
 
-def preview_steps(preview: dict) -> list[Step]:
+def preview_steps(preview: dict, facts: Facts) -> list[Step]:
     """The steps of a real preview (`pulumi preview --json`), in this module's terms."""
     steps: dict[str, Step] = {}
     for raw in preview.get("steps") or []:
@@ -165,7 +154,7 @@ def preview_steps(preview: dict) -> list[Step]:
             continue
         old, new = _state(raw.get("oldState")), _state(raw.get("newState"))
         resource = new or old
-        if resource is None or not _managed(resource):
+        if resource is None or not _managed(resource, facts):
             continue
         reasons = list(raw.get("replaceReasons") or raw.get("diffReasons") or [])
         if raw["urn"] in steps and steps[raw["urn"]].op == REPLACE:

@@ -1,0 +1,67 @@
+"""What a change does to the control plane and the system nodes: EKS upgrades one minor version
+at a time, replaces a node group's nodes one by one, and the controllers restart."""
+
+from infra.core.change import UPDATE, Step
+from infra.core.day_two import Change
+from infra.core.kinds import HELM_RELEASE
+from infra.eks.facts import EKS_CLUSTER, EKS_COMPONENT, NODE_GROUP
+
+# The control plane: pulumi-eks's component offline (its children are invisible under mocks), the
+# aws:eks Cluster it creates in a real preview.
+EKS_CLUSTERS = {EKS_COMPONENT, EKS_CLUSTER}
+
+
+def _minor(version: object) -> tuple[int, int]:
+    major, minor = str(version).split(".")[:2]
+    return int(major), int(minor)
+
+
+def version_changes(steps: list[Step]) -> set[tuple[str, str]]:
+    return {
+        (str(s.old.inputs.get("version")), str(s.new.inputs.get("version")))
+        for s in steps
+        if s.type in EKS_CLUSTERS and s.op == UPDATE and "version" in s.reasons
+    }
+
+
+def versions(change: Change) -> None:
+    """EKS upgrades a control plane one minor version at a time and never downgrades one
+    (Amazon EKS user guide, "Update existing cluster to new Kubernetes version")."""
+    for old, new in sorted(version_changes(change.steps)):
+        (old_major, old_minor), (new_major, new_minor) = _minor(old), _minor(new)
+        if (new_major, new_minor) < (old_major, old_minor):
+            why = "EKS never downgrades a control plane"
+        elif new_major != old_major or new_minor > old_minor + 1:
+            why = "EKS upgrades one minor version at a time"
+        else:
+            continue
+        change.found.refusals.append(
+            f"kubernetes-version: cluster.kubernetesVersion {old} -> {new}: {why}; allowed: "
+            f"{old}, or {old_major}.{old_minor + 1}"
+        )
+
+
+def controllers(change: Change) -> None:
+    found = change.found
+    for old, new in sorted(version_changes(change.steps)):
+        found.notes.append(
+            f"the EKS control plane upgrades {old} -> {new} first; add-ons and the system node "
+            "group follow it (docs/platform/upgrades.md)"
+        )
+    for step in change.steps:
+        if step.op != UPDATE:
+            continue
+        if step.type == NODE_GROUP and any(
+            p.startswith(("version", "launchTemplate.version", "releaseVersion"))
+            for p in step.reasons
+        ):
+            found.notes.append(
+                f"node group {step.name}: EKS replaces its nodes one at a time (rolling update); "
+                "the controllers on them restart elsewhere"
+            )
+        elif step.type == HELM_RELEASE and "version" in step.reasons:
+            found.notes.append(
+                f"Helm release {step.name}: chart {step.old.inputs.get('version')} -> "
+                f"{step.new.inputs.get('version')}; its controller restarts, running jobs keep "
+                "running"
+            )
