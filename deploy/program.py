@@ -254,8 +254,9 @@ def build_platform(config: StackConfig) -> None:
             },
         )
         code_images = {}
-        if any(job.code for job in config.jobs):
-            code_images = CodeImages("job-code", config, image.refs, platform).refs
+        code_jobs = [(job, image_target(job_pools[job.name])) for job in config.jobs if job.code]
+        if code_jobs:
+            code_images = CodeImages("job-code", code_jobs, image.refs, platform).refs
             pulumi.export("codeImages", code_images)
         jobs = {}
         for job in config.jobs:

@@ -16,15 +16,14 @@ The folder goes in as Docker sends it: all of it less its .dockerignore (not .gi
 
 import json
 import shlex
+from collections.abc import Sequence
 
 import pulumi
 
 from infra.core.context import ClusterContext
 from infra.core.paths import PROJECT_DIR
-from infra.core.pools import image_target
 from infra.images.container_image import EcrRepository, repository_name, source_tag
 from infra.jobs.config import JobConfig, UserCode
-from infra.stack.config import StackConfig
 from trainer import TRAINER_UID
 from trainer.user_code import command, contract_paths
 from workloads.image import trainer_tag
@@ -96,14 +95,15 @@ def runs(job: JobConfig) -> str:
 
 
 class CodeImages(pulumi.ComponentResource):
-    """The images of the stack jobs that name `code`: refs[job] is repository@sha256:digest."""
+    """The images of the stack jobs that name `code`, each with the trainer image target of its
+    pool: refs[job] is repository@sha256:digest."""
 
     refs: dict[str, pulumi.Output[str]]
 
     def __init__(
         self,
         name: str,
-        config: StackConfig,
+        code_jobs: Sequence[tuple[JobConfig, str]],
         trainer_refs: dict[str, pulumi.Output[str]],
         cluster: ClusterContext,
         opts: pulumi.ResourceOptions | None = None,
@@ -117,8 +117,7 @@ class CodeImages(pulumi.ComponentResource):
             cluster.data,
         )
         self.refs = {}
-        for job in (j for j in config.jobs if j.code):
-            target = image_target(config.job_pool(job))
+        for job, target in code_jobs:
             self.refs[job.name] = repository.push(
                 f"{name}-{job.name}",
                 PROJECT_DIR / job.code.workdir,
