@@ -30,10 +30,10 @@ from datetime import UTC, datetime
 from pathlib import Path
 
 from devservers.api import API_VERSION, GROUP, user_namespace
-from tests.conftest import plan_of
+from devservers.tests.test_devservers_render import IMAGE, KEY
 from tests.devservers_cluster import Cluster, wait_for
 from tests.kube_api.kubelet import IMAGE_BIN
-from tests.test_devservers_render import IMAGE, KEY
+from tests.plugin import plan_of
 
 HANDLED = f"{GROUP}/last-handled-configuration"  # kopf's diff-base, AnnotationsDiffBaseStorage
 CHECK = re.compile(r"idle check of (\d+) servers took ([0-9.]+) s")

@@ -28,7 +28,7 @@ import tempfile
 import time
 from pathlib import Path
 
-from tests.conftest import plan_of
+from tests.plugin import plan_of
 from tests.team_cluster import (
     TEAM,
     as_member,
@@ -37,7 +37,7 @@ from tests.team_cluster import (
     trainer_account,
     wheel,
 )
-from tests.test_trainjob import ALICE
+from workloads.tests.test_trainjob import ALICE
 
 SCRIPT = """import torch, torch.distributed as dist, bench_helper
 dist.init_process_group("gloo")

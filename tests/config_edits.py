@@ -1,5 +1,5 @@
 """Every stack-config key of a stack, each with an edit that still validates: what the day-two
-sweep (tests/test_day_two_edits.py) plans.
+sweep (tests/e2e/test_day_two_edits.py) plans.
 
 Keys are walked on the validated model, defaults included (a key the stack file leaves out is one
 a platform engineer may still set). Each leaf gets the first candidate value, by its type, that

@@ -18,11 +18,11 @@ import yaml
 from kubernetes import config, dynamic
 
 from devservers.api import API_VERSION, user_namespace
-from tests.conftest import ROOT
+from devservers.tests.test_devservers_render import IMAGE
+from infra.kueue.tests.kueue_rules import workload_crd
 from tests.kube_api import ADMIN, from_plan, service_account, user
-from tests.kueue_rules import workload_crd
 from tests.openssh import account as image_user
-from tests.test_devservers_render import IMAGE
+from tests.plugin import ROOT
 
 DEPLOYMENT = "dev-servers-operator"
 

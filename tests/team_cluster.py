@@ -1,8 +1,8 @@
 """A team's corner of a cluster for the tests and benchmark of your own code (tests/
 test_user_code.py, tests/bench_submit.py): the local Kubernetes API under the dev plan's RBAC and
 admission policies, the jobs' upstream CRDs and runtimes, a kubelet that runs pods as local
-processes, and the pods of a TrainJob as the Trainer and JobSet make them (tests/job_pods.py),
-their container commands run in them."""
+processes, and the pods of a TrainJob as the Trainer and JobSet make them
+(infra/operators/tests/job_pods.py), their container commands run in them."""
 
 import contextlib
 import subprocess
@@ -15,19 +15,19 @@ from pathlib import Path
 
 import yaml
 
+from infra.core.tests.crd_schema import CRD_DIR, load_crd
+from infra.operators.tests import trainer_rules
+from infra.operators.tests.job_pods import pytorchjob_pods, pytorchjob_services, trainjob_pods
 from infra.stack.loading import parse_stack_config
-from tests import trainer_rules
-from tests.conftest import ROOT, stack_values
-from tests.crd_schema import CRD_DIR, load_crd
-from tests.job_pods import pytorchjob_pods, pytorchjob_services, trainjob_pods
+from tests.e2e.test_roll import create
 from tests.kube_api import Kubelet, admission_policies, rbac_of
 from tests.kube_api.rbac import Authorizer
 from tests.kube_api.server import KubeAPI
 from tests.openssh import account, free_port
-from tests.test_roll import create
-from tests.test_trainjob import PUBLIC, PUBLIC_RBAC, cel_admission
+from tests.plugin import ROOT, stack_values
 from trainer import TRAINER_UID
 from workloads.manifests import training_runtime
+from workloads.tests.test_trainjob import PUBLIC, PUBLIC_RBAC, cel_admission
 
 TEAM = "team-a"
 IMAGE = "registry.example/trainer@sha256:" + "a" * 64
@@ -79,7 +79,8 @@ def team_cluster(dev_plan, runs_as=None):
         for namespace in dev_plan.of_type("kubernetes:core/v1:Namespace"):
             if namespace.inputs["metadata"]["name"] in (TEAM, "research"):
                 create(api, "namespaces", "", namespace.inputs)
-        # What the Trainer's manager overlay gives the SDK to read (tests/test_trainjob.py).
+        # What the Trainer's manager overlay gives the SDK to read
+        # (workloads/tests/test_trainjob.py).
         create(api, "namespaces", "", {"metadata": {"name": "kubeflow-system"}})
         version = {"kubeflow_trainer_version": trainer_rules.TRAINER_VERSION}
         public = {"metadata": {"name": PUBLIC}, "data": version}

@@ -422,10 +422,10 @@ def mpi_job(
     }
 
 
-# Kubeflow Trainer v2.3.0's runtime contract (tests/trainer_rules.py): the trainer's replicated job
-# and container are named `node`, the replicated job is labelled as the trainer step, and the SDK
-# lists only runtimes labelled with their framework. JobSet names every pod's JobSet, i.e. its
-# TrainJob, in a label.
+# Kubeflow Trainer v2.3.0's runtime contract (infra/operators/tests/trainer_rules.py): the trainer's
+# replicated job and container are named `node`, the replicated job is labelled as the trainer step,
+# and the SDK lists only runtimes labelled with their framework. JobSet names every pod's JobSet,
+# i.e. its TrainJob, in a label.
 NODE = "node"
 ANCESTOR_LABEL = "trainer.kubeflow.org/trainjob-ancestor-step"
 FRAMEWORK_LABEL = "trainer.kubeflow.org/framework"

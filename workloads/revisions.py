@@ -4,10 +4,10 @@ revision goes up.
 A change to the containers of a running job's pods restarts it: Kueue v0.19.2 re-creates the
 Workload of a job whose pod sets no longer match it (pkg/controller/jobframework/reconciler.go
 ensureOneWorkload, stopJob), and computes a TrainJob's pod sets from its live runtime
-(tests/trainer_rules.py). So a job, and a runtime, keeps the manifest it was deployed with, image
-included, until its revision goes up. The manifests live in this stack's own outputs, read back
-through a StackReference to the stack itself (the outputs of its last completed update:
-pulumi/pulumi pkg/resource/deploy/builtins.go readStackReference).
+(infra/operators/tests/trainer_rules.py). So a job, and a runtime, keeps the manifest it was
+deployed with, image included, until its revision goes up. The manifests live in this stack's own
+outputs, read back through a StackReference to the stack itself (the outputs of its last completed
+update: pulumi/pulumi pkg/resource/deploy/builtins.go readStackReference).
 """
 
 import copy

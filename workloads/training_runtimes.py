@@ -8,10 +8,10 @@ machines have none: their job pods are sized per job (HybridPool). Each runtime'
 a stack job on the pool gets (workloads/manifests.py pod_template), run as the team's
 self-service identity (infra/teams/jobs_identity.py).
 
-Day two: a change to a runtime's containers restarts every running TrainJob on it that does not
-set the changed field itself (tests/trainer_rules.py). So runtimes keep the manifest they were
-deployed with, trainer image included, until `runtimes.revision` goes up (workloads/revisions.py),
-and the plan lists what that holds back.
+Day two: a change to a runtime's containers restarts every running TrainJob on it that does not set
+the changed field itself (infra/operators/tests/trainer_rules.py). So runtimes keep the manifest
+they were deployed with, trainer image included, until `runtimes.revision` goes up
+(workloads/revisions.py), and the plan lists what that holds back.
 """
 
 import pulumi

@@ -7,14 +7,14 @@
     ...
     ```
 
-The argument is where the commands can run (KINDS); the page shows it as the block's caption.
-Lines starting with `$ ` are commands (a trailing backslash continues one on the next line), the
-lines after each are its output. tests/test_docs_examples.py runs every `offline` block in a copy
-of the checkout, in a fresh shell, and compares what each command prints (standard output and
-error together) with the lines shown: all of them, or with `:excerpt:`, in order, where a line
-`...` stands for any number of lines and a line ending in ` ...` for any line starting with what
-comes before. `:exit: N` is the last command's exit status (default 0; every other command's is
-0). `:continue:` runs the block in the checkout the page's previous offline block left, after it.
+The argument is where the commands can run (KINDS); the page shows it as the block's caption. Lines
+starting with `$ ` are commands (a trailing backslash continues one on the next line), the lines
+after each are its output. tests/e2e/test_docs_examples.py runs every `offline` block in a copy of
+the checkout, in a fresh shell, and compares what each command prints (standard output and error
+together) with the lines shown: all of them, or with `:excerpt:`, in order, where a line `...`
+stands for any number of lines and a line ending in ` ...` for any line starting with what comes
+before. `:exit: N` is the last command's exit status (default 0; every other command's is 0).
+`:continue:` runs the block in the checkout the page's previous offline block left, after it.
 `:why:` adds a sentence to the caption. No other shell block may appear in the docs, and no plain
 text block right after a {command} block: what a command prints goes inside its block.
 """
@@ -29,7 +29,7 @@ from docutils.parsers.rst import directives
 from sphinx.directives.code import container_wrapper
 from sphinx.util.docutils import SphinxDirective
 
-CHECKER = "tests/test_docs_examples.py"
+CHECKER = "tests/e2e/test_docs_examples.py"
 KINDS = {
     "offline": f"Runs offline, on any machine with the checkout; {CHECKER} checks this output.",
     "offline-long": "Runs offline, but takes minutes: the docs test does not run it.",

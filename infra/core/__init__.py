@@ -4,5 +4,5 @@ types, the component context, the node and pool vocabulary, IAM and Helm helpers
 catalog, the offline plan, the version pins (versions.py).
 """
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ()

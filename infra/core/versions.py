@@ -140,8 +140,9 @@ MPI_OPERATOR_VERSION = "v0.8.0"
 # deploy/manifests/trainer/kustomization.yaml. Alpha API: read the release notes before a bump.
 TRAINER_VERSION = "v2.3.0"
 # The JobSet (jobset.x-k8s.io/v1alpha2) that overlay installs: at TRAINER_VERSION its
-# manifests/third-party/jobset/kustomization.yaml names this release's manifests.yaml. It comes
-# with the Trainer and moves with it; tests/trainer_rules.py holds the pair as read upstream.
+# manifests/third-party/jobset/kustomization.yaml names this release's manifests.yaml. It comes with
+# the Trainer and moves with it; infra/operators/tests/trainer_rules.py holds the pair as read
+# upstream.
 JOBSET_VERSION = "v0.12.0"
 # The local-path provisioner (rancher/local-path-provisioner), which makes DevServer homes on the
 # hybrid machines' disks: upstream's deploy/ kustomization at this tag, patched by

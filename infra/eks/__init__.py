@@ -6,7 +6,7 @@ stack-config section `cluster`.
 from infra.core.facts import Integration
 from infra.eks import day_two, facts
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core", "vpc")
 EKS = Integration(
     "eks",

@@ -3,6 +3,6 @@
 from infra.core.facts import Integration
 from infra.images import facts
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core",)
 IMAGES = Integration("images", kinds=facts.KINDS)

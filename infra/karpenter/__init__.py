@@ -6,7 +6,7 @@ stack-config sections `karpenter` and `nodePools`.
 from infra.core.facts import Integration
 from infra.karpenter import day_two, facts
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core", "eks", "vpc")
 KARPENTER = Integration(
     "karpenter",

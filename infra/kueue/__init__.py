@@ -6,6 +6,6 @@ teams' shares and borrowing, and which changes restart a running job; its stack-
 from infra.core.facts import Integration
 from infra.kueue import facts
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core", "jobs", "karpenter")
 KUEUE = Integration("kueue", kinds=facts.KINDS, charts=facts.CHARTS)

@@ -3,7 +3,7 @@ whose pod sets no longer match its Workload: counts and containers (image, comma
 resources), init containers (pkg/util/equality/podset.go comparePodTemplate); other pod fields
 reach only the job's next start (pkg/controller/jobframework/reconciler.go EquivalentToWorkload).
 It computes a TrainJob's pod sets from its live ClusterTrainingRuntime, so a runtime's container
-change restarts the running TrainJobs on it (tests/trainer_rules.py)."""
+change restarts the running TrainJobs on it (infra/operators/tests/trainer_rules.py)."""
 
 from infra.core.change import Step
 from infra.core.declared import dig, kind_of, pod_sets

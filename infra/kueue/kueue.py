@@ -13,9 +13,9 @@ from infra.kueue.queues import TEAM_LABEL
 
 NAMESPACE = "kueue-system"
 # pytorchjob is off by default in Kueue 0.19 and must be listed; mpijob and trainjob are on but
-# listed anyway because this list replaces the default one (tests/trainer_rules.py: Kueue's
-# trainjob integration). DevServers are StatefulSets: `statefulset` admits one as a single pod
-# group (all pods or none; 0.19 allows only scaling to and from zero) and needs `pod`, whose
+# listed anyway because this list replaces the default one (infra/operators/tests/trainer_rules.py:
+# Kueue's trainjob integration). DevServers are StatefulSets: `statefulset` admits one as a single
+# pod group (all pods or none; 0.19 allows only scaling to and from zero) and needs `pod`, whose
 # webhook gates the pods; it also holds a team member's own pods, which must name a queue
 # (team_access.py POD_POLICY).
 FRAMEWORKS = [

@@ -5,6 +5,6 @@ Trainer v2 with JobSet, applied as kustomize overlays of their upstream manifest
 from infra.core.facts import Integration
 from infra.operators import facts
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core",)
 OPERATORS = Integration("operators", kinds=facts.KINDS, overlays=facts.OVERLAYS)

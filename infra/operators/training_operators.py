@@ -1,14 +1,14 @@
 """Kubeflow job operators: PyTorchJob (training operator v1), MPIJob (MPI operator v2beta1) and
 TrainJob (Kubeflow Trainer v2, on JobSet).
 
-Both v1 projects ship an MPIJob CRD under the same name; the training operator's copy and its
-MPIJob controller are switched off (training-operator/kustomization.yaml in the overlays' folder),
-so exactly one MPIJob CRD, kubeflow.org/v2beta1, is installed and one controller serves it.
-Trainer v2 sits beside them: its own API group, namespace, webhooks and cluster roles
-(tests/trainer_rules.py says where upstream defines each). All three are upstream kustomize
-overlays at pinned tags, placed on the system nodes by the overlays' system-nodes component. The
-overlays live beside the program (deploy/manifests), whose working directory the kustomize
-provider resolves them from.
+Both v1 projects ship an MPIJob CRD under the same name; the training operator's copy and its MPIJob
+controller are switched off (training-operator/kustomization.yaml in the overlays' folder), so
+exactly one MPIJob CRD, kubeflow.org/v2beta1, is installed and one controller serves it. Trainer v2
+sits beside them: its own API group, namespace, webhooks and cluster roles
+(infra/operators/tests/trainer_rules.py says where upstream defines each). All three are upstream
+kustomize overlays at pinned tags, placed on the system nodes by the overlays' system-nodes
+component. The overlays live beside the program (deploy/manifests), whose working directory the
+kustomize provider resolves them from.
 """
 
 from pathlib import Path

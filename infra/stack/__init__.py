@@ -2,5 +2,5 @@
 sections, and reading it from Pulumi config or a stack file.
 """
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core", "eks", "hybrid", "jobs", "karpenter", "kueue", "storage", "vpc")

@@ -5,7 +5,7 @@ classes, each store's protection and backups; its stack-config section `storage`
 from infra.core.facts import Integration
 from infra.storage import day_two, facts
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core", "vpc")
 STORAGE = Integration(
     "storage",

@@ -2,5 +2,5 @@
 fences.
 """
 
-# The packages of infra this one may import, besides itself (tests/test_layers.py).
+# The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core", "images", "jobs", "kueue", "storage")

@@ -39,8 +39,8 @@ Upstream behaviour followed here (kubernetes/kubernetes v1.35 unless said otherw
   (waiting to restart) the last terminated one; the
   log text is what the test says each container ID wrote (`KubeAPI.container_logs`)
 - ValidatingAdmissionPolicies (`KubeAPI.policies`, each bound with validationActions Deny) on a
-  user's create, after mutating admission, their CEL evaluated by tests.admission_rules; a
-  refusal as staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating/dispatcher.go
+  user's create, after mutating admission, their CEL evaluated by infra.core.tests.admission_rules;
+  a refusal as staging/src/k8s.io/apiserver/pkg/admission/plugin/policy/validating/dispatcher.go
   makes it: `<resource> "<name>" is forbidden: ValidatingAdmissionPolicy '<policy>' with binding
   '<binding>' denied request: <message>`, code 422 for the reason Invalid (every policy's here)
 """
@@ -60,7 +60,7 @@ from aiohttp import web
 from jsonschema import FormatChecker
 from openapi_schema_validator import OAS30Validator
 
-from tests.admission_rules import refusals
+from infra.core.tests.admission_rules import refusals
 from tests.kube_api.rbac import Authorizer, RequestInfo, User, forbidden, request_info
 
 VERSION = {"major": "1", "minor": "35", "gitVersion": "v1.35.0", "platform": "linux/amd64"}

@@ -1,0 +1,156 @@
+"""Idle stops report their savings: a week of two servers run by the operator's reconcile
+(devservers.operator._refresh) on the local Kubernetes API, on the test's clock, with pods bound
+to nodes of the dev stack's instance types (as the scheduler binds them); then `devctl savings`
+against a count by hand, and the Events and metrics each idle stop and restart left."""
+
+import io
+from datetime import timedelta
+
+import pytest
+from prometheus_client import generate_latest
+
+from devservers import cli
+from devservers.api import API_VERSION
+from devservers.savings import IDLE_STOPPED, RUNNING, record
+from devservers.tests.test_devservers_operator import START, World, gpu_at
+from devservers.tests.test_devservers_render import server as server_manifest
+
+# The nodes the pods land on: (instance type, capacity). g5.12xlarge: 4 GPUs, 48 vCPU, 192 GiB;
+# m6i.2xlarge: 8 vCPU, 32 GiB (infra/core/catalog/instance_types.yaml).
+NODES = {
+    "dev-alice": (
+        "gpu-node",
+        "g5.12xlarge",
+        {"nvidia.com/gpu": "4", "cpu": "48", "memory": "192Gi"},
+    ),
+    "dev-bob": ("cpu-node", "m6i.2xlarge", {"cpu": "8", "memory": "32Gi"}),
+}
+
+
+@pytest.fixture
+def week(dev_cluster, monkeypatch):
+    world = World(dev_cluster, monkeypatch)
+    admin = dev_cluster.client()
+    for name, kind, capacity in NODES.values():
+        admin.resources.get(api_version="v1", kind="Node").create(
+            body={
+                "metadata": {"name": name, "labels": {"node.kubernetes.io/instance-type": kind}},
+                "status": {"capacity": capacity},
+            }
+        )
+
+    def bind(kind, obj):  # the scheduler: each namespace's pods on its node
+        if kind.kind == "Pod" and obj["metadata"]["namespace"] in NODES:
+            obj["spec"]["nodeName"] = NODES[obj["metadata"]["namespace"]][0]
+
+    world.api.admission.append(bind)
+    return world
+
+
+def run_the_week(world: World, monkeypatch) -> None:
+    """alice's gpu-1 server `box` (idleTimeout 30m) works 09:00 to 16:30 on five days and stops
+    for idleness at 17:00 each (warned at 16:50); she starts it again at 09:00 the next four.
+    bob's cpu-small server `lab`, autoShutdown off, was created a day before the week and runs
+    through it."""
+    servers = world.dev_cluster.client().resources.get(api_version=API_VERSION, kind="DevServer")
+    lab = server_manifest(owner="bob", flavor="cpu-small", lifecycle={"autoShutdown": False})
+    lab["metadata"] = {"name": "lab", "namespace": "dev-bob"}
+    world.clock = START - timedelta(days=1)
+    servers.create(body=lab, namespace="dev-bob")
+    world.refresh("lab", namespace="dev-bob")
+    world.refresh("lab", namespace="dev-bob")
+    world.clock = START
+    world.create(lifecycle={"idleTimeout": "30m"})
+    for day in range(5):
+        morning = START + timedelta(days=day)
+        if day:
+            world.clock = morning
+            world.patch("DevServer", "box", {"spec": {"stopped": False}})  # devctl start
+            world.refresh()
+            world.refresh()
+        assert world.status()["phase"] == "Running"
+        for minutes, gpu in ((7 * 60 + 30, 87.0), (7 * 60 + 50, 1.0), (8 * 60, 1.0)):
+            gpu_at(world, monkeypatch, gpu)
+            world.clock = morning + timedelta(minutes=minutes)
+            world.refresh(measure=True)
+        assert world.server()["spec"]["stopped"] is True, world.status()
+        world.refresh()
+        world.refresh()
+        assert world.status()["phase"] == "Stopped"
+    world.clock = START + timedelta(days=7)
+
+
+def savings(world: World, monkeypatch, *argv: str, who: str = "alice") -> str:
+    monkeypatch.setenv("KUBECONFIG", str(world.dev_cluster.kubeconfigs[who]))
+    out = io.StringIO()
+    assert cli.main(["savings", *argv], out=out) == 0
+    return out.getvalue()
+
+
+def test_a_week_of_idle_stops_reports_what_they_saved(week, monkeypatch):
+    run_the_week(week, monkeypatch)
+    # By hand. box: 1 of the node's 4 GPUs (its largest share: 8 of 48 vCPU, 40 of 192 GiB),
+    # 0.25 node of g5.12xlarge at $5.672/h = $1.418/h. It ran 09:00-17:00 on five days, 40 h
+    # (10 node-hours, $56.72), and stood idle-stopped 17:00-09:00 four times and from the fifth
+    # day's 17:00 to the end of the week, 4 x 16 + 64 = 128 h (32 node-hours, $181.504). lab: 4
+    # of 8 vCPU and 16 of 32 GiB, 0.5 node of m6i.2xlarge at $0.384/h = $0.192/h, all 168 h of
+    # the week (84 node-hours, $32.256); its day before the week is not counted.
+    assert savings(week, monkeypatch, "--since", "7d", "--all-namespaces", who="admin") == (
+        "2026-11-22T09:00:00Z to 2026-11-29T09:00:00Z, 2 servers (all namespaces)\n"
+        "USER   USED NODE-H  USED $  IDLE-STOPPED NODE-H  SAVED $  SAVED\n"
+        "alice  10.00        56.72   32.00                181.50   76.2%\n"
+        "bob    84.00        32.26   0.00                 0.00     0.0%\n"
+        "total  94.00        88.98   32.00                181.50   67.1%\n"
+        "SAVED: what the idle-stopped servers would have cost running, as a share of that plus "
+        "what the servers cost (list prices)\n"
+    )
+    # 181.504 / (181.504 + 56.72) = 76.19 %; with bob's: 181.504 / 270.48 = 67.10 %.
+    mine = savings(week, monkeypatch, "--since", "36h")  # alice's own: from Friday 21:00
+    assert "alice  0.00         0.00    9.00                 51.05    100.0%" in mine  # 36 h
+    assert "bob" not in mine and "total" not in mine
+
+    events = week.api.objects("events", "dev-alice")
+    box = [(e["type"], e["reason"], e["message"]) for e in events]
+    assert (
+        box.count(
+            (
+                "Normal",
+                "IdleStop",
+                "stopped for idleness: 0.25 node of g5.12xlarge, $1.418/h not spent",
+            )
+        )
+        == 5
+    )
+    restarts = [m for _, reason, m in box if reason == "IdleRestart"]
+    assert (
+        restarts
+        == [
+            "started again after an idle stop of 16.00 h: 4.00 node-hours of g5.12xlarge not used, "
+            "$22.69 saved"
+        ]
+        * 4
+    )
+    assert all(e["involvedObject"]["name"] == "box" for e in events)
+    assert {e["firstTimestamp"][11:] for e in events if e["reason"] == "IdleStop"} == {"17:00:00Z"}
+
+    metrics = generate_latest(week.memo.metrics.registry).decode()
+    kind = 'flavor="gpu-1",instance_type="g5.12xlarge",namespace="dev-alice"'
+    assert f"devserver_idle_stops_total{{{kind}}} 5.0" in metrics
+    assert f"devserver_idle_restarts_total{{{kind}}} 4.0" in metrics
+    stopped = (
+        'flavor="gpu-1",instance_type="g5.12xlarge",namespace="dev-alice",server="box",'
+        'state="idle_stopped"'
+    )
+    assert f"devserver_usd_per_hour{{{stopped}}} 1.418" in metrics
+    assert week.api.refusals == []
+
+
+def test_the_record_keeps_35_days():
+    """Periods that ended longer ago than the record's reach are dropped; an open one stays."""
+    old = {"state": IDLE_STOPPED, "start": "2026-09-01T00:00:00Z", "end": "2026-10-01T00:00:00Z"}
+    recent = {"state": IDLE_STOPPED, "start": "2026-10-20T00:00:00Z", "end": "2026-11-01T00:00:00Z"}
+    running = {"state": RUNNING, "start": "2026-11-01T00:00:00Z", "instanceType": "t", "nodes": 1}
+    for period in (old, recent):
+        period.update(instanceType="t", nodes=1)
+    change = record([old, recent, running], True, True, False, None, START)
+    assert change.usage == [recent, running] and change.events == []
