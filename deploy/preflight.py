@@ -62,8 +62,8 @@ FAMILY_BUCKETS = [
 ]
 SPOT_PRODUCT = "Linux/UNIX"
 # Karpenter launches Linux instances with default tenancy and lists only `active` reservations
-# (karpenter-provider-aws v1.14.1, pkg/providers/capacityreservation/types.go); a Capacity Block
-# is `scheduled` until its start date (EC2 API, CapacityReservation.State).
+# (karpenter-provider-aws at KARPENTER_CHART, pkg/providers/capacityreservation/types.go); a
+# Capacity Block is `scheduled` until its start date (EC2 API, CapacityReservation.State).
 RESERVATION_PLATFORM = "Linux/UNIX"
 RESERVATION_TENANCY = "default"
 SPOT_LOOKBACK = timedelta(days=1)
@@ -235,7 +235,7 @@ def check_spot(config: StackConfig, ec2, zones: list[str], report: Report) -> No
 
 def reservation_query(reservation: CapacityReservation) -> dict:
     """DescribeCapacityReservations parameters selecting what Karpenter's selector term selects
-    (karpenter-provider-aws v1.14.1, capacityreservation/types.go), in any state."""
+    (karpenter-provider-aws at KARPENTER_CHART, capacityreservation/types.go), in any state."""
     if reservation.id:
         return {"CapacityReservationIds": [reservation.id]}
     return {

@@ -6,12 +6,13 @@
 Needs the cluster (a kubeconfig, e.g. `aws eks update-kubeconfig --name <cluster>`) and the rights
 of a platform admin. Drift (an AMI or Kubernetes upgrade, a NodePool or EC2NodeClass edit) never
 takes a node from under a running job or DevServer: the pools have no terminationGracePeriod, so
-their pods' `karpenter.sh/do-not-disrupt` keeps the node (kubernetes-sigs/karpenter v1.14.1
-pkg/controllers/disruption/types.go NewCandidate). This command moves the jobs on purpose:
+their pods' `karpenter.sh/do-not-disrupt` keeps the node (kubernetes-sigs/karpenter at
+KARPENTER_CHART, pkg/controllers/disruption/types.go NewCandidate). This command moves the jobs on
+purpose:
 
 1. finds the pool's drifted NodeClaims (condition Drifted=True) and the jobs with pods on them;
 2. deactivates each job's Kueue Workload (`spec.active: false`): Kueue evicts it, the job is
-   suspended and its pods get SIGTERM, on which the trainer saves a checkpoint (Kueue v0.19.2
+   suspended and its pods get SIGTERM, on which the trainer saves a checkpoint (Kueue at KUEUE_CHART
    pkg/controller/core/workload_controller.go, reason Deactivated);
 3. once no pod of those jobs is left on a drifted node, deletes those NodeClaims: nothing holds
    them any more, and Karpenter terminates them;

@@ -1,7 +1,7 @@
 """Revisions: stack jobs and the pools' runtimes run what they were deployed with until their
 revision goes up.
 
-A change to the containers of a running job's pods restarts it: Kueue v0.19.2 re-creates the
+A change to the containers of a running job's pods restarts it: Kueue (KUEUE_CHART) re-creates the
 Workload of a job whose pod sets no longer match it (pkg/controller/jobframework/reconciler.go
 ensureOneWorkload, stopJob), and computes a TrainJob's pod sets from its live runtime
 (infra/operators/tests/trainer_rules.py). So a job, and a runtime, keeps the manifest it was

@@ -232,7 +232,8 @@ def test_a_users_cpu_and_memory_quota_admits_what_their_servers_and_gpus_allow(d
 
 def test_kueue_admits_statefulsets_as_pod_groups(dev_plan):
     config = kueue_config(dev_plan)
-    # Kueue 0.19 names: `statefulset` admits a StatefulSet as one pod group, gated via `pod`.
+    # Kueue's names (KUEUE_CHART): `statefulset` admits a StatefulSet as one pod group, gated
+    # via `pod`.
     assert {"pod", "statefulset"} <= set(config["integrations"]["frameworks"])
 
 

@@ -125,7 +125,7 @@ def kueue_flavor(config: HybridConfig) -> Flavor:
 
     Kueue assigns a flavor with nodeTaints only to pod sets that tolerate them, counting the
     pod's own tolerations and the flavor's spec.tolerations alike, and matches the pod's node
-    selector only on the keys of the flavor's nodeLabels (kubernetes-sigs/kueue v0.19.2,
+    selector only on the keys of the flavor's nodeLabels (kubernetes-sigs/kueue at KUEUE_CHART,
     pkg/scheduler/flavorassigner/flavorassigner.go, checkFlavorForPodSets and flavorSelector).
     Were the toleration injected, a pod set without a pool selector (a user's own GPU job) could
     spill onto the machines when the EC2 flavors are full; without it, only pods that carry the

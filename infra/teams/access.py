@@ -193,7 +193,7 @@ def disrupt_policy_spec() -> dict:
 # never admitted (Kueue admits it by its queue's flavors, not by nodeName). A priority class
 # (any, system-node-critical included, resolves in every namespace) or Kueue's
 # WorkloadPriorityClass label would let a team preempt another in a shared ClusterQueue
-# (withinClusterQueue: LowerPriority). Kueue v0.19.2 takes a job's priority from that label
+# (withinClusterQueue: LowerPriority). Kueue at KUEUE_CHART takes a job's priority from that label
 # first (pkg/controller/jobframework), else from the job's PriorityClass(): its run policy's
 # schedulingPolicy.priorityClass, else its replicas' pod templates' priorityClassName
 # (pkg/controller/jobs/kubeflow/kubeflowjob/kubeflowjob_controller.go). All three are refused
@@ -271,7 +271,7 @@ def place_policy_spec() -> dict:
 # A member may create pods (trainer.fetch's copy pod), and a pod of her own is no job: the job
 # policy above does not see it. Kueue's pod integration (on: infra/kueue/kueue.py
 # FRAMEWORKS) holds a pod that names a queue behind its scheduling gate until the queue admits
-# it, and then adds its flavor's node labels and tolerations (kueue v0.19.2
+# it, and then adds its flavor's node labels and tolerations (kueue at KUEUE_CHART
 # pkg/controller/jobs/pod/pod_webhook.go Default, pod_controller.go prepare); a pod without the
 # label it leaves alone, to run at once outside every quota. Nor does it gate a pod whose
 # controller owner is a job Kueue manages (jobframework.FindAncestorJobManagedByKueue, where

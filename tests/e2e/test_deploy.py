@@ -148,7 +148,7 @@ def test_controllers_wait_for_their_nodes_and_jobs_for_their_operators(stack, re
 # What each controller calls while it drains or finalizes, as the plan's resources, written from
 # upstream (not from the program's edges). Each need maps a URN to why it is needed.
 #
-# - Karpenter v1.14.1 (kubernetes-sigs/karpenter pkg/controllers/node/termination/controller.go
+# - Karpenter at KARPENTER_CHART (pkg/controllers/node/termination/controller.go
 #   `finalize`): a NodePool's NodeClaims are drained (`awaitDrain`), then their VolumeAttachments
 #   must be gone (`awaitVolumeDetachment`: only the EBS CSI controller's external-attacher
 #   detaches them, aws-ebs-csi-driver v1.51.1 docs/faq.md; otherwise it waits for them, the pools
@@ -158,7 +158,7 @@ def test_controllers_wait_for_their_nodes_and_jobs_for_their_operators(stack, re
 #   eks-auth with the node's role: EKS user guide service-accounts.adoc, "For private clusters,
 #   the eks-auth endpoint in AWS PrivateLink is required"), and the draining nodes' kubelets keep
 #   authenticating with the Karpenter node role (access entry, instance profile, policies).
-# - Kueue v0.19.2: Workloads (jobframework/utils.go) and ClusterQueues/ResourceFlavors
+# - Kueue at KUEUE_CHART: Workloads (jobframework/utils.go) and ClusterQueues/ResourceFlavors
 #   (core/clusterqueue_controller.go, resourceflavor_controller.go) carry
 #   `kueue.x-k8s.io/resource-in-use`; pods of the pod and statefulset integrations (DevServers)
 #   carry `kueue.x-k8s.io/managed` (jobs/pod/constants). Only a running Kueue removes them, so a
@@ -655,7 +655,7 @@ def test_fsx_is_created_after_its_security_group_opens_lustre(prod_plan):
 
 @pytest.mark.parametrize("stack", STACKS)
 def test_every_resource_a_job_pod_requests_is_queued_for_or_excluded(stack, request):
-    """Kueue 0.19 (BlockUndeclared) never admits a pod asking for an undeclared resource."""
+    """Kueue (KUEUE_CHART, BlockUndeclared) never admits a pod asking for an undeclared resource."""
     plan = request.getfixturevalue(f"{stack}_plan")
     release = plan.one(RELEASE, "kueue").inputs["values"]
     config = yaml.safe_load(release["managerConfig"]["controllerManagerConfigYaml"])

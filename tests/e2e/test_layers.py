@@ -3,6 +3,8 @@ imports only itself, so a reader sees the structure from the folder names and an
 ships code that needs what it does not contain."""
 
 import ast
+import re
+import subprocess
 from pathlib import Path
 
 import pytest
@@ -257,3 +259,34 @@ def test_the_import_check_sees_imports_for_typing_and_inside_functions(tmp_path)
         "def f():\n    import infra.vpc.network\n"
     )
     assert {"infra.eks", "infra.eks.facts", "infra.vpc.network"} <= imported_modules(module)
+
+
+# A Karpenter or Kueue release touches its package, the pins and the test data (the CRDs of the
+# new version, tests/crds), and the docs pages that describe the pinned behaviour; code elsewhere
+# names the pin (KARPENTER_CHART, KUEUE_CHART), so that `grep` finds what to re-read. Files in an
+# image say which release they were written against: an edit there rebuilds the image.
+BUMPS = {
+    "karpenter": ("KARPENTER_CHART", {"gpuwatch/watcher.py"}),
+    "kueue": ("KUEUE_CHART", {"trainer/cluster_copy.py", "devservers/job_status.py"}),
+}
+
+
+@pytest.mark.parametrize("integration", sorted(BUMPS))
+def test_a_version_bump_touches_its_package_the_pins_the_test_data_and_the_docs(integration):
+    from infra.core import versions
+
+    pin, in_images = BUMPS[integration]
+    version = getattr(versions, pin).version
+    tracked = subprocess.run(
+        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
+    ).stdout.split()
+    naming = {
+        name
+        for name in tracked
+        if (ROOT / name).is_file()
+        and re.search(
+            rf"(?<![\d.]){re.escape(version)}(?![\d])", (ROOT / name).read_text("utf-8", "replace")
+        )
+    }
+    allowed_prefixes = (f"infra/{integration}/", "infra/core/versions.py", "tests/crds/", "docs/")
+    assert {n for n in naming if not n.startswith(allowed_prefixes)} == in_images

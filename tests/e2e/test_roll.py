@@ -2,9 +2,9 @@
 drifted nodes of a pool, the jobs on them deactivated once, their pods gone, the NodeClaims
 deleted and the jobs activated again; a node with a DevServer left alone.
 
-Neither Kueue nor Karpenter runs here. The test plays what Kueue v0.19.2 does when a Workload is
-deactivated (pkg/controller/core/workload_controller.go evicts it with reason Deactivated; the job
-reconciler suspends the job, pkg/controller/jobframework/reconciler.go stopJob, and the training
+Neither Kueue nor Karpenter runs here. The test plays what Kueue (KUEUE_CHART) does when a Workload
+is deactivated (pkg/controller/core/workload_controller.go evicts it with reason Deactivated; the
+job reconciler suspends the job, pkg/controller/jobframework/reconciler.go stopJob, and the training
 operator deletes its pods, kubeflow/trainer v1.9.4 pkg/controller.v1/common/job.go), nothing more.
 """
 

@@ -29,7 +29,7 @@ from tests.kube_api import KubeAPI, rbac_of, user
 from tests.kube_api.rbac import Authorizer
 
 TEAM, OTHER = "team-a", "research"
-# What Kueue v0.19.2's scheduler writes on a workload that does not fit (flavorassigner.go).
+# What Kueue's scheduler (KUEUE_CHART) writes on a workload that does not fit (flavorassigner.go).
 NO_QUOTA = (
     "couldn't assign flavors to pod set worker: insufficient unused quota for nvidia.com/gpu in "
     "flavor gpu-small, 8 more needed"

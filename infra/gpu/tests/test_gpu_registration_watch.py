@@ -3,9 +3,9 @@ image's ENTRYPOINT with the CronJob's args), against the local Kubernetes API (t
 holding the plan's RBAC, with a token of the CronJob's ServiceAccount: a request RBAC refuses
 fails the test.
 
-Nodes and NodeClaims are shaped as Karpenter v1.14.1 makes them (kubernetes-sigs/karpenter
-pkg/controllers/provisioning/scheduling/nodeclaimtemplate.go ToNodeClaim: the NodePool's
-template, its labels plus karpenter.sh/nodepool, an owner reference to the NodePool;
+Nodes and NodeClaims are shaped as Karpenter at KARPENTER_CHART makes them
+(kubernetes-sigs/karpenter pkg/controllers/provisioning/scheduling/nodeclaimtemplate.go ToNodeClaim:
+the NodePool's template, its labels plus karpenter.sh/nodepool, an owner reference to the NodePool;
 pkg/controllers/nodeclaim/lifecycle/registration.go syncNode: the Node gets the NodeClaim's
 labels and taints, the termination finalizer and an owner reference to it; initialization.go:
 Initialized stays Unknown while a requested resource is not allocatable). Each NodeClaim is

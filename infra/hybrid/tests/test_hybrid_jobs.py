@@ -151,8 +151,8 @@ def test_pools_jobs_keep_their_placement(plan):
 
 def tolerates(toleration: dict, taint: dict) -> bool:
     """Toleration.ToleratesTaint (kubernetes/api v0.36.2, core/v1/toleration.go, the version
-    Kueue v0.19.2 builds with): an effect and a key, when given, must equal the taint's; Exists
-    matches any value, Equal (the default) the same value."""
+    Kueue at KUEUE_CHART builds with): an effect and a key, when given, must equal the taint's;
+    Exists matches any value, Equal (the default) the same value."""
     if toleration.get("effect") and toleration["effect"] != taint["effect"]:
         return False
     if toleration.get("key") and toleration["key"] != taint["key"]:
@@ -165,7 +165,7 @@ def tolerates(toleration: dict, taint: dict) -> bool:
 
 def kueue_may_assign(flavor_spec: dict, pod_spec: dict) -> bool:
     """Whether Kueue may assign this ResourceFlavor to a pod set, quota aside: kubernetes-sigs/
-    kueue v0.19.2 (8eab6877), pkg/scheduler/flavorassigner/flavorassigner.go. checkFlavorForPodSets
+    kueue at KUEUE_CHART, pkg/scheduler/flavorassigner/flavorassigner.go: checkFlavorForPodSets
     skips the flavor when a NoSchedule or NoExecute nodeTaint is tolerated neither by the pod's
     tolerations nor by the flavor's own spec.tolerations; flavorSelector then keeps only the
     node selector keys among the flavor's nodeLabels, which must match them."""

@@ -375,9 +375,9 @@ QUALIFIED_NAME = re.compile(
 
 
 def tas_webhook_errors(annotations: dict) -> list[str]:
-    """Kueue v0.19.2's check of a pod set's topology annotations (pkg/controller/jobframework/
-    tas_validation.go, ValidateTASPodSetRequest): at most one of the three, label names as values,
-    unconstrained a bool."""
+    """Kueue's check (at KUEUE_CHART) of a pod set's topology annotations
+    (pkg/controller/jobframework/tas_validation.go, ValidateTASPodSetRequest): at most one of the
+    three, label names as values, unconstrained a bool."""
     found = [a for a in TOPOLOGY_ANNOTATIONS if a in annotations]
     errors = ["more than one topology annotation"] if len(found) > 1 else []
     for name in TOPOLOGY_ANNOTATIONS[:2]:

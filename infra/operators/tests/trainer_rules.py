@@ -7,7 +7,7 @@ Sources (snapshots fetched 2026-11-26; each rule names its file):
   (commit 4445c12aa62e4345b0c2c6ac9b215a70eca46ed7, the v1 line)
 - kubernetes-sigs/jobset tag v0.12.0 (commit f22e565ac3cc3265c7c45ef67ecffdc689af5d77)
 - kubeflow/mpi-operator tag v0.8.0 (commit 101db144e019e1de65aaded07745e9d805c2852a)
-- kubernetes-sigs/kueue tag v0.19.2 (commit 8eab68778fc1b52affe165fdf5af29d1e9b4f3cb)
+- kubernetes-sigs/kueue at KUEUE_CHART (commit 8eab68778fc1b52affe165fdf5af29d1e9b4f3cb)
 
 Coexistence. The four installs create nothing under one another's names (INSTALLS below):
 different API groups and CRDs, namespaces, webhook configurations and cluster roles; no webhook
@@ -49,10 +49,10 @@ What else the platform relies on:
   restarts, and its new JobSet is built from the runtime as it now is. A change to a runtime's
   containers therefore restarts every running TrainJob on it that does not override the changed
   field itself (its own spec.trainer.image, args, env), at Kueue's next reconcile of each.
-- Kueue v0.19.2 is built against the Trainer API v2.2.1 (go.mod l.14) and writes TrainJobs with
-  full updates (trainjob_controller.go RunWithPodSetsInfo l.283, Stop): the only TrainJob field v2.3
-  added, runtimePatches[].…podSpec.terminationGracePeriodSeconds, would be dropped. The platform
-  never sets it: the grace period comes from the runtime's pod template.
+- Kueue at KUEUE_CHART is built against the Trainer API v2.2.1 (go.mod l.14) and writes TrainJobs
+  with full updates (trainjob_controller.go RunWithPodSetsInfo l.283, Stop): the only TrainJob field
+  v2.3 added, runtimePatches[].…podSpec.terminationGracePeriodSeconds, would be dropped. The
+  platform never sets it: the grace period comes from the runtime's pod template.
 - The trainjob integration is one of Kueue's defaults (charts/kueue/values.yaml l.179;
   FrameworkName in trainjob_controller.go l.54), so a list replacing them must name it; its
   webhooks mtrainjob.kb.io / vtrainjob.kb.io are in the chart either way (templates/webhook/
@@ -142,7 +142,7 @@ INSTALLS = {
     ),
 }
 
-# Kueue v0.19.2 pkg/controller/jobs/trainjob/trainjob_controller.go l.54.
+# Kueue at KUEUE_CHART, pkg/controller/jobs/trainjob/trainjob_controller.go l.54.
 KUEUE_TRAINJOB_FRAMEWORK = "trainer.kubeflow.org/trainjob"
 
 # The runtime contract (kubeflow/trainer v2.3.0 pkg/constants/constants.go): the trainer's
