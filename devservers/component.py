@@ -127,8 +127,8 @@ USER_RULES = [
 def flavor_manifest(flavor, pool: Pool, efs: bool) -> dict:
     """The DevServerFlavor for a config flavor: its pool's placement (placement.py), where its
     servers' homes go (gp3 volumes on EC2 pools, directories on the hybrid machines' disks:
-    hybrid_homes.py), and whether they mount the shared EFS claim: only where the stack has EFS
-    (`efs`: storage.efs.enabled) and never on the hybrid machines, which cannot reach it. A pod
+    infra/hybrid/homes.py), and whether they mount the shared EFS claim: only where the stack has
+    EFS (`efs`: storage.efs.enabled) and never on the hybrid machines, which cannot reach it. A pod
     naming a claim that does not exist is never scheduled."""
     return flavor_object(
         flavor.name,
@@ -159,7 +159,7 @@ class DevServers(pulumi.ComponentResource):
         namespace_prerequisites: list[pulumi.Resource],
         gpu_metrics: pulumi.Resource | None,
         efs: bool,  # the stack has EFS, whose claim (efs-shared) is in every user's namespace
-        # Principals that are team members too, and their team groups (team_access.py): EKS
+        # Principals that are team members too, and their team groups (infra/teams/access.py): EKS
         # keeps one access entry per principal, so the user's carries them.
         member_groups: dict[str, list[str]],
         # The stack's trainer repository, registry included: servers may always run its images.
@@ -269,7 +269,7 @@ class DevServers(pulumi.ComponentResource):
                 cluster.in_cluster(self, dcgm_role, account),
             )
             # ... and reads them over the network, where the monitoring namespace admits only its
-            # own pods otherwise (gpu_metrics.py).
+            # own pods otherwise (infra/gpu/metrics.py).
             k8s.networking.v1.NetworkPolicy(
                 f"{name}-operator-dcgm",
                 metadata={"name": f"{OPERATOR}-reads-dcgm", "namespace": DCGM_NAMESPACE},

@@ -13,7 +13,7 @@ the add-on lists and off hybrid nodes.
 
 One host engine per node: DCGM's maintainers call several on one machine unsupported (they do
 not share the profiling module and can deadlock in the driver), so the DCGM exporter on pool GPU
-nodes reads through this one (gpu_metrics.py) instead of embedding its own.
+nodes reads through this one (infra/gpu/metrics.py) instead of embedding its own.
 """
 
 import json

@@ -1,6 +1,6 @@
 """The hybrid nodes' WireGuard gateway: an instance in a public subnet with an Elastic IP, the hub
 every machine dials, its firewall, its machines (one SSM parameter each, read every 30 s by its
-sync, hybrid_gateway_sync.py), its IAM, its access to the cluster (list CiliumNodes, label the
+sync, infra/hybrid/gateway_sync.py), its IAM, its access to the cluster (list CiliumNodes, label the
 machines' nodes), and the VPC's routes through it.
 """
 
@@ -29,7 +29,7 @@ WIREGUARD_PORT = 51820
 # prices it (EC2 refuses a size below the snapshot's; the provider resizes in place).
 GATEWAY_ROOT_GIB = 8
 # The Kubernetes group of the gateway's IAM role: it may list CiliumNodes and Nodes and patch
-# Nodes, and the gateway admission policy (hybrid_admission.py) lets its patches change the
+# Nodes, and the gateway admission policy (infra/hybrid/admission.py) lets its patches change the
 # hybrid machines' two labels and nothing else.
 GATEWAY_GROUP = "hybrid-wireguard-gateway"
 # ICMP "fragmentation needed" (type 3, code 4): path MTU discovery through the tunnel, whose MTU
@@ -77,8 +77,8 @@ def wireguard_gateway(
             },
             # What the VPC sends the machines: the control plane to the kubelets (10250), the
             # control plane and VPC pods to the machines' pods; the gateway's forwarding rules
-            # narrow it to those (hybrid_gateway_boot.py). Replies to the machines' own traffic
-            # need no rule: security groups are stateful.
+            # narrow it to those (infra/hybrid/gateway_boot.py). Replies to the machines' own
+            # traffic need no rule: security groups are stateful.
             {
                 "protocol": "tcp",
                 "from_port": 0,

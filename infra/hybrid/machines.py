@@ -7,8 +7,8 @@ A machine's owner is root on it and controls its kubelet: whatever its node regi
 taints) she chooses. So nothing that decides where a pod goes rests on them: pods select the
 machines they may run on by MACHINE_LABEL and POOL_LABEL, in the node-restriction domain no
 kubelet may set on its own Node, which the gateway's sync sets once it has matched the node to a
-machine by its credentials (hybrid_gateway_boot.py); the node admission policy
-(hybrid_admission.py) holds every hybrid node to its hybrid label and taint.
+machine by its credentials (infra/hybrid/gateway_boot.py); the node admission policy
+(infra/hybrid/admission.py) holds every hybrid node to its hybrid label and taint.
 """
 
 import yaml

@@ -4,7 +4,7 @@ A small gateway instance in a public subnet is the WireGuard hub: every machine 
 51820, the only port open to the internet), the VPC's route tables send the remote node and pod
 CIDRs to it. Each machine's node IP is its WireGuard address. Cilium gives each node a slice of
 the remote pod CIDRs as it joins; the gateway routes each slice to its node, so VPC pods, the
-control plane and Prometheus reach pods on the machines (hybrid_gateway_sync.py). Credentials
+control plane and Prometheus reach pods on the machines (infra/hybrid/gateway_sync.py). Credentials
 come from an SSM hybrid activation per machine or IAM Roles Anywhere, mapped into the cluster by
 a HYBRID_LINUX access entry.
 
@@ -12,7 +12,7 @@ Each machine's owner is root on it: the platform trusts nothing her node says ab
 gateway labels each machine's node once it has matched it to the machine by its credentials;
 pods of a job or DevServer flavor on `hybrid` select the machines that admit their team or user
 by those labels and tolerate those machines' taints (placement.py); admission policies hold
-hybrid nodes, the gateway, tenants' pods and Cilium agents to the rest (hybrid_admission.py).
+hybrid nodes, the gateway, tenants' pods and Cilium agents to the rest (infra/hybrid/admission.py).
 The machines have their own Kueue flavor, which injects no toleration.
 """
 
@@ -65,7 +65,7 @@ def cilium_values(config: HybridConfig) -> dict:
 
     cluster-pool (EKS user guide, "Configure CNI for hybrid nodes"): the operator gives each node
     a /podCidrMaskSize slice of the remote pod CIDRs as it joins, recorded in its CiliumNode; the
-    gateway reads those and routes each slice to its node (hybrid_gateway_boot.py).
+    gateway reads those and routes each slice to its node (infra/hybrid/gateway_boot.py).
     """
     return {
         "image": CILIUM_IMAGES["agent"],

@@ -17,7 +17,7 @@ NAMESPACE = "kueue-system"
 # Kueue's trainjob integration). DevServers are StatefulSets: `statefulset` admits one as a single
 # pod group (all pods or none; 0.19 allows only scaling to and from zero) and needs `pod`, whose
 # webhook gates the pods; it also holds a team member's own pods, which must name a queue
-# (team_access.py POD_POLICY).
+# (infra/teams/access.py POD_POLICY).
 FRAMEWORKS = [
     "batch/job",
     "kubeflow.org/pytorchjob",

@@ -204,7 +204,7 @@ def admission(plan):
             "kubernetes:admissionregistration.k8s.io/v1:ValidatingAdmissionPolicy"
         )
     }
-    # Beside the hybrid policies, those every stack has (team_access.py).
+    # Beside the hybrid policies, those every stack has (infra/teams/access.py).
     teams = {name: spec() for name, (_, spec) in POLICIES.items()}
     assert {name: found.pop(name) for name in teams} == teams
     assert found == policies(CONFIG, OWNER_LABEL)
