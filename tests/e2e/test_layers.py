@@ -4,7 +4,6 @@ ships code that needs what it does not contain."""
 
 import ast
 import re
-import subprocess
 from pathlib import Path
 
 import pytest
@@ -271,20 +270,35 @@ BUMPS = {
 }
 
 
+# What a checkout holds besides the project: tools' caches and what builds leave.
+NOT_THE_PROJECT = {"build", "node_modules", "__pycache__"}
+
+
+def project_files() -> list[str]:
+    """The project's files, relative to it (a checkout or a copy of one: no git needed)."""
+    return [
+        str(path.relative_to(ROOT))
+        for path in ROOT.rglob("*")
+        if path.is_file()
+        and not NOT_THE_PROJECT & set(path.relative_to(ROOT).parts)
+        and not any(
+            part.startswith(".") and part not in (".github", ".ci")
+            for part in path.relative_to(ROOT).parts[:-1]
+        )
+        and not any(part.endswith(".egg-info") for part in path.parts)
+    ]
+
+
 @pytest.mark.parametrize("integration", sorted(BUMPS))
 def test_a_version_bump_touches_its_package_the_pins_the_test_data_and_the_docs(integration):
     from infra.core import versions
 
     pin, in_images = BUMPS[integration]
     version = getattr(versions, pin).version
-    tracked = subprocess.run(
-        ["git", "ls-files"], cwd=ROOT, capture_output=True, text=True, check=True
-    ).stdout.split()
     naming = {
         name
-        for name in tracked
-        if (ROOT / name).is_file()
-        and re.search(
+        for name in project_files()
+        if re.search(
             rf"(?<![\d.]){re.escape(version)}(?![\d])", (ROOT / name).read_text("utf-8", "replace")
         )
     }
