@@ -3,6 +3,7 @@ file's part of the change, then every integration's day-two checks (infra/core/d
 in its package's day_two.py), then those of what builds on them: the stack's jobs and runtimes
 (workloads/day_two.py) and the DevServers (devservers/day_two.py)."""
 
+from devservers.day_two import HOLDERS as DEVSERVER_HOLDERS
 from devservers.day_two import flavors
 from infra.core.change import Change, Consequences, StackJob, Step
 from infra.core.day_two import consequences as integration_consequences
@@ -32,5 +33,6 @@ def consequences(
         tuple(StackJob(j.name, j.node_pool, j.checkpoint) for j in config.jobs),
         job_outputs or {},
         runtime_outputs or {},
+        {**FACTS.holders, **DEVSERVER_HOLDERS},
     )
     return integration_consequences(change, FACTS, CHECKS)

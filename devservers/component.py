@@ -34,9 +34,10 @@ from devservers.api import (
     storage_quota,
     user_namespace,
 )
+from devservers.day_two import user_holder
 from infra.core.catalog import RegionPrices
 from infra.core.context import ClusterContext
-from infra.core.data_holders import annotated, user_holder
+from infra.core.data_holders import annotated
 from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.core.paths import PROJECT_DIR
 from infra.core.pools import Pool

@@ -7,6 +7,17 @@ from infra.core.change import DELETE
 from infra.core.day_two import Change, existing
 
 FLAVOR = f"kubernetes:{API_VERSION}:DevServerFlavor"
+# A user's DevServer namespace as a data holder (infra/core/data_holders.py), and what losing it
+# loses.
+USERS = "devServers.users"
+HOLDERS = {
+    USERS: "the user's namespace: her DevServers stop, her LocalQueue and quota go; her homes are "
+    "kept as Released volumes (StorageClass reclaimPolicy Retain)",
+}
+
+
+def user_holder(user: str) -> str:
+    return f"{USERS}[{user}]"
 
 
 def flavors(change: Change) -> None:

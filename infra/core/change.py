@@ -77,6 +77,12 @@ class Change:
     # each revision holds back.
     job_outputs: dict = field(default_factory=dict)
     runtime_outputs: dict = field(default_factory=dict)
+    # What losing each data holder loses (`Integration.holders`), by key or key prefix.
+    losses: dict = field(default_factory=dict)
     found: Consequences = field(default_factory=Consequences)
     # Pools whose nodes drift (infra/karpenter/day_two.py), for the checks of what runs on them.
     drifted: set[str] = field(default_factory=set)
+
+    def loss(self, holder: str) -> str:
+        """What losing `holder` loses, in words."""
+        return self.losses[holder.split("[", 1)[0]]

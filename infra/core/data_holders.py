@@ -9,10 +9,10 @@ to replace or delete it (pulumi/pulumi pkg/resource/deploy/step_generator.go: a 
 already, i.e. one `pulumi up` before the one that removes it).
 
 `acknowledgeDataLoss` in stack config names the holders whose loss is accepted; only those lose
-`protect`. Nothing else releases data.
+`protect`. Nothing else releases data. Which holders there are, and what losing each loses, is
+each integration's to say (`Integration.holders`; the DevServers' in devservers/day_two.py).
 """
 
-import re
 from dataclasses import dataclass
 
 import pulumi
@@ -20,50 +20,6 @@ import pulumi
 # Where the holder key is written: an AWS tag, a Kubernetes annotation.
 HOLDER_TAG = "training-platform:data"
 HOLDER_ANNOTATION = "training-platform/data"
-
-CLUSTER = "cluster"
-IMAGES = "images"
-BUCKET = "storage.bucket"
-EFS = "storage.efs"
-FSX = "storage.fsx"
-
-
-def user_holder(user: str) -> str:
-    return f"devServers.users[{user}]"
-
-
-def team_holder(team: str) -> str:
-    return f"queues.teams[{team}]"
-
-
-HOLDER_PATTERN = re.compile(
-    r"^(cluster|images|storage\.(bucket|efs|fsx)|devServers\.users\[[a-z0-9-]+\]"
-    r"|queues\.teams\[[a-z0-9-]+\])$"
-)
-
-# What each kind of holder loses when it is replaced or deleted: what the plan and the gate say.
-LOSSES = {
-    CLUSTER: "every Kubernetes object (jobs, DevServers, claims, secrets), the running pods, and "
-    "the volumes whose reclaim policy is Delete",
-    IMAGES: "every image in the platform's ECR repositories, those the running jobs and servers "
-    "pull included",
-    BUCKET: "every dataset, checkpoint and model in the training bucket (and with its KMS key, "
-    "the ability to read them)",
-    EFS: "every user's /shared and every team's EFS checkpoints (AWS Backup recovery points stay)",
-    FSX: "every file on FSx for Lustre not yet exported to the bucket (FSx backs up no file "
-    "system linked to S3); what the data repository associations exported stays, in "
-    "s3://<bucket>/fsx/checkpoints/ and the dataset prefix, and a new file system imports it "
-    "again: export what is pending first (docs: day two, FSx)",
-    "devServers.users": "the user's namespace: her DevServers stop, her LocalQueue and quota go; "
-    "her homes are kept as Released volumes (StorageClass reclaimPolicy Retain)",
-    "queues.teams": "the team's namespace: its running jobs are killed and its claims deleted; "
-    "the team's EFS directory and FSx files stay, its S3 checkpoints stay",
-}
-
-
-def loss(holder: str) -> str:
-    """What losing `holder` loses, in words."""
-    return LOSSES[holder.split("[", 1)[0]]
 
 
 @dataclass(frozen=True)

@@ -18,7 +18,7 @@ from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
 from infra.core.change import CREATE, DELETE, REPLACE, Change, Consequences, Step
-from infra.core.data_holders import HOLDER_ANNOTATION, HOLDER_TAG, loss
+from infra.core.data_holders import HOLDER_ANNOTATION, HOLDER_TAG
 from infra.core.declared import dig
 
 if TYPE_CHECKING:
@@ -70,11 +70,11 @@ def data_losses(change: Change) -> None:
         lost.add(holder)
         what = "replaced" if step.op == REPLACE else "deleted"
         why = f" ({', '.join(step.reasons[:3])})" if step.reasons else ""
-        line = f"{step.type.split(':')[-1]} {step.name} is {what}{why}: loses {loss(holder)}"
+        line = f"{step.type.split(':')[-1]} {step.name} is {what}{why}: loses {change.loss(holder)}"
         found.losses.append(line)
         if holder not in released:
             found.refusals.append(
-                f"data-loss: {step.name} ({holder}) would be {what}, losing {loss(holder)}; "
+                f"data-loss: {step.name} ({holder}) would be {what}, losing {change.loss(holder)}; "
                 f"{accepting(holder)}"
             )
         elif step.op == DELETE and step.old.protect:

@@ -89,6 +89,9 @@ class Integration:
     system_nodes: Callable[[Sequence[Declared]], SystemNodes | None] | None = None
     # Lines of the bill no single resource makes (pods the system nodes refuse, on a pool).
     stack_lines: Callable[[Sequence[Declared], PriceBook, "Facts"], list[CostLine]] | None = None
+    # The data holders it declares (infra/core/data_holders.py): each key (a stack-config path,
+    # or its prefix before `[`) and what losing it loses, in the plan's words.
+    holders: Mapping[str, str] = field(default_factory=dict)
     # What a change to its kinds does to what already runs (infra/core/day_two.py), in order.
     day_two: tuple[Callable[[Change], None], ...] = ()
 
@@ -103,6 +106,7 @@ class Facts:
         self.charts: dict[str, Sequence[ChartPods]] = {}
         self.addons: dict[str, Sequence[AddonPods]] = {}
         self.overlays: dict[str, Sequence[OverlayPods]] = {}
+        self.holders: dict[str, str] = {}
         owner: dict[str, str] = {}
         for integration in self.integrations:
             for table, entries in (
@@ -110,6 +114,7 @@ class Facts:
                 (self.charts, integration.charts),
                 (self.addons, integration.addons),
                 (self.overlays, integration.overlays),
+                (self.holders, integration.holders),
             ):
                 for key, value in entries.items():
                     if key in owner:

@@ -14,5 +14,6 @@ EKS = Integration(
     addons=facts.ADDONS,
     pods=facts.pods,
     system_nodes=facts.system_nodes,
+    holders=facts.HOLDERS,
     day_two=(day_two.versions, day_two.controllers),
 )

@@ -8,11 +8,12 @@ import pulumi_eks as eks
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext, VpcPlacement
-from infra.core.data_holders import CLUSTER, DataGuard
+from infra.core.data_holders import DataGuard
 from infra.core.iam import node_role, partition
 from infra.core.nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.config import ClusterConfig
+from infra.eks.facts import CLUSTER
 from infra.vpc.network import Network, discovery_tag
 
 CONTROL_PLANE_LOG_TYPES = ["api", "audit", "authenticator", "controllerManager", "scheduler"]

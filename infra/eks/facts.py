@@ -14,6 +14,13 @@ from infra.core.nodes import SYSTEM_NODE_LABEL
 from infra.core.pods import CRITICAL_ADDONS, EVERY_TAINT, AddonPods, PodSet, Requests
 from infra.eks.support import support_on
 
+# The cluster as a data holder (infra/core/data_holders.py), and what losing it loses.
+CLUSTER = "cluster"
+HOLDERS = {
+    CLUSTER: "every Kubernetes object (jobs, DevServers, claims, secrets), the running pods, and "
+    "the volumes whose reclaim policy is Delete",
+}
+
 EKS_COMPONENT = "eks:index:Cluster"
 EKS_CLUSTER = "aws:eks/cluster:Cluster"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"

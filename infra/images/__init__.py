@@ -5,4 +5,4 @@ from infra.images import facts
 
 # The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core",)
-IMAGES = Integration("images", kinds=facts.KINDS)
+IMAGES = Integration("images", kinds=facts.KINDS, holders=facts.HOLDERS)

@@ -12,8 +12,9 @@ import pulumi_docker_build as docker_build
 
 from infra.core.config import ImageConfig
 from infra.core.context import ClusterContext
-from infra.core.data_holders import IMAGES, DataGuard
+from infra.core.data_holders import DataGuard
 from infra.core.paths import provider_path
+from infra.images.facts import IMAGES
 
 PLATFORMS = ["linux/amd64"]
 

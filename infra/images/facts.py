@@ -22,3 +22,10 @@ KINDS = (
         free="built where pulumi runs; its layers bill as ECR storage (usage)",
     ),
 )
+
+# The platform's image repositories as a data holder, and what losing them loses.
+IMAGES = "images"
+HOLDERS = {
+    IMAGES: "every image in the platform's ECR repositories, those the running jobs and servers "
+    "pull included",
+}

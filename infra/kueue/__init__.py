@@ -8,4 +8,4 @@ from infra.kueue import facts
 
 # The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core", "jobs", "karpenter")
-KUEUE = Integration("kueue", kinds=facts.KINDS, charts=facts.CHARTS)
+KUEUE = Integration("kueue", kinds=facts.KINDS, charts=facts.CHARTS, holders=facts.HOLDERS)

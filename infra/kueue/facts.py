@@ -10,6 +10,17 @@ KINDS = (
     Kind("kubernetes:kueue.x-k8s.io/v1beta2:Topology", free=K8S_OBJECT),
 )
 
+# A team's namespace (infra/kueue/queues.py) as a data holder, and what losing it loses.
+TEAMS = "queues.teams"
+HOLDERS = {
+    TEAMS: "the team's namespace: its running jobs are killed and its claims deleted; the team's "
+    "EFS directory and FSx files stay, its S3 checkpoints stay",
+}
+
+
+def team_holder(team: str) -> str:
+    return f"{TEAMS}[{team}]"
+
 
 CHARTS = {
     "oci://registry.k8s.io/kueue/charts/kueue": [

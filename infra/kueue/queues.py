@@ -11,10 +11,11 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
-from infra.core.data_holders import annotated, team_holder
+from infra.core.data_holders import annotated
 from infra.core.nodes import GPU_TAINT, POOL_LABEL
 from infra.karpenter.config import NodePoolConfig
 from infra.kueue.config import QueuesConfig, TeamConfig
+from infra.kueue.facts import team_holder
 
 API_VERSION = "kueue.x-k8s.io/v1beta2"
 PLATFORM_QUEUE = "platform"

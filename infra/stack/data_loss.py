@@ -5,10 +5,22 @@ so that a `pulumi up` may replace or delete it; the plan refuses any such loss n
 Remove the entry once the change is applied: the holder is protected again.
 """
 
+import re
+
 from pydantic import Field
 
 from infra.core.config import PATTERN_HINTS, Model
-from infra.core.data_holders import HOLDER_PATTERN
+from infra.eks.facts import CLUSTER
+from infra.images.facts import IMAGES
+from infra.kueue.facts import TEAMS
+from infra.storage.facts import BUCKET, EFS, FSX
+
+# A holder is a stack-config path: a section's store, or a user's or team's entry by name. The
+# DevServers' holder (devservers/day_two.py) is the stack file's `devServers.users` key.
+HOLDER_PATTERN = re.compile(
+    rf"^({'|'.join(re.escape(h) for h in (CLUSTER, IMAGES, BUCKET, EFS, FSX))}"
+    rf"|{re.escape('devServers.users')}\[[a-z0-9-]+\]|{re.escape(TEAMS)}\[[a-z0-9-]+\])$"
+)
 
 PATTERN_HINTS[HOLDER_PATTERN.pattern] = (
     "a data holder the plan names: cluster, images, storage.bucket, storage.efs, storage.fsx, "

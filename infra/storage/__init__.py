@@ -11,5 +11,6 @@ STORAGE = Integration(
     "storage",
     kinds=facts.KINDS,
     addons=facts.ADDONS,
+    holders=facts.HOLDERS,
     day_two=(day_two.mounted_lost, day_two.expiring, day_two.rebound_claims),
 )

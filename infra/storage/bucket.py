@@ -5,9 +5,10 @@ import json
 import pulumi
 import pulumi_aws as aws
 
-from infra.core.data_holders import BUCKET, DataGuard
+from infra.core.data_holders import DataGuard
 from infra.core.iam import partition
 from infra.storage.config import CHECKPOINT_PREFIX, BucketConfig
+from infra.storage.facts import BUCKET
 
 
 def prefix_access_policy(

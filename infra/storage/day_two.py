@@ -6,11 +6,10 @@ import json
 import re
 
 from infra.core.change import DELETE, REPLACE, UPDATE, Step
-from infra.core.data_holders import BUCKET, EFS, FSX
 from infra.core.day_two import Change, accepting, holder_of
 from infra.core.declared import dig, listed
 from infra.core.kinds import NAMESPACE
-from infra.storage.facts import CLAIM, LIFECYCLE
+from infra.storage.facts import BUCKET, CLAIM, EFS, FSX, LIFECYCLE
 
 # Holders that running pods mount: (the jobs' checkpoint store there, what it is called).
 MOUNTED = {FSX: ("fsx", "FSx for Lustre"), EFS: ("efs", "EFS")}

@@ -12,6 +12,20 @@ from infra.core.facts import K8S, K8S_OBJECT, TF, Kind, ReplaceRule
 from infra.core.pods import CRITICAL_ADDONS, EVERY_TAINT, AddonPods, Requests
 from infra.vpc.facts import classic_load_balancer
 
+# The stores as data holders (infra/core/data_holders.py), and what losing each loses.
+BUCKET = "storage.bucket"
+EFS = "storage.efs"
+FSX = "storage.fsx"
+HOLDERS = {
+    BUCKET: "every dataset, checkpoint and model in the training bucket (and with its KMS key, "
+    "the ability to read them)",
+    EFS: "every user's /shared and every team's EFS checkpoints (AWS Backup recovery points stay)",
+    FSX: "every file on FSx for Lustre not yet exported to the bucket (FSx backs up no file "
+    "system linked to S3); what the data repository associations exported stays, in "
+    "s3://<bucket>/fsx/checkpoints/ and the dataset prefix, and a new file system imports it "
+    "again: export what is pending first (docs: day two, FSx)",
+}
+
 LUSTRE = "aws:fsx/lustreFileSystem:LustreFileSystem"
 CLAIM = "kubernetes:core/v1:PersistentVolumeClaim"
 STORAGE_CLASS = "kubernetes:storage.k8s.io/v1:StorageClass"

@@ -23,10 +23,10 @@ import pulumi_aws as aws
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
-from infra.core.data_holders import FSX
 from infra.core.iam import csi_driver_addon
 from infra.core.versions import LUSTRE_VERSION
 from infra.storage.config import FSX_EXPORT_PREFIX, FsxConfig
+from infra.storage.facts import FSX
 from trainer import TRAINER_UID
 
 # Lustre clients talk to the file system servers on 988 and 1018-1023.

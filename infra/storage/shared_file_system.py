@@ -23,8 +23,8 @@ import pulumi_kubernetes as k8s
 
 from infra.core.config import ConfigError
 from infra.core.context import ClusterContext
-from infra.core.data_holders import EFS
 from infra.core.iam import csi_driver_addon
+from infra.storage.facts import EFS
 from trainer import TRAINER_UID
 
 NFS_PORT = 2049

@@ -14,13 +14,12 @@ import pytest
 
 from deploy.day_two import consequences
 from infra.core.change import DELETE, REPLACE
-from infra.core.data_holders import HOLDER_PATTERN
 from infra.core.day_two import holder_of
 from infra.core.offline import Plan
 from infra.core.replacement import covers, rule_for
 from infra.hybrid.tests.test_hybrid import HYBRID, PRIVATE_ENDPOINT_OFF
 from infra.integrations import FACTS, plan_steps, replacing_paths
-from infra.stack.data_loss import DataLossAcknowledgement
+from infra.stack.data_loss import HOLDER_PATTERN, DataLossAcknowledgement
 from infra.stack.loading import parse_stack_config
 from tests.plugin import plan_of, stack_values
 

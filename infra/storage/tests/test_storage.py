@@ -6,10 +6,10 @@ import json
 import pytest
 
 from infra.core.config import ConfigError
-from infra.core.data_holders import FSX, loss
 from infra.core.versions import DEFAULT_KUBERNETES_VERSION, KUBERNETES_VERSIONS
 from infra.stack.loading import parse_stack_config
 from infra.storage.bucket import prefix_access_policy
+from infra.storage.facts import FSX, HOLDERS
 from tests.plugin import stack_values
 
 # The stacks run the default version.
@@ -275,7 +275,7 @@ def test_fsx_asks_for_no_backup_aws_refuses_and_its_export_is_outside_the_retent
     assert expiring == ["checkpoints/"]
     assert not export.split("/", 3)[3].startswith("checkpoints/")
     # What the plan tells an engineer about to lose it: the export, not a backup.
-    assert "not yet exported" in loss(FSX) and "s3://<bucket>/fsx/checkpoints/" in loss(FSX)
+    assert "not yet exported" in HOLDERS[FSX] and "s3://<bucket>/fsx/checkpoints/" in HOLDERS[FSX]
 
 
 def fsx_id(plan):
