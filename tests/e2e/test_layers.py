@@ -3,6 +3,7 @@ imports only itself, so a reader sees the structure from the folder names and an
 ships code that needs what it does not contain."""
 
 import ast
+import os
 import re
 from pathlib import Path
 
@@ -275,18 +276,19 @@ NOT_THE_PROJECT = {"build", "node_modules", "__pycache__"}
 
 
 def project_files() -> list[str]:
-    """The project's files, relative to it (a checkout or a copy of one: no git needed)."""
-    return [
-        str(path.relative_to(ROOT))
-        for path in ROOT.rglob("*")
-        if path.is_file()
-        and not NOT_THE_PROJECT & set(path.relative_to(ROOT).parts)
-        and not any(
-            part.startswith(".") and part not in (".github", ".ci")
-            for part in path.relative_to(ROOT).parts[:-1]
-        )
-        and not any(part.endswith(".egg-info") for part in path.parts)
-    ]
+    """The project's files, relative to it (a checkout or a copy of one: no git needed); the
+    folders of tools' caches and builds are not walked."""
+    found = []
+    for folder, subfolders, files in os.walk(ROOT):
+        subfolders[:] = [
+            s
+            for s in subfolders
+            if s not in NOT_THE_PROJECT
+            and not s.endswith(".egg-info")
+            and (not s.startswith(".") or s in (".github", ".ci"))
+        ]
+        found += [str((Path(folder) / name).relative_to(ROOT)) for name in files]
+    return found
 
 
 @pytest.mark.parametrize("integration", sorted(BUMPS))
