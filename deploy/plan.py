@@ -565,6 +565,20 @@ def read_base(folder: Path, stack: str) -> Base:
     )
 
 
+def tree_at(ref: str, project_dir: Path, into: Path) -> None:
+    """The files of `ref` in `into`, as a checkout would write them. Their modes are part of every
+    image's tag (infra/images/container_image.py source_tag), and `git archive` writes 0664 unless
+    told the umask (git-config tar.umask, default 0002): with it, a ref that is the checkout's
+    own HEAD plans the same images as the checkout."""
+    into.mkdir()
+    archive = subprocess.run(
+        ["git", "-C", str(project_dir), "-c", "tar.umask=user", "archive", ref, "./"],
+        capture_output=True,
+        check=True,
+    )
+    subprocess.run(["tar", "-x", "-C", str(into)], input=archive.stdout, check=True)
+
+
 def base_at_ref(stack: str, ref: str, project_dir: Path) -> Base:
     """The stack as git `ref` would deploy it: its code and its stack file, planned in a copy of
     the ref's tree. Where the ref has no plan command (the project folder holds only stack files,
@@ -583,9 +597,7 @@ def base_at_ref(stack: str, ref: str, project_dir: Path) -> Base:
     with tempfile.TemporaryDirectory() as tmp:
         tree, out = Path(tmp) / "tree", Path(tmp) / "plan"
         if git("cat-file", "-e", f"{ref}:./deploy/plan.py").returncode == 0:
-            tree.mkdir()
-            archive = git("archive", ref, "./")
-            subprocess.run(["tar", "-x", "-C", str(tree)], input=archive.stdout, check=True)
+            tree_at(ref, project_dir, tree)
             ran = subprocess.run(
                 [sys.executable, "-m", "deploy.plan", "--stack", stack, "--out", str(out)],
                 cwd=tree,

@@ -6,7 +6,7 @@ import subprocess
 import pytest
 import yaml
 
-from deploy.plan import CHANGES_FILE, main
+from deploy.plan import CHANGES_FILE, main, tree_at
 from deploy.plan_changes import changes, plan_facts
 from deploy.program import build_platform
 from deploy.program import main as program_main
@@ -89,6 +89,25 @@ def test_against_a_git_ref_plans_the_stack_file_as_it_was_there(tmp_path, capsys
     lines = (tmp_path / "f" / CHANGES_FILE).read_text().splitlines()
     assert "NodePool gpu-small limits.nodes - -> 12" in lines
     assert all(" - -> " in line for line in lines)
+
+
+def test_a_ref_is_planned_from_files_with_the_modes_of_a_checkout(tmp_path):
+    """Modes are part of every image's tag: the ref's files must not differ from a checkout's."""
+    checkout = tmp_path / "checkout"
+    checkout.mkdir()
+    subprocess.run(["git", "-C", str(checkout), "init", "-q"], check=True)
+    for name, mode in (("train.py", 0o644), ("entrypoint.sh", 0o755)):
+        (checkout / name).write_text("x\n")
+        (checkout / name).chmod(mode)
+    subprocess.run(["git", "-C", str(checkout), "add", "."], check=True)
+    subprocess.run(
+        ["git", "-C", str(checkout), "-c", "user.name=t", "-c", "user.email=t@example.com"]
+        + ["commit", "-qm", "base"],
+        check=True,
+    )
+    tree_at("HEAD", checkout, tmp_path / "tree")
+    for name in ("train.py", "entrypoint.sh"):
+        assert (tmp_path / "tree" / name).stat().st_mode == (checkout / name).stat().st_mode
 
 
 @pytest.mark.parametrize("region", ["us-east-1", "us-west-2", "eu-west-1", "eu-central-1"])
