@@ -48,8 +48,8 @@ def stack_cost(prices: RegionPrices, stack: Sequence[Declared], facts: Facts) ->
     is named instead."""
     book = PriceBook(prices)
     lines, unpriced = [], []
-    for kind in facts.kinds.values():
-        for resource in (r for r in stack if r.type == kind.type and kind.price):
+    for kind in (k for k in facts.kinds.values() if k.price):
+        for resource in (r for r in stack if r.type == kind.type):
             try:
                 lines += kind.price(resource, stack, book)
             except UnpricedError as e:

@@ -30,18 +30,21 @@ PACKAGES = set().union(*LAYERS)
 IMAGES = ["trainer", "devservers", "gpuwatch"]
 
 
-def imported_packages(path: Path) -> set[str]:
-    """The project's top-level packages `path` imports, at module level or inside functions."""
+def imported_modules(path: Path) -> set[str]:
+    """Dotted names `path` imports, at any level (functions and TYPE_CHECKING blocks included):
+    a `from a.b import c` counts as a.b and, where c is a module, a.b.c."""
     found = set()
     for node in ast.walk(ast.parse(path.read_text(), str(path))):
         if isinstance(node, ast.Import):
-            names = [alias.name for alias in node.names]
+            found |= {alias.name for alias in node.names}
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            names = [node.module]
-        else:
-            continue
-        found |= {name.split(".")[0] for name in names} & PACKAGES
+            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
     return found
+
+
+def imported_packages(path: Path) -> set[str]:
+    """The project's top-level packages `path` imports, at module level or inside functions."""
+    return {name.split(".")[0] for name in imported_modules(path)} & PACKAGES
 
 
 def source_files(folder: Path) -> list[Path]:
@@ -101,18 +104,6 @@ def declared_inputs(package: str) -> tuple[str, ...]:
         if isinstance(node, ast.Assign) and getattr(node.targets[0], "id", "") == "INPUTS":
             return tuple(ast.literal_eval(node.value))
     raise AssertionError(f"infra/{package}/__init__.py names no INPUTS")
-
-
-def imported_modules(path: Path) -> set[str]:
-    """Dotted names `path` imports, at any level (functions and TYPE_CHECKING blocks included):
-    a `from a.b import c` counts as a.b and, where c is a module, a.b.c."""
-    found = set()
-    for node in ast.walk(ast.parse(path.read_text(), str(path))):
-        if isinstance(node, ast.Import):
-            found |= {alias.name for alias in node.names}
-        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            found |= {node.module} | {f"{node.module}.{alias.name}" for alias in node.names}
-    return found
 
 
 def test_every_package_of_infra_names_its_inputs_and_the_core_none():
