@@ -9,10 +9,10 @@ from infra.core.change import Change, Consequences, StackJob, Step
 from infra.core.day_two import consequences as integration_consequences
 from infra.integrations import FACTS
 from infra.stack.config import StackConfig
-from workloads.day_two import held_revisions, jobs, runtimes
+from workloads.day_two import held_revisions, jobs, kinds, runtimes
 
 # In the order their lines appear under each heading.
-CHECKS = (jobs, runtimes, flavors, held_revisions)
+CHECKS = (jobs, kinds, runtimes, flavors, held_revisions)
 
 
 def consequences(

@@ -48,6 +48,7 @@ from infra.karpenter.cold_start import (
     pods_ready_timeouts,
 )
 from infra.kueue.queues import PLATFORM_QUEUE, team_cluster_queue
+from infra.operators.retirement import pytorchjob_warning
 from infra.stack.config import StackConfig
 from infra.stack.loading import load_stack_file, read_stack_file
 from infra.stack.policy import placeholder_errors
@@ -490,6 +491,11 @@ def summary(config: StackConfig, plan: Plan, resource_counts: bool = False) -> s
             f"  {j.name} runs {runs(j)}"
             + (f", built into {code_images[j.name]}" if j.name in code_images else "")
             for j in config.jobs
+        ]
+        lines += [
+            f"  WARNING: {pytorchjob_warning(j.name, j.min_nodes < j.max_nodes)}"
+            for j in config.jobs
+            if j.kind == "PyTorchJob"
         ]
     if config.queues.teams:
         lines += ["", "Teams (Kueue):"]

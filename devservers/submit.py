@@ -313,6 +313,10 @@ def _submit(args: argparse.Namespace, out) -> int:
     name = job_name(task, folder)
     if args.local:
         return local(task, name, folder, archive, args.store)
+    if task.elastic:
+        from infra.operators.retirement import pytorchjob_warning
+
+        print(f"devctl: warning: {pytorchjob_warning(name)}", file=sys.stderr)
     if args.dry_run:
         print_manifest(dry_run(args, task, name, digest(archive.data)), args.output, out)
         return 0

@@ -5,7 +5,7 @@ their revision, kept on drifted nodes until rolled."""
 import json
 import re
 
-from infra.core.change import DELETE, REPLACE
+from infra.core.change import CREATE, DELETE, REPLACE
 from infra.core.day_two import Change, existing
 from infra.core.declared import dig, listed
 from infra.images.container_image import KEPT_BUILDS as ECR_KEPT_BUILDS
@@ -49,6 +49,28 @@ def jobs(change: Change) -> None:
                 f"job {job.name} keeps its {job.node_pool} nodes while it runs (do-not-disrupt, "
                 f"no terminationGracePeriod); to move it now, restarting it once: "
                 f".venv/bin/python -m deploy.roll --stack {change.stack} --pool {job.node_pool}"
+            )
+
+
+def kinds(change: Change) -> None:
+    """A job whose kind changes is a new object beside the running one (the kind is part of its
+    resource's identity): Pulumi creates it first and deletes the old one at the update's end, so
+    both run, writing the same checkpoints, for as long as the update takes."""
+    by_place: dict[tuple[str, str], dict[str, str]] = {}
+    for step in change.steps:
+        if step.type in JOB_TYPES and step.op in (CREATE, DELETE):
+            metadata = (step.new or step.old).inputs.get("metadata") or {}
+            place = (str(metadata.get("namespace")), str(metadata.get("name")))
+            by_place.setdefault(place, {})[step.op] = step.type.rsplit(":", 1)[-1]
+    for (namespace, name), ops in sorted(by_place.items()):
+        if {CREATE, DELETE} <= ops.keys():
+            change.found.refusals.append(
+                f"job-kind: job {name} in {namespace} changes kind {ops[DELETE]} -> "
+                f"{ops[CREATE]} (a job without `kind` is a TrainJob): the new object starts "
+                "beside the running one, and both write its checkpoints until the update ends; "
+                f"allowed: kind {ops[DELETE]} (PyTorchJob: elastic jobs only), or remove the "
+                "job in one update and add it back in the next (it resumes from its newest "
+                "checkpoint when its store stays)"
             )
 
 

@@ -100,10 +100,12 @@ class JobConfig(Model):
         "account named after it)."
     )
     kind: Literal["PyTorchJob", "MPIJob", "TrainJob"] = Field(
-        default="PyTorchJob",
-        description="An elastic PyTorchJob (torchrun, c10d), an MPIJob (mpirun; not elastic) or "
-        "a TrainJob (Kubeflow Trainer v2 on its pool's ClusterTrainingRuntime; not elastic, "
-        "not on the hybrid machines, checkpoints in s3 or efs).",
+        default="TrainJob",
+        description="A TrainJob (Kubeflow Trainer v2 on its pool's ClusterTrainingRuntime; not "
+        "elastic, not on the hybrid machines, checkpoints in s3 or efs), an MPIJob (mpirun; "
+        "not elastic) or a PyTorchJob (torchrun, c10d; on the training operator v1, which "
+        "upstream no longer maintains, so only for an elastic range or on the hybrid machines, "
+        "where no TrainJob runs: docs/users/jobs.md).",
     )
     node_pool: K8sName = Field(
         description="A pool of nodePools, or `hybrid` (the hybrid machines: one pod per "
@@ -190,7 +192,8 @@ class JobConfig(Model):
                 f"a job named {SELF_SERVICE_ACCOUNT} would run as the team's self-service "
                 "identity (the service account the runtimes name); allowed: any other name"
             )
-        if self.kind == "MPIJob" and self.min_nodes != self.max_nodes:
+        elastic = self.min_nodes < self.max_nodes
+        if self.kind == "MPIJob" and elastic:
             raise ValueError("an MPIJob is not elastic; allowed: minNodes == maxNodes")
         if self.kind == "TrainJob":
             self._train_job()
@@ -234,8 +237,9 @@ class JobConfig(Model):
     def _train_job(self) -> None:
         if self.min_nodes != self.max_nodes:
             raise ValueError(
-                "a TrainJob is not elastic (Kubeflow Trainer v2.3 has no elastic PyTorch); "
-                "allowed: minNodes == maxNodes, or kind PyTorchJob for an elastic job"
+                "a TrainJob (the default kind) is not elastic: Kubeflow Trainer v2.3 has no "
+                "elastic PyTorch; allowed: minNodes == maxNodes, or kind PyTorchJob for an "
+                "elastic job"
             )
         if not TRAINJOB_NAME.match(self.name):
             raise ValueError(
@@ -245,12 +249,12 @@ class JobConfig(Model):
         if self.checkpoint == "fsx":
             raise ValueError(
                 "a TrainJob's pods are its runtime's, which prepare no folder on FSx (its root "
-                "is root's); allowed: checkpoint s3 or efs, or kind PyTorchJob"
+                "is root's); allowed: checkpoint s3 or efs, or an elastic PyTorchJob"
             )
         if "max_restarts" in self.model_fields_set and self.max_restarts != DEFAULT_MAX_RESTARTS:
             raise ValueError(
                 f"a TrainJob restarts as its pool's runtime allows ({DEFAULT_MAX_RESTARTS} "
-                "times); allowed: leave maxRestarts out, or kind PyTorchJob"
+                "times); allowed: leave maxRestarts out, or an elastic PyTorchJob"
             )
 
 

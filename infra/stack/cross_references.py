@@ -214,7 +214,18 @@ def cross_reference_errors(config: StackConfig) -> list[tuple[tuple, str]]:
                 (
                     (*loc, "kind"),
                     "the hybrid machines have no ClusterTrainingRuntime (their pods are sized "
-                    "per job); allowed: PyTorchJob or MPIJob there",
+                    "per job), and a job without `kind` is a TrainJob; allowed: kind PyTorchJob "
+                    "or MPIJob there",
+                )
+            )
+        elif not pool.hybrid and job.kind == "PyTorchJob" and job.min_nodes == job.max_nodes:
+            problems.append(
+                (
+                    (*loc, "kind"),
+                    "a PyTorchJob runs on the training operator v1, which upstream no longer "
+                    "maintains: it is kept for elastic jobs and the hybrid machines alone; "
+                    "allowed: leave `kind` out (a TrainJob) or MPIJob for a fixed size, or "
+                    "minNodes < maxNodes for an elastic job",
                 )
             )
         elif job.max_nodes > pool.max_nodes:

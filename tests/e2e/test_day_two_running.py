@@ -272,3 +272,19 @@ def test_a_team_removed_takes_its_claims_with_no_held_revision_refused(base):
     )
     assert [r for r in effects.restarts if r.startswith("runtime torch-cpu keeps revision 1")]
     assert not [r for r in effects.refusals if r.startswith("held-revision:")]
+
+
+def test_a_job_whose_kind_changes_is_refused_because_both_would_run(base):
+    """gpt-large as a fixed-size job without `kind`: a TrainJob, a new object of another type
+    beside the running PyTorchJob, which Pulumi deletes only at the update's end."""
+    jobs = [
+        {k: v for k, v in j.items() if k not in ("kind", "maxRestarts")}
+        | {"minNodes": 4, "maxNodes": 4, "checkpoint": "s3"}
+        if j["name"] == "gpt-large"
+        else j
+        for j in stack_values(STACK)["training-platform:jobs"]
+    ]
+    effects, _ = effects_of(base, jobs=jobs)
+    (refusal,) = [r for r in effects.refusals if r.startswith("job-kind:")]
+    assert "job gpt-large in team-b changes kind PyTorchJob -> TrainJob" in refusal
+    assert "remove the job in one update and add it back in the next" in refusal

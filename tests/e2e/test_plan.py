@@ -1,13 +1,16 @@
 """The offline plan CLI: plan.json and manifests, deterministic, clean failure on bad config."""
 
 import json
+import re
 import subprocess
 import sys
 
 import pytest
+import yaml
 
 from deploy.plan import main
-from tests.plugin import ROOT
+from infra.stack.loading import load_stack_file
+from tests.plugin import ROOT, stack_values
 
 
 def run_plan_cli(*args: str) -> subprocess.CompletedProcess:
@@ -49,6 +52,28 @@ def test_plan_writes_plan_json_with_the_foundation(stack, tmp_path, capsys):
     assert f"Stack {stack} (us-west-2): {len(entries)} resources" in printed
     assert printed.index("NodePools") < printed.index("Cost (USD") < printed.index("Storage:")
     assert "eks:index:Cluster" not in printed  # resource counts only with --resources
+    # The retired training operator is named for exactly the stack's PyTorchJobs, all elastic.
+    jobs = load_stack_file(stack).jobs
+    warned = re.findall(r"WARNING: job (\S+) is an elastic PyTorchJob: .* v1\.9\.4", printed)
+    assert warned == [j.name for j in jobs if j.kind == "PyTorchJob"]
+    assert warned == [j.name for j in jobs if j.min_nodes < j.max_nodes]
+
+
+def test_a_job_without_kind_is_a_trainjob_and_the_plan_names_no_retired_operator_for_it(
+    tmp_path, capsys
+):
+    fixed = {"name": "fixed", "nodePool": "cpu", "minNodes": 2, "maxNodes": 2,
+             "queue": "team-a", "checkpoint": "efs", "args": ["--model", "tiny"]}  # fmt: skip
+    values = stack_values("dev", jobs=[*stack_values("dev")["training-platform:jobs"], fixed])
+    (tmp_path / "Pulumi.dev.yaml").write_text(yaml.safe_dump({"config": values}))
+    out = str(tmp_path / "out")
+    assert main(["--stack", "dev", "--project-dir", str(tmp_path), "--out", out]) == 0
+    printed = capsys.readouterr().out
+    table = printed.split("Jobs (start")[1].splitlines()[1:]
+    kinds = [line.split()[:2] for line in table if line.startswith("  fixed ")]
+    assert kinds[0] == ["fixed", "TrainJob"]  # the table's row; "fixed runs ..." follows
+    warned = re.findall(r"WARNING: job (\S+) is", printed)
+    assert warned == ["gpt-small", "smoke-cpu"]  # the stack's elastic PyTorchJobs alone
 
 
 def test_plan_is_deterministic_across_processes(tmp_path):

@@ -63,8 +63,14 @@ def rendered(*args: str) -> dict:
 
 @pytest.mark.parametrize("nodes,kind", [("2", "TrainJob"), ("2:4", "PyTorchJob")])
 def test_a_folder_becomes_the_platforms_job_that_the_crds_and_policies_admit(dev_plan, nodes, kind):
-    job = rendered("--nodes", nodes, "--name", "cnn")
+    done = dry_run("-f", str(EXAMPLE / "task.yaml"), "-n", "team-a", "--nodes", nodes, "--name",
+                   "cnn")  # fmt: skip
+    job = yaml.safe_load(done.stdout)
     assert job["kind"] == kind
+    # The retired training operator is named exactly when the job is elastic: a PyTorchJob.
+    warned = "warning: job cnn is an elastic PyTorchJob" in done.stderr
+    assert warned == (kind == "PyTorchJob"), done.stderr
+    assert "training operator v1.9.4" in done.stderr or not warned
     assert job["metadata"]["labels"][QUEUE_LABEL] == "team-a"
     assert conformance_errors(job) == [] and cel_violations(job) == []
     assert policy_refusals(dev_plan, job, **MEMBER) == {}

@@ -114,7 +114,7 @@ def test_the_plan_says_what_each_job_runs(code_plan):
 
 @pytest.mark.parametrize("kind", ["PyTorchJob", "TrainJob", "MPIJob"])
 def test_a_command_job_runs_its_command_in_its_image_with_the_contracts_folders(kind):
-    nodes = {"minNodes": 1, "maxNodes": 1} if kind != "PyTorchJob" else {}
+    nodes = {"minNodes": 1, "maxNodes": 2 if kind == "PyTorchJob" else 1}
     jobs = dev_jobs(
         kind=kind, code=None, image=OWN_IMAGE, command=["torchrun", "train.py"], **nodes
     )

@@ -104,7 +104,6 @@ def test_a_job_may_not_take_the_tensorboards_name():
         jobs=[
             {
                 "name": "tensorboard",
-                "kind": "PyTorchJob",
                 "nodePool": "cpu",
                 "queue": "team-a",
                 "checkpoint": "efs",

@@ -297,10 +297,17 @@ def test_each_team_namespace_has_a_self_service_identity_on_its_checkpoints_only
 # -- the docs' TrainJob ----------------------------------------------------------------------------
 
 
-def test_the_example_trainjob_is_a_dozen_lines_valid_for_the_dev_stack(dev_plan):
-    text = EXAMPLE.read_text()
+@pytest.mark.parametrize(
+    "example_file,docs_page",
+    [(EXAMPLE, "trainjob.md"), (ROOT / "examples" / "hello-trainjob.yaml", "quickstart.md")],
+)
+def test_the_example_trainjobs_are_a_dozen_lines_valid_for_the_dev_stack(
+    dev_plan, example_file, docs_page
+):
+    text = example_file.read_text().replace("TEAM_QUEUE", "team-a")
     example = yaml.safe_load(text)
-    assert len(text.splitlines()) <= 13
+    lines = [line for line in text.splitlines() if not line.startswith("#")]
+    assert len(lines) <= 15
     assert conformance_errors(example) == [] and cel_violations(example) == []
     assert example["spec"]["runtimeRef"]["name"] in runtimes_of(dev_plan)
     teams = {
@@ -308,8 +315,12 @@ def test_the_example_trainjob_is_a_dozen_lines_valid_for_the_dev_stack(dev_plan)
         for q in dev_plan.of_type("kubernetes:kueue.x-k8s.io/v1beta2:LocalQueue")
     }
     assert example["metadata"]["labels"][QUEUE_LABEL] in teams
-    parse_options([*example["spec"]["trainer"]["args"], "--checkpoint-dir", "s3://b/c"])
-    assert "examples/trainjob.yaml" in (ROOT / "docs" / "users" / "trainjob.md").read_text()
+    env = {e["name"]: e["value"] for e in example["spec"]["trainer"].get("env", [])}
+    checkpoint = env.get("CHECKPOINT_DIR", "s3://b/c")
+    assert checkpoint.startswith(("s3://", "/efs/checkpoints/"))
+    parse_options([*example["spec"]["trainer"]["args"], "--checkpoint-dir", checkpoint])
+    relative = example_file.relative_to(ROOT).as_posix()
+    assert relative in (ROOT / "docs" / "users" / docs_page).read_text()
 
 
 # -- the Kubeflow SDK, as an ML engineer runs it ---------------------------------------------

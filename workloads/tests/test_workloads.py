@@ -257,8 +257,11 @@ def test_prebuilt_image_by_digest_skips_the_build():
 
 
 def bad_job(**changes):
-    job = {"name": "j", "nodePool": "gpu-small", "minNodes": 1, "maxNodes": 2, "queue": "team-a"}
-    return stack_values("dev", jobs=[{**job, **changes}])
+    job = {"name": "j", "kind": "PyTorchJob", "nodePool": "gpu-small", "minNodes": 1,
+           "maxNodes": 2, "queue": "team-a"}  # fmt: skip
+    # A change to None leaves the key out.
+    merged = {key: value for key, value in {**job, **changes}.items() if value is not None}
+    return stack_values("dev", jobs=[merged])
 
 
 @pytest.mark.parametrize(
@@ -274,7 +277,14 @@ def bad_job(**changes):
         ({"kind": "TFJob"}, "jobs[j].kind", "'PyTorchJob', 'MPIJob' or 'TrainJob'"),
         ({"minNodes": 3}, "jobs[j]", "minNodes 3 > maxNodes 2"),
         ({"kind": "MPIJob"}, "jobs[j]", "an MPIJob is not elastic"),
-        ({"kind": "TrainJob"}, "jobs[j]", "a TrainJob is not elastic"),
+        ({"kind": "TrainJob"}, "jobs[j]", "a TrainJob (the default kind) is not elastic"),
+        ({"kind": None}, "jobs[j]", "a TrainJob (the default kind) is not elastic"),
+        (
+            {"maxNodes": 1},
+            "jobs[j].kind",
+            "a PyTorchJob runs on the training operator v1, which upstream no longer maintains: "
+            "it is kept for elastic jobs and the hybrid machines alone",
+        ),
         (
             {"kind": "TrainJob", "minNodes": 2, "name": "9lives"},
             "jobs[9lives]",

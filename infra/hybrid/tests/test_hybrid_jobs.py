@@ -50,6 +50,7 @@ HYBRID_JOBS = [
     # One pod: sized for the largest machine, alice-4090.
     {
         "name": "on-alice",
+        "kind": "PyTorchJob",  # a fixed size: no TrainJob runs on the machines
         "nodePool": "hybrid",
         "queue": "team-a",
         "args": ["--model", "tiny", "--steps", "100", "--global-batch", "8", "--micro-batch", "4"],
@@ -261,7 +262,7 @@ def error_of(values: dict) -> str:
 
 
 def one_job(**changes) -> list[dict]:
-    return [{"name": "j", "nodePool": "hybrid", "queue": "team-a", **changes}]
+    return [{"name": "j", "kind": "PyTorchJob", "nodePool": "hybrid", "queue": "team-a", **changes}]
 
 
 def admitting_research(values: dict) -> dict:
