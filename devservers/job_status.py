@@ -7,11 +7,13 @@ pods run, the trainer's JSON `start` line (trainer/train.py: `resumed_from`, the
 checkpoint it loaded, or null) from the log of the pod that runs rank 0. What each operator
 and Kueue write is named below from their sources:
 
-- Kueue v0.19.2 (kubernetes-sigs/kueue, commit 8eab68778fc1b52affe165fdf5af29d1e9b4f3cb): a job's
-  Workload has the job as its controller owner (pkg/controller/jobframework/reconciler.go,
-  ConstructWorkload). Its conditions (apis/kueue/v1beta2/workload_types.go): QuotaReserved
-  (False while queued: the scheduler's reason, `Pending` while the UnadmittedWorkloadsObservability
-  gate is off, its 0.19 default, and its message, such as "couldn't assign flavors to pod set
+- Kueue v0.20.7 (read at v0.19.2, kubernetes-sigs/kueue commit
+  8eab68778fc1b52affe165fdf5af29d1e9b4f3cb, and at main ff69552e, the newest readable commit of
+  the 0.20 line): a job's Workload has the job as its controller owner
+  (pkg/controller/jobframework/reconciler.go, ConstructWorkload). Its conditions
+  (apis/kueue/v1beta2/workload_types.go): QuotaReserved (False while queued: the scheduler's
+  reason, such as `WaitingForQuota` with the UnadmittedWorkloadsObservability gate on, its 0.20
+  default, and its message, such as "couldn't assign flavors to pod set
   worker: insufficient unused quota for nvidia.com/gpu in flavor gpu-small, 8 more needed",
   pkg/scheduler/scheduler.go and flavorassigner/flavorassigner.go), Admitted, PodsReady (False
   with WaitForStart before the pods are ready, WaitForRecovery after one failed), Evicted (True

@@ -2,8 +2,9 @@
 
 Why nothing else does: Karpenter marks a NodeClaim Initialized only once every extended resource
 it was launched for is allocatable on its node, and has no time limit on that, only on
-registration (kubernetes-sigs/karpenter v1.14.1, pkg/controllers/nodeclaim/lifecycle/
-initialization.go RequestedResourcesRegistered; liveness.go registrationTimeout, 15 minutes).
+registration (kubernetes-sigs/karpenter v1.14.1, and for v1.15.1 its main at 2266468, the newest
+readable source, the same in these files: pkg/controllers/nodeclaim/lifecycle/initialization.go
+RequestedResourcesRegistered; liveness.go registrationTimeout, 15 minutes).
 Until then Karpenter counts the node as the GPUs it launched it for (pkg/controllers/state/
 statenode.go, Allocatable), so pending GPU pods wait for it rather than for a new node, and it is
 never a disruption candidate ("node isn't initialized", ValidateNodeDisruptable). A node whose

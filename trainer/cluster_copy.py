@@ -38,14 +38,14 @@ POD_RULES = [
     {"apiGroups": ["kueue.x-k8s.io"], "resources": ["localqueues"], "verbs": ["list"]},
 ]
 QUEUE_LABEL = "kueue.x-k8s.io/queue-name"
-LOCAL_QUEUES = ("kueue.x-k8s.io", "v1beta2")  # group, version (Kueue v0.19's storage version)
+LOCAL_QUEUES = ("kueue.x-k8s.io", "v1beta2")  # group, version (the only one Kueue 0.20 serves)
 # The team's service account the pod reads S3 as (infra/config SELF_SERVICE_ACCOUNT; a test keeps
 # the two equal): every team namespace has it, and its role reads the team's checkpoints.
 SERVICE_ACCOUNT = "self-service-jobs"
 # The program that reads S3 in the pod, sent as text: the image need not hold this revision.
 S3_PROGRAM = Path(s3_folder.__file__).read_text()
-# What Kueue's pod webhook gates a queued pod with until its queue admits it (kueue v0.19.2
-# pkg/controller/jobs/pod/constants: SchedulingGateName).
+# What Kueue's pod webhook gates a queued pod with until its queue admits it (kueue v0.19.2 and
+# the 0.20 line for v0.20.7, pkg/controller/jobs/pod/constants: SchedulingGateName).
 KUEUE_GATE = "kueue.x-k8s.io/admission"
 # The pod's own end, should this process die before deleting it.
 POD_SECONDS = 3600

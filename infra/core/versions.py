@@ -104,7 +104,11 @@ class ChartPin:
 # FSx for Lustre server version.
 LUSTRE_VERSION = "2.15"
 
-KARPENTER_CHART = ChartPin("oci://public.ecr.aws/karpenter/karpenter", "1.14.1")
+# Karpenter 1.15.1 (2026-10-23): the first release that supports Kubernetes 1.37 (its compatibility
+# matrix: 1.36 needs >= 1.13, 1.37 needs 1.15.x). Node repair is a voluntary disruption under the
+# pools' budgets from 1.15 (infra/karpenter/node_pools.py). The stored upstream source ends before
+# 1.15.0: tests/crds/SOURCES.md says what of it could be read.
+KARPENTER_CHART = ChartPin("oci://public.ecr.aws/karpenter/karpenter", "1.15.1")
 # Same version as the controller, always: the controller expects exactly these CRDs.
 KARPENTER_CRD_CHART = ChartPin(
     "oci://public.ecr.aws/karpenter/karpenter-crd", KARPENTER_CHART.version
@@ -121,7 +125,9 @@ EFA_DEVICE_PLUGIN_CHART = ChartPin(
 # instance types by the same alias. A stack may pin another with `karpenter.amiAlias`. List them:
 # aws ssm get-parameters-by-path --path /aws/service/eks/optimized-ami/1.34/amazon-linux-2023/
 KARPENTER_AMI_ALIAS = "al2023@v20261020"
-KUEUE_CHART = ChartPin("oci://registry.k8s.io/kueue/charts/kueue", "0.19.2")
+# Kueue 0.20.7, the newest stable: serves kueue.x-k8s.io/v1beta2 only (objects stored as v1beta1
+# are migrated before the upgrade: docs/platform/upgrades.md), needs Trainer >= 2.3 for TrainJob.
+KUEUE_CHART = ChartPin("oci://registry.k8s.io/kueue/charts/kueue", "0.20.7")
 DCGM_EXPORTER_CHART = ChartPin(
     "dcgm-exporter", "4.8.3", repo="https://nvidia.github.io/dcgm-exporter/helm-charts"
 )
@@ -132,8 +138,10 @@ KUBE_PROMETHEUS_STACK_CHART = ChartPin(
 # overlay at this tag, patched by deploy/manifests/training-operator/kustomization.yaml.
 TRAINING_OPERATOR_VERSION = "v1.9.4"
 # MPI operator (MPIJob kubeflow.org/v2beta1): upstream's standalone overlay at this tag, placed
-# by deploy/manifests/mpi-operator/kustomization.yaml.
-MPI_OPERATOR_VERSION = "v0.8.0"
+# by deploy/manifests/mpi-operator/kustomization.yaml, which pins its image to the same release
+# (the overlay on branch release-0.8 names the floating tag "0.8"). v0.8.2 (2026-07-03) is the
+# release Kueue builds against (its go.mod); its MPIJob CRD is v0.8.0's.
+MPI_OPERATOR_VERSION = "v0.8.2"
 # Kubeflow Trainer v2 (TrainJob, TrainingRuntime, ClusterTrainingRuntime in
 # trainer.kubeflow.org/v1alpha1): upstream's `manager` overlay at this tag (the controller, its CRDs
 # and webhooks, and the JobSet it runs on; not upstream's own runtimes), placed by

@@ -221,7 +221,7 @@ CHARTS = {
             "",
             "controller.resources",
             Requests(),
-            "aws/karpenter-provider-aws v1.14.1 charts/karpenter/values.yaml: resources {}",
+            "aws/karpenter-provider-aws charts/karpenter/values.yaml (v1.14.1, main 1d927085): {}",
             replicas="replicas",
             default_replicas=2,
             default_selector={"kubernetes.io/os": "linux"},

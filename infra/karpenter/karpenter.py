@@ -42,25 +42,37 @@ RULE_NAMES = {
 }
 
 
-def feature_gates(pools: list[NodePoolConfig], node_repair: bool) -> dict[str, bool]:
-    """Helm settings.featureGates that differ from the chart's defaults (charts/karpenter/
-    values.yaml, v1.14.1). ReservedCapacity (capacity reservations, Capacity Blocks) is beta and
-    on by default; StaticCapacity (NodePool `replicas`) is alpha and off, so static pools turn it
-    on. NodeRepair (karpenter.nodeRepair) is alpha and off: on, the node health controller
-    deletes the NodeClaim of a node whose condition stays unhealthy past its policy's toleration
-    (README, "Node health and repair")."""
-    gates = {}
+def feature_gates(pools: list[NodePoolConfig], node_repair: bool) -> dict[str, dict[str, bool]]:
+    """Helm `settings` gate maps that differ from the chart's defaults: `featureGates` (core) and
+    `awsFeatureGates` (the provider's, from 1.15). ReservedCapacity (capacity reservations, Capacity
+    Blocks) is beta and on by default; StaticCapacity (NodePool `replicas`) is alpha and off, so
+    static pools turn it on. NodeRepair (karpenter.nodeRepair) is alpha and off: on, repair is a
+    voluntary disruption from 1.15, paced by each pool's budgets (node_pools.py), and with GPU
+    pools the RebootForRepair gate lets it reboot a node for a GPU fault a reboot clears instead of
+    replacing it (infra/karpenter/tests/karpenter_rules.py says what of the chart was read)."""
+    core, provider = {}, {}
     if any(p.static_nodes for p in pools):
-        gates["staticCapacity"] = True
+        core["staticCapacity"] = True
     if node_repair:
-        gates["nodeRepair"] = True
-    return gates
+        core["nodeRepair"] = True
+        if any(p.gpu for p in pools):
+            provider["rebootForRepair"] = True
+    gates = {"featureGates": core, "awsFeatureGates": provider}
+    return {key: value for key, value in gates.items() if value}
 
 
 def controller_policy(
-    cluster_name: str, region: str, partition: str, account: str, queue_arn: str, node_role_arn: str
+    cluster_name: str,
+    region: str,
+    partition: str,
+    account: str,
+    queue_arn: str,
+    node_role_arn: str,
+    reboot: bool = False,
 ) -> dict:
-    """The controller's permissions, scoped as upstream scopes them (v1.14 cloudformation.yaml).
+    """The controller's permissions, scoped as upstream scopes them (v1.14 cloudformation.yaml;
+    v1.15 adds ec2:RebootInstances to AllowScopedDeletion, used only by the RebootForRepair gate,
+    so it is granted only with it: website/content/en/v1.15/reference/cloudformation.md).
 
     Writes are limited to resources tagged as this cluster's (`kubernetes.io/cluster/<name>:
     owned` plus a NodePool tag); reads to this region. Instance profiles are created by this
@@ -149,7 +161,11 @@ def controller_policy(
             {
                 "Sid": "AllowScopedDeletion",
                 "Effect": "Allow",
-                "Action": ["ec2:TerminateInstances", "ec2:DeleteLaunchTemplate"],
+                "Action": [
+                    "ec2:TerminateInstances",
+                    "ec2:DeleteLaunchTemplate",
+                    *(["ec2:RebootInstances"] if reboot else []),
+                ],
                 "Resource": [f"{ec2}:*:instance/*", f"{ec2}:*:launch-template/*"],
                 "Condition": resource_tagged,
             },
@@ -273,7 +289,7 @@ class Karpenter(pulumi.ComponentResource):
         self,
         name: str,
         cluster: ClusterContext,
-        gates: dict[str, bool] | None = None,  # feature_gates(pools, node_repair)
+        gates: dict[str, dict[str, bool]] | None = None,  # feature_gates(pools, node_repair)
         opts: pulumi.ResourceOptions | None = None,
     ):
         super().__init__("training-platform:infra:Karpenter", name, None, opts)
@@ -351,7 +367,13 @@ class Karpenter(pulumi.ComponentResource):
             child,
             inline_policy=json.dumps(
                 controller_policy(
-                    cluster.config_name, region, aws_partition, account, queue_arn, node_role_arn
+                    cluster.config_name,
+                    region,
+                    aws_partition,
+                    account,
+                    queue_arn,
+                    node_role_arn,
+                    reboot="rebootForRepair" in (gates or {}).get("awsFeatureGates", {}),
                 )
             ),
             role_name=role_names["controller"],
@@ -383,8 +405,8 @@ class Karpenter(pulumi.ComponentResource):
                 "settings": {
                     "clusterName": cluster.config_name,
                     "interruptionQueue": queue.name,
-                    # Helm merges this map into the chart's, keeping its other gates' defaults.
-                    **({"featureGates": gates} if gates else {}),
+                    # Helm merges these maps into the chart's, keeping its other gates' defaults.
+                    **(gates or {}),
                 },
                 "serviceAccount": {"name": SERVICE_ACCOUNT},
                 "replicas": 2,

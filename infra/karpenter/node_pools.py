@@ -35,9 +35,10 @@ FAST_IMAGE_PULL_NODE_CONFIG = {
 # karpenter.sh/do-not-disrupt as drift candidates and deletes those pods when it runs out
 # (kubernetes-sigs/karpenter v1.14.1 pkg/controllers/disruption/types.go NewCandidate: an
 # EventualDisruptionClass method, which Drift is, ignores the pods' blocking when the NodeClaim
-# has a terminationGracePeriod). Without one, drift (an AMI or Kubernetes upgrade, a template
-# edit) replaces only nodes that run no job or DevServer pod; `python -m deploy.roll` moves
-# running jobs off drifted nodes on purpose, each restarting once from its checkpoint.
+# has a terminationGracePeriod; v1.15's annotations reference says the same). Without one,
+# drift (an AMI or Kubernetes upgrade, a template edit) replaces only nodes that run no job or
+# DevServer pod; `python -m deploy.roll` moves running jobs off drifted nodes on purpose, each
+# restarting once from its checkpoint.
 
 
 def ec2_node_class_spec(
@@ -175,14 +176,15 @@ def node_pool_spec(pool: NodePoolConfig, zone: str | None = None) -> dict:
         template_spec["taints"] = [GPU_TAINT]
         limits["nvidia.com/gpu"] = str(ceiling.gpus)
         # A training job holds its nodes end to end: remove a GPU node only once it is empty,
-        # one node at a time, and never for underuse while pods still run on it.
+        # one node at a time, and never for underuse while pods still run on it. The budget of
+        # one names no reasons, so it paces every reason, repair's too: from Karpenter 1.15
+        # repair is a voluntary disruption under the budgets (the 20 % breaker is gone), and one
+        # GPU node at a time keeps a fault that hits the whole pool (a bad AMI or driver) from
+        # replacing it at once, and a real fault from waiting behind a flood (docs: fleet health).
         disruption = {
             "consolidationPolicy": "WhenEmpty",
             "consolidateAfter": "5m",
-            "budgets": [
-                {"nodes": "1", "reasons": ["Empty", "Drifted"]},
-                {"nodes": "0", "reasons": ["Underutilized"]},
-            ],
+            "budgets": [{"nodes": "1"}, {"nodes": "0", "reasons": ["Underutilized"]}],
         }
     else:
         disruption = {

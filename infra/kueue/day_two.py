@@ -1,4 +1,6 @@
-"""Which changes to a running job Kueue restarts it for. Kueue v0.19.2 restarts a running job
+"""Which changes to a running job Kueue restarts it for. Kueue (read at v0.19.2; for v0.20.7 at
+main ff69552e, the newest readable commit, where reconciler.go and pkg/util/equality are the same
+in these rules; tests/crds/SOURCES.md) restarts a running job
 whose pod sets no longer match its Workload: counts and containers (image, command, args, env,
 resources), init containers (pkg/util/equality/podset.go comparePodTemplate); other pod fields
 reach only the job's next start (pkg/controller/jobframework/reconciler.go EquivalentToWorkload).

@@ -29,7 +29,7 @@ CHARTS = {
             "controllerManager",
             "controllerManager.manager.resources",
             Requests(0.5, 512),
-            "kubernetes-sigs/kueue v0.19.2 charts/kueue/values.yaml: 500m, 512Mi",
+            "kubernetes-sigs/kueue charts/kueue/values.yaml (v0.19.2, main ff69552e): 500m, 512Mi",
             replicas="controllerManager.replicas",
         )
     ],

@@ -12,12 +12,12 @@ from infra.karpenter.config import NodePoolConfig
 from infra.kueue.queues import TEAM_LABEL
 
 NAMESPACE = "kueue-system"
-# pytorchjob is off by default in Kueue 0.19 and must be listed; mpijob and trainjob are on but
-# listed anyway because this list replaces the default one (infra/operators/tests/trainer_rules.py:
-# Kueue's trainjob integration). DevServers are StatefulSets: `statefulset` admits one as a single
-# pod group (all pods or none; 0.19 allows only scaling to and from zero) and needs `pod`, whose
-# webhook gates the pods; it also holds a team member's own pods, which must name a queue
-# (infra/teams/access.py POD_POLICY).
+# pytorchjob is off by default since Kueue 0.19 (deprecated) and must be listed; mpijob and
+# trainjob are on but listed anyway because this list replaces the default one
+# (infra/operators/tests/trainer_rules.py: Kueue's trainjob integration). DevServers are
+# StatefulSets: `statefulset` admits one as a single pod group (all pods or none; scaling only to
+# and from zero) and needs `pod`, whose webhook gates the pods; it also holds a team member's own
+# pods, which must name a queue (infra/teams/access.py POD_POLICY).
 FRAMEWORKS = [
     "batch/job",
     "kubeflow.org/pytorchjob",
@@ -26,9 +26,9 @@ FRAMEWORKS = [
     "pod",
     "statefulset",
 ]
-# Kueue 0.19 checks every requested resource against quota (BlockUndeclared): a pod asking for
-# one no ClusterQueue covers is never admitted. EFA interfaces (vpc.amazonaws.com/efa) come with
-# the nodes a job's GPUs already pay for, so they are not queued for.
+# Kueue checks every requested resource against quota (BlockUndeclared, its default): a pod
+# asking for one no ClusterQueue covers is never admitted. EFA interfaces (vpc.amazonaws.com/efa)
+# come with the nodes a job's GPUs already pay for, so they are not queued for.
 EXCLUDED_RESOURCE_PREFIXES = ["vpc.amazonaws.com/"]
 
 
@@ -36,7 +36,8 @@ def wait_for_pods_ready(pools: list[NodePoolConfig]) -> dict:
     """All-or-nothing admission: a workload that cannot get every pod Ready within `timeout`
     gives its quota back and is requeued with a capped exponential backoff, so two half-admitted
     jobs never hold the GPUs against each other. In v1beta2 the block's presence switches it on.
-    Field semantics checked in kueue v0.19.2: apis/config/v1beta2/configuration_types.go,
+    Field semantics checked in kueue v0.19.2, and for v0.20.7 at main ff69552e (the newest
+    readable commit; infra/kueue/tests/kueue_rules.py): apis/config/v1beta2/configuration_types.go,
     pkg/controller/core/workload_controller.go, pkg/scheduler/scheduler.go."""
     timeouts = pods_ready_timeouts(pools)
     return {

@@ -21,6 +21,7 @@ from infra.kueue.tests.kueue_rules import (
     QUOTA_RESERVED,
     REQUEUING_LIMIT_EXCEEDED,
     WAIT_FOR_START,
+    WAITING_FOR_QUOTA,
     WORKLOAD_VERSION,
     reason_with_cause,
 )
@@ -189,10 +190,11 @@ def test_status_says_where_each_job_of_the_team_is(team_api, tmp_path, monkeypat
     pytorch, mpi, train = KIND["PyTorchJob"], KIND["MPIJob"], KIND["TrainJob"]
     torch_pods = {"training.kubeflow.org/operator-name": "pytorchjob-controller"}
 
-    # Queued: the scheduler found no room (QuotaReserved False, Pending while the
-    # UnadmittedWorkloadsObservability gate is off).
+    # Queued: the scheduler found no room (QuotaReserved False, WaitingForQuota with the
+    # UnadmittedWorkloadsObservability gate on, Kueue 0.20's default).
     queued = job(api, pytorch, "big")
-    workload(api, queued, {"worker": 4}, [condition(QUOTA_RESERVED, False, PENDING, NO_QUOTA)])
+    no_room = condition(QUOTA_RESERVED, False, WAITING_FOR_QUOTA, NO_QUOTA)
+    workload(api, queued, {"worker": 4}, [no_room])
 
     # Running, restarted: rank 0's pod (PyTorchJob's master) logged two starts, the newest
     # resumed from step 100.
@@ -310,7 +312,7 @@ def test_status_says_where_each_job_of_the_team_is(team_api, tmp_path, monkeypat
     assert code == 0, capsys.readouterr().err
     assert out.splitlines() == [
         "JOB     KIND        STATE       PODS  DETAIL",
-        f"big     PyTorchJob  queued      0/4   {PENDING}: {NO_QUOTA}",
+        f"big     PyTorchJob  queued      0/4   {WAITING_FOR_QUOTA}: {NO_QUOTA}",
         "broken  TrainJob    failed      0/0   TrainJob exceeded its activeDeadlineSeconds",
         "done    PyTorchJob  succeeded   0/0   PyTorchJob done is successfully completed.",
         "gone    MPIJob      stopped     0/3   deactivated by Kueue, it will not be admitted "

@@ -1,8 +1,23 @@
-"""Karpenter v1.14.1's rules that the tests check the platform against, written down from its
-source (aws/karpenter-provider-aws, tag v1.14.1, commit bde00654cd316fddb3dccfba3f5ac07039865429;
+"""Karpenter's rules that the tests check the platform against, written down from its source
+(aws/karpenter-provider-aws, tag v1.14.1, commit bde00654cd316fddb3dccfba3f5ac07039865429;
 files named at each rule): what its Helm chart does with the feature gates, and what its
 reference controller policy grants for capacity reservations.
+
+Re-read for the pinned v1.15.1 (READ_FOR), whose tag is not in the stored source: at main
+1d927085dd81a9df9301e613f371dac5b4d16bfe (2026-08-21), the newest readable commit of the 1.15
+line, and the v1.15 docs (website/content/en/v1.15 at d77d1a3a: reference/cloudformation.md,
+concepts/disruption.md's opening, reference/annotations). Read there: the chart's core gates and
+their FEATURE_GATES rendering are unchanged; the provider's own gates are new
+(settings.awsFeatureGates, rendered into AWS_FEATURE_GATES); v1.15's policy adds
+ec2:RebootInstances to AllowScopedDeletion for the RebootForRepair gate. Not readable: the 1.15.1
+chart itself, so the Helm key of RebootForRepair (`rebootForRepair`, the lowerCamel form every
+other gate key has: CHART_AWS_FEATURE_GATES) and of `settings.legacyNodeRepair` (named by the
+v1.15.0 release notes, #9709; the platform leaves it unset) are not confirmed from the chart.
 """
+
+# The Karpenter release these rules were last read for: a bump of KARPENTER_CHART fails the suite
+# until they are read again (infra/karpenter/tests/test_karpenter.py).
+READ_FOR = "1.15.1"
 
 # charts/karpenter/values.yaml: settings.featureGates and their defaults.
 CHART_FEATURE_GATES = {
@@ -26,10 +41,20 @@ FEATURE_GATES_ENV = [
 ]
 
 
-def feature_gates_env(values: dict) -> str:
-    """The FEATURE_GATES value the chart renders from (merged) Helm values."""
-    gates = values["settings"]["featureGates"]
-    return ",".join(f"{gate}={str(gates[key]).lower()}" for gate, key in FEATURE_GATES_ENV)
+# settings.awsFeatureGates (main 1d927085: nodeClassCEL, false) and, per the v1.15.0 release notes
+# (#9716: "add the RebootForRepair AWS feature gate"), RebootForRepair, off by default (the EKS
+# user guide, "Repair behavior on Karpenter v1.15.0 and later": reboot needs the gate enabled).
+CHART_AWS_FEATURE_GATES = {"nodeClassCEL": False, "rebootForRepair": False}
+# charts/karpenter/templates/deployment.yaml at main 1d927085: AWS_FEATURE_GATES, as above.
+AWS_FEATURE_GATES_ENV = [("NodeClassCEL", "nodeClassCEL"), ("RebootForRepair", "rebootForRepair")]
+
+
+def feature_gates_env(values: dict, key: str = "featureGates") -> str:
+    """The FEATURE_GATES (or, with key awsFeatureGates, AWS_FEATURE_GATES) value the chart
+    renders from (merged) Helm values."""
+    gates = values["settings"][key]
+    pairs = FEATURE_GATES_ENV if key == "featureGates" else AWS_FEATURE_GATES_ENV
+    return ",".join(f"{gate}={str(gates[name]).lower()}" for gate, name in pairs)
 
 
 # website/content/en/docs/getting-started/getting-started-with-karpenter/cloudformation.yaml,
@@ -60,8 +85,10 @@ RESERVATION_STATEMENTS = {
 }
 
 
-# kubernetes-sigs/karpenter v1.14.1 (commit 6e7eab7a), which provider v1.14.1 builds on:
-# pkg/controllers/disruption/types.go NewCandidate. A node whose pods may not be disrupted is no
+# kubernetes-sigs/karpenter v1.14.1 (commit 6e7eab7a), which provider v1.14.1 builds on, and as
+# v1.15's annotations reference states it ("does not block drift when ... the NodeClaim sets a
+# terminationGracePeriod"; never expiration or repair): pkg/controllers/disruption/types.go
+# NewCandidate. A node whose pods may not be disrupted is no
 # candidate (state/statenode.go ValidatePodsDisruptable: an active `karpenter.sh/do-not-disrupt`
 # on a running pod, pkg/utils/pod/scheduling.go IsDoNotDisruptActive: "true", or a duration not yet
 # elapsed since the pod started), except for an eventual method, Drift among them

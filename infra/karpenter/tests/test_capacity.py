@@ -312,12 +312,21 @@ def test_feature_gates_reach_the_controller_through_the_chart(request, fixture, 
     pkg/chartutil/coalesce.go), then rendered into FEATURE_GATES as the chart's template does."""
     plan = request.getfixturevalue(fixture)
     ours = plan.one("kubernetes:helm.sh/v3:Release", "karpenter").inputs["values"]
-    chart = {"settings": {"featureGates": karpenter.CHART_FEATURE_GATES}}
-    env = karpenter.feature_gates_env(deep_merge(chart, ours))
+    chart = {
+        "settings": {
+            "featureGates": karpenter.CHART_FEATURE_GATES,
+            "awsFeatureGates": karpenter.CHART_AWS_FEATURE_GATES,
+        }
+    }
+    merged = deep_merge(chart, ours)
+    env = karpenter.feature_gates_env(merged)
     gates = dict(g.split("=") for g in env.split(","))
     # Reservations and Capacity Blocks need ReservedCapacity: the chart's default keeps it on.
     assert gates["ReservedCapacity"] == "true"
     assert gates["StaticCapacity"] == static
+    # Node repair is on in both stacks, which have GPU pools: it may reboot a GPU node first.
+    aws_gates = karpenter.feature_gates_env(merged, "awsFeatureGates")
+    assert aws_gates == "NodeClassCEL=false,RebootForRepair=true"
 
 
 def test_controller_may_launch_into_reservations_as_upstream_allows(reserved_plan):

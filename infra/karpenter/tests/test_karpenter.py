@@ -10,6 +10,7 @@ from infra.core.config import ConfigError
 from infra.core.nodes import GPU_TAINT
 from infra.core.versions import KARPENTER_CHART, NVIDIA_DEVICE_PLUGIN_CHART
 from infra.karpenter.karpenter import INTERRUPTION_EVENTS
+from infra.karpenter.tests import karpenter_rules
 from infra.stack.loading import load_stack_file, parse_stack_config
 from tests.plugin import NO_DEV_SERVERS, plan_of, stack_values
 
@@ -85,6 +86,8 @@ def test_gpu_nodes_are_only_removed_when_empty(dev_plan):
         disruption = spec_of(dev_plan, NODEPOOL, pool)["disruption"]
         assert disruption["consolidationPolicy"] == "WhenEmpty"
         assert {"nodes": "0", "reasons": ["Underutilized"]} in disruption["budgets"]
+        # No reasons: one node at a time for every reason, repair's too (Karpenter 1.15).
+        assert {"nodes": "1"} in disruption["budgets"]
     assert (
         spec_of(dev_plan, NODEPOOL, "cpu")["disruption"]["consolidationPolicy"]
         == "WhenEmptyOrUnderutilized"
@@ -209,12 +212,13 @@ def test_helm_release_pinned_and_configured(dev_plan):
         KARPENTER_CHART.chart,
         KARPENTER_CHART.version,
     )
-    assert release["version"] == "1.14.1"
+    assert release["version"] == "1.15.1"
     settings = release["values"]["settings"]
     assert settings == {
         "clusterName": "tp-dev",
         "interruptionQueue": "karpenter-tp-dev",
         "featureGates": {"nodeRepair": True},
+        "awsFeatureGates": {"rebootForRepair": True},
     }
     assert release["values"]["nodeSelector"] == {"training-platform/node-role": "system"}
 
@@ -352,3 +356,21 @@ def test_efa_pool_zone_must_have_a_subnet_of_the_stack():
         "  training-platform:nodePools[gpu-large].availabilityZone: us-west-2c has no subnet of "
         "this stack; allowed: us-west-2a, us-west-2b (network.azCount picks the first AZs)"
     )
+
+
+@pytest.mark.parametrize("node_repair", [True, False])
+def test_the_controller_may_reboot_only_its_own_instances_and_only_when_repair_reboots(node_repair):
+    """ec2:RebootInstances beside TerminateInstances, under the same tag scope (upstream's v1.15
+    policy), and only with the RebootForRepair gate, which node repair with GPU pools turns on."""
+    plan = plan_of("dev", karpenter={"nodeRepair": node_repair})
+    (deletion,) = [s for s in statements(plan) if s.get("Sid") == "AllowScopedDeletion"]
+    assert ("ec2:RebootInstances" in deletion["Action"]) == node_repair
+    owned = {"aws:ResourceTag/kubernetes.io/cluster/tp-dev": "owned"}
+    assert deletion["Condition"]["StringEquals"] == owned
+    settings = plan.one(RELEASE, "karpenter").inputs["values"]["settings"]
+    assert ("awsFeatureGates" in settings) == node_repair
+
+
+def test_the_rules_were_read_for_the_pinned_karpenter():
+    """A Karpenter bump fails here until karpenter_rules.py is read again for the new release."""
+    assert karpenter_rules.READ_FOR == KARPENTER_CHART.version

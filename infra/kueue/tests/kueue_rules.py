@@ -1,10 +1,22 @@
-"""Kueue v0.19.2's rules that the tests check the platform against, written down from its source
+"""Kueue's rules that the tests check the platform against, written down from its source
 (kubernetes-sigs/kueue, tag v0.19.2, commit 8eab68778fc1b52affe165fdf5af29d1e9b4f3cb; files named
 at each rule): the Configuration the manager decodes, the checks it runs on it, the Workload API
 (its CRD's names, printer columns, and the conditions Kueue writes) and the Topology API.
+
+Re-read for the pinned v0.20.7 (READ_FOR), whose tag is not in the stored source: at main
+ff69552e79ad21652c36caa97038382e55625cf7 (2026-08-22), the newest readable commit of the 0.20 line,
+and CHANGELOG-0.20.md (commit 144402ad, the v0.20.0 notes). What changed there for these rules:
+UnadmittedWorkloadsObservability is on by default (QuotaReserved=False carries tiered reasons,
+WAITING_FOR_QUOTA, instead of Pending), and v1beta1 is no longer served (#14558, after ff69552e).
+The Configuration fields the platform sets, the framework names and the Workload's printer
+columns are the same at both commits.
 """
 
 import jsonschema
+
+# The Kueue release these rules were last read for: a bump of KUEUE_CHART fails the suite until
+# they are read again (infra/kueue/tests/test_kueue.py).
+READ_FOR = "0.20.7"
 
 GROUP = "kueue.x-k8s.io"  # the API group of Kueue's own kinds
 
@@ -142,7 +154,7 @@ FRAMEWORKS = {
 
 
 def configuration_errors(config: dict) -> list[str]:
-    """What Kueue v0.19.2 would refuse: its strict decoder (CONFIGURATION) and two checks of
+    """What Kueue would refuse: its strict decoder (CONFIGURATION) and two checks of
     pkg/config/validation.go: validateWaitForPodsReady (a timeout) and validateIntegrations
     (known framework names)."""
     errors = [
@@ -159,7 +171,7 @@ def configuration_errors(config: dict) -> list[str]:
 
 # -- Workload (kueue.x-k8s.io) ------------------------------------------------------------------
 # apis/kueue/v1beta2/workload_types.go: the kubebuilder markers on Workload (v1beta2 is the
-# storage version; v1beta1 is served too, deprecated) and the constants of its conditions.
+# storage version and, from 0.20, the only one served) and the constants of its conditions.
 WORKLOAD_VERSION = "v1beta2"
 # The +kubebuilder:printcolumn markers, in order: what `kubectl get workloads` shows.
 WORKLOAD_PRINTER_COLUMNS = [
@@ -186,8 +198,11 @@ EVICTED = "Evicted"  # WorkloadEvicted
 REQUEUED = "Requeued"  # WorkloadRequeued
 # Reasons. QuotaReserved=True and Admitted=True carry their type as the reason
 # (pkg/workload/workload.go SetQuotaReservation; pkg/workload/admissionchecks.go).
-PENDING = "Pending"  # WorkloadPending: QuotaReserved=False while the
-# UnadmittedWorkloadsObservability gate is off, its 0.19 default (pkg/features/kube_features.go)
+PENDING = "Pending"  # WorkloadPending: the fallback reason, e.g. a workload evicted
+# QuotaReserved=False while no quota fits: the tiered reason of the UnadmittedWorkloadsObservability
+# gate, on by default since 0.20 (pkg/features/kube_features.go; apis/kueue/v1beta2/
+# workload_types.go WorkloadQuotaReservedReasonWaitingForQuota; flavorassigner.go noFitReason)
+WAITING_FOR_QUOTA = "WaitingForQuota"
 WAIT_FOR_START = "WaitForStart"  # WorkloadWaitForStart: PodsReady=False, never ready yet
 PODS_READY_TIMEOUT = "PodsReadyTimeout"  # WorkloadEvictedByPodsReadyTimeout
 DEACTIVATED = "Deactivated"  # WorkloadDeactivated
@@ -228,7 +243,6 @@ def workload_crd() -> dict:
             },
             "scope": "Namespaced",
             "versions": [
-                {**version, "name": "v1beta1", "storage": False},
                 {**version, "name": WORKLOAD_VERSION, "storage": True},
             ],
         },
@@ -239,8 +253,9 @@ def workload_crd() -> dict:
 # apis/kueue/v1beta2/topology_types.go: Topology is cluster-scoped; TopologySpec.levels holds 1
 # to 16 TopologyLevels, each a node label name (+kubebuilder markers MinItems, MaxItems,
 # MinLength, MaxLength, Pattern), with three rules the API server checks (its XValidation
-# markers): the levels never change, no level repeats, and kubernetes.io/hostname may only be
-# the last. The rules are written here as our own CEL, with upstream's messages.
+# markers): the levels change only while kubernetes.io/hostname is the lowest before and after, no
+# level repeats, and kubernetes.io/hostname may only be the last. The rules are written here as
+# our own CEL, with upstream's messages.
 _DNS_LABEL = r"[a-z0-9]([-a-z0-9]*[a-z0-9])?"
 # A qualified name: an optional DNS subdomain prefix and "/", then a name of alphanumerics, '-',
 # '_' and '.', starting and ending alphanumeric (k8s.io/apimachinery validation IsQualifiedName).
@@ -250,8 +265,8 @@ HOSTNAME_LABEL = "kubernetes.io/hostname"
 
 def topology_crd() -> dict:
     """The Topology CRD's v1beta2 version as the tests validate rendered Topologies against it
-    (infra/core/tests/crd_schema.py); its v1beta1 version, served and deprecated, is not written
-    down."""
+    (infra/core/tests/crd_schema.py); its v1beta1 version, no longer served from 0.20, is not
+    written down."""
     level = {
         "type": "object",
         "required": ["nodeLabel"],
@@ -271,7 +286,13 @@ def topology_crd() -> dict:
         "items": level,
         "x-kubernetes-list-type": "atomic",
         "x-kubernetes-validations": [
-            {"rule": "self == oldSelf", "message": "field is immutable"},
+            # 0.20 line (main ff69552e, #13910; v0.19.2: immutable outright).
+            {
+                "rule": f"self == oldSelf || (self[size(self) - 1].nodeLabel == '{HOSTNAME_LABEL}'"
+                f" && oldSelf[size(oldSelf) - 1].nodeLabel == '{HOSTNAME_LABEL}')",
+                "message": f"levels are mutable only when {HOSTNAME_LABEL} is the lowest level "
+                "both before and after the change",
+            },
             {
                 "rule": "self.all(i, self.exists_one(j, j.nodeLabel == i.nodeLabel))",
                 "message": "must be unique",

@@ -1,4 +1,4 @@
-"""Kueue as configured and as seen: the rendered Configuration against Kueue v0.19.2's rules
+"""Kueue as configured and as seen: the rendered Configuration against the pinned Kueue's rules
 written down from its source (infra/kueue/tests/kueue_rules.py), waitForPodsReady derived from the
 cold-start model, and a DevServer's Workload in the states Kueue writes, shown by `devctl list`."""
 
@@ -18,7 +18,8 @@ from devservers.cli import main as devctl
 from devservers.controller import JOB_UID_LABEL, kueue_state
 from devservers.kube import KubeCluster, settings_from_env
 from devservers.tests.test_devservers_render import server as server_manifest
-from infra.core.tests.crd_schema import conformance_errors
+from infra.core.tests.crd_schema import cel_violations, conformance_errors
+from infra.core.versions import KUEUE_CHART
 from infra.karpenter.cold_start import (
     MARGIN,
     SPOT_NOTICE_S,
@@ -26,6 +27,7 @@ from infra.karpenter.cold_start import (
     duration,
     pods_ready_timeouts,
 )
+from infra.kueue.kueue import FRAMEWORKS
 from infra.kueue.tests import kueue_rules as kueue
 from infra.stack.loading import parse_stack_config
 from tests.plugin import NO_DEV_SERVERS, plan_of, stack_values
@@ -255,3 +257,37 @@ def test_the_written_down_topology_refuses_what_kueues_crd_refuses(levels, expec
     assert conformance_errors(topology) == []
     topology["spec"]["levels"] = levels
     assert any(expected in e for e in conformance_errors(topology))
+
+
+def test_topology_levels_change_only_with_the_hostname_lowest_before_and_after():
+    """The 0.20 line's rule (#13910); at v0.19.2 the levels never changed."""
+    hosts = [
+        {"nodeLabel": "topology.k8s.aws/network-node-layer-1"},
+        {"nodeLabel": kueue.HOSTNAME_LABEL},
+    ]
+    old = {"apiVersion": f"{kueue.GROUP}/v1beta2", "kind": "Topology",
+           "metadata": {"name": "network"}, "spec": {"levels": hosts}}  # fmt: skip
+    grown = copy.deepcopy(old)
+    grown["spec"]["levels"].insert(0, {"nodeLabel": "topology.k8s.aws/network-node-layer-0"})
+    assert cel_violations(grown, old=old) == []
+    racks = copy.deepcopy(old)
+    racks["spec"]["levels"] = racks["spec"]["levels"][:1]
+    assert any("levels are mutable only when" in v for v in cel_violations(racks, old=old))
+
+
+# --- the pinned release ----------------------------------------------------------------------
+
+
+def test_the_rules_were_read_for_the_pinned_kueue():
+    """A Kueue bump fails here until kueue_rules.py is read again for the new release (and
+    READ_FOR moved): the rules, not the pin, are what the tests check the platform against."""
+    assert kueue.READ_FOR == KUEUE_CHART.version
+
+
+def test_the_pinned_kueue_still_registers_the_pytorchjob_integration():
+    """Elastic jobs are PyTorchJobs, admitted through Kueue's kubeflow.org/pytorchjob integration,
+    deprecated and proposed for removal (kubernetes-sigs/kueue#12620). The day a Kueue release
+    drops it, this fails: keep that release out until elastic jobs have moved
+    (docs/users/jobs.md, Elastic jobs after the training operator)."""
+    assert "kubeflow.org/pytorchjob" in kueue.FRAMEWORKS
+    assert set(FRAMEWORKS) <= kueue.FRAMEWORKS

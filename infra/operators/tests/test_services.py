@@ -67,6 +67,9 @@ def test_operators_are_pinned_upstream_overlays_placed_on_system_nodes(
 ):
     (resource,) = kustomization(directory)["resources"]
     assert resource == f"https://{repository}//{overlay}?ref={version}"
+    # An image the overlay leaves on a floating tag is pinned to the release's own.
+    for image in kustomization(directory).get("images", []):
+        assert image["newTag"] == version.removeprefix("v"), image
     (component,) = kustomization(directory)["components"]
     placement = kustomization((directory / component).resolve())
     assert placement["kind"] == "Component"
