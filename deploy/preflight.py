@@ -10,7 +10,9 @@ jobs:
 - the pools' capacity reservations: they exist, are active (a Capacity Block may still be
   scheduled), and hold the instance type, count and zone the stack file says;
 - the EKS add-on builds pinned for the stack's Kubernetes version (infra/core/versions.py): offered
-  for that version, and whether each is EKS's default there.
+  for that version, and whether each is EKS's default there;
+- the AL2023 release of Karpenter's nodes (`karpenter.amiAlias`): it has the AMIs the pools need
+  for the stack's Kubernetes version, as Karpenter finds them (SSM public parameters).
 It prints one line per finding and exits 1 when something is not satisfiable.
 """
 
@@ -359,8 +361,36 @@ def check_addons(config: StackConfig, eks, report: Report) -> None:
             )
 
 
-def preflight(config: StackConfig, ec2, quotas, eks=None) -> Report:
-    """The checks against AWS; the add-ons' only where an EKS client is given."""
+def ami_parameters(config: StackConfig) -> list[str]:
+    """The SSM parameters Karpenter reads for the stack's alias (karpenter-provider-aws v1.14.1,
+    pkg/providers/amifamily/al2023.go resolvePath): the standard x86_64 AMI, and the NVIDIA one
+    for GPU pools."""
+    version = config.cluster.kubernetes_version
+    release = config.karpenter.ami_alias.split("@", 1)[1]
+    variants = ["standard"] + (["nvidia"] if any(p.gpu for p in config.node_pools) else [])
+    return [
+        f"/aws/service/eks/optimized-ami/{version}/amazon-linux-2023/x86_64/{variant}/"
+        f"amazon-eks-node-al2023-x86_64-{variant}-{version}-{release}/image_id"
+        for variant in variants
+    ]
+
+
+def check_ami(config: StackConfig, ssm, report: Report) -> None:
+    version, alias = config.cluster.kubernetes_version, config.karpenter.ami_alias
+    for name in ami_parameters(config):
+        try:
+            ssm.get_parameter(Name=name)
+        except ClientError as e:
+            if e.response["Error"]["Code"] != "ParameterNotFound":
+                raise
+            report.problems.append(
+                f"karpenter.amiAlias {alias} has no AMI for Kubernetes {version} ({name} does not "
+                "exist): Karpenter would launch no node; pin a release that has one"
+            )
+
+
+def preflight(config: StackConfig, ec2, quotas, eks=None, ssm=None) -> Report:
+    """The checks against AWS; the add-ons' and the AMI's only where their clients are given."""
     report = Report()
     zones = stack_zones(config, ec2)
     report.notes.append(f"availability zones: {', '.join(zones)}")
@@ -370,12 +400,15 @@ def preflight(config: StackConfig, ec2, quotas, eks=None) -> Report:
     check_reservations(config, ec2, zones, report)
     if eks is not None:
         check_addons(config, eks, report)
+    if ssm is not None:
+        check_ami(config, ssm, report)
     return report
 
 
 def aws_clients(region: str):
     session = boto3.Session(region_name=region)
-    return session.client("ec2"), session.client("service-quotas"), session.client("eks")
+    clients = ("ec2", "service-quotas", "eks", "ssm")
+    return tuple(session.client(name) for name in clients)
 
 
 def parser() -> argparse.ArgumentParser:

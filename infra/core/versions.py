@@ -32,14 +32,74 @@ class KubernetesVersion:
     # Add-on builds not confirmed as EKS's default for this version (no AWS access where this was
     # written): deploy.preflight checks every pin against `aws eks describe-addon-versions`.
     unconfirmed_addons: tuple[str, ...] = ()
+    # Other fields no source confirmed, each with what it rests on instead (deploy.preflight checks
+    # the AMI release against the account's SSM parameters).
+    unconfirmed: tuple[str, ...] = ()
 
 
-# Supported versions, newest first; the first is the default of `cluster.kubernetesVersion`.
-# Refresh add-on builds with
+# Supported versions, newest first. Refresh add-on builds with
 #   aws eks describe-addon-versions --kubernetes-version <v> --addon-name <name> \
 #     --query 'addons[].addonVersions[?compatibilities[?defaultVersion]].addonVersion'
 # (python -m deploy.preflight runs this check against the account before `pulumi up`).
+ALL_ADDONS = (
+    "vpc-cni",
+    "coredns",
+    "kube-proxy",
+    "eks-pod-identity-agent",
+    "aws-ebs-csi-driver",
+    "aws-efs-csi-driver",
+    "aws-fsx-csi-driver",
+    "eks-node-monitoring-agent",
+)
+# The builds an unpinned 1.36 cluster was given by EKS in September 2026 (a third party's record of
+# "add-on versions the 1.36 cluster resolved to", created without addonVersion: EKS's defaults;
+# found through the code index, repository not named) and a 1.36 Terraform root's EBS pin. No
+# first-party source lists EKS's defaults for 1.36 or 1.37 (cdk-eks-blueprints and eksctl stop at
+# 1.35, 2026-07/08): all unconfirmed, checked by deploy.preflight before a cluster moves there.
+_ADDONS_SEEN_ON_1_36 = {
+    "vpc-cni": "v1.22.4-eksbuild.3",
+    "coredns": "v1.14.3-eksbuild.16",
+    "eks-pod-identity-agent": "v1.3.10-eksbuild.3",
+    "aws-ebs-csi-driver": "v1.63.1-eksbuild.1",
+    # No 1.36 build seen: the 1.35 pins, which these drivers' builds do not tie to one minor.
+    "aws-efs-csi-driver": "v2.1.13-eksbuild.1",
+    "aws-fsx-csi-driver": "v1.7.0-eksbuild.1",
+    "eks-node-monitoring-agent": "v1.7.0-eksbuild.1",
+}
 KUBERNETES_VERSIONS = {
+    "1.37": KubernetesVersion(
+        # kube-proxy is built per minor: `v1.37.0-eksbuild.1` is the form of EKS's first build
+        # of a minor, not a build read anywhere. The others: as seen on 1.36.
+        addons={**_ADDONS_SEEN_ON_1_36, "kube-proxy": "v1.37.0-eksbuild.1"},
+        # No AL2023 release listing 1.37 AMIs could be read (awslabs/amazon-eks-ami's stored
+        # CHANGELOG ends at v20260714): the platform's alias release (KARPENTER_AMI_ALIAS),
+        # after EKS's 1.37 launch (2026-10-02).
+        first_al2023_release="v20261020",
+        # EKS launched 1.37 on 2026-10-02 (issue #38 of this project, checked against EKS's
+        # release calendar on 2026-11-29; no stored source has it); the dates follow EKS's rule,
+        # 14 months of standard then 12 of extended support (EKS user guide, "Kubernetes version
+        # lifecycle on EKS"), which 1.36's dates match exactly.
+        standard_support_ends=datetime.date(2027, 12, 2),
+        extended_support_ends=datetime.date(2028, 12, 2),
+        unconfirmed_addons=ALL_ADDONS,
+        unconfirmed=(
+            "first_al2023_release: the alias release, not a CHANGELOG entry",
+            "support dates: computed from the launch day by EKS's 14 + 12 month rule",
+        ),
+    ),
+    "1.36": KubernetesVersion(
+        addons={**_ADDONS_SEEN_ON_1_36, "kube-proxy": "v1.36.0-eksbuild.21"},
+        # The first CHANGELOG.md section listing amazon-eks-node-al2023-*-1.36-* AMIs
+        # (awslabs/amazon-eks-ami at 81fec2e, "AMI Release v20260610"). The CHANGELOG skips
+        # v20260512-v20260529, and a third party ran a 1.36 AMI of v20260529: the earlier
+        # release may have them too; the later one is certain.
+        first_al2023_release="v20260610",
+        # endoflife-date/endoflife.date products/amazon-eks.md at a70eca3 (EKS launched 1.36 on
+        # 2026-06-02).
+        standard_support_ends=datetime.date(2027, 8, 2),
+        extended_support_ends=datetime.date(2028, 8, 2),
+        unconfirmed_addons=ALL_ADDONS,
+    ),
     "1.35": KubernetesVersion(
         # vpc-cni, coredns, kube-proxy, pod identity agent and EBS CSI: the 1.35 entries of
         # awslabs/cdk-eks-blueprints' add-on version maps ("the default version" per cluster
@@ -58,17 +118,10 @@ KUBERNETES_VERSIONS = {
         first_al2023_release="v20260114",
         standard_support_ends=datetime.date(2027, 3, 27),
         extended_support_ends=datetime.date(2028, 3, 27),
-        unconfirmed_addons=(
-            "vpc-cni",
-            "coredns",
-            "kube-proxy",
-            "eks-pod-identity-agent",
-            "aws-ebs-csi-driver",
-            "aws-efs-csi-driver",
-            "aws-fsx-csi-driver",
-            "eks-node-monitoring-agent",
-        ),
+        unconfirmed_addons=ALL_ADDONS,
     ),
+    # Kept as an upgrade source only: it leaves standard support on 2026-12-02, and a stack on it
+    # is priced at extended support from then; the plan warns until it moves to 1.35.
     "1.34": KubernetesVersion(
         addons={
             "vpc-cni": "v1.20.4-eksbuild.1",
@@ -89,7 +142,10 @@ KUBERNETES_VERSIONS = {
         unconfirmed_addons=("eks-node-monitoring-agent",),
     ),
 }
-DEFAULT_KUBERNETES_VERSION = next(iter(KUBERNETES_VERSIONS))
+# The default of `cluster.kubernetesVersion`: the newest version whose add-on builds have a
+# first-party source (cdk-eks-blueprints' 1.35 maps); 1.36's and 1.37's rest on what a third
+# party saw and on the form of a first build, until deploy.preflight confirms them in an account.
+DEFAULT_KUBERNETES_VERSION = "1.35"
 
 
 @dataclass(frozen=True)

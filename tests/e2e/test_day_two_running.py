@@ -1,6 +1,8 @@
 """What edits do to running work: the nodes that drift, the jobs that restart or keep running,
 and an upgrade to each supported Kubernetes version, in the order EKS requires."""
 
+import json
+
 import pytest
 
 from deploy.day_two import consequences
@@ -10,11 +12,12 @@ from infra.core.versions import KUBERNETES_VERSIONS
 from infra.integrations import plan_steps
 from infra.stack.loading import parse_stack_config
 from tests.config_edits import PREBUILT_IMAGE
-from tests.plugin import stack_values
+from tests.plugin import plan_of, stack_values
 
 STACK = "prod"
 EKS = "eks:index:Cluster"
 NODE_GROUP = "aws:eks/nodeGroup:NodeGroup"
+ADDON = "aws:eks/addon:Addon"
 
 
 def planned(**sections):
@@ -133,16 +136,49 @@ def test_each_supported_version_plans_with_its_add_ons_and_the_node_group_follow
     assert cluster.inputs["upgradePolicy"] == {"supportType": "EXTENDED"}
 
 
-def test_an_upgrade_rolls_every_pool_and_the_system_nodes_without_losing_data():
-    old_config, old_values = planned(cluster={"kubernetesVersion": "1.34"})
+def minor(version: str) -> int:
+    return int(version.split(".")[1])
+
+
+# Every supported version and the next: 1.34 -> 1.35 -> 1.36 -> 1.37, one minor at a time.
+STEPS = [
+    (old, new)
+    for old in KUBERNETES_VERSIONS
+    for new in KUBERNETES_VERSIONS
+    if minor(new) == minor(old) + 1
+]
+
+
+@pytest.mark.parametrize(("old_version", "new_version"), sorted(STEPS))
+def test_an_upgrade_rolls_every_pool_and_the_system_nodes_without_losing_data(
+    old_version, new_version
+):
+    old_config, old_values = planned(cluster={"kubernetesVersion": old_version})
     old = run_offline(lambda: build_platform(old_config), STACK, old_values)
-    effects, _ = effects_of(old)  # the stack file's own version: 1.35
+    effects, after = effects_of(old, cluster={"kubernetesVersion": new_version})
     assert not effects.losses and not effects.refusals
-    assert all("AMI for Kubernetes 1.34 -> 1.35" in line for line in effects.drifts)
+    assert all(f"AMI for Kubernetes {old_version} -> {new_version}" in d for d in effects.drifts)
     assert len(effects.drifts) == 3
     notes = " ".join(effects.notes)
-    assert "control plane upgrades 1.34 -> 1.35 first" in notes
+    assert f"control plane upgrades {old_version} -> {new_version} first" in notes
     assert "node group cluster-system: EKS replaces its nodes one at a time" in notes
+    # The system node group follows the control plane to the new minor, with the new add-ons.
+    assert after.one(NODE_GROUP).inputs["version"] == new_version
+    pins = KUBERNETES_VERSIONS[new_version].addons
+    addons = {a.inputs["addonName"]: a.inputs["addonVersion"] for a in after.of_type(ADDON)}
+    assert addons and all(build == pins[name] for name, build in addons.items())
+    assert after.one(EKS).inputs["kubeProxyAddonOptions"]["version"] == pins["kube-proxy"]
+
+
+def test_the_upgrades_span_every_supported_version_and_skipping_one_is_refused():
+    assert sorted(STEPS) == [("1.34", "1.35"), ("1.35", "1.36"), ("1.36", "1.37")]
+    old_config, old_values = planned(cluster={"kubernetesVersion": "1.35"})
+    old = run_offline(lambda: build_platform(old_config), STACK, old_values)
+    effects, _ = effects_of(old, cluster={"kubernetesVersion": "1.37"})
+    assert effects.refusals == [
+        "kubernetes-version: cluster.kubernetesVersion 1.35 -> 1.37: EKS upgrades one minor "
+        "version at a time; allowed: 1.35, or 1.36"
+    ]
 
 
 def test_a_kubernetes_downgrade_is_refused_as_eks_refuses_it(base):
@@ -288,3 +324,11 @@ def test_a_job_whose_kind_changes_is_refused_because_both_would_run(base):
     (refusal,) = [r for r in effects.refusals if r.startswith("job-kind:")]
     assert "job gpt-large in team-b changes kind PyTorchJob -> TrainJob" in refusal
     assert "remove the job in one update and add it back in the next" in refusal
+
+
+@pytest.mark.parametrize("stack", ["dev", "prod"])
+def test_no_pod_of_the_stack_uses_a_gitrepo_volume(stack):
+    """Kubernetes 1.36 locks the gitRepo volume plugin off (KEP-5040, kubernetes/kubernetes#136400):
+    a pod with one would never start on the supported versions."""
+    found = [r.name for r in plan_of(stack).resources if '"gitRepo"' in json.dumps(r.inputs)]
+    assert found == []

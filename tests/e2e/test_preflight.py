@@ -291,3 +291,32 @@ def test_pinned_add_on_builds_are_checked_against_what_eks_offers():
     assert problem.startswith(f"add-on kube-proxy {pinned['kube-proxy']} is not offered")
     assert "(EKS's default there is v9.9.9-eksbuild.1)" in problem
     assert f"add-on coredns: pinned {pinned['coredns']}; EKS's default" in " ".join(report.notes)
+
+
+@pytest.mark.parametrize("version", ["1.36", "1.37"])
+def test_the_ami_release_is_checked_for_the_stacks_kubernetes_version(version):
+    """Karpenter finds an alias's AMIs through SSM parameters named after the version and the
+    release: a release without them for the version launches no node."""
+    config = parse_stack_config(
+        stack_values("dev", cluster={"kubernetesVersion": version}), "Pulumi.dev.yaml"
+    )
+    standard, nvidia = preflight.ami_parameters(config)
+    release = config.karpenter.ami_alias.split("@")[1]
+    assert standard == (
+        f"/aws/service/eks/optimized-ami/{version}/amazon-linux-2023/x86_64/standard/"
+        f"amazon-eks-node-al2023-x86_64-standard-{version}-{release}/image_id"
+    )
+    ssm = boto3.client(
+        "ssm", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    stubber = Stubber(ssm)
+    stubber.add_response(
+        "get_parameter", {"Parameter": {"Name": standard, "Value": "ami-1"}}, {"Name": standard}
+    )
+    stubber.add_client_error("get_parameter", "ParameterNotFound", expected_params={"Name": nvidia})
+    stubber.activate()
+    report = preflight.Report()
+    preflight.check_ami(config, ssm, report)
+    stubber.assert_no_pending_responses()
+    (problem,) = report.problems
+    assert f"has no AMI for Kubernetes {version} ({nvidia} does not exist)" in problem

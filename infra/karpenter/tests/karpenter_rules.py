@@ -102,3 +102,13 @@ def drift_may_disrupt(node_pool_spec: dict, pod_annotations: dict) -> bool:
     blocks = pod_annotations.get(DO_NOT_DISRUPT) == "true"
     grace = (node_pool_spec.get("template") or {}).get("spec", {}).get("terminationGracePeriod")
     return not blocks or grace is not None
+
+
+# website/content/en/v1.15/upgrading/compatibility.md (d77d1a3a): the Karpenter releases each
+# Kubernetes minor supports, as (oldest, newest) minor; None: no newest named (">= x").
+COMPATIBILITY = {
+    "1.34": ((1, 6), None),
+    "1.35": ((1, 9), None),
+    "1.36": ((1, 13), None),
+    "1.37": ((1, 15), (1, 15)),  # "1.15.x"
+}

@@ -8,7 +8,7 @@ import pytest
 from deploy.plan import summary
 from infra.core.config import ConfigError
 from infra.core.nodes import GPU_TAINT
-from infra.core.versions import KARPENTER_CHART, NVIDIA_DEVICE_PLUGIN_CHART
+from infra.core.versions import KARPENTER_CHART, KUBERNETES_VERSIONS, NVIDIA_DEVICE_PLUGIN_CHART
 from infra.karpenter.karpenter import INTERRUPTION_EVENTS
 from infra.karpenter.tests import karpenter_rules
 from infra.stack.loading import load_stack_file, parse_stack_config
@@ -374,3 +374,12 @@ def test_the_controller_may_reboot_only_its_own_instances_and_only_when_repair_r
 def test_the_rules_were_read_for_the_pinned_karpenter():
     """A Karpenter bump fails here until karpenter_rules.py is read again for the new release."""
     assert karpenter_rules.READ_FOR == KARPENTER_CHART.version
+
+
+@pytest.mark.parametrize("version", sorted(KUBERNETES_VERSIONS))
+def test_the_pinned_karpenter_supports_every_supported_kubernetes_version(version):
+    """Karpenter's compatibility matrix: a Kubernetes minor it does not list would launch nodes it
+    was not built for (1.37 needs 1.15.x)."""
+    oldest, newest = karpenter_rules.COMPATIBILITY[version]
+    pinned = tuple(int(n) for n in KARPENTER_CHART.version.split(".")[:2])
+    assert oldest <= pinned and (newest is None or pinned <= newest)
