@@ -35,6 +35,7 @@ from infra.core.config import ConfigError
 from infra.core.declared import Declared, declared_in, dig, listed
 from infra.core.offline import Plan, RecordedResource, run_offline
 from infra.core.paths import PROJECT_DIR
+from infra.core.releases import VERSIONS_OUTPUT, moves
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.support import PLAN_DAY_VARIABLE, plan_day, support_on
 from infra.integrations import plan_cost, plan_steps, system_fit
@@ -430,6 +431,14 @@ def dev_server_rows(config: StackConfig) -> list[str]:
     return lines
 
 
+def release_moves(deployed: dict, planned: dict) -> list[str]:
+    """What each pinned release that changes does to the running stack; a base from before the
+    program exported its releases cannot say."""
+    if VERSIONS_OUTPUT not in deployed:
+        return [f"the base plan has no {VERSIONS_OUTPUT} output: pinned releases not compared"]
+    return moves(deployed[VERSIONS_OUTPUT], planned[VERSIONS_OUTPUT])
+
+
 def support_rows(config: StackConfig, cost: StackCost) -> list[str]:
     """The version's EKS support, what each upgrade policy does at its end, and the warning."""
     cluster = config.cluster
@@ -687,6 +696,7 @@ def main(argv: list[str] | None = None) -> int:
         effects = consequences(
             steps, config, args.stack, plan.outputs.get("jobs"), plan.outputs.get("runtimes")
         )
+        effects.notes += release_moves(base.plan.outputs, plan.outputs)
     write_plan(plan, out)
     (out / FACTS_FILE).write_text(json.dumps(new, indent=2) + "\n")
     (out / CHANGES_FILE).write_text("\n".join(changed) + "\n")

@@ -12,6 +12,8 @@ from infra.core.catalog import load_prices
 from infra.core.context import ClusterContext
 from infra.core.data_holders import DataGuard
 from infra.core.pools import image_target
+from infra.core.releases import VERSIONS_OUTPUT
+from infra.core.releases import deployed as deployed_releases
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.cluster import Cluster
 from infra.eks.node_monitoring_agent import NodeMonitoringAgent
@@ -390,6 +392,8 @@ def workloads(
 
 
 def exports(base: Base, bucket: TrainingBucket) -> None:
+    # The releases this update deploys: the plan of the next one names what moving each does.
+    pulumi.export(VERSIONS_OUTPUT, deployed_releases())
     pulumi.export("bucketName", bucket.name)
     pulumi.export("checkpointPrefixPolicy", bucket.prefix_policy(CHECKPOINT_PREFIX))
     pulumi.export("vpcId", base.network.vpc_id)
