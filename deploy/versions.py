@@ -29,14 +29,20 @@ def table(behind_only: bool = False) -> list[str]:
     return lines
 
 
-def main(argv: list[str] | None = None) -> int:
+def parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(
         prog="python -m deploy.versions",
         description=__doc__,
         formatter_class=argparse.RawDescriptionHelpFormatter,
     )
-    parser.add_argument("--behind", action="store_true", help="only the pins with a newer release")
-    args = parser.parse_args(argv)
+    parser.add_argument(
+        "--behind", action="store_true", help="only the pins with a newer release (default: off)"
+    )
+    return parser
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = parser().parse_args(argv)
     print("\n".join(table(args.behind)))
     return 0
 

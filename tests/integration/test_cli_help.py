@@ -24,6 +24,7 @@ CLIS = {
     "python -m deploy.preview_gate": "deploy.preview_gate",
     "python -m deploy.roll": "deploy.roll",
     "python -m deploy.released_homes": "deploy.released_homes",
+    "python -m deploy.versions": "deploy.versions",
     "python -m workloads.local": "workloads.local",
     "python -m workloads.nccl_check": "workloads.nccl_check",
     "python -m infra.core.catalog.refresh": "infra.core.catalog.refresh",
