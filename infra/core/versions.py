@@ -107,7 +107,9 @@ KUBERNETES_VERSIONS = {
         addons={
             "vpc-cni": "v1.21.1-eksbuild.1",
             "coredns": "v1.13.2-eksbuild.3",
-            "kube-proxy": "v1.35.0-eksbuild.2",
+            # A 1.35 cluster was seen running this build (the project's upstream notes,
+            # 2026-11-29): EKS offers it for 1.35, a later patch than the maps' v1.35.0-eksbuild.2.
+            "kube-proxy": "v1.35.3-eksbuild.13",
             "eks-pod-identity-agent": "v1.3.10-eksbuild.2",
             "aws-ebs-csi-driver": "v1.57.1-eksbuild.1",
             # The 1.34 builds: no source found for these add-ons' 1.35 compatibility.

@@ -6,6 +6,7 @@ import datetime
 import pytest
 
 from deploy.plan import main, summary
+from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.support import PLAN_DAY_VARIABLE, support_on
 from infra.integrations import plan_cost
 from infra.stack.loading import parse_stack_config
@@ -78,4 +79,26 @@ def test_as_of_plans_a_later_day_and_refuses_what_is_not_a_day(monkeypatch, tmp_
     assert capsys.readouterr().err == (
         "error: plan day 'April' (--as-of, TRAINING_PLATFORM_PLAN_DAY) is not a day; allowed: "
         "YYYY-MM-DD, or none for today (UTC)\n"
+    )
+
+
+@pytest.mark.parametrize("version", ["1.35", "1.36", "1.37"])
+def test_each_supported_version_is_priced_by_its_own_support_dates(monkeypatch, version):
+    """Standard support until its own end, then extended (EXTENDED, the default) until its
+    extended end: the control plane's cost line follows the version's dates."""
+    known = KUBERNETES_VERSIONS[version]
+    cluster = {"kubernetesVersion": version}
+    on(monkeypatch, known.standard_support_ends.isoformat())
+    line = control_plane(plan_of("dev", cluster=cluster))
+    assert (line.usd_per_hour, line.detail) == (
+        0.60,
+        f"extended support since {known.standard_support_ends}, "
+        f"until {known.extended_support_ends}",
+    )
+    day_before = known.standard_support_ends - datetime.timedelta(days=1)
+    on(monkeypatch, day_before.isoformat())
+    line = control_plane(plan_of("dev", cluster=cluster))
+    assert (line.usd_per_hour, line.detail) == (
+        0.10,
+        f"standard support until {known.standard_support_ends}",
     )
