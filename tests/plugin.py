@@ -61,18 +61,21 @@ def suite_temp_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-# The modules that take longest (seconds, two workers, 2026-11-26), run first: xdist's loadfile
-# hands modules out in collection order, and a long one left for last runs alone.
+# The modules that take longest (seconds, two workers, --durations summed per module, 2026-11-29),
+# run first: xdist's loadfile hands modules out in collection order, and a long one left for last
+# runs alone.
 SLOWEST_FIRST = [
     "test_trainer.py",  # 280
-    "test_mesh.py",  # 140
-    "test_user_code_cluster.py",  # 70
-    "test_devctl_run.py",  # 60
-    "test_docs_examples.py",  # 50
-    "test_watch_and_fetch.py",  # 40
-    "test_mesh_netns.py",  # 38
-    "test_day_two_running.py",  # 36
-    "test_day_two_edits.py",  # 33
+    "test_docs_examples.py",  # 160
+    "test_mesh.py",  # 130
+    "test_user_code_cluster.py",  # 100
+    "test_day_two_running.py",  # 80
+    "test_stack_code.py",  # 30
+    "test_mesh_netns.py",  # 30
+    "test_devctl_run.py",  # 25
+    "test_user_code.py",  # 25
+    "test_watch_and_fetch.py",  # 25
+    "test_day_two_edits.py",  # 20
 ]
 
 
