@@ -34,7 +34,8 @@ RELOAD_SECONDS = 30
 def logdir_spec(namespace: str, bucket: str, storage: set[str]) -> str:
     """TensorBoard's --logdir_spec: the team's S3 prefix, and the checkpoint folders of its
     shared file systems (where workloads.manifests puts the jobs that checkpoint there)."""
-    stores = [("s3", f"s3://{bucket}/{CHECKPOINT_PREFIX}{namespace}")]
+    # With the slash: the team's role lists its prefix as a folder only (infra/storage/bucket.py).
+    stores = [("s3", f"s3://{bucket}/{CHECKPOINT_PREFIX}{namespace}/")]
     stores += [(kind, CHECKPOINT_ROOTS[kind]) for kind in sorted(storage)]
     return ",".join(f"{name}:{path}" for name, path in stores)
 

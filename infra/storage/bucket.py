@@ -38,7 +38,8 @@ def prefix_access_policy(
             "Effect": "Allow",
             "Action": "s3:ListBucket",
             "Resource": bucket_arn,
-            "Condition": {"StringLike": {"s3:prefix": [prefix, f"{prefix}/*"]}},
+            # With the slash: `checkpoints/team-a` alone would list team-a2's keys too.
+            "Condition": {"StringLike": {"s3:prefix": [f"{prefix}/", f"{prefix}/*"]}},
         },
     ]
     if key:

@@ -60,7 +60,7 @@ def test_each_team_gets_a_restricted_tensorboard_on_the_system_nodes(
         "-m",
         "trainer.tensorboard_server",
         "--logdir_spec",
-        ",".join([f"s3:s3://{bucket}/checkpoints/{namespace}", *stores]),
+        ",".join([f"s3:s3://{bucket}/checkpoints/{namespace}/", *stores]),
     ]
     # Loopback only: the kubelet's port-forward reaches it, no pod does.
     assert container["command"][5:9] == ["--host", "127.0.0.1", "--port", str(PORT)]
@@ -88,7 +88,7 @@ def test_each_team_gets_a_restricted_tensorboard_on_the_system_nodes(
     assert objects["Action"] == ["s3:GetObject"]
     assert objects["Resource"].endswith(f":::{bucket}/checkpoints/{namespace}/*")
     assert listing["Condition"]["StringLike"]["s3:prefix"] == [
-        f"checkpoints/{namespace}",
+        f"checkpoints/{namespace}/",
         f"checkpoints/{namespace}/*",
     ]
     assert [k["Action"] for k in key] == ([["kms:Decrypt"]] if stack == "prod" else [])
@@ -302,3 +302,56 @@ def test_a_store_that_fails_never_stops_the_other_stores_curves(tmp_path):
     finally:
         process.kill()
         process.wait()
+
+
+def test_a_team_lists_its_own_prefix_only_and_its_tensorboard_asks_no_more(tmp_path, monkeypatch):
+    """team-a's read policy lists `checkpoints/team-a/` as a folder: without the slash it would
+    list team-a2's key names too. TensorBoard's own S3 code (its gfile, driven by the
+    multiplexer the server runs) reading the logdir the platform gives it asks only for prefixes
+    the policy allows."""
+    from moto import mock_aws
+    from tensorboard.backend.event_processing.plugin_event_multiplexer import EventMultiplexer
+
+    from infra.core.tests.iam_rules import Principal, Request, allowed
+    from infra.storage.bucket import prefix_access_policy
+    from workloads.tensorboard import logdir_spec
+
+    policy = prefix_access_policy("arn:aws:s3:::ckpts", "checkpoints/team-a", write=False)
+    reader = Principal("arn:aws:iam::123456789012:role/tensorboard-team-a", (policy,))
+
+    def may_list(prefix: str) -> bool:
+        request = Request("s3:ListBucket", "arn:aws:s3:::ckpts", reader, {"s3:prefix": prefix})
+        return allowed(request, None, "123456789012")
+
+    assert not may_list("checkpoints/team-a") and not may_list("checkpoints/team-a2/")
+    assert may_list("checkpoints/team-a/") and may_list("checkpoints/team-a/job/tensorboard/")
+
+    for name, value in {"AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+                        "AWS_DEFAULT_REGION": "us-west-2"}.items():  # fmt: skip
+        monkeypatch.setenv(name, value)
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    with mock_aws():
+        import boto3
+
+        s3 = boto3.client("s3")
+        s3.create_bucket(
+            Bucket="ckpts", CreateBucketConfiguration={"LocationConstraint": "us-west-2"}
+        )
+        write_curve(tmp_path / "run", {1: 5.0})
+        (event,) = (tmp_path / "run").iterdir()
+        for team in ("team-a", "team-a2"):
+            s3.upload_file(str(event), "ckpts", f"checkpoints/{team}/j/tensorboard/{event.name}")
+        asked = []
+        boto3.setup_default_session()
+
+        def listing(params, model, **_):  # every S3 call: its listings kept
+            if model.name.startswith("ListObjects"):
+                asked.append(params.get("Prefix", ""))
+
+        boto3.DEFAULT_SESSION.events.register("provide-client-params.s3", listing)
+        (s3_store,) = [s for s in logdir_spec("team-a", "ckpts", set()).split(",")]
+        multiplexer = EventMultiplexer()
+        multiplexer.AddRunsFromDirectory(s3_store.split(":", 1)[1], "s3")
+        multiplexer.Reload()
+    assert list(multiplexer.Runs()) == ["s3/j/tensorboard"]
+    assert asked and all(may_list(prefix) for prefix in asked), asked

@@ -75,7 +75,7 @@ def test_prefix_policy_grants_only_that_prefix():
     assert "s3:DeleteBucket" not in objects["Action"] and "*" not in json.dumps(objects["Action"])
     assert listing["Resource"] == "arn:aws:s3:::data"
     assert listing["Condition"] == {
-        "StringLike": {"s3:prefix": ["checkpoints/team-a", "checkpoints/team-a/*"]}
+        "StringLike": {"s3:prefix": ["checkpoints/team-a/", "checkpoints/team-a/*"]}
     }
 
 
