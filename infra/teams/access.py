@@ -23,7 +23,7 @@ from infra.core.context import ClusterContext
 from infra.core.declared import REPLICA_SPEC_KEYS
 from infra.core.nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
 from infra.core.rbac import CONNECT, READ, binding, group, rule
-from infra.kueue.config import TeamConfig
+from infra.kueue.config import TENSORBOARD, TeamConfig
 from infra.kueue.queues import TEAM_LABEL
 
 ROLE = "team-member"
@@ -289,6 +289,12 @@ AFFINITY = f"{SPEC}.affinity.nodeAffinity"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
+MEMBER_CONDITION = {
+    "name": "a-team-member",
+    "expression": f"request.userInfo.groups.exists(g, g.startsWith('{TEAM_GROUP_PREFIX}'))",
+}
+
+
 def member_pods_policy_spec() -> dict:
     return {
         "failurePolicy": "Fail",
@@ -303,13 +309,7 @@ def member_pods_policy_spec() -> dict:
                 }
             ],
         },
-        "matchConditions": [
-            {
-                "name": "a-team-member",
-                "expression": "request.userInfo.groups.exists(g, "
-                f"g.startsWith('{TEAM_GROUP_PREFIX}'))",
-            }
-        ],
+        "matchConditions": [MEMBER_CONDITION],
         "variables": [
             {
                 "name": "tolerations",
@@ -373,12 +373,51 @@ def member_pods_policy_spec() -> dict:
     }
 
 
+EXEC_POLICY = "team-members-run-nothing-on-the-system-nodes"
+# A team's TensorBoard is the one pod of a team namespace on the system nodes (it reads what every
+# job of the team writes, beside the platform's controllers); its Deployment's pods are named
+# `<Deployment>-<hash>-<suffix>`.
+SYSTEM_NODE_PODS = f"{TENSORBOARD}-"
+
+
+def exec_policy_spec() -> dict:
+    """Members exec into their own pods (trainer.fetch streams checkpoints out of its copy pod),
+    never into the TensorBoard: a shell there would run on the system nodes. A CONNECT request's
+    object is the PodExecOptions, not the pod, so the rule goes by the pod's name (the request's
+    name). Port-forward, how members reach the TensorBoard, stays allowed."""
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": {
+            "namespaceSelector": TEAM_NAMESPACES,
+            "resourceRules": [
+                {
+                    "apiGroups": [""],
+                    "apiVersions": ["v1"],
+                    "resources": ["pods/exec", "pods/attach"],
+                    "operations": ["CONNECT"],
+                }
+            ],
+        },
+        "matchConditions": [MEMBER_CONDITION],
+        "validations": [
+            {
+                "expression": f"!request.name.startsWith('{SYSTEM_NODE_PODS}')",
+                "message": "a team member runs no process in the team's TensorBoard: it runs on "
+                "the system nodes, which run the platform's controllers alone (kubectl "
+                "port-forward reaches it)",
+                "reason": "Forbidden",
+            }
+        ],
+    }
+
+
 # Policy name -> (resource name suffix, spec).
 POLICIES = {
     QUEUE_POLICY: ("queue-label", queue_policy_spec),
     DISRUPT_POLICY: ("do-not-disrupt", disrupt_policy_spec),
     PLACE_POLICY: ("keep-their-place", place_policy_spec),
     POD_POLICY: ("member-pods", member_pods_policy_spec),
+    EXEC_POLICY: ("no-exec-on-system-nodes", exec_policy_spec),
 }
 
 

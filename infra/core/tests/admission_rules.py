@@ -81,10 +81,12 @@ def refusals(
     groups: tuple[str, ...] = (),
     namespace: dict | None = None,
     resource: tuple[str, str] | None = None,
+    name: str = "",
 ) -> list[str] | None:
     """None if the policy does not apply to the request; else the messages of the validations
     that refuse it (an empty list: admitted). `resource`: the (group, plural) requested; None
-    takes `obj` for one the policy's rules name."""
+    takes `obj` for one the policy's rules name. `name`: the request's (the object's, or for a
+    subresource such as pods/exec, its pod's)."""
     spec = policy
     rules = spec["matchConstraints"]["resourceRules"]
     if not any(
@@ -98,7 +100,11 @@ def refusals(
     if selector is not None and namespace is not None:
         if not _matches_labels(selector, namespace["metadata"].get("labels", {})):
             return None
-    request = {"userInfo": {"username": username, "groups": list(groups)}, "operation": operation}
+    request = {
+        "userInfo": {"username": username, "groups": list(groups)},
+        "operation": operation,
+        "name": name,
+    }
     activation = {
         "object": celpy.json_to_cel(obj),
         "oldObject": celpy.json_to_cel(old),

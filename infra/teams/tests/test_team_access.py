@@ -22,6 +22,7 @@ from infra.stack.tests.test_config import error_for
 from infra.teams.access import (
     DISRUPT_POLICY,
     DO_NOT_DISRUPT,
+    EXEC_POLICY,
     PLACE_POLICY,
     POD_POLICY,
     PRIORITY_LABEL,
@@ -417,7 +418,9 @@ def test_a_job_without_its_queue_label_is_refused_in_every_team_namespace(dev_pl
     bindings = {b.inputs["metadata"]["name"]: b.inputs for b in dev_plan.of_type(
         f"{admission}:ValidatingAdmissionPolicyBinding")}  # fmt: skip
     assert (
-        set(policies) == set(bindings) == {QUEUE_POLICY, DISRUPT_POLICY, POD_POLICY, PLACE_POLICY}
+        set(policies)
+        == set(bindings)
+        == {QUEUE_POLICY, DISRUPT_POLICY, POD_POLICY, PLACE_POLICY, EXEC_POLICY}
     )
     for name, policy in policies.items():
         for manifest, kind in (
@@ -703,3 +706,28 @@ def test_the_api_refuses_a_members_pod_outside_her_queue_and_a_job_that_may_be_d
         'karpenter.sh/do-not-disrupt: "true"'
     )
     assert api.refusals == []
+
+
+@pytest.mark.parametrize(
+    ("resource", "pod", "who", "refused"),
+    [
+        ("pods/exec", "tensorboard-7d9c5b6f4-x2x9q", MEMBER, True),
+        ("pods/attach", "tensorboard-7d9c5b6f4-x2x9q", MEMBER, True),
+        ("pods/exec", "checkpoint-copy", MEMBER, False),  # trainer.fetch's copy pod
+        ("pods/portforward", "tensorboard-7d9c5b6f4-x2x9q", MEMBER, None),  # how she reads it
+        ("pods/exec", "tensorboard-7d9c5b6f4-x2x9q", {"groups": ("system:masters",)}, None),
+    ],
+)
+def test_no_member_runs_a_process_in_the_tensorboard_on_the_system_nodes(
+    dev_plan, resource, pod, who, refused
+):
+    """The team's TensorBoard is the one pod of a team namespace on the system nodes: a member's
+    exec or attach there is refused (the CONNECT request names the pod), her own pods' and
+    port-forward are not; the platform's administrators are not members."""
+    policy = admission_policies(dev_plan)[EXEC_POLICY]
+    verdict = refusals(policy, "CONNECT", {"kind": "PodExecOptions"}, namespace=TEAM_A,
+                       resource=("", resource), name=pod, **who)  # fmt: skip
+    if refused is None:
+        assert verdict is None
+    else:
+        assert bool(verdict) == refused, verdict
