@@ -33,6 +33,8 @@ CHECKER = "tests/e2e/test_docs_examples.py"
 KINDS = {
     "offline": f"Runs offline, on any machine with the checkout; {CHECKER} checks this output.",
     "offline-long": "Runs offline, but takes minutes: the docs test does not run it.",
+    "in-the-suite": "Runs offline; `make test` runs it (or the tests it names), so the docs test "
+    "checks what it names rather than running it twice.",
     "installs": "Installs pinned packages from PyPI: the docs test does not run it.",
     "needs-aws": "Needs AWS: credentials, and a deployed stack where it reads one; it may bill.",
     "needs-cluster": "Needs the deployed cluster: a kubeconfig (aws eks update-kubeconfig).",

@@ -7,6 +7,7 @@ import re
 import shutil
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -29,6 +30,7 @@ from commands import (  # noqa: E402
 PAGES = sorted(p for p in (ROOT / "docs").rglob("*.md") if "_build" not in p.parts)
 BLOCKS = [b for page in PAGES for b in parse_blocks(page.relative_to(ROOT), page.read_text())]
 OFFLINE = [b for b in BLOCKS if b.kind == "offline"]
+IN_THE_SUITE = [b for b in BLOCKS if b.kind == "in-the-suite"]
 # The README is plain Markdown on the forge: a shell block there follows a marker comment.
 README_MARKER = re.compile(r"^<!-- command: ([a-z-]+)(?: .*)? -->$")
 
@@ -152,6 +154,26 @@ def test_bare_programs_are_found():
         (1, "python -m x"),
         (5, "z w"),
     ]
+
+
+def test_what_make_test_runs_is_named_as_it_runs_it():
+    """A block of the suite's own commands is not run twice: its pytest paths are files or
+    folders of the suite's testpaths, and any other command is a line of the Makefile's recipes."""
+    recipes = (ROOT / "Makefile").read_text().replace("$(PY)", ".venv/bin/python")
+    testpaths = tomllib.loads((ROOT / "pyproject.toml").read_text())["tool"]["pytest"][
+        "ini_options"
+    ]["testpaths"]
+    assert IN_THE_SUITE
+    for block in IN_THE_SUITE:
+        for command in block.commands:
+            words = command.line.split()
+            if words[:3] == [".venv/bin/python", "-m", "pytest"]:
+                paths = [w for w in words[3:] if "/" in w or w.endswith(".py")]
+                assert paths, command.line
+                for path in paths:
+                    assert (ROOT / path).exists() and path.split("/")[0] in testpaths, path
+            else:
+                assert command.line in recipes, command.line
 
 
 def test_every_shell_block_in_the_readme_says_where_it_runs():
