@@ -165,7 +165,7 @@ def test_each_job_has_its_own_identity_limited_to_its_checkpoint_prefix(dev_plan
     objects, listing = policy["Statement"]
     assert objects["Resource"].endswith("/checkpoints/team-a/gpt-small/*")
     assert listing["Condition"]["StringLike"]["s3:prefix"] == [
-        "checkpoints/team-a/gpt-small",
+        "checkpoints/team-a/gpt-small/",
         "checkpoints/team-a/gpt-small/*",
     ]
 
