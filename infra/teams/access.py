@@ -289,6 +289,14 @@ AFFINITY = f"{SPEC}.affinity.nodeAffinity"
 REQUIRED = "requiredDuringSchedulingIgnoredDuringExecution"
 
 
+def pods_in_team_namespaces(resources: list[str], operation: str) -> dict:
+    """A policy's matchConstraints: `operation` on pods (or their `resources` subresources) in
+    every team namespace."""
+    rules = [{"apiGroups": [""], "apiVersions": ["v1"], "resources": resources,
+              "operations": [operation]}]  # fmt: skip
+    return {"namespaceSelector": TEAM_NAMESPACES, "resourceRules": rules}
+
+
 MEMBER_CONDITION = {
     "name": "a-team-member",
     "expression": f"request.userInfo.groups.exists(g, g.startsWith('{TEAM_GROUP_PREFIX}'))",
@@ -298,17 +306,7 @@ MEMBER_CONDITION = {
 def member_pods_policy_spec() -> dict:
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": {
-            "namespaceSelector": TEAM_NAMESPACES,
-            "resourceRules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "resources": ["pods"],
-                    "operations": ["CREATE"],
-                }
-            ],
-        },
+        "matchConstraints": pods_in_team_namespaces(["pods"], "CREATE"),
         "matchConditions": [MEMBER_CONDITION],
         "variables": [
             {
@@ -387,17 +385,7 @@ def exec_policy_spec() -> dict:
     name). Port-forward, how members reach the TensorBoard, stays allowed."""
     return {
         "failurePolicy": "Fail",
-        "matchConstraints": {
-            "namespaceSelector": TEAM_NAMESPACES,
-            "resourceRules": [
-                {
-                    "apiGroups": [""],
-                    "apiVersions": ["v1"],
-                    "resources": ["pods/exec", "pods/attach"],
-                    "operations": ["CONNECT"],
-                }
-            ],
-        },
+        "matchConstraints": pods_in_team_namespaces(["pods/exec", "pods/attach"], "CONNECT"),
         "matchConditions": [MEMBER_CONDITION],
         "validations": [
             {
