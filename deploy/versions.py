@@ -13,7 +13,8 @@ from infra.core.releases import CHECKED, releases
 
 
 def table(behind_only: bool = False) -> list[str]:
-    rows = [r for r in releases() if r.behind or not behind_only]
+    every = releases()
+    rows = [r for r in every if r.behind or not behind_only]
     header = ("component", "pinned", "released", "newest known", "its release", "")
     cells = [
         (r.name, r.version, r.released, r.newest, r.newest_released, "behind" if r.behind else "")
@@ -23,9 +24,7 @@ def table(behind_only: bool = False) -> list[str]:
     lines = [f"Pinned versions, checked {CHECKED} (sources: infra/core/releases.py)"]
     lines += ["  ".join(c.ljust(w) for c, w in zip(row, widths, strict=True)).rstrip()
               for row in [header, *cells]]  # fmt: skip
-    lines.append(
-        f"{sum(r.behind for r in releases())} of {len(releases())} pins have a newer release"
-    )
+    lines.append(f"{sum(r.behind for r in every)} of {len(every)} pins have a newer release")
     return lines
 
 
