@@ -130,6 +130,8 @@ def main() -> None:
         torch.save(model.state_dict(), outputs / "model.pt")
         (outputs / "accuracy.txt").write_text(f"{accuracy:.4f}\n")
     writer.close()
+    # A rank that tears gloo down while rank 0 still evaluates can abort at exit.
+    dist.barrier()
     dist.destroy_process_group()
 
 
