@@ -10,13 +10,16 @@ jobs:
 - the pools' capacity reservations: they exist, are active (a Capacity Block may still be
   scheduled), and hold the instance type, count and zone the stack file says;
 - the EKS add-on builds pinned for the stack's Kubernetes version (infra/core/versions.py): offered
-  for that version, and whether each is EKS's default there;
+  for that version, and whether each is EKS's default there; and the CSI add-ons' configuration
+  keys (infra/storage/csi_addons.py) in each build's configuration schema (CreateAddon refuses
+  the rest);
 - the AL2023 release of Karpenter's nodes (`karpenter.amiAlias`): it has the AMIs the pools need
   for the stack's Kubernetes version, as Karpenter finds them (SSM public parameters).
 It prints one line per finding and exits 1 when something is not satisfiable.
 """
 
 import argparse
+import json
 import re
 import sys
 from collections import defaultdict
@@ -32,6 +35,7 @@ from infra.core.versions import KUBERNETES_VERSIONS
 from infra.karpenter.config import CapacityReservation
 from infra.stack.config import StackConfig
 from infra.stack.loading import load_stack_file
+from infra.storage.csi_addons import addon_configuration, key_paths, schema_lacks
 
 
 @dataclass(frozen=True)
@@ -361,6 +365,22 @@ def check_addons(config: StackConfig, eks, report: Report) -> None:
             )
 
 
+def check_addon_configuration(config: StackConfig, eks, report: Report) -> None:
+    for name, pinned in sorted(stack_addons(config).items()):
+        configuration = addon_configuration(name, pinned)
+        if not configuration:
+            continue
+        answer = eks.describe_addon_configuration(addonName=name, addonVersion=pinned)
+        schema = json.loads(answer["configurationSchema"])
+        for path in key_paths(configuration):
+            if schema_lacks(schema, path):
+                report.problems.append(
+                    f"add-on {name} {pinned} has no configuration key {'.'.join(path)}: "
+                    "CreateAddon would refuse the platform's configuration "
+                    "(infra/storage/csi_addons.py says what it is for)"
+                )
+
+
 def ami_parameters(config: StackConfig) -> list[str]:
     """The SSM parameters Karpenter reads for the stack's alias (karpenter-provider-aws v1.14.1,
     pkg/providers/amifamily/al2023.go resolvePath): the standard x86_64 AMI, and the NVIDIA one
@@ -400,6 +420,7 @@ def preflight(config: StackConfig, ec2, quotas, eks=None, ssm=None) -> Report:
     check_reservations(config, ec2, zones, report)
     if eks is not None:
         check_addons(config, eks, report)
+        check_addon_configuration(config, eks, report)
     if ssm is not None:
         check_ami(config, ssm, report)
     return report

@@ -7,7 +7,6 @@ import pulumi
 import pulumi_aws as aws
 
 from infra.core.context import ClusterContext
-from infra.core.nodes import SYSTEM_NODE_LABEL
 
 POD_IDENTITY_SERVICE = "pods.eks.amazonaws.com"
 # EKS add-on controllers (EBS, EFS, FSx CSI) run in this namespace.
@@ -153,13 +152,6 @@ def node_role(
     return _role(name, trust, NODE_MANAGED_POLICIES, tags, opts, None, role_name)
 
 
-# Add-ons whose EKS configuration schema has `controller.nodeSelector` (checked: the EBS chart's
-# values.schema.json). Add one here once `aws eks describe-addon-configuration --addon-name <name>
-# --addon-version <pin>` lists the key: CreateAddon rejects keys outside the schema. The others'
-# controllers tolerate the system taint by default but may also land on untainted nodes.
-CSI_CONTROLLER_NODE_SELECTOR = {"aws-ebs-csi-driver"}
-
-
 def csi_driver_addon(
     name: str,
     cluster: ClusterContext,
@@ -167,11 +159,13 @@ def csi_driver_addon(
     version: str,
     service_account: str,
     opts: pulumi.ResourceOptions,
+    configuration: dict | None = None,
     managed_policies: list[str] | None = None,
     inline_policy: pulumi.Input[str] | None = None,
 ) -> aws.eks.Addon:
     """An EKS add-on whose controller runs as `service_account` with its own Pod Identity role,
-    created once the system nodes and the Pod Identity agent are there."""
+    created once the system nodes and the Pod Identity agent are there; `configuration`: its
+    configurationValues (infra/storage/csi_addons.py)."""
     role = pod_identity_role(
         name,
         cluster.name,
@@ -189,9 +183,7 @@ def csi_driver_addon(
         addon_version=version,
         resolve_conflicts_on_update="OVERWRITE",
         pod_identity_associations=[{"role_arn": role.arn, "service_account": service_account}],
-        configuration_values=json.dumps({"controller": {"nodeSelector": SYSTEM_NODE_LABEL}})
-        if addon in CSI_CONTROLLER_NODE_SELECTOR
-        else None,
+        configuration_values=json.dumps(configuration) if configuration else None,
         tags=cluster.tags,
         opts=pulumi.ResourceOptions.merge(
             opts,

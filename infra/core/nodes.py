@@ -36,3 +36,7 @@ GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSc
 GPU_NODE_LABELS = {"nvidia.com/gpu.present": "true"}
 # The EFA device plugin runs on nodes carrying this label.
 EFA_NODE_LABELS = {"training-platform/efa": "true"}
+# The label EKS gives what is not an EC2 node of the cluster: `hybrid` on a hybrid node (nodeadm
+# sets it; infra/hybrid/admission.py holds it there), `fargate`, `auto`. EKS's add-ons keep
+# their node agents off such nodes by it (their charts' affinity).
+COMPUTE_TYPE = "eks.amazonaws.com/compute-type"

@@ -34,13 +34,12 @@ import pulumi_kubernetes as k8s
 
 from infra.core.config import HYBRID_POOL
 from infra.core.context import ClusterContext
-from infra.core.nodes import GPU_NODE_LABELS, MACHINE_LABEL, POOL_LABEL
+from infra.core.nodes import COMPUTE_TYPE, GPU_NODE_LABELS, MACHINE_LABEL, POOL_LABEL
 from infra.hybrid.config import HybridConfig
 from infra.hybrid.gateway import GATEWAY_GROUP
 from infra.hybrid.machines import HYBRID_NODE_LABELS, HYBRID_TAINT, MACHINE_TAINT_KEY
 from infra.kueue.queues import TEAM_LABEL
 
-COMPUTE_TYPE = "eks.amazonaws.com/compute-type"
 # What a hybrid node's kubelet sets on its Node: its own labels (kubernetes/kubelet
 # pkg/apis/well_known_labels.go at v0.35.0: those a kubelet may set in kubernetes.io; a
 # hybrid node has no cloud provider to add zones or instance types), nodeadm's (aws/eks-hybrid

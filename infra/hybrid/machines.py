@@ -14,7 +14,7 @@ machine by its credentials (infra/hybrid/gateway_boot.py); the node admission po
 import yaml
 
 from infra.core.config import HYBRID_POOL
-from infra.core.nodes import GPU_NODE_LABELS, GPU_TOLERATION
+from infra.core.nodes import COMPUTE_TYPE, GPU_NODE_LABELS, GPU_TOLERATION
 from infra.core.versions import NODEADM_VERSION, NVIDIA_CONTAINER_TOOLKIT_VERSION
 from infra.hybrid.config import HybridConfig, HybridMachine
 from infra.hybrid.gateway import WIREGUARD_PORT
@@ -43,7 +43,7 @@ HYBRID_NODE_AFFINITY = {
                 {
                     "matchExpressions": [
                         {
-                            "key": "eks.amazonaws.com/compute-type",
+                            "key": COMPUTE_TYPE,
                             "operator": "In",
                             "values": ["hybrid"],
                         }

@@ -10,6 +10,7 @@ import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
 from infra.core.iam import csi_driver_addon
+from infra.storage.csi_addons import EBS_ADDON, addon_configuration
 
 EBS_CSI_POLICY = "service-role/AmazonEBSCSIDriverPolicy"
 STORAGE_CLASS = "gp3"
@@ -47,10 +48,11 @@ class BlockStorage(pulumi.ComponentResource):
         self.addon = addon = csi_driver_addon(
             f"{name}-csi",
             cluster,
-            "aws-ebs-csi-driver",
+            EBS_ADDON,
             addon_version,
             "ebs-csi-controller-sa",
             child,
+            configuration=addon_configuration(EBS_ADDON, addon_version),
             managed_policies=[EBS_CSI_POLICY],
         )
         for class_name, reclaim, annotations in (

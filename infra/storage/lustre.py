@@ -26,6 +26,7 @@ from infra.core.context import ClusterContext
 from infra.core.iam import csi_driver_addon
 from infra.core.versions import LUSTRE_VERSION
 from infra.storage.config import FSX_EXPORT_PREFIX, FsxConfig
+from infra.storage.csi_addons import FSX_ADDON, addon_configuration
 from infra.storage.facts import FSX
 from trainer import TRAINER_UID
 
@@ -157,10 +158,11 @@ class LustreFileSystem(pulumi.ComponentResource):
         addon = csi_driver_addon(
             f"{name}-csi",
             cluster,
-            "aws-fsx-csi-driver",
+            FSX_ADDON,
             addon_version,
             "fsx-csi-controller-sa",
             child,
+            configuration=addon_configuration(FSX_ADDON, addon_version),
             inline_policy=csi_policy(),
         )
         self.driver = [addon, file_system]

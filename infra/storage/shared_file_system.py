@@ -24,6 +24,7 @@ import pulumi_kubernetes as k8s
 from infra.core.config import ConfigError
 from infra.core.context import ClusterContext
 from infra.core.iam import csi_driver_addon
+from infra.storage.csi_addons import EFS_ADDON, addon_configuration
 from infra.storage.facts import EFS
 from trainer import TRAINER_UID
 
@@ -191,10 +192,11 @@ class SharedFileSystem(pulumi.ComponentResource):
         addon = csi_driver_addon(
             f"{name}-csi",
             cluster,
-            "aws-efs-csi-driver",
+            EFS_ADDON,
             addon_version,
             "efs-csi-controller-sa",
             child,
+            configuration=addon_configuration(EFS_ADDON, addon_version),
         )
         self.driver = [addon, *targets, nfs]
         self._k8s_opts = cluster.in_cluster(self, *self.driver)

@@ -15,7 +15,6 @@ import pytest
 import yaml
 
 from deploy.program import build_platform
-from infra.core.iam import CSI_CONTROLLER_NODE_SELECTOR
 from infra.core.nodes import (
     EFA_NODE_LABELS,
     POOL_LABEL,
@@ -714,13 +713,14 @@ def test_controllers_run_on_the_tainted_system_nodes(dev_plan):
     }
     assert set(csi) == {"aws-ebs-csi-driver", "aws-efs-csi-driver"}
     # Pinned to the system nodes where the add-on's configuration schema has the key (a key
-    # outside it fails CreateAddon); the others tolerate the system taint by default.
-    for name, addon in csi.items():
-        if name in CSI_CONTROLLER_NODE_SELECTOR:
-            values = json.loads(addon["configurationValues"])
-            assert values == {"controller": {"nodeSelector": SYSTEM_NODE_LABEL}}
-        else:
-            assert "configurationValues" not in addon
+    # outside it fails CreateAddon; deploy.preflight checks them); EFS's controller tolerates the
+    # system taint by default. EBS's node agent may write no Node.
+    ebs = json.loads(csi["aws-ebs-csi-driver"]["configurationValues"])
+    assert ebs == {
+        "controller": {"nodeSelector": SYSTEM_NODE_LABEL},
+        "node": {"serviceAccount": {"disableMutation": True}},
+    }
+    assert "configurationValues" not in csi["aws-efs-csi-driver"]
 
 
 # --- Karpenter: complete policy, upgradable CRDs, bounded drains, EFA placement ----------------

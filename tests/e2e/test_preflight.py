@@ -1,6 +1,8 @@
 """GPU availability preflight against moto's EC2 (zones, offerings, spot prices) and recorded
 Service Quotas responses (moto implements Service Quotas for the vpc service only)."""
 
+import json
+
 import boto3
 import pytest
 from botocore.stub import Stubber
@@ -320,3 +322,47 @@ def test_the_ami_release_is_checked_for_the_stacks_kubernetes_version(version):
     stubber.assert_no_pending_responses()
     (problem,) = report.problems
     assert f"has no AMI for Kubernetes {version} ({nvidia} does not exist)" in problem
+
+
+def configuration_schema(properties: dict) -> dict:
+    """DescribeAddonConfiguration's answer: the build's schema as a JSON string."""
+    schema = {"$schema": "http://json-schema.org/draft-07/schema#", "type": "object"}
+    return {
+        "addonName": "x",
+        "addonVersion": "x",
+        "configurationSchema": json.dumps({**schema, "properties": properties}),
+    }
+
+
+def test_the_csi_add_ons_configuration_keys_are_checked_against_each_builds_schema():
+    """CreateAddon refuses a key outside the build's configuration schema: the FSx node agent's
+    affinity (which keeps it off the hybrid machines) and EBS's disableMutation are confirmed
+    before `pulumi up`, not discovered half-way through it."""
+    values = stack_values("dev", storage={"fsx": {"enabled": True}})
+    config = parse_stack_config(values, "Pulumi.dev.yaml")
+    pinned = preflight.stack_addons(config)
+    eks = boto3.client(
+        "eks", region_name="us-west-2", aws_access_key_id="x", aws_secret_access_key="x"
+    )
+    stubber = Stubber(eks)
+    ebs = {
+        "controller": {"properties": {"nodeSelector": {"type": "object"}}},
+        "node": {"properties": {"serviceAccount": {"properties": {"disableMutation": {}}}}},
+    }
+    # An FSx build whose schema has node.tolerations but no node.affinity.
+    fsx = {"node": {"properties": {"tolerations": {"type": "array"}}}}
+    for name, properties in (("aws-ebs-csi-driver", ebs), ("aws-fsx-csi-driver", fsx)):
+        stubber.add_response(
+            "describe_addon_configuration",
+            configuration_schema(properties),
+            {"addonName": name, "addonVersion": pinned[name]},
+        )
+    stubber.activate()
+    report = preflight.Report()
+    preflight.check_addon_configuration(config, eks, report)
+    stubber.assert_no_pending_responses()
+    assert report.problems == [
+        f"add-on aws-fsx-csi-driver {pinned['aws-fsx-csi-driver']} has no configuration key "
+        "node.affinity: CreateAddon would refuse the platform's configuration "
+        "(infra/storage/csi_addons.py says what it is for)"
+    ]

@@ -21,10 +21,12 @@ from devservers.api import OWNER_LABEL
 from infra.core.nodes import MACHINE_LABEL, POOL_LABEL, SYSTEM_PLACEMENT
 from infra.core.pods import SYSTEM_LABELS, SYSTEM_TAINT
 from infra.core.tests.admission_rules import ENV, admitted, refusals
+from infra.eks.facts import CLUSTER_ADDONS, EKS_ADDON
 from infra.hybrid.admission import policies
 from infra.hybrid.config import HybridConfig
 from infra.hybrid.gateway import GATEWAY_GROUP
 from infra.hybrid.machines import node_labels, node_taints
+from infra.hybrid.tests import node_agent_rules
 from infra.hybrid.tests.test_hybrid import HYBRID
 from infra.hybrid.tests.test_hybrid_devservers import plan_of_values
 from infra.hybrid.tests.test_hybrid_jobs import (
@@ -192,7 +194,11 @@ def schedulable(pod: dict, node: dict) -> bool:
 @pytest.fixture(scope="module")
 def plan():
     dev = hybrid_values()["training-platform:devServers"]
-    values = hybrid_values(devServers={**dev, "flavors": [*dev["flavors"], *FLAVORS]})
+    # FSx on: its CSI node agent is the one whose chart would put it on the machines.
+    values = hybrid_values(
+        devServers={**dev, "flavors": [*dev["flavors"], *FLAVORS]},
+        storage={"fsx": {"enabled": True}},
+    )
     return plan_of_values(values)
 
 
@@ -388,6 +394,37 @@ def test_no_pod_lands_on_a_machine_its_owner_did_not_admit(plan, admission):
     assert ("flavor bob-box", "dev-alice", "bob-cpu") in landed  # bob-cpu admits team-a
     # ...and a flavor on a machine that does not admit a user is refused in her namespace.
     assert ("flavor rtx-1", "dev-bob") in refused
+
+
+# --- node agents: no ServiceAccount that may write Nodes on a machine --------------------------
+
+
+def test_no_node_agent_that_may_write_nodes_runs_on_a_machine(plan):
+    """A machine owner holds the tokens of the pods on her machine: an agent there whose
+    ServiceAccount may patch Nodes would let her untaint and relabel any node (hers as a GPU
+    pool), drawing other tenants' pods to it. Every add-on's DaemonSets, placed by their charts'
+    defaults and the configuration the plan passes (node_agent_rules, cited), and every Helm
+    release's, whose charts grant no Node writes at all."""
+    addons = {a.inputs["addonName"]: a.inputs for a in plan.of_type(EKS_ADDON)}
+    assert {*addons, *CLUSTER_ADDONS} <= set(node_agent_rules.ADDON_AGENTS)
+    releases = {r.name for r in plan.of_type("kubernetes:helm.sh/v3:Release")}
+    assert releases <= node_agent_rules.RELEASES_WITHOUT_NODE_WRITES, releases
+    machines = [n for machine, n in platform_nodes(plan) if machine is not None]
+    on_machines, writers = set(), set()
+    for name in [*addons, *CLUSTER_ADDONS]:
+        raw = addons.get(name, {}).get("configurationValues")
+        configuration = json.loads(raw) if raw else {}
+        for agent in node_agent_rules.ADDON_AGENTS[name]:
+            if not agent.made(configuration):
+                continue
+            if agent.writes_nodes(configuration):
+                writers.add(agent.daemonset)
+            if any(schedulable(agent.pod(configuration), n) for n in machines):
+                on_machines.add(agent.daemonset)
+    assert not on_machines & writers, on_machines & writers
+    # Not vacuous: the machines do run agents, and agents that may write Nodes exist.
+    assert on_machines == {"kube-proxy", "eks-pod-identity-agent-hybrid"}
+    assert writers == {"efs-csi-node", "fsx-csi-node", "eks-node-monitoring-agent"}
 
 
 def test_jobs_and_flavors_select_nodes_by_a_label_no_kubelet_sets(plan):
