@@ -38,6 +38,7 @@ from devservers.day_two import user_holder
 from infra.core.catalog import RegionPrices
 from infra.core.context import ClusterContext
 from infra.core.data_holders import annotated
+from infra.core.network_policies import admit_pods, platform_namespace
 from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.core.paths import PROJECT_DIR
 from infra.core.pools import Pool
@@ -58,7 +59,6 @@ from infra.kueue.queues import (
 from infra.stack.dev_servers import DevServersConfig
 from infra.storage.block_storage import HOME_STORAGE_CLASS
 from infra.storage.facts import SSH_LOAD_BALANCERS_ANNOTATION
-from infra.teams.network import admit_pods
 
 NAMESPACE = "devservers-system"
 OPERATOR = "devserver-operator"
@@ -207,6 +207,9 @@ class DevServers(pulumi.ComponentResource):
             metadata={"name": NAMESPACE, "labels": RESTRICTED},
             opts=cluster.in_cluster(self),
         )
+        # The operator serves no webhook; its probes come from its node, and its metrics port
+        # (every user's servers, flavors and prices) is for no one else.
+        platform_namespace(f"{name}-system", NAMESPACE, cluster, self, [operator_namespace])
         account = k8s.core.v1.ServiceAccount(
             f"{name}-operator",
             metadata={"name": OPERATOR, "namespace": NAMESPACE},

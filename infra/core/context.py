@@ -26,6 +26,9 @@ class VpcPlacement:
     route_table_ids: list[pulumi.Output[str]]  # public first, then one per private subnet
     zones: list[str] | None  # the created VPC's AZs; None for an adopted VPC
     cluster_security_group_id: pulumi.Input[str]  # the group EKS gives the cluster and its nodes
+    # Where the API server's calls to webhooks and aggregated APIs come from: its network
+    # interfaces' subnets (infra/vpc/network.py), or the whole VPC where those are adopted ones.
+    control_plane_sources: tuple[str, ...]
 
 
 @dataclass(frozen=True)

@@ -87,8 +87,16 @@ class Cluster(pulumi.ComponentResource):
             name=config.name,
             version=config.kubernetes_version,
             vpc_id=network.vpc_id,
-            private_subnet_ids=network.private_subnet_ids,
-            public_subnet_ids=network.public_subnet_ids,
+            # Its network interfaces: in subnets of their own where the VPC is the stack's
+            # (pulumi-eks passes subnet_ids, or the private and public ones, to EKS).
+            **(
+                {"subnet_ids": network.control_plane_subnet_ids}
+                if network.control_plane_subnet_ids is not None
+                else {
+                    "private_subnet_ids": network.private_subnet_ids,
+                    "public_subnet_ids": network.public_subnet_ids,
+                }
+            ),
             node_associate_public_ip_address=False,
             authentication_mode=eks.AuthenticationMode.API,
             access_entries={
@@ -121,7 +129,8 @@ class Cluster(pulumi.ComponentResource):
             encryption_config_key_arn=secrets_key.arn,
             deletion_protection=config.deletion_protection,
             upgrade_policy=aws.eks.ClusterUpgradePolicyArgs(support_type=config.upgrade_policy),
-            # Network policy enforcement: job pods accept traffic only from their own job.
+            # The VPC CNI enforces the stack's NetworkPolicies (every tenant and platform
+            # namespace's ingress): without it they are inert.
             vpc_cni_options=eks.VpcCniOptionsArgs(
                 addon_version=addons["vpc-cni"], enable_network_policy=True
             ),
@@ -199,6 +208,9 @@ class Cluster(pulumi.ComponentResource):
                 route_table_ids=network.route_table_ids,
                 zones=network.zones,
                 cluster_security_group_id=cluster_sg_id,
+                control_plane_sources=tuple(
+                    str(c) for c in network.control_plane_cidrs or [network.cidr]
+                ),
             ),
         )
         self.register_outputs(

@@ -65,3 +65,26 @@ def controllers(change: Change) -> None:
                 f"{step.new.inputs.get('version')}; its controller restarts, running jobs keep "
                 "running"
             )
+
+
+# pulumi-eks takes the control plane's subnets as subnetIds or as the private and public ones.
+SUBNET_INPUTS = ("subnetIds", "privateSubnetIds", "publicSubnetIds", "vpcConfig.subnetIds")
+
+
+def control_plane_subnets(change: Change) -> None:
+    """EKS moves a cluster's network interfaces in place (UpdateClusterConfig, since 2023-10),
+    into subnets of the AZs it was created in and of its VPC only (EKS user guide, "VPC and
+    subnet requirements"); the webhook policies admit the new subnets (infra/core/
+    network_policies.py)."""
+    for step in change.steps:
+        if step.type in EKS_CLUSTERS and step.op == UPDATE and _names_subnets(step.reasons):
+            change.found.notes.append(
+                f"cluster {step.name}: EKS moves the control plane's network interfaces into "
+                "its own subnets (in place; they must lie in the cluster's original AZs and "
+                "VPC); the platform's webhook policies admit the API server from them once "
+                "the update is done"
+            )
+
+
+def _names_subnets(reasons) -> bool:
+    return any(r.startswith(SUBNET_INPUTS) for r in reasons)

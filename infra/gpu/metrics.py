@@ -7,8 +7,9 @@ agent, so their exporter (a release of its own) embeds its host engine as the ch
 None of it authenticates its clients: Prometheus' and Alertmanager's HTTP APIs answer whoever
 connects (read every metric, silence alerts), the exporters serve metrics to anyone, and DCGM's
 host engine takes commands from any client. Their protection is the network: NetworkPolicies
-admit into the monitoring namespace only its own pods (and the API server to the Prometheus
-operator's admission webhook; the DevServer operator to the exporters: devservers/component.py),
+admit into the monitoring namespace only its own pods (and the API server, from the control
+plane's subnets, to the Prometheus operator's admission webhook; the DevServer operator to the
+exporters: devservers/component.py),
 and to the host engine only the exporters. Grafana, which has logins, gets an admin password of
 its own rather than one the chart picks.
 """
@@ -19,11 +20,11 @@ import pulumi_random as random
 
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
+from infra.core.network_policies import admit_pods, from_control_plane, same_namespace
 from infra.core.nodes import GPU_NODE_LABELS, GPU_TOLERATION, SYSTEM_PLACEMENT
 from infra.core.versions import DCGM_EXPORTER_CHART, KUBE_PROMETHEUS_STACK_CHART
 from infra.eks.node_monitoring_agent import DCGM_HOST_ENGINE_PORT
 from infra.hybrid.machines import GPU_AGENT_TOLERATIONS, HYBRID_NODE_AFFINITY
-from infra.teams.network import admit_pods
 
 NAMESPACE = "monitoring"
 # The pods of the charts installed here, as their charts label them.
@@ -33,6 +34,7 @@ EXPORTER_LABELS = {"app.kubernetes.io/name": "dcgm-exporter"}
 # release named kube-prometheus-stack; its webhook and metrics port (prometheusOperator.tls
 # .internalPort, values.yaml:2846), which the chart's admission webhooks call through its Service.
 OPERATOR_LABELS = {"app.kubernetes.io/name": "kube-prometheus-stack-prometheus-operator"}
+OPERATOR_SELECTOR = {"matchLabels": OPERATOR_LABELS}
 OPERATOR_WEBHOOK_PORT = 10250
 # The node monitoring agent's host engine (eks-node-monitoring-agent v1.7.0
 # charts/eks-node-monitoring-agent/templates/dcgm-daemonset.yaml), in the add-on's namespace.
@@ -200,14 +202,17 @@ class GpuMetrics(pulumi.ComponentResource):
         # The namespace exists once a release has made it.
         in_namespace = cluster.in_cluster(self, *releases)
         self._policy(
-            f"{name}-own-pods", NAMESPACE, "monitoring-own-pods", own_pods_ingress(), in_namespace
+            f"{name}-own-pods", NAMESPACE, "monitoring-own-pods", same_namespace(), in_namespace
         )
         if prometheus_stack:
             self._policy(
                 f"{name}-operator-webhook",
                 NAMESPACE,
                 "prometheus-operator-webhook",
-                webhook_ingress(str(cluster.vpc.cidr)),
+                # Its admission webhook (PrometheusRules, AlertmanagerConfigs), from the API server.
+                from_control_plane(
+                    cluster.vpc.control_plane_sources, [OPERATOR_WEBHOOK_PORT], OPERATOR_SELECTOR
+                ),
                 in_namespace,
             )
         self.register_outputs({})
@@ -216,30 +221,3 @@ class GpuMetrics(pulumi.ComponentResource):
         k8s.networking.v1.NetworkPolicy(
             name, metadata={"name": policy, "namespace": namespace}, spec=spec, opts=opts
         )
-
-
-def own_pods_ingress() -> dict:
-    """Every pod of the namespace admits the namespace's pods, and no one else (a policy that
-    selects a pod isolates it: what no policy admits is refused)."""
-    return {
-        "podSelector": {},
-        "policyTypes": ["Ingress"],
-        "ingress": [{"from": [{"podSelector": {}}]}],
-    }
-
-
-def webhook_ingress(vpc_cidr: str) -> dict:
-    """The Prometheus operator's webhook port from the VPC, where the EKS control plane's
-    network interfaces are (the API server calls admission webhooks). The range holds every
-    pod's address too (VPC CNI), so any pod reaches this port: the operator's admission
-    endpoints and its own metrics, nothing of the monitored data."""
-    return {
-        "podSelector": {"matchLabels": OPERATOR_LABELS},
-        "policyTypes": ["Ingress"],
-        "ingress": [
-            {
-                "from": [{"ipBlock": {"cidr": vpc_cidr}}],
-                "ports": [{"protocol": "TCP", "port": OPERATOR_WEBHOOK_PORT}],
-            }
-        ],
-    }

@@ -13,6 +13,8 @@ otherwise break.
   register again: the policy holds on create and update alike.
 - hybrid-gateway-node-labels: the gateway (its IAM role's group) changes only the two labels it
   sets, POOL_LABEL=hybrid and MACHINE_LABEL=<a machine>, and only on hybrid nodes.
+- hybrid-node-fields: nobody else changes a hybrid node's labels, platform taints or provider
+  ID (a token of a node agent that may write Nodes, elsewhere in the cluster, included).
 - machine-tolerations: a pod in a tenant namespace (one labelled with its team) tolerates a
   machine's taint only if that machine admits the namespace's team or user (its owner or allow).
   A machine whose owner keeps her taint on thus runs only the workloads she admitted, however a
@@ -160,6 +162,57 @@ def node_registration_policy(config: HybridConfig) -> dict:
     }
 
 
+# The labels the node lifecycle controller keeps on every node: the deprecated beta OS and
+# architecture labels, copied from kubernetes.io/os and /arch (kubernetes pkg/controller/
+# nodelifecycle/node_lifecycle_controller.go, labelReconcileInfo).
+RECONCILED_LABELS = ("beta.kubernetes.io/os", "beta.kubernetes.io/arch")
+PLATFORM_TAINTS = "{o}.spec.taints.filter(t, t.key.startsWith('training-platform/'))"
+PROVIDER_ID = "(has({o}.spec.providerID) ? {o}.spec.providerID : '')"
+
+
+def node_fields_policy(config: HybridConfig) -> dict:
+    """Everyone but the node itself (node_registration_policy) and the gateway
+    (gateway_labels_policy) leaves a hybrid node's labels, platform taints and provider ID as
+    they are, on the Node and its status alike: a token that may write Nodes (a CSI node agent's
+    on an EC2 node, a controller's) cannot turn a machine into a pool or the system nodes, or
+    untaint it. Others' taints (the node lifecycle controller's unreachable and not-ready, an
+    admin's cordon) and annotations stay theirs."""
+    taints = "has({o}.spec.taints) ? " + PLATFORM_TAINTS + " : []"
+    return {
+        "failurePolicy": "Fail",
+        "matchConstraints": resource_rules("", NODE_WRITES, ["UPDATE"]),
+        "matchConditions": [
+            {"name": "hybrid-node", "expression": hybrid_node_name(config, "object.metadata.name")},
+            {"name": "not-the-node", "expression": f"!({hybrid_node(config)})"},
+            {
+                "name": "not-the-gateway",
+                "expression": f"!('{GATEWAY_GROUP}' in request.userInfo.groups)",
+            },
+        ],
+        "variables": [
+            *LABEL_VARIABLES,
+            {"name": "taints", "expression": taints.format(o="object")},
+            {"name": "oldTaints", "expression": taints.format(o="oldObject")},
+        ],
+        "validations": [
+            {
+                "expression": f"variables.changed.all(k, k in {cel(RECONCILED_LABELS)})",
+                "messageExpression": "'only the node and the gateway label a hybrid node, not ' "
+                f"+ variables.changed.filter(k, !(k in {cel(RECONCILED_LABELS)})).join(', ')",
+            },
+            {
+                "expression": "variables.taints == variables.oldTaints",
+                "message": "only a hybrid node registers its training-platform/ taints",
+            },
+            {
+                "expression": f"{PROVIDER_ID.format(o='object')} == "
+                f"{PROVIDER_ID.format(o='oldObject')}",
+                "message": "a hybrid node's provider ID stays nodeadm's",
+            },
+        ],
+    }
+
+
 def gateway_labels_policy(config: HybridConfig) -> dict:
     ours = cel([POOL_LABEL, MACHINE_LABEL])
     machines = cel([m.name for m in config.machines])
@@ -287,6 +340,7 @@ def policies(config: HybridConfig, user_label: str) -> dict[str, dict]:
     return {
         "hybrid-node-registration": node_registration_policy(config),
         "hybrid-gateway-node-labels": gateway_labels_policy(config),
+        "hybrid-node-fields": node_fields_policy(config),
         "machine-tolerations": machine_tolerations_policy(config, user_label),
         "ciliumnode-pod-cidrs": ciliumnode_policy(),
     }

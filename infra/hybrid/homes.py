@@ -34,6 +34,7 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
+from infra.core.network_policies import platform_namespace
 from infra.core.paths import provider_path
 
 STORAGE_CLASS = "hybrid-local"
@@ -69,4 +70,6 @@ class HybridHomes(pulumi.ComponentResource):
             allow_volume_expansion=False,
             opts=cluster.in_cluster(self, install),
         )
+        # The provisioner and its helper pods only call the API server.
+        platform_namespace(name, NAMESPACE, cluster, self, [install])
         self.register_outputs({"storageClass": STORAGE_CLASS})

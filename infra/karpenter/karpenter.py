@@ -8,10 +8,12 @@ import json
 
 import pulumi
 import pulumi_aws as aws
+import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
 from infra.core.iam import node_role, partition, pod_identity_role
+from infra.core.network_policies import default_deny_ingress
 from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.core.versions import KARPENTER_CHART, KARPENTER_CRD_CHART
 from infra.eks.config import karpenter_role_names
@@ -19,6 +21,9 @@ from infra.karpenter.config import NodePoolConfig
 
 NAMESPACE = "kube-system"
 SERVICE_ACCOUNT = "karpenter"
+# Its chart's selector labels with the release named karpenter (charts/karpenter/templates/
+# _helpers.tpl karpenter.selectorLabels).
+POD_LABELS = {"app.kubernetes.io/name": "karpenter", "app.kubernetes.io/instance": "karpenter"}
 
 # Events Karpenter reacts to before AWS takes a node away (upstream getting-started template).
 INTERRUPTION_EVENTS = {
@@ -436,6 +441,15 @@ class Karpenter(pulumi.ComponentResource):
                 queue_policy,
             ),
             skip_crds=True,
+        )
+        # kube-system is EKS's (CoreDNS answers every pod there): only Karpenter's own pods are
+        # isolated. Karpenter serves no webhook since v1.1 (charts/karpenter/templates); its
+        # probes and metrics come from its node or no one.
+        k8s.networking.v1.NetworkPolicy(
+            f"{name}-default-deny",
+            metadata={"name": "karpenter-default-deny-ingress", "namespace": NAMESPACE},
+            spec=default_deny_ingress({"matchLabels": POD_LABELS}),
+            opts=cluster.in_cluster(self, self.release),
         )
         self.node_role_name = nodes.name
         self.node_role_arn = nodes.arn

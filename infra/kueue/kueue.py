@@ -5,6 +5,7 @@ import yaml
 
 from infra.core.context import ClusterContext
 from infra.core.helm import helm_release
+from infra.core.network_policies import platform_namespace
 from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.core.versions import KUEUE_CHART
 from infra.karpenter.cold_start import duration, pods_ready_timeouts
@@ -12,6 +13,12 @@ from infra.karpenter.config import NodePoolConfig
 from infra.kueue.queues import TEAM_LABEL
 
 NAMESPACE = "kueue-system"
+# What the API server calls on Kueue's pods (charts/kueue/templates/manager/manager.yaml, at
+# v0.19.2 and main ff69552e): its admission and CRD-conversion webhooks on 9443, and on 8082 its
+# visibility API, an aggregated API (templates/visibility/apiservice_v1beta2.yaml; feature gate
+# VisibilityOnDemand, on by default since 0.9). Unreachable, the APIService turns unavailable,
+# discovery fails for its group, and deleting any namespace stalls.
+WEBHOOK_PORT, VISIBILITY_PORT = 9443, 8082
 # pytorchjob is off by default since Kueue 0.19 (deprecated) and must be listed; mpijob and
 # trainjob are on but listed anyway because this list replaces the default one
 # (infra/operators/tests/trainer_rules.py: Kueue's trainjob integration). DevServers are
@@ -123,5 +130,8 @@ class Kueue(pulumi.ComponentResource):
             # The job CRDs must exist before Kueue starts watching them; on destroy Kueue stays
             # until the queues and workloads (and their finalizers) are gone.
             cluster.in_cluster(self, *job_operators, *cluster.controller_prerequisites),
+        )
+        platform_namespace(
+            name, NAMESPACE, cluster, self, [self.release], [WEBHOOK_PORT, VISIBILITY_PORT]
         )
         self.register_outputs({})

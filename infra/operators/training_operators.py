@@ -17,8 +17,16 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
+from infra.core.network_policies import platform_namespace
 from infra.core.paths import provider_path
 
+# The namespaces the overlays install into, and the webhook ports the API server calls there:
+# Trainer v2.3.0 and JobSet v0.12.0 (its manager overlay) on 9443 in kubeflow-system
+# (manifests/base/manager/manager.yaml; jobset config/default/manager_webhook_patch.yaml), the
+# training operator v1.9.4 on 9443 in kubeflow (manifests/base/deployment.yaml); the MPI operator
+# v0.8.2 serves nothing (manifests/base/deployment.yaml: no Service, no webhook, metrics off).
+WEBHOOK_PORT = 9443
+NAMESPACES = {"kubeflow-system": [WEBHOOK_PORT], "kubeflow": [WEBHOOK_PORT], "mpi-operator": []}
 # The overlays' folders in the folder the program hands over.
 MPI_OPERATOR = "mpi-operator"
 TRAINING_OPERATOR = "training-operator"
@@ -53,4 +61,8 @@ class TrainingOperators(pulumi.ComponentResource):
             "kubeflow-trainer", directory=provider_path(overlays / TRAINER), opts=child
         )
         self.installs = [mpi_operator, training_operator, self.trainer]
+        for namespace, ports in NAMESPACES.items():
+            platform_namespace(
+                f"{name}-{namespace}", namespace, cluster, self, self.installs, ports
+            )
         self.register_outputs({})

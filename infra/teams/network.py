@@ -16,48 +16,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
+from infra.core.network_policies import DEFAULT_DENY, default_deny_ingress, same_namespace
 
-DEFAULT_DENY = "default-deny-ingress"
 SAME_TEAM = "team-pods"
-
-
-def default_deny_ingress() -> dict:
-    """Selects every pod of its namespace and admits nothing: each is isolated for ingress, so
-    only what another policy of the namespace admits reaches it (networking.k8s.io/v1
-    NetworkPolicySpec: "If this field is empty then this NetworkPolicy does not allow any
-    traffic")."""
-    return {"podSelector": {}, "policyTypes": ["Ingress"]}
-
-
-def same_namespace() -> dict:
-    """Every pod of its namespace admits every pod of the same namespace, on any port."""
-    return {
-        "podSelector": {},
-        "policyTypes": ["Ingress"],
-        "ingress": [{"from": [{"podSelector": {}}]}],
-    }
-
-
-def admit_pods(selected: dict, namespace: str, labels: dict, port: int) -> dict:
-    """A policy spec: the pods labelled `selected` admit, on TCP `port`, the pods labelled
-    `labels` in `namespace` (by the label the API server gives every namespace, its name)."""
-    return {
-        "podSelector": {"matchLabels": selected},
-        "policyTypes": ["Ingress"],
-        "ingress": [
-            {
-                "from": [
-                    {
-                        "namespaceSelector": {
-                            "matchLabels": {"kubernetes.io/metadata.name": namespace}
-                        },
-                        "podSelector": {"matchLabels": labels},
-                    }
-                ],
-                "ports": [{"protocol": "TCP", "port": port}],
-            }
-        ],
-    }
 
 
 class TenantNetwork(pulumi.ComponentResource):

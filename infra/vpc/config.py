@@ -55,6 +55,10 @@ class ExistingVpc(Model):
         return self
 
 
+# EKS's smallest control-plane subnet (EKS user guide, "VPC and subnet requirements": at least
+# 6 free addresses per subnet, 16 recommended; EKS places 2-4 network interfaces in them).
+CONTROL_PLANE_PREFIX = 28
+
 # VPC endpoints a stack may create: `s3` is a gateway endpoint (no hourly charge), the others
 # interface endpoints, one network interface per AZ (billed per AZ-hour).
 GATEWAY_ENDPOINTS = ("s3",)
@@ -101,6 +105,14 @@ class NetworkConfig(Model):
         description="Public subnets (NAT gateways, load balancers), one per AZ, inside `cidr`, "
         "disjoint. Default: /24s (or smaller) cut from the last eighth of `cidr`.",
     )
+    control_plane_subnet_cidrs: list[Cidr] | None = Field(
+        default=None,
+        min_length=1,
+        description="Subnets for the EKS control plane's network interfaces alone, one per AZ, "
+        "/28 (EKS's smallest), inside `cidr`, disjoint: nothing else gets an address there, so "
+        "NetworkPolicies can admit the API server's webhook calls by them without admitting "
+        "pods. Default: the first free /28s of the last eighth of `cidr`.",
+    )
     existing_vpc: ExistingVpc | None = Field(
         default=None,
         description="Adopt a VPC someone else owns instead of creating one: the program tags "
@@ -119,6 +131,11 @@ class NetworkConfig(Model):
         if repeated:
             raise ValueError(
                 f"vpcEndpoints lists {', '.join(repeated)} more than once; allowed: each once"
+            )
+        if self.control_plane_subnet_cidrs and self.existing_vpc:
+            raise ValueError(
+                "controlPlaneSubnetCidrs is set with existingVpc; allowed: none in an adopted VPC "
+                "(its cluster uses the adopted subnets)"
             )
         if self.vpc_endpoints and self.existing_vpc:
             raise ValueError(
@@ -139,7 +156,12 @@ class NetworkConfig(Model):
                 "(pods take VPC addresses, small VPCs run out)"
             )
         private, public = self.subnet_cidrs()
-        for key, subnets in (("privateSubnetCidrs", private), ("publicSubnetCidrs", public)):
+        control_plane = self.control_plane_cidrs()
+        for key, subnets in (
+            ("privateSubnetCidrs", private),
+            ("publicSubnetCidrs", public),
+            ("controlPlaneSubnetCidrs", control_plane),
+        ):
             if len(subnets) != self.az_count:
                 raise ValueError(
                     f"{key} has {len(subnets)} entries; allowed: one per AZ ({self.az_count})"
@@ -147,7 +169,14 @@ class NetworkConfig(Model):
             for subnet in subnets:
                 if not subnet.subnet_of(self.cidr):
                     raise ValueError(f"{key}: {subnet} lies outside the VPC cidr {self.cidr}")
-        every = private + public
+        for subnet in control_plane:
+            if subnet.prefixlen > CONTROL_PLANE_PREFIX:
+                raise ValueError(
+                    f"controlPlaneSubnetCidrs: {subnet} is smaller than /{CONTROL_PLANE_PREFIX}; "
+                    f"allowed: /{CONTROL_PLANE_PREFIX} or larger (EKS needs 6 free addresses in "
+                    "each, and recommends 16)"
+                )
+        every = private + public + control_plane
         for i, a in enumerate(every):
             for b in every[i + 1 :]:
                 if a.overlaps(b):
@@ -166,3 +195,18 @@ class NetworkConfig(Model):
         private = self.private_subnet_cidrs or eighths[: self.az_count]
         public = self.public_subnet_cidrs or carved_public[: self.az_count]
         return list(private), list(public)
+
+    def control_plane_cidrs(self) -> list[ipaddress.IPv4Network]:
+        """The control-plane subnets per AZ: explicit ones from config, else the first /28s of
+        the last eighth that no private or public subnet takes (an empty list when there is no
+        room: the validation names the key)."""
+        if self.control_plane_subnet_cidrs:
+            return list(self.control_plane_subnet_cidrs)
+        taken = [n for subnets in self.subnet_cidrs() for n in subnets]
+        last_eighth = list(self.cidr.subnets(prefixlen_diff=3))[-1]
+        free = (
+            block
+            for block in last_eighth.subnets(new_prefix=CONTROL_PLANE_PREFIX)
+            if not any(block.overlaps(t) for t in taken)
+        )
+        return [block for block, _ in zip(free, range(self.az_count), strict=False)]

@@ -29,6 +29,11 @@ class Network(pulumi.ComponentResource):
     public_subnets: list[pulumi.Input[str]]
     route_table_ids: list[pulumi.Output[str]]  # public first, then one per private subnet
     cidr: ipaddress.IPv4Network
+    # Where the EKS control plane's network interfaces go (created VPCs): subnets of their own,
+    # so their range is the API server's source address and no pod's. None in an adopted VPC:
+    # the cluster takes its private and public subnets, the VPC's range is the only bound.
+    control_plane_subnet_ids: pulumi.Output[list[str]] | None
+    control_plane_cidrs: list[ipaddress.IPv4Network] | None
     # How nodes and controllers reach AWS APIs and registries: the NAT path (gateways, their
     # addresses, the internet gateway, route tables and associations) and the VPC endpoints.
     # Whatever calls out depends on these, so destroy removes them only after it.
@@ -76,6 +81,7 @@ class Network(pulumi.ComponentResource):
         self.public_subnets, self.route_table_ids, self.egress = [], [], []
         self.private_subnet_ids = pulumi.Output.from_input(self.private_subnets)
         self.public_subnet_ids = pulumi.Output.from_input(list(existing.public_subnet_ids))
+        self.control_plane_subnet_ids = self.control_plane_cidrs = None
         self.zones = None  # the adopted subnets' AZs are the owner's business
 
     def _create(self, name: str, config: NetworkConfig) -> None:
@@ -86,6 +92,7 @@ class Network(pulumi.ComponentResource):
                 f"but the region has {len(zones)} available AZs; allowed: at most {len(zones)}"
             )
         private_cidrs, public_cidrs = config.subnet_cidrs()
+        self.control_plane_cidrs = config.control_plane_cidrs()
         self.zones = list(zones)
 
         vpc = aws.ec2.Vpc(
@@ -105,12 +112,12 @@ class Network(pulumi.ComponentResource):
             opts=self._child,
         )
 
-        public_subnets, private_subnets, nats = [], [], []
+        public_subnets, private_subnets, control_plane_subnets, nats = [], [], [], []
         self.route_table_ids = [public_rt.id]
         self.egress = [igw, public_rt]
         private_rts = []
-        for i, (zone, private_cidr, public_cidr) in enumerate(
-            zip(zones, private_cidrs, public_cidrs, strict=True)
+        for i, (zone, private_cidr, public_cidr, control_plane_cidr) in enumerate(
+            zip(zones, private_cidrs, public_cidrs, self.control_plane_cidrs, strict=True)
         ):
             public = aws.ec2.Subnet(
                 f"{name}-public-{i}",
@@ -174,6 +181,9 @@ class Network(pulumi.ComponentResource):
             )
             self.egress += [private_rt, private_association]
             private_subnets.append(private)
+            control_plane_subnets.append(
+                self._control_plane_subnet(name, i, zone, control_plane_cidr, vpc, private_rt)
+            )
             private_rts.append(private_rt)
             self.route_table_ids.append(private_rt.id)
 
@@ -183,6 +193,30 @@ class Network(pulumi.ComponentResource):
         self.private_subnet_ids = pulumi.Output.all(*self.private_subnets)
         self.public_subnets = [s.id for s in public_subnets]
         self.public_subnet_ids = pulumi.Output.all(*self.public_subnets)
+        self.control_plane_subnet_ids = pulumi.Output.all(*[s.id for s in control_plane_subnets])
+
+    def _control_plane_subnet(self, name, i, zone, cidr, vpc, private_rt) -> aws.ec2.Subnet:
+        """A subnet for the control plane's network interfaces in `zone`: untagged for
+        Karpenter and load balancers, so no node, pod or load balancer gets an address in it;
+        routed like the zone's private subnet (the API server reaches pods and hybrid nodes
+        through it)."""
+        subnet = aws.ec2.Subnet(
+            f"{name}-control-plane-{i}",
+            vpc_id=vpc.id,
+            cidr_block=str(cidr),
+            availability_zone=zone,
+            tags=self._named(f"{name}-control-plane-{zone}"),
+            opts=self._child,
+        )
+        self.egress.append(
+            aws.ec2.RouteTableAssociation(
+                f"{name}-control-plane-{i}",
+                subnet_id=subnet.id,
+                route_table_id=private_rt.id,
+                opts=self._child,
+            )
+        )
+        return subnet
 
     def _endpoints(self, name, config: NetworkConfig, vpc, private_subnets, private_rts):
         """`network.vpcEndpoints`: AWS APIs reached from the private subnets without the NAT.

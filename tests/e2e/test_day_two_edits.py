@@ -169,6 +169,8 @@ NOT_EDITABLE = {
     "region": "with the EFA pool's zone (COORDINATED)",
     "network.privateSubnetCidrs": "with publicSubnetCidrs (COORDINATED)",
     "network.publicSubnetCidrs": "with privateSubnetCidrs (COORDINATED)",
+    "network.controlPlaneSubnetCidrs": "one /28 or larger per AZ, free in the VPC: "
+    "infra/vpc/tests/test_network.py plans one",
     "network.existingVpc": "adopting a VPC is a new stack's choice; "
     "infra/vpc/tests/test_network.py plans it",
     "karpenter.amiAlias": "a dated release (COORDINATED)",

@@ -1,6 +1,7 @@
 """What edits do to running work: the nodes that drift, the jobs that restart or keep running,
 and an upgrade to each supported Kubernetes version, in the order EKS requires."""
 
+import copy
 import json
 
 import pytest
@@ -332,3 +333,25 @@ def test_no_pod_of_the_stack_uses_a_gitrepo_volume(stack):
     a pod with one would never start on the supported versions."""
     found = [r.name for r in plan_of(stack).resources if '"gitRepo"' in json.dumps(r.inputs)]
     assert found == []
+
+
+def test_a_stack_from_before_moves_its_control_plane_into_subnets_of_its_own(base):
+    """A stack deployed when the control plane took the private and public subnets: the next
+    `pulumi up` updates the cluster in place (its subnets are not a replacing input), and the
+    plan says what EKS does and requires."""
+    old = copy.deepcopy(base)
+    cluster = old.one(EKS).inputs
+    control_plane = cluster.pop("subnetIds")
+    cluster["privateSubnetIds"] = ["subnet-private-a", "subnet-private-b", "subnet-private-c"]
+    cluster["publicSubnetIds"] = ["subnet-public-a", "subnet-public-b", "subnet-public-c"]
+    config, _ = planned()
+    steps = plan_steps(old, base)
+    (step,) = [s for s in steps if s.type == EKS]
+    assert step.op == "update" and {"subnetIds", "privateSubnetIds"} <= set(step.reasons)
+    assert len(control_plane) == 3
+    found = consequences(steps, config, STACK, None, None)
+    assert not found.refusals and not found.losses
+    assert (
+        "cluster cluster: EKS moves the control plane's network interfaces into its own subnets"
+        in " ".join(found.notes)
+    )

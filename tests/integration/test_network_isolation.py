@@ -11,11 +11,14 @@ import json
 import pytest
 
 from devservers.api import API_VERSION, user_namespace
+from devservers.component import HEALTH_PORT
 from devservers.kube import DCGM_PORT, settings_from_env
+from devservers.operator import METRICS_PORT
 from devservers.render import POD_INDEX_LABEL, RDZV_PORTS, SSH_PORT, children
 from infra.core.tests import network_policy_rules
 from infra.core.tests.crd_schema import with_defaults
 from infra.core.tests.network_policy_rules import NAMESPACE_NAME_LABEL, Endpoint
+from infra.karpenter.karpenter import POD_LABELS as KARPENTER_POD_LABELS
 from infra.stack.loading import read_stack_file
 from tests.plugin import plan_of
 
@@ -58,6 +61,33 @@ STACK_PODS = {
     ),
 }
 HOST_ENGINE = ({"k8s-app": "dcgm-server", "version": "v1"}, [5555])
+# The controllers in the platform's own namespaces, as their charts and overlays label them, with
+# every port they listen on (webhooks, aggregated APIs, metrics, probes): Kueue (charts/kueue
+# templates/manager/manager.yaml), JobSet v0.12.0 and Trainer v2.3.0 (config/components/manager,
+# manifests/base/manager), the training operator v1.9.4 and the MPI operator v0.8.2
+# (manifests/base/deployment.yaml), Karpenter (charts/karpenter), the DevServer operator (its
+# health and metrics ports: devservers/operator.py).
+CONTROLLERS = {
+    "kueue": ("kueue-system", {"app.kubernetes.io/name": "kueue"}, [9443, 8082, 8443, 8081]),
+    "jobset": ("kubeflow-system", {"app.kubernetes.io/name": "jobset"}, [9443, 8443, 8081]),
+    "trainer": ("kubeflow-system", {"app.kubernetes.io/name": "trainer"}, [9443, 8443, 8081]),
+    "training-operator": (
+        "kubeflow",
+        {"control-plane": "kubeflow-training-operator"},
+        [9443, 8080, 8081],
+    ),
+    "mpi-operator": ("mpi-operator", {"app": "mpi-operator"}, [8080]),
+    "karpenter": ("kube-system", KARPENTER_POD_LABELS, [8080, 8081]),
+}
+# What the API server calls on them (infra/core/network_policies.py from_control_plane).
+API_SERVER_CALLS = {
+    ("kueue", 9443),
+    ("kueue", 8082),
+    ("jobset", 9443),
+    ("trainer", 9443),
+    ("training-operator", 9443),
+    ("prometheus-operator", 10250),
+}
 # What tenants' pods may listen on: sshd (DevServers' and MPI workers'), the torch rendezvous
 # store and its spares, a port NCCL or gloo picks, a notebook.
 NCCL_PORT, NOTEBOOK_PORT = 43117, 8888
@@ -105,6 +135,8 @@ class World:
             read_stack_file("prod")["training-platform:network"]["cidr"]
         )
         self.addresses = (str(a) for a in self.vpc.hosts())
+        subnet = plan.one("aws:ec2/subnet:Subnet", "network-control-plane-0").inputs
+        self.control_plane = str(next(ipaddress.ip_network(subnet["cidrBlock"]).hosts()))
         self.namespaces = {
             n.inputs["metadata"]["name"]: {
                 **n.inputs["metadata"].get("labels", {}),
@@ -112,7 +144,8 @@ class World:
             }
             for n in plan.of_type("kubernetes:core/v1:Namespace")
         }
-        for made_by_charts in (MONITORING, "kube-system"):
+        charts = (MONITORING, "kube-system", *{n for n, _, _ in CONTROLLERS.values()})
+        for made_by_charts in charts:
             self.namespaces[made_by_charts] = {NAMESPACE_NAME_LABEL: made_by_charts}
         self.policies = [p.inputs for p in plan.of_type(POLICY)]
         self.pods: list[Endpoint] = []
@@ -129,19 +162,22 @@ class World:
         for name, (labels, ports) in STACK_PODS.items():
             self._pod(name, MONITORING, labels, ports, MONITORING)
         self._pod("dcgm-server", "kube-system", *HOST_ENGINE, "host-engine")
+        for name, (namespace, labels, ports) in CONTROLLERS.items():
+            self._pod(name, namespace, labels, ports, name)
         operator = plan.one("kubernetes:apps/v1:Deployment", "dev-servers-operator").inputs
         self._pod(
             "devserver-operator",
             operator["metadata"]["namespace"],
             operator["spec"]["template"]["metadata"]["labels"],
-            [],
+            [HEALTH_PORT, METRICS_PORT],
             "devserver-operator",
         )
         self.sources = self.pods + [
             Endpoint("ssh-client", CLIENT),
             Endpoint("stranger", STRANGER),
             Endpoint("node", next(self.addresses), node="node-other"),
-            Endpoint("control-plane", next(self.addresses), node="control-plane"),
+            # An address of the control plane's own subnets, where EKS puts its interfaces.
+            Endpoint("control-plane", self.control_plane, node="control-plane"),
         ]
 
     def _pod(self, name, namespace, labels, ports, group, named_ports=None) -> None:
@@ -219,10 +255,11 @@ class World:
     def intended(self, source: Endpoint, destination: Endpoint, port: int) -> bool:
         """What should connect: a workload's own pods to each other on any port (a server's, a
         job's, the monitoring stack's), the DevServer operator to the DCGM exporters' metrics,
-        the exporters to the host engine, the VPC (the control plane among it) to the Prometheus
-        operator's webhook, and to sshd of the server with an SSH load balancer the load
-        balancer's sources: the allowed client range, and the VPC, where the node it hands the
-        connection to is (every pod's address is in the VPC too)."""
+        the exporters to the host engine, the control plane to the controllers' webhooks and
+        aggregated APIs (nothing else reaches a controller: no tenant, no node), and to sshd of
+        the server with an SSH load balancer the load balancer's sources: the allowed client
+        range, and the VPC, where the node it hands the connection to is (every pod's address
+        is in the VPC too)."""
         if source.namespace is not None and self.group[source.name] == self.group[destination.name]:
             return True
         # A team is one tenant: its pods (its stack jobs, the jobs its members submit) reach each
@@ -236,7 +273,7 @@ class World:
                 ("dcgm-exporter", DCGM_PORT, "devserver-operator"),
                 ("dcgm-server", 5555, "dcgm-exporter"),
             }
-            or (destination.name == "prometheus-operator" and port == 10250 and in_vpc)
+            or (source.name == "control-plane" and (destination.name, port) in API_SERVER_CALLS)
             or (destination.name == "lb-0" and port == SSH_PORT and (in_vpc or source.ip == CLIENT))
         )
 
@@ -244,10 +281,13 @@ class World:
 def test_every_connection_among_tenants_and_monitoring_is_exactly_the_intended_one(
     plan, monkeypatch
 ):
+    # The matrix below is the policies' word; the VPC CNI makes it the network's.
+    assert plan.one("eks:index:Cluster").inputs["vpcCniOptions"]["enableNetworkPolicy"] is True
+    assert all(p.inputs["spec"]["policyTypes"] == ["Ingress"] for p in plan.of_type(POLICY))
     world = World(plan, monkeypatch)
     assert {p.namespace for p in world.pods} >= {
         "dev-carol", "dev-dave", "team-b", "research-jobs", MONITORING, "kube-system",
-        "devservers-system",
+        "devservers-system", "kueue-system", "kubeflow", "kubeflow-system", "mpi-operator",
     }  # fmt: skip
     differ = [
         (source.name, destination.name, port, "allowed" if should else "refused")

@@ -41,6 +41,16 @@ from tests.kube_api.server import BUILTIN, SYSTEM_NAMESPACES, KubeAPI
 RBAC_KINDS = ("ClusterRole", "ClusterRoleBinding", "Role", "RoleBinding")
 CRD = "CustomResourceDefinition"
 HELM_RELEASE = "kubernetes:helm.sh/v3:Release"
+KUSTOMIZE = "kubernetes:kustomize/v2:Directory"
+# The namespace each of the plan's upstream overlays (deploy/manifests) creates: the MPI
+# operator's and the training operator's standalone overlays, Trainer's manager overlay,
+# local-path-provisioner's deploy/.
+OVERLAY_NAMESPACES = {
+    "mpi-operator": "mpi-operator",
+    "training-operator": "kubeflow",
+    "kubeflow-trainer": "kubeflow-system",
+    "local-path-provisioner": "local-path-storage",
+}
 ADMIN = user("admin", [MASTERS])
 
 
@@ -79,19 +89,15 @@ def from_plan(plan, crds: list[dict] = (), account=None) -> KubeAPI:
     releases) are left to the test to run as processes. Pods run as `account` (see Kubelet)."""
     manifests = [_manifest(r) for r in plan.resources if r.type.startswith("kubernetes:")]
     manifests += [(crd["apiVersion"], crd) for crd in crds]
-    # The namespaces the plan's Helm releases make (createNamespace), which hold objects too.
+    # The namespaces the plan's Helm releases (createNamespace) and kustomize overlays make,
+    # which hold objects of the plan too (an overlay's namespaces are not in the plan offline).
     made = {m["metadata"]["name"] for _, m in manifests if m["kind"] == "Namespace"}
+    by_installs = {
+        r.inputs["namespace"] for r in plan.of_type(HELM_RELEASE) if r.inputs.get("createNamespace")
+    } | {OVERLAY_NAMESPACES[r.name] for r in plan.of_type(KUSTOMIZE)}
     manifests += [
         ("v1", {"apiVersion": "v1", "kind": "Namespace", "metadata": {"name": namespace}})
-        for namespace in sorted(
-            {
-                r.inputs["namespace"]
-                for r in plan.of_type(HELM_RELEASE)
-                if r.inputs.get("createNamespace")
-            }
-            - made
-            - set(SYSTEM_NAMESPACES)
-        )
+        for namespace in sorted(by_installs - made - set(SYSTEM_NAMESPACES))
     ]
     api = KubeAPI(Authorizer(rbac_of(plan))).start()
     api.runtime = Kubelet(account)

@@ -93,7 +93,12 @@ def test_system_node_group_sized_from_config_on_private_subnets(prod_plan):
     assert group["instanceTypes"] == ["m6i.xlarge"]
     assert group["capacityType"] == "ON_DEMAND"
     assert group["scalingConfig"] == {"minSize": 3, "desiredSize": 3, "maxSize": 6}
-    assert group["subnetIds"] == eks_inputs(prod_plan)["privateSubnetIds"]
+    subnets = {r.name: r.outputs["id"] for r in prod_plan.of_type("aws:ec2/subnet:Subnet")}
+    assert group["subnetIds"] == [subnets[f"network-private-{i}"] for i in range(3)]
+    # The control plane's interfaces go to subnets of their own, where no node is.
+    control_plane = [subnets[f"network-control-plane-{i}"] for i in range(3)]
+    assert eks_inputs(prod_plan)["subnetIds"] == control_plane
+    assert not set(control_plane) & set(group["subnetIds"])
     assert group["labels"] == {"training-platform/node-role": "system"}
     # Tainted: only controllers, which tolerate it, run there.
     assert group["taints"] == [

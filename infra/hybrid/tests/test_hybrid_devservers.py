@@ -343,6 +343,19 @@ def test_helper_pods_are_a_valid_template_run_on_the_machines_only_with_the_pinn
     ]
 
 
+def test_the_provisioners_namespace_admits_no_connection(plan):
+    """Its controller and helper pods only call the API server: a default-deny and nothing else
+    (infra/core/network_policies.py platform_namespace)."""
+    policies = [
+        p.inputs
+        for p in plan.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+        if p.inputs["metadata"]["namespace"] == NAMESPACE
+    ]
+    assert [(p["metadata"]["name"], p["spec"]) for p in policies] == [
+        ("default-deny-ingress", {"podSelector": {}, "policyTypes": ["Ingress"]})
+    ]
+
+
 def test_helper_pods_need_a_privileged_namespace_which_is_the_provisioners_alone(plan):
     """A helper pod mounts a hostPath volume, which Pod Security baseline forbids (the
     pods-no-host-access rule restates it): it runs in the provisioner's namespace, labelled

@@ -425,6 +425,17 @@ def test_no_node_agent_that_may_write_nodes_runs_on_a_machine(plan):
     # Not vacuous: the machines do run agents, and agents that may write Nodes exist.
     assert on_machines == {"kube-proxy", "eks-pod-identity-agent-hybrid"}
     assert writers == {"efs-csi-node", "fsx-csi-node", "eks-node-monitoring-agent"}
+    # The releases' charts grant no Node write with the values the platform passes: the switches
+    # that would add one stay off (node_agent_rules), and the EFA plugin keeps off the machines.
+    values = {r.name: r.inputs["values"] for r in plan.of_type("kubernetes:helm.sh/v3:Release")}
+    assert "annotateK8sNode" not in values["cilium"]
+    assert "kubeRBACProxy" not in values.get("kube-prometheus-stack", {}).get(
+        "prometheus-node-exporter", {}
+    )
+    plugin = values["nvidia-device-plugin"]
+    assert not plugin.get("config") and not plugin.get("gfd", {}).get("enabled")
+    efa = {"tolerations": values["aws-efa-k8s-device-plugin"]["tolerations"]}
+    assert not any(taints_allow(efa, n) for n in machines)
 
 
 def test_jobs_and_flavors_select_nodes_by_a_label_no_kubelet_sets(plan):
@@ -523,6 +534,66 @@ def test_a_hybrid_node_cannot_relabel_itself_through_its_status_either(admission
     }
     applies = refusals(narrow, "UPDATE", rewritten, old=bare, resource=("", subresource), **user)
     assert (applies is None) is (subresource == "nodes/status")
+
+
+# A CSI node agent's token on an EC2 node (upstream: nodes patch, node_agent_rules), the node
+# lifecycle controller, a cluster admin.
+OTHERS = [
+    {"username": "system:serviceaccount:kube-system:efs-csi-node-sa"},
+    {"username": "system:serviceaccount:kube-system:node-controller"},
+    {"username": "kubernetes-admin", "groups": ("system:masters",)},
+]
+
+
+def with_spec(candidate: dict, **spec) -> dict:
+    return {**candidate, "spec": {**candidate["spec"], **spec}}
+
+
+@pytest.mark.parametrize("subresource", ["nodes", "nodes/status"])
+@pytest.mark.parametrize("who", range(len(OTHERS)))
+def test_nobody_else_relabels_untaints_or_repoints_a_hybrid_node(admission, subresource, who):
+    """Must hold: a hybrid node's labels, taints and provider ID against every requester but
+    the gateway, on nodes and nodes/status alike."""
+    policy, user = admission["hybrid-node-fields"], OTHERS[who]
+    request = {"resource": ("", subresource), **user}
+    before = hybrid_node(**{POOL_LABEL: "hybrid", MACHINE_LABEL: "bob-cpu"})
+    labels = dict(before["metadata"]["labels"])
+    labels.pop("eks.amazonaws.com/compute-type")
+    platform = [t for t in before["spec"]["taints"] if t["key"].startswith("training-platform/")]
+    assert len(platform) == 2  # the hybrid taint and the machine's
+    attacks = [
+        {**before, "metadata": {**before["metadata"], "labels": labels}},
+        hybrid_node(**{POOL_LABEL: "gpu-small", MACHINE_LABEL: "bob-cpu"}),
+        hybrid_node(**{POOL_LABEL: "hybrid", MACHINE_LABEL: "alice-4090"}),
+        hybrid_node(**{POOL_LABEL: "hybrid", MACHINE_LABEL: "bob-cpu", **SYSTEM_LABELS}),
+        with_spec(before, taints=[t for t in before["spec"]["taints"] if t not in platform]),
+        with_spec(before, taints=[]),
+        with_spec(before, providerID="aws:///us-west-2a/i-0123456789abcdef0"),
+    ]
+    for attack in attacks:
+        assert refusals(policy, "UPDATE", attack, old=before, **request), attack
+    # What others may still do: the node lifecycle controller's taints and labels, a cordon,
+    # the node's conditions.
+    unreachable = {"key": "node.kubernetes.io/unreachable", "effect": "NoExecute"}
+    beta = hybrid_node(
+        **{POOL_LABEL: "hybrid", MACHINE_LABEL: "bob-cpu", "beta.kubernetes.io/arch": "amd64"}
+    )
+    for allowed in (
+        with_spec(before, taints=[*before["spec"]["taints"], unreachable]),
+        with_spec(before, unschedulable=True),
+        beta,
+        {**before, "status": {"conditions": [{"type": "Ready", "status": "Unknown"}]}},
+    ):
+        assert refusals(policy, "UPDATE", allowed, old=before, **request) == [], allowed
+    # Not this policy's: the node itself, the gateway, and EC2 nodes.
+    assert (
+        refusals(policy, "UPDATE", attacks[0], old=before, username="system:node:mi-0bob") is None
+    )
+    gateway = {"username": "gw", "groups": (GATEWAY_GROUP,)}
+    assert refusals(policy, "UPDATE", attacks[1], old=before, **gateway) is None
+    ec2 = node("ip-10-20-1-1.ec2.internal", {POOL_LABEL: "cpu"}, [])
+    assert refusals(policy, "UPDATE", {**ec2, "metadata": {**ec2["metadata"], "labels": {}}},
+                    old=ec2, **request) is None  # fmt: skip
 
 
 def test_the_gateway_changes_only_the_machine_labels_of_hybrid_nodes(admission):

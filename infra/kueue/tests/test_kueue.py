@@ -45,6 +45,9 @@ def test_rendered_configuration_decodes_into_kueue_types(stack_plan):
     config = kueue_config(stack_plan)
     assert kueue.configuration_errors(config) == []
     assert {"waitForPodsReady", "integrations", "managedJobsNamespaceSelector"} <= set(config)
+    # A job or pod without the queue label is not Kueue's: the team policies refuse it instead
+    # (docs/platform/security-and-tenancy.md), not Kueue's default queue.
+    assert config["manageJobsWithoutQueueName"] is False
 
 
 @pytest.mark.parametrize(

@@ -14,6 +14,7 @@ from infra.stack.loading import parse_stack_config
 from tests.plugin import plan_of, stack_values
 
 SUBNET = "aws:ec2/subnet:Subnet"
+INTERNAL_ELB = "kubernetes.io/role/internal-elb"
 
 
 def subnets(plan, kind):
@@ -45,6 +46,60 @@ def test_one_private_and_public_subnet_per_az_without_overlap(stack, azs, reques
     cidrs = [ipaddress.ip_network(s.inputs["cidrBlock"]) for s in plan.of_type(SUBNET)]
     assert all(c.subnet_of(vpc) for c in cidrs)
     assert not any(a.overlaps(b) for i, a in enumerate(cidrs) for b in cidrs[i + 1 :])
+
+
+@pytest.mark.parametrize(("stack", "azs"), [("dev", 2), ("prod", 3)])
+def test_the_control_plane_has_subnets_of_its_own_no_node_pod_or_balancer_selects(
+    stack, azs, request
+):
+    """Their range is the API server's source address and no pod's: the platform namespaces'
+    NetworkPolicies admit webhook calls by it (infra/core/network_policies.py)."""
+    plan = request.getfixturevalue(f"{stack}_plan")
+    control_plane = subnets(plan, "control-plane")
+    assert len({s.inputs["availabilityZone"] for s in control_plane}) == azs
+    for subnet in control_plane:
+        assert ipaddress.ip_network(subnet.inputs["cidrBlock"]).prefixlen == 28
+        tags = set(subnet.inputs["tags"])
+        assert not tags & {"karpenter.sh/discovery", "kubernetes.io/role/elb", INTERNAL_ELB}
+    ids = [s.outputs["id"] for s in control_plane]
+    assert plan.one("eks:index:Cluster").inputs["subnetIds"] == ids
+    # Routed like the private subnets: the API server reaches pods and hybrid nodes from them.
+    private_tables = {
+        a.inputs["routeTableId"]
+        for a in plan.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+        if "-private-" in a.name
+    }
+    routed = [
+        a.inputs["routeTableId"]
+        for a in plan.of_type("aws:ec2/routeTableAssociation:RouteTableAssociation")
+        if "-control-plane-" in a.name
+    ]
+    assert len(routed) == azs and set(routed) <= private_tables
+    sources = {
+        block["ipBlock"]["cidr"]
+        for policy in plan.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+        if policy.inputs["metadata"]["name"] == "from-the-api-server"
+        for rule in policy.inputs["spec"]["ingress"]
+        for block in rule["from"]
+    }
+    assert sources == {s.inputs["cidrBlock"] for s in control_plane}
+
+
+def test_control_plane_subnets_may_be_named_and_are_checked():
+    network = {"controlPlaneSubnetCidrs": ["10.20.240.0/27", "10.20.240.32/27"]}
+    plan = plan_of("dev", network=network)
+    assert [s.inputs["cidrBlock"] for s in subnets(plan, "control-plane")] == network[
+        "controlPlaneSubnetCidrs"
+    ]
+    for cidrs, message in (
+        (["10.20.240.0/29", "10.20.240.8/29"], "is smaller than /28"),
+        (["10.20.224.0/28", "10.20.240.0/28"], "overlap"),  # in the first public subnet
+        (["10.20.240.0/28"], r"has 1 entries; allowed: one per AZ \(2\)"),
+    ):
+        with pytest.raises(ConfigError, match=message):
+            parse_stack_config(
+                stack_values("dev", network={"controlPlaneSubnetCidrs": cidrs}), "Pulumi.dev.yaml"
+            )
 
 
 def nat_of_route_table(plan, route_table):
@@ -98,6 +153,18 @@ def test_existing_vpc_is_adopted_and_its_subnets_tagged():
     cluster = plan.one("eks:index:Cluster").inputs
     assert cluster["vpcId"] == existing["vpcId"]
     assert cluster["privateSubnetIds"] == existing["privateSubnetIds"]
+    # The control plane stays in the adopted subnets: the webhook policies admit the VPC.
+    assert "subnetIds" not in cluster
+    webhooks = [
+        p.inputs["spec"]
+        for p in plan.of_type("kubernetes:networking.k8s.io/v1:NetworkPolicy")
+        if p.inputs["metadata"]["name"] == "from-the-api-server"
+    ]
+    assert webhooks and all(
+        rule["from"] == [{"ipBlock": {"cidr": "10.20.0.0/16"}}]
+        for spec in webhooks
+        for rule in spec["ingress"]
+    )
 
 
 ENDPOINT = "aws:ec2/vpcEndpoint:VpcEndpoint"
