@@ -25,7 +25,11 @@ SYSTEM_NAMESPACES = (
     "monitoring",
     "mpi-operator",
     "local-path-storage",
+    "devservers-system",
+    "nvidia-device-plugin",
 )
+# DevServer users' namespaces are dev-<user> (devservers/api.py NAMESPACE_PREFIX): no team's.
+USER_NAMESPACE_PREFIX = "dev-"
 
 
 # The name of a team's TensorBoard: its Deployment, Service and ServiceAccount
@@ -116,10 +120,11 @@ class QueuesConfig(Model):
     def _unique(self) -> "QueuesConfig":
         for team in self.teams:
             ns = team.namespace_name
-            if ns in SYSTEM_NAMESPACES or ns.startswith("kube-"):
+            if ns in SYSTEM_NAMESPACES or ns.startswith(("kube-", USER_NAMESPACE_PREFIX)):
                 raise ValueError(
-                    f"team {team.name}'s namespace {ns!r} is a system namespace; allowed: any "
-                    f"other name (not kube-*, nor {', '.join(SYSTEM_NAMESPACES)})"
+                    f"team {team.name}'s namespace {ns!r} is a system or DevServer user's "
+                    f"namespace; allowed: any other name (not kube-*, {USER_NAMESPACE_PREFIX}*, "
+                    f"nor {', '.join(SYSTEM_NAMESPACES)})"
                 )
         for what, values in (
             ("names", [t.name for t in self.teams]),

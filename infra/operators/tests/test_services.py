@@ -113,7 +113,7 @@ def test_trainer_v2_installs_its_controller_and_the_jobset_it_names_beside_v1(de
         values = stack_values(
             "dev", queues={"teams": [{"name": "t", "namespace": install.namespace}]}
         )
-        with pytest.raises(ConfigError, match="is a system namespace"):
+        with pytest.raises(ConfigError, match="is a system or DevServer user.s namespace"):
             parse_stack_config(values, "Pulumi.dev.yaml")
     trainer = dev_plan.one("kubernetes:kustomize/v2:Directory", "kubeflow-trainer")
     assert trainer.inputs["directory"].endswith(f"manifests/{TRAINER}")

@@ -11,8 +11,10 @@ import yaml
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
+from devservers.api import NAMESPACE_PREFIX
 from infra.core.config import ConfigError
 from infra.core.versions import KARPENTER_AMI_ALIAS
+from infra.kueue.config import USER_NAMESPACE_PREFIX
 from infra.stack.loading import load_stack_file, parse_stack_config, read_stack_file
 from tests.plugin import STACKS, stack_values
 
@@ -152,7 +154,9 @@ POOL = {"name": "cpu", "instanceTypes": ["m6i.2xlarge"], "maxNodes": 2}
             "network.existingVpc",
             "each subnet once",
         ),
-        ({"queues": {"teams": [{"name": "kube-system"}]}}, "queues", "system namespace"),
+        ({"queues": {"teams": [{"name": "kube-system"}]}}, "queues", "system or DevServer"),
+        ({"queues": {"teams": [{"name": "devservers-system"}]}}, "queues", "devservers-system"),
+        ({"queues": {"teams": [{"name": "a", "namespace": "dev-carol"}]}}, "queues", "dev-*"),
         ({"queues": {"teams": [{"name": "a", "namespace": "kubeflow"}]}}, "queues", "kubeflow"),
         ({"network": {"cidr": "127.0.0.0/16"}}, "network", "loopback"),
         ({"network": {"cidr": "169.254.0.0/16"}}, "network", "link-local"),
@@ -170,6 +174,10 @@ POOL = {"name": "cpu", "instanceTypes": ["m6i.2xlarge"], "maxNodes": 2}
         ({"network": {"cidrr": "10.0.0.0/16"}}, "network.cidrr", "did you mean 'cidr'?"),
     ],
 )
+def test_a_team_namespace_never_takes_a_devserver_users():
+    assert USER_NAMESPACE_PREFIX == NAMESPACE_PREFIX
+
+
 def test_what_aws_or_kubernetes_would_refuse_is_a_config_error(sections, key_path, allowed):
     message = error_for(**sections)
     line = next(

@@ -148,6 +148,17 @@ def test_no_team_group_is_bound_outside_its_namespace(stack_plan):
         if s["name"].startswith("team:")
     }
     assert bound == {(ns, f"team:{team}") for team, ns in teams.items()}
+    # A member's pod may run as any ServiceAccount of her namespace: none of them is bound to
+    # anything, so her pods reach the API with no more than her own rights (their AWS roles are
+    # the jobs' and TensorBoard's, by Pod Identity).
+    accounts = [
+        (b.inputs["metadata"].get("namespace"), s)
+        for kind in ("RoleBinding", "ClusterRoleBinding")
+        for b in stack_plan.of_type(f"{rbac}:{kind}")
+        for s in b.inputs["subjects"]
+        if s["kind"] == "ServiceAccount"
+    ]
+    assert accounts and not [a for a in accounts if a[1].get("namespace") in teams.values()]
 
 
 READ, JOBS = ["get", "list", "watch"], ["get", "list", "watch", "create", "delete"]
