@@ -14,12 +14,14 @@ old.Protect`; step.go DeleteStep.Apply `s.old.Protect`): a deletion takes one `p
 acknowledgement, then one that removes the holder.
 """
 
+import re
 from collections.abc import Callable, Iterator
 from typing import TYPE_CHECKING
 
-from infra.core.change import CREATE, DELETE, REPLACE, Change, Consequences, Step
+from infra.core.change import CREATE, DELETE, REPLACE, UPDATE, Change, Consequences, Step
 from infra.core.data_holders import HOLDER_ANNOTATION, HOLDER_TAG
 from infra.core.declared import dig
+from infra.core.replacement import changed_paths
 
 if TYPE_CHECKING:
     from infra.core.facts import Facts
@@ -94,8 +96,51 @@ def data_losses(change: Change) -> None:
         )
 
 
+def _item_path(path: str) -> str:
+    """`spec.a[3].b` -> `spec.a.[].b`: a changed path in a rule's notation."""
+    return re.sub(r"\[\d+\]", ".[]", path)
+
+
+def _touches(changed: str, path: str) -> bool:
+    return changed == path or changed.startswith(path + ".") or path.startswith(changed + ".")
+
+
+def _present(inputs: dict, path: str) -> bool:
+    value: object = inputs
+    for key in path.split("."):
+        if not isinstance(value, dict) or key not in value:
+            return False
+        value = value[key]
+    return True
+
+
+def immutable_fields(change: Change, facts: "Facts") -> None:
+    """Every update of a field the API server keeps as it was created (Kind.immutable), refused
+    with the way through."""
+    for step in change.steps:
+        kind = facts.kind(step.type)
+        rule = kind.immutable if kind else None
+        if rule is None or step.op != UPDATE:
+            continue
+        old, new = step.old.inputs, step.new.inputs
+        if rule.when and not _present(old, rule.when):
+            continue
+        changed = [_item_path(p) for p in changed_paths(old, new)]
+        hit = sorted(
+            {path for path in rule.paths if any(_touches(c, path) for c in changed)}
+            | {path for path in rule.presence if _present(old, path) != _present(new, path)}
+        )
+        if hit:
+            change.found.refusals.append(
+                f"immutable: {step.type.split(':')[-1]} {step.name}: {', '.join(hit)} cannot "
+                f"change once it exists ({rule.source}): the API server would refuse the update "
+                f"half-way through `pulumi up`; {rule.way}"
+            )
+
+
 def consequences(change: Change, facts: "Facts", checks: tuple[Check, ...] = ()) -> Consequences:
     """Every integration's checks in their order, then `checks` (of what builds on them)."""
+    immutable_fields(change, facts)
     for integration in facts.integrations:
         for check in integration.day_two:
             check(change)

@@ -34,6 +34,21 @@ class ReplaceRule:
     custom: Callable[[dict, dict], list[str]] | None = None
 
 
+@dataclass(frozen=True)
+class ImmutableRule:
+    """Fields the API server refuses to change on an existing object (a CRD's CEL rules, `self
+    == oldSelf` on a field, `has(self.x) == has(oldSelf.x)` on a field's presence; Kubernetes'
+    own validation for built-in kinds), which the provider updates in place: the plan refuses
+    such an update, or `pulumi up` would fail half-way through it. Paths are dotted, `[]` for
+    every item of a list; `when`: the rule holds only if the old object has this path."""
+
+    paths: tuple[str, ...]
+    source: str
+    way: str  # how to make the change anyway
+    presence: tuple[str, ...] = ()
+    when: str | None = None
+
+
 Pricer = Callable[[Declared, Sequence[Declared], PriceBook], list[CostLine]]
 # Reasons shared by kinds of several integrations.
 K8S_OBJECT = "a Kubernetes object in etcd: the control plane's hourly rate covers it"
@@ -53,6 +68,7 @@ class Kind:
     free: str = ""
     usage: str = ""
     replace: ReplaceRule | None = None
+    immutable: ImmutableRule | None = None
     # A multi-language component that stands, offline, for the resource it creates (its children
     # are invisible under mocks): the offline plan's steps treat it as that resource.
     stands_in: bool = False

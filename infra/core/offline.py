@@ -52,6 +52,8 @@ class RecordedResource:
     protect: bool = False
     # The engine deletes the old resource before it creates its replacement.
     delete_before_replace: bool = False
+    # Inputs whose changes the engine ignores, keeping the deployed values (ignoreChanges).
+    ignore_changes: list[str] = field(default_factory=list)
     # What the resource's dependents may read of it: its id and the string outputs the provider
     # computes (arn, dnsName, ...). A dependent whose inputs hold one of them changes when this
     # resource is replaced (infra/core/steps.py).
@@ -69,6 +71,7 @@ class RecordedResource:
             "custom": self.custom,
             "protect": self.protect,
             "deleteBeforeReplace": self.delete_before_replace,
+            "ignoreChanges": self.ignore_changes,
             "outputs": self.outputs,
         }
 
@@ -85,6 +88,7 @@ class RecordedResource:
             custom=entry.get("custom", _custom(entry["type"])),
             protect=entry.get("protect", False),
             delete_before_replace=entry.get("deleteBeforeReplace", False),
+            ignore_changes=entry.get("ignoreChanges", []),
             outputs=entry.get("outputs", {}),
         )
 
@@ -402,6 +406,7 @@ class RecordingMonitor(mocks.MockMonitor):
         recorded = self.recorded[-1]
         recorded.protect = request.protect
         recorded.delete_before_replace = request.deleteBeforeReplace
+        recorded.ignore_changes = list(request.ignoreChanges)
         recorded.outputs = {
             "id": id_,
             **{k: v for k, v in state.items() if isinstance(v, str) and inputs.get(k) != v},

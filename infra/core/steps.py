@@ -12,6 +12,7 @@ From a real `pulumi preview --json`: the engine's own steps (pkg/display/json.go
 op values in pkg/resource/deploy/step.go StepOps).
 """
 
+import copy
 import json
 from typing import Any
 
@@ -30,6 +31,23 @@ def _managed(resource: RecordedResource, facts: Facts) -> bool:
     return resource.custom or bool(kind and kind.stands_in)
 
 
+def _kept_ignored(old: dict, new: dict, paths: list[str]) -> dict:
+    """`new` with the deployed value at each ignored path, as the engine applies it (Pulumi:
+    ignoreChanges uses the old value of those properties)."""
+    if not paths:
+        return new
+    kept = copy.deepcopy(new)
+    for path in paths:
+        *parents, leaf = path.split(".")
+        source, target = old, kept
+        for key in parents:
+            source = source.get(key, {}) if isinstance(source, dict) else {}
+            target = target.setdefault(key, {}) if isinstance(target, dict) else {}
+        if isinstance(source, dict) and leaf in source and isinstance(target, dict):
+            target[leaf] = copy.deepcopy(source[leaf])
+    return kept
+
+
 def plan_steps(old: Plan, new: Plan, facts: Facts) -> list[Step]:
     """Every resource's step from `old` to `new` (unchanged resources have none)."""
     before = {r.urn: r for r in old.resources if _managed(r, facts)}
@@ -43,8 +61,9 @@ def plan_steps(old: Plan, new: Plan, facts: Facts) -> list[Step]:
             steps[urn] = Step(CREATE, urn, resource.type, None, resource)
             continue
         previous = before[urn]
-        replacing = replacing_paths(resource.type, previous.inputs, resource.inputs, facts)
-        changed = changed_paths(previous.inputs, resource.inputs)
+        inputs = _kept_ignored(previous.inputs, resource.inputs, resource.ignore_changes)
+        replacing = replacing_paths(resource.type, previous.inputs, inputs, facts)
+        changed = changed_paths(previous.inputs, inputs)
         if replacing:
             steps[urn] = Step(REPLACE, urn, resource.type, previous, resource, replacing)
         elif changed:

@@ -15,5 +15,10 @@ EKS = Integration(
     pods=facts.pods,
     system_nodes=facts.system_nodes,
     holders=facts.HOLDERS,
-    day_two=(day_two.versions, day_two.controllers, day_two.control_plane_subnets),
+    day_two=(
+        day_two.versions,
+        day_two.controllers,
+        day_two.control_plane_subnets,
+        day_two.log_retention,
+    ),
 )

@@ -85,8 +85,12 @@ class EndpointAccess(Model):
     public_access_cidrs: list[InternetCidr] = Field(
         default=["0.0.0.0/0"],
         min_length=1,
+        # EKS service quotas: "Public endpoint access CIDR ranges per cluster", 40, not
+        # adjustable (EKS user guide, service-quotas).
+        max_length=40,
         validate_default=True,
-        description="Internet ranges the public endpoint admits: ranges no internet client can "
+        description="Internet ranges the public endpoint admits, at most 40 (EKS's fixed quota): "
+        "ranges no internet client can "
         "come from (private, CGNAT, loopback, link-local, reserved, multicast) are refused. A "
         "production stack's endpoint open to the world is the eks-endpoint-not-public-in-"
         "production policy's to refuse.",

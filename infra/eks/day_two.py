@@ -88,3 +88,28 @@ def control_plane_subnets(change: Change) -> None:
 
 def _names_subnets(reasons) -> bool:
     return any(r.startswith(SUBNET_INPUTS) for r in reasons)
+
+
+LOG_GROUP = "aws:cloudwatch/logGroup:LogGroup"
+
+
+def _days(value: object) -> int | None:
+    """A retention in days; None: kept forever (0 or unset, CloudWatch's never-expire)."""
+    return int(value) if value else None
+
+
+def log_retention(change: Change) -> None:
+    """CloudWatch deletes the events older than a shortened retention within days of the change
+    (CloudWatch Logs API, PutRetentionPolicy: "log events ... older than the retention period
+    are deleted"): the control plane's audit and API server logs among them."""
+    for step in change.steps:
+        if step.type != LOG_GROUP or step.op != UPDATE or "retentionInDays" not in step.reasons:
+            continue
+        old = _days(step.old.inputs.get("retentionInDays"))
+        new = _days(step.new.inputs.get("retentionInDays"))
+        if new is not None and (old is None or new < old):
+            change.found.losses.append(
+                f"log group {step.name}: retention {old or 'forever'} -> {new} days: CloudWatch "
+                f"deletes the events older than {new} days (the control plane's audit logs "
+                "among them); export what you must keep first (aws logs create-export-task)"
+            )

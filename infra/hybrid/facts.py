@@ -6,8 +6,9 @@ from collections.abc import Sequence
 
 from infra.core.bill import CostLine, PriceBook, gp3_volume, listed_annotation, required
 from infra.core.declared import Declared, dig
-from infra.core.facts import TF, Kind, ReplaceRule
+from infra.core.facts import TF, ImmutableRule, Kind, ReplaceRule
 from infra.core.pods import EVERY_TAINT, ChartPods, OverlayPods, Requests
+from infra.kueue.facts import KUEUE_CRDS
 
 # The machines a hybrid nodes' ResourceFlavor stands for (JSON: a list of {name, vcpu}), written
 # by infra/hybrid/nodes.py: EKS bills hybrid nodes per vCPU-hour while they are joined.
@@ -94,7 +95,18 @@ KINDS = (
         ),
     ),
     Kind("aws:ssm/parameter:Parameter", price=_ssm_parameter),
-    Kind("kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor", price=_hybrid_nodes),
+    Kind(
+        "kubernetes:kueue.x-k8s.io/v1beta2:ResourceFlavor",
+        price=_hybrid_nodes,
+        # A flavor with a topology keeps its labels, tolerations and topology.
+        immutable=ImmutableRule(
+            ("spec.topologyName", "spec.nodeLabels", "spec.tolerations"),
+            f"{KUEUE_CRDS}resourceflavors.yaml, spec: once topologyName is set",
+            "remove the flavor in one `pulumi up` (with the queues that name it) and add it "
+            "back in the next",
+            when="spec.topologyName",
+        ),
+    ),
     Kind(
         "aws:ssm/activation:Activation",
         free="Systems Manager: hybrid activations register standard-tier "

@@ -14,6 +14,7 @@ from pydantic import (
 from infra.core.config import K8sName, Model
 from trainer.launch import entry_point
 from trainer.options import OptionsError, parse_options
+from trainer.options import parser as trainer_parser
 from trainer.user_code import CONTRACT_VARIABLES
 
 # Pulumi auto-names a resource `<logical name>-<7 random hex>`.
@@ -287,6 +288,10 @@ def job_args_errors(job: "JobConfig") -> list[str]:
         parse_options(job.args)
     except OptionsError as e:
         return [f"{e}; see .venv/bin/python -m trainer --help"]
-    if "--checkpoint-dir" in job.args:
+    # As the trainer reads it: `--checkpoint-dir=/x` and argparse's abbreviations (`--checkpoint-d
+    # /x`) set it too, and the job's value would win over the platform's.
+    given = trainer_parser()
+    given.set_defaults(checkpoint_dir=None)
+    if given.parse_args(job.args).checkpoint_dir is not None:
         return ["--checkpoint-dir is set by the platform from `checkpoint`; allowed: leave it out"]
     return []

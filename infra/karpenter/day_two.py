@@ -64,7 +64,15 @@ def drift(change: Change) -> None:
 
 def _nodepool_drift(step: Step) -> str | None:
     if step.op == DELETE:
-        return "deleted: Karpenter drains every node (running jobs and DevServers finish first)"
+        # pulumi-kubernetes deletes in the foreground and waits up to its delete timeout (10
+        # minutes by default: pulumi-kubernetes provider/pkg/await) while Karpenter's
+        # finalizer keeps the NodePool until its nodes are gone, and do-not-disrupt pods keep
+        # their nodes until they end.
+        return (
+            "deleted: Karpenter drains every node, but a node with a running job or DevServer "
+            "(do-not-disrupt) stays until it ends, and `pulumi up` fails after waiting 10 "
+            "minutes for the NodePool; drain it first (docs/platform/day-two.md, deleting a pool)"
+        )
     if step.op == REPLACE:
         return "replaced: every node is drained and launched again"
     if step.op != UPDATE:

@@ -19,7 +19,7 @@ from infra.core.bill import (
 from infra.core.capacity import allocatable, system_fit
 from infra.core.catalog import UnpricedError
 from infra.core.declared import Declared, dig, listed
-from infra.core.facts import TF, Facts, Kind, ReplaceRule
+from infra.core.facts import TF, Facts, ImmutableRule, Kind, ReplaceRule
 from infra.core.nodes import SYSTEM_NODE_LABEL
 from infra.core.pods import CRITICAL_ADDONS, SYSTEM_LABELS, ChartPods, PodSet, Requests, tolerates
 
@@ -192,7 +192,18 @@ def stray_pool_lines(stack: Sequence[Declared], book: PriceBook, facts: Facts) -
 
 
 KINDS = (
-    Kind(NODEPOOL, price=_node_pool),
+    Kind(
+        NODEPOOL,
+        price=_node_pool,
+        immutable=ImmutableRule(
+            ("spec.template.spec.nodeClassRef.group", "spec.template.spec.nodeClassRef.kind"),
+            "Karpenter v1 CRD karpenter.sh_nodepools.yaml, spec: has(self.replicas) == "
+            "has(oldSelf.replicas); nodeClassRef group and kind",
+            "a pool switched between static and dynamic nodes goes in one `pulumi up` (its nodes "
+            "drain; remove its jobs and flavors first) and comes back in the next",
+            presence=("spec.replicas",),
+        ),
+    ),
     Kind(NODECLASS, price=_reserved_capacity),
     Kind(
         "aws:sqs/queue:Queue",

@@ -1,7 +1,7 @@
 """What the platform knows about the job operators' kinds (their jobs' pods run on the pools, the
 expected cost prices them) and the Deployments of the overlays that install the operators."""
 
-from infra.core.facts import K8S, K8S_OBJECT, Kind, ReplaceRule
+from infra.core.facts import K8S, K8S_OBJECT, ImmutableRule, Kind, ReplaceRule
 from infra.core.pods import OverlayPods
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
@@ -15,6 +15,11 @@ KINDS = (
     Kind(
         PYTORCHJOB,
         free=f"{K8S_OBJECT}; its pods run on the pools (expected)",
+        immutable=ImmutableRule(
+            ("spec.runPolicy.schedulingPolicy.queue",),
+            "training-operator v1.9.4 CRD kubeflow.org_pytorchjobs.yaml: self == oldSelf",
+            "give the job a new revision (a new object)",
+        ),
     ),
     Kind(
         MPIJOB,
@@ -31,6 +36,22 @@ KINDS = (
         RUNTIME,
         free=f"{K8S_OBJECT}; the pods of "
         "TrainJobs the teams submit run on its pool, within the pool's ceiling",
+        immutable=ImmutableRule(
+            tuple(
+                f"spec.template.spec.{field}"
+                for field in (
+                    "failurePolicy",
+                    "network",
+                    "startupPolicy",
+                    "successPolicy",
+                    "volumeClaimPolicies",
+                    "replicatedJobs.[].dependsOn",
+                )
+            ),
+            "Trainer v2.3.0 CRD trainer.kubeflow.org_clustertrainingruntimes.yaml: self == oldSelf",
+            "remove the runtime in one `pulumi up` (no TrainJob may use it meanwhile) and add it "
+            "back in the next",
+        ),
     ),
 )
 

@@ -35,13 +35,25 @@ def parse_stack_config(values: Mapping[str, Any], source: str) -> StackConfig:
     Values may be JSON strings, as the Pulumi engine hands structured config to the program.
     """
     raw: dict[str, Any] = {}
+    header = f"Invalid stack config in {source}:\n"
+    unloadable = [key for key in values if not isinstance(key, str)]
+    if unloadable:
+        raise ConfigError(
+            header
+            + "\n".join(
+                f"  {key!r}: a config key that is not a string (YAML reads 123:, true: and ~: "
+                "as a number, a boolean, null); the Pulumi CLI cannot load the file; allowed: "
+                f"{NAMESPACE}:<name> keys"
+                for key in unloadable
+            )
+        )
     for key, value in values.items():
-        namespace, _, name = str(key).partition(":")
+        # A key without a namespace is the project's (Pulumi's config key rule).
+        namespace, _, name = key.partition(":") if ":" in key else (NAMESPACE, ":", key)
         if key == "aws:region":
             raw["region"] = value
         elif namespace == NAMESPACE:
             raw[name] = _decode(value)
-    header = f"Invalid stack config in {source}:\n"
     if "region" not in raw:
         raise ConfigError(
             f"{header}  aws:region: missing; "

@@ -7,7 +7,7 @@ import pulumi_aws as aws
 
 from infra.core.data_holders import DataGuard
 from infra.core.iam import partition
-from infra.storage.config import CHECKPOINT_PREFIX, BucketConfig
+from infra.storage.config import CHECKPOINT_PREFIX, FSX_EXPORT_PREFIX, BucketConfig
 from infra.storage.facts import BUCKET
 
 
@@ -213,7 +213,20 @@ class TrainingBucket(pulumi.ComponentResource):
                     "status": "Enabled",
                     "filter": {"prefix": CHECKPOINT_PREFIX},
                     "expiration": {"days": config.checkpoint_retention_days},
-                    "noncurrent_version_expiration": {"noncurrent_days": 7},
+                    "noncurrent_version_expiration": {
+                        "noncurrent_days": config.noncurrent_version_days
+                    },
+                },
+                {
+                    # FSx exports every checkpoint the jobs write on Lustre here, overwriting
+                    # the same keys as they change: the current objects are the file system's
+                    # (they never expire), the versions they replace go.
+                    "id": "expire-overwritten-fsx-exports",
+                    "status": "Enabled",
+                    "filter": {"prefix": f"{FSX_EXPORT_PREFIX}/"},
+                    "noncurrent_version_expiration": {
+                        "noncurrent_days": config.noncurrent_version_days
+                    },
                 },
                 {
                     "id": "abort-incomplete-uploads",

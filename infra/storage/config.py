@@ -25,6 +25,14 @@ class BucketConfig(Model):
     checkpoint_retention_days: int = Field(
         default=30, ge=1, le=3650, description="Checkpoints expire after this many days."
     )
+    noncurrent_version_days: int = Field(
+        default=7,
+        ge=1,
+        le=365,
+        description="Days S3 keeps an overwritten or deleted version of a checkpoint (under "
+        "checkpoints/ and FSx's exports under fsx/checkpoints/) before it expires: versioning "
+        "keeps every one, and each bills as much as the checkpoint.",
+    )
     force_destroy: bool = Field(
         default=False,
         description="Let pulumi destroy delete the bucket while it still holds objects (it is "

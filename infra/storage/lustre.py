@@ -240,5 +240,12 @@ class LustreFileSystem(pulumi.ComponentResource):
                         "volumeName": volume.metadata.name,
                         "resources": {"requests": {"storage": self._capacity}},
                     },
-                    opts=self._k8s_opts,
+                    # The API server resizes only dynamically provisioned claims (kubernetes
+                    # pkg/apis/core/validation ValidatePersistentVolumeClaimUpdate): a larger
+                    # file system would fail `pulumi up` at these claims. A Lustre mount is not
+                    # bounded by its claim's request, so a claim keeps the size it was made with;
+                    # its volume follows the file system.
+                    opts=pulumi.ResourceOptions.merge(
+                        self._k8s_opts, pulumi.ResourceOptions(ignore_changes=["spec.resources"])
+                    ),
                 )

@@ -117,7 +117,8 @@ POLICIES = [
     ),
     resource_rule(
         "nodepool-limits",
-        "Every NodePool limits nodes, cpu and memory; GPU pools also nvidia.com/gpu",
+        "Every NodePool limits nodes, cpu and memory, GPU pools also nvidia.com/gpu; a static "
+        "one limits nodes (all its CRD allows)",
         {NODEPOOL},
         nodepool_limits,
     ),

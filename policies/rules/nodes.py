@@ -28,7 +28,15 @@ def imds(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
 
 
 def nodepool_limits(props: Mapping, args: ResourceValidationArgs) -> Iterable[str]:
-    limits = spec_of(props).get("limits") or {}
+    spec = spec_of(props)
+    limits = spec.get("limits") or {}
+    if "replicas" in spec:
+        # A static NodePool keeps `replicas` nodes and may limit nothing but `nodes` (Karpenter's
+        # CRD, tests/crds/karpenter/karpenter.sh_nodepools.yaml: "Limits other than limits.nodes
+        # is not supported when replicas is set"), which bounds it whole.
+        if "nodes" not in limits:
+            yield "static NodePool needs limits nodes"
+        return
     needed = ["nodes", "cpu", "memory"]
     catalog = load_catalog()
     if any(catalog[t].gpus for t in node_pool_types(props) if t in catalog):

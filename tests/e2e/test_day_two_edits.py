@@ -38,6 +38,7 @@ INVENTORY = {
     "storage.fsx.storageCapacityGib 4800 -> 2400": {"storage.fsx"},
     # S3 deletes the checkpoints the shorter expiry no longer keeps (an update in place).
     "storage.bucket.checkpointRetentionDays shorter": {"storage.bucket"},
+    "storage.bucket.noncurrentVersionDays shorter": {"storage.bucket"},
     "devServers.enabled": {CAROL, "images"},
     "devServers.operatorImage.uri": {"images"},
     "karpenter.gpuRegistrationWatchImage.uri": {"images"},
@@ -88,11 +89,16 @@ def _smaller_fsx(values: dict) -> dict:
     return {**values, "training-platform:storage": {**storage, "fsx": fsx}}
 
 
-def _shorter_retention(values: dict) -> dict:
-    storage = _section(values, "storage")
-    days = storage.get("bucket", {}).get("checkpointRetentionDays", 30)
-    bucket = {**storage.get("bucket", {}), "checkpointRetentionDays": days - 1}
-    return {**values, "training-platform:storage": {**storage, "bucket": bucket}}
+def _shorter(key: str, default: int):
+    """An edit making the bucket's `key` (days) one day shorter."""
+
+    def edit(values: dict) -> dict:
+        storage = _section(values, "storage")
+        days = storage.get("bucket", {}).get(key, default)
+        bucket = {**storage.get("bucket", {}), key: days - 1}
+        return {**values, "training-platform:storage": {**storage, "bucket": bucket}}
+
+    return edit
 
 
 def _mpi_nodes(values: dict) -> dict:
@@ -142,7 +148,8 @@ COORDINATED = [
     Edit("region (and the EFA pool's zone)", _region),
     Edit("storage.fsx.enabled (and the jobs on it)", _without_fsx),
     Edit("storage.fsx.storageCapacityGib 4800 -> 2400", _smaller_fsx),
-    Edit("storage.bucket.checkpointRetentionDays shorter", _shorter_retention),
+    Edit("storage.bucket.checkpointRetentionDays shorter", _shorter("checkpointRetentionDays", 30)),
+    Edit("storage.bucket.noncurrentVersionDays shorter", _shorter("noncurrentVersionDays", 7)),
     Edit("jobs[gpt-large-mpi].minNodes and maxNodes", _mpi_nodes),
     Edit("jobs[gpt-large-mpi].args", _mpi_args),
     Edit("karpenter.amiAlias", _ami),

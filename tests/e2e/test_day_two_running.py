@@ -355,3 +355,34 @@ def test_a_stack_from_before_moves_its_control_plane_into_subnets_of_its_own(bas
         "cluster cluster: EKS moves the control plane's network interfaces into its own subnets"
         in " ".join(found.notes)
     )
+
+
+@pytest.mark.parametrize(("days", "lost"), [(30, True), (365, False)])
+def test_a_shorter_log_retention_names_the_logs_it_deletes(base, days, lost):
+    effects, _ = effects_of(base, cluster={"logRetentionDays": days})
+    named = [line for line in effects.losses if "retention 90 -> " in line]
+    assert bool(named) is lost, effects.losses
+    if lost:
+        assert "deletes the events older than 30 days" in named[0]
+
+
+def test_a_larger_file_system_resizes_its_volumes_not_the_claims_the_api_server_would_refuse(
+    base,
+):
+    """The API server refuses to resize a claim bound to a static volume: the FSx claims keep
+    their size (ignoreChanges, which the offline plan applies as the engine does), their volumes
+    follow the file system."""
+    storage = stack_values(STACK)["training-platform:storage"]
+    effects, after = effects_of(
+        base, storage={**storage, "fsx": {**storage["fsx"], "storageCapacityGib": 7200}}
+    )
+    steps = plan_steps(base, after)
+    claims = [s for s in steps if s.type == "kubernetes:core/v1:PersistentVolumeClaim"]
+    volumes = [s for s in steps if s.type == "kubernetes:core/v1:PersistentVolume"]
+    assert not claims and volumes
+    assert all(s.op == "update" and s.reasons == ["spec.capacity.storage"] for s in volumes)
+    assert not effects.refusals
+    claim = next(
+        r for r in after.of_type("kubernetes:core/v1:PersistentVolumeClaim") if "fsx" in r.name
+    )
+    assert claim.ignore_changes == ["spec.resources"]

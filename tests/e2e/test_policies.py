@@ -12,7 +12,7 @@ import pytest
 from infra.core.offline import Plan, RecordedResource
 from policies.offline import check
 from policies.rules import POLICIES
-from tests.plugin import ROOT
+from tests.plugin import ROOT, plan_of, stack_values
 
 NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
@@ -430,6 +430,22 @@ def test_cost_budget_prices_in_the_stack_region_and_names_what_it_cannot_price()
 @pytest.mark.parametrize("stack", ["dev", "prod"])
 def test_both_stacks_are_clean(stack, request):
     assert check(request.getfixturevalue(f"{stack}_plan")) == []
+
+
+def test_the_static_pool_the_prod_stack_file_offers_passes_the_policies():
+    """Pulumi.prod.yaml and fleet-health.md offer `staticNodes: true` on gpu-large (with no
+    DevServer flavor on it): a static NodePool may limit only `nodes`, which the policy takes."""
+    values = stack_values("prod")
+    pools = [
+        {**p, "staticNodes": True} if p["name"] == "gpu-large" else p
+        for p in values["training-platform:nodePools"]
+    ]
+    dev_servers = values["training-platform:devServers"]
+    flavors = [f for f in dev_servers["flavors"] if f["nodePool"] != "gpu-large"]
+    plan = plan_of("prod", nodePools=pools, devServers={**dev_servers, "flavors": flavors})
+    (static,) = [p for p in plan.of_type(NODEPOOL) if p.inputs["metadata"]["name"] == "gpu-large"]
+    assert static.inputs["spec"]["limits"] == {"nodes": "16"}
+    assert check(plan) == []
 
 
 @pytest.mark.parametrize(

@@ -128,6 +128,10 @@ def test_invalid_config_names_key_path_and_what_is_allowed(sections, key_path, a
 POOL = {"name": "cpu", "instanceTypes": ["m6i.2xlarge"], "maxNodes": 2}
 
 
+def test_a_team_namespace_never_takes_a_devserver_users():
+    assert USER_NAMESPACE_PREFIX == NAMESPACE_PREFIX
+
+
 @pytest.mark.parametrize(
     ("sections", "key_path", "allowed"),
     [
@@ -155,6 +159,11 @@ POOL = {"name": "cpu", "instanceTypes": ["m6i.2xlarge"], "maxNodes": 2}
             "each subnet once",
         ),
         ({"queues": {"teams": [{"name": "kube-system"}]}}, "queues", "system or DevServer"),
+        (
+            {"cluster": {"endpoint": {"publicAccessCidrs": [f"8.8.{i}.0/24" for i in range(41)]}}},
+            "cluster.endpoint.publicAccessCidrs",
+            "at most 40",
+        ),
         ({"queues": {"teams": [{"name": "devservers-system"}]}}, "queues", "devservers-system"),
         ({"queues": {"teams": [{"name": "a", "namespace": "dev-carol"}]}}, "queues", "dev-*"),
         ({"queues": {"teams": [{"name": "a", "namespace": "kubeflow"}]}}, "queues", "kubeflow"),
@@ -174,10 +183,6 @@ POOL = {"name": "cpu", "instanceTypes": ["m6i.2xlarge"], "maxNodes": 2}
         ({"network": {"cidrr": "10.0.0.0/16"}}, "network.cidrr", "did you mean 'cidr'?"),
     ],
 )
-def test_a_team_namespace_never_takes_a_devserver_users():
-    assert USER_NAMESPACE_PREFIX == NAMESPACE_PREFIX
-
-
 def test_what_aws_or_kubernetes_would_refuse_is_a_config_error(sections, key_path, allowed):
     message = error_for(**sections)
     line = next(
@@ -196,6 +201,10 @@ def test_what_aws_or_kubernetes_would_refuse_is_a_config_error(sections, key_pat
         ({"args": ["--lr", "nan"]}, "jobs[smoke-cpu].args: --lr nan; allowed: a finite"),
         ({"args": ["--warmup", "-3"]}, "jobs[smoke-cpu].args: --warmup -3; allowed: a finite"),
         ({"args": ["--weight-decay", "inf"]}, "args: --weight-decay inf; allowed: a finite"),
+        # The trainer's parser reads each of these as --checkpoint-dir, and the job's would win.
+        ({"args": ["--checkpoint-dir", "/x"]}, "--checkpoint-dir is set by the platform"),
+        ({"args": ["--checkpoint-dir=/x"]}, "--checkpoint-dir is set by the platform"),
+        ({"args": ["--checkpoint-d", "/x"]}, "--checkpoint-dir is set by the platform"),
         ({"nodePool": "cpuu"}, "jobs[smoke-cpu].nodePool: 'cpuu' is not a node pool; did you mean"),
         (
             {"queue": "team-aa"},
@@ -229,6 +238,14 @@ def test_no_pools_and_no_teams_never_says_allowed_nothing():
     message = error_for(nodePools=[], queues={"teams": []})
     assert "allowed: none yet" in message
     assert not re.search(r"allowed( keys here)?: *($|;)", message, re.M), message
+
+
+@pytest.mark.parametrize("key", [123, True, None])
+def test_a_stack_file_key_the_pulumi_cli_cannot_load_is_refused_not_dropped(key):
+    values = stack_values("dev")
+    values[key] = "x"
+    with pytest.raises(ConfigError, match="the Pulumi CLI cannot load the file"):
+        parse_stack_config(values, "Pulumi.dev.yaml")
 
 
 def test_non_string_keys_are_a_config_error():

@@ -63,6 +63,12 @@ def test_old_checkpoints_expire(prod_plan):
     assert checkpoints["filter"] == {"prefix": "checkpoints/"}
     assert checkpoints["expiration"] == {"days": 60}
     assert checkpoints["noncurrentVersionExpiration"]["noncurrentDays"] == 7
+    # FSx's exports are overwritten in place as checkpoints change: their current objects stay
+    # (they are the file system's), the versions they replace expire like the checkpoints'.
+    exports = rules["expire-overwritten-fsx-exports"]
+    assert exports["filter"] == {"prefix": "fsx/checkpoints/"}
+    assert "expiration" not in exports
+    assert exports["noncurrentVersionExpiration"] == {"noncurrentDays": 7}
     assert rules["abort-incomplete-uploads"]["abortIncompleteMultipartUpload"] == {
         "daysAfterInitiation": 3
     }
