@@ -39,8 +39,8 @@ TOPOLOGY_LEVELS = [
 # else the next layer up, else spread (kueue.x-k8s.io/podset-preferred-topology).
 PREFERRED_TOPOLOGY_LEVEL = TOPOLOGY_LEVELS[2]
 # Pod Security Admission: enforce baseline (no host access, no privileged pods) and warn/audit
-# against restricted, which the platform's own job pods meet; pods injected by operators
-# (init containers without a securityContext) stay admissible under baseline.
+# against restricted: the FSx folder's init container of the platform's own job pods needs
+# CHOWN and DAC_OVERRIDE as root, which baseline admits and restricted does not.
 POD_SECURITY_LABELS = {
     "pod-security.kubernetes.io/enforce": "baseline",
     "pod-security.kubernetes.io/warn": "restricted",

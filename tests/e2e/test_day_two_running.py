@@ -357,15 +357,6 @@ def test_a_stack_from_before_moves_its_control_plane_into_subnets_of_its_own(bas
     )
 
 
-@pytest.mark.parametrize(("days", "lost"), [(30, True), (365, False)])
-def test_a_shorter_log_retention_names_the_logs_it_deletes(base, days, lost):
-    effects, _ = effects_of(base, cluster={"logRetentionDays": days})
-    named = [line for line in effects.losses if "retention 90 -> " in line]
-    assert bool(named) is lost, effects.losses
-    if lost:
-        assert "deletes the events older than 30 days" in named[0]
-
-
 def test_a_larger_file_system_resizes_its_volumes_not_the_claims_the_api_server_would_refuse(
     base,
 ):

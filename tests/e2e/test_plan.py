@@ -30,7 +30,7 @@ def test_plan_writes_plan_json_with_the_foundation(stack, tmp_path, capsys):
     assert all(
         set(e)
         == {"urn", "type", "name", "parent", "provider", "dependencies", "inputs"}
-        | {"custom", "protect", "deleteBeforeReplace", "outputs"}
+        | {"custom", "protect", "deleteBeforeReplace", "ignoreChanges", "outputs"}
         for e in entries
     )
     types = {e["type"] for e in entries}

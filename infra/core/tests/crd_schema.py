@@ -49,7 +49,7 @@ def load_crd(path: Path) -> dict:
 
 
 @cache
-def _versions() -> dict[tuple[str, str], dict]:
+def crd_versions() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> the CRD's version entry, for every version of every CRD."""
     versions = {}
     paths = sorted(p for crd_dir in CRD_DIRS for p in crd_dir.rglob("*.yaml"))
@@ -67,7 +67,7 @@ def served_schemas() -> dict[tuple[str, str], dict]:
     """(apiVersion, kind) -> closed openAPIV3Schema, for every served version of every CRD."""
     return {
         key: _closed(copy.deepcopy(version["schema"]["openAPIV3Schema"]))
-        for key, version in _versions().items()
+        for key, version in crd_versions().items()
         if version.get("served")
     }
 
@@ -102,7 +102,7 @@ def with_defaults(manifest: dict) -> dict:
         return value
 
     return fill(
-        _versions()[(manifest["apiVersion"], manifest["kind"])]["schema"]["openAPIV3Schema"],
+        crd_versions()[(manifest["apiVersion"], manifest["kind"])]["schema"]["openAPIV3Schema"],
         manifest,
     )
 
@@ -173,6 +173,6 @@ def cel_violations(manifest: dict, old: dict | None = None) -> list[str]:
                 walk(schema["items"], item, None, f"{path}[{i}]")
 
     key = (manifest["apiVersion"], manifest["kind"])
-    schema = _versions()[key]["schema"]["openAPIV3Schema"]
+    schema = crd_versions()[key]["schema"]["openAPIV3Schema"]
     walk(schema, with_defaults(manifest), old and with_defaults(old), "<root>")
     return broken

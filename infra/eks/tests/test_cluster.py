@@ -2,9 +2,13 @@
 
 import json
 
-from infra.core.offline import SECRET
+import pytest
+
+from infra.core.change import Change, Step
+from infra.core.offline import SECRET, RecordedResource
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.cluster import CONTROL_PLANE_LOG_TYPES
+from infra.eks.day_two import LOG_GROUP, log_retention
 from tests.plugin import plan_of
 
 
@@ -133,3 +137,20 @@ def test_kubernetes_provider_gets_the_cluster_kubeconfig(stack_plan):
     provider = stack_plan.one("pulumi:providers:kubernetes", "cluster-k8s")
     assert provider.inputs["kubeconfig"] == SECRET
     assert stack_plan.one("eks:index:Cluster").urn in provider.dependencies
+
+
+@pytest.mark.parametrize(
+    ("old", "new", "lost"), [(90, 30, "90 -> 30"), (90, 365, None), (0, 7, "forever -> 7")]
+)
+def test_a_shorter_log_retention_names_the_logs_it_deletes(old, new, lost):
+    """CloudWatch deletes the events older than a shortened retention (0: kept forever)."""
+
+    def group(days):
+        inputs = {"name": "/aws/eks/tp/cluster", "retentionInDays": days}
+        return RecordedResource("urn:x::logs", LOG_GROUP, "logs", "", "", [], inputs, True)
+
+    step = Step("update", "urn:x::logs", LOG_GROUP, group(old), group(new), ["retentionInDays"])
+    change = Change([step], "prod", frozenset(), {}, ())
+    log_retention(change)
+    named = change.found.losses
+    assert named[0].startswith(f"log group logs: retention {lost} days") if lost else not named
