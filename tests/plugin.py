@@ -65,17 +65,19 @@ def suite_temp_dir():
 # run first: xdist's loadfile hands modules out in collection order, and a long one left for last
 # runs alone.
 SLOWEST_FIRST = [
-    "test_trainer.py",  # 280
+    "test_trainer.py",  # 260
     "test_docs_examples.py",  # 160
-    "test_mesh.py",  # 130
-    "test_user_code_cluster.py",  # 100
-    "test_day_two_running.py",  # 80
-    "test_stack_code.py",  # 30
-    "test_mesh_netns.py",  # 30
+    "test_day_two_running.py",  # 140
+    "test_mesh.py",  # 125
+    "test_user_code_cluster.py",  # 110
+    "test_stack_code.py",  # 45
+    "test_watch_and_fetch.py",  # 40
+    "test_mesh_netns.py",  # 35
+    "test_user_code.py",  # 35
+    "test_unreachable_cluster.py",  # 30
+    "test_plan.py",  # 28
+    "test_day_two_edits.py",  # 28
     "test_devctl_run.py",  # 25
-    "test_user_code.py",  # 25
-    "test_watch_and_fetch.py",  # 25
-    "test_day_two_edits.py",  # 20
 ]
 
 
