@@ -106,12 +106,8 @@ def _touches(changed: str, path: str) -> bool:
 
 
 def _present(inputs: dict, path: str) -> bool:
-    value: object = inputs
-    for key in path.split("."):
-        if not isinstance(value, dict) or key not in value:
-            return False
-        value = value[key]
-    return True
+    """Whether `path` holds a value, as CEL's has() sees it (the API server drops nulls)."""
+    return dig(inputs, *path.split(".")) is not None
 
 
 def immutable_fields(change: Change, facts: "Facts") -> None:

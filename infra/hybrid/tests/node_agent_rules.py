@@ -34,6 +34,7 @@ Read from upstream on 2026-11-29 (each entry names its file):
 from collections.abc import Mapping
 from dataclasses import dataclass, field
 
+from infra.core.declared import dig
 from infra.core.nodes import COMPUTE_TYPE
 from infra.hybrid.machines import HYBRID_NODE_AFFINITY
 
@@ -68,26 +69,18 @@ class NodeAgent:
 
     def pod(self, configuration: Mapping) -> dict:
         """Its pod's placement under the add-on's configuration."""
-        affinity = _dig(configuration, self.affinity_key) if self.affinity_key else None
+        affinity = dig(configuration, *self.affinity_key) if self.affinity_key else None
         return {"tolerations": list(self.tolerations), "affinity": affinity or self.affinity}
 
     def writes_nodes(self, configuration: Mapping) -> list[str]:
         """`resource: verb` of every Node write its ServiceAccount keeps."""
         verbs = self.node_verbs
-        if self.no_mutation_key and _dig(configuration, self.no_mutation_key) is True:
+        if self.no_mutation_key and dig(configuration, *self.no_mutation_key) is True:
             verbs = self.kept
         return [f"{r}: {v}" for r, vs in verbs.items() for v in vs if v in NODE_WRITES]
 
     def made(self, configuration: Mapping) -> bool:
-        return self.created_by is None or _dig(configuration, self.created_by) is True
-
-
-def _dig(values: Mapping, path: tuple[str, ...]):
-    for key in path:
-        if not isinstance(values, Mapping) or key not in values:
-            return None
-        values = values[key]
-    return values
+        return self.created_by is None or dig(configuration, *self.created_by) is True
 
 
 CSI_NODE_VERBS = {"nodes": ("get", "patch", "list", "watch")}
