@@ -45,6 +45,14 @@ def pytest_configure(config: pytest.Config) -> None:
         config.addinivalue_line("markers", f"{package}: a test beside {package}")
 
 
+def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
+    """One worker more than cores (`-n auto`): much of the suite waits on the processes it
+    starts (sshd, torchrun's rendezvous, a peer's heartbeat), which the extra worker fills. On 2
+    cores the whole suite took 651 s with three workers against 739 s with two, one after the
+    other (2026-11-29)."""
+    return (os.cpu_count() or 1) + 1
+
+
 @pytest.fixture(scope="session", autouse=True)
 def suite_temp_dir():
     """One temp dir for the suite and every process it starts, removed at the end: torchrun

@@ -374,47 +374,54 @@ class RecordingMonitor(mocks.MockMonitor):
         super().__init__(platform_mocks)
         self.mocks: PlatformMocks = platform_mocks
         self.recorded: list[RecordedResource] = []
+        # The SDK sends each registration from an executor thread, several at once: one at a
+        # time here, so a registration's record and the mocks' extra registrations are its own.
+        self.lock = threading.Lock()
 
     def RegisterResource(self, request):
         urn = self.make_urn(request.parent, request.type, request.name)
         if request.type == "pulumi:pulumi:Stack":
             return resource_pb2.RegisterResourceResponse(urn=urn)
         inputs = plain(json_format.MessageToDict(request.object))
-        self.recorded.append(
-            RecordedResource(
-                urn=urn,
-                type=request.type,
-                name=request.name,
-                parent=request.parent,
-                provider=request.provider,
-                dependencies=sorted(set(request.dependencies)),
-                inputs=inputs,
-                custom=bool(request.custom),
+        with self.lock:
+            id_, state = self.mocks.new_resource(
+                mocks.MockResourceArgs(
+                    typ=request.type,
+                    name=request.name,
+                    inputs=inputs,
+                    provider=request.provider,
+                    resource_id=request.importId,
+                    custom=request.custom,
+                )
             )
-        )
-        id_, state = self.mocks.new_resource(
-            mocks.MockResourceArgs(
-                typ=request.type,
-                name=request.name,
-                inputs=inputs,
-                provider=request.provider,
-                resource_id=request.importId,
-                custom=request.custom,
-            )
-        )
-        self.resources[urn] = mocks.MockMonitor.ResourceRegistration(urn, id_, state)
-        recorded = self.recorded[-1]
-        recorded.protect = request.protect
-        recorded.delete_before_replace = request.deleteBeforeReplace
-        recorded.ignore_changes = list(request.ignoreChanges)
-        recorded.outputs = {
-            "id": id_,
-            **{k: v for k, v in state.items() if isinstance(v, str) and inputs.get(k) != v},
-        }
-        while self.mocks.extra_registrations:
-            extra_urn, extra_id, extra_state = self.mocks.extra_registrations.pop()
-            self.resources[extra_urn] = mocks.MockMonitor.ResourceRegistration(
-                extra_urn, extra_id, extra_state
+            self.resources[urn] = mocks.MockMonitor.ResourceRegistration(urn, id_, state)
+            while self.mocks.extra_registrations:
+                extra_urn, extra_id, extra_state = self.mocks.extra_registrations.pop()
+                self.resources[extra_urn] = mocks.MockMonitor.ResourceRegistration(
+                    extra_urn, extra_id, extra_state
+                )
+            self.recorded.append(
+                RecordedResource(
+                    urn=urn,
+                    type=request.type,
+                    name=request.name,
+                    parent=request.parent,
+                    provider=request.provider,
+                    dependencies=sorted(set(request.dependencies)),
+                    inputs=inputs,
+                    custom=bool(request.custom),
+                    protect=request.protect,
+                    delete_before_replace=request.deleteBeforeReplace,
+                    ignore_changes=list(request.ignoreChanges),
+                    outputs={
+                        "id": id_,
+                        **{
+                            k: v
+                            for k, v in state.items()
+                            if isinstance(v, str) and inputs.get(k) != v
+                        },
+                    },
+                )
             )
         obj = struct_pb2.Struct()
         obj.update(state)

@@ -277,16 +277,33 @@ def run_scenario(blocks, tmp_path: Path) -> list[tuple[int, str]]:
     return results
 
 
-# What a command sequence printed, for pages that show the same one (quickstart and jobs).
+SCENARIOS = scenarios(OFFLINE)
+
+
+def command_lines(blocks) -> tuple[str, ...]:
+    return tuple(c.line for b in blocks for c in b.commands)
+
+
+def longest_run_with(key: tuple[str, ...]) -> list:
+    """The longest scenario whose commands start with `key`'s: a page that shows the start of
+    another's sequence (jobs shows quickstart's first command) is checked on the same run, since
+    what a command prints does not depend on the commands after it."""
+    return max(
+        (s for s in SCENARIOS if command_lines(s)[: len(key)] == key),
+        key=lambda s: len(command_lines(s)),
+    )
+
+
+# What a command sequence printed, for pages that show the same one or its start.
 RUNS: dict[tuple[str, ...], list[tuple[int, str]]] = {}
 
 
-@pytest.mark.parametrize("blocks", scenarios(OFFLINE), ids=lambda bs: "+".join(map(str, bs)))
+@pytest.mark.parametrize("blocks", SCENARIOS, ids=lambda bs: "+".join(map(str, bs)))
 def test_each_offline_example_prints_what_the_docs_show(blocks, tmp_path):
-    key = tuple(c.line for b in blocks for c in b.commands)
-    if key not in RUNS:
-        RUNS[key] = run_scenario(blocks, tmp_path)
-    results = iter(RUNS[key])
+    run = longest_run_with(command_lines(blocks))
+    if command_lines(run) not in RUNS:
+        RUNS[command_lines(run)] = run_scenario(run, tmp_path)
+    results = iter(RUNS[command_lines(run)])
     for block in blocks:
         for i, command in enumerate(block.commands):
             status, printed = next(results)

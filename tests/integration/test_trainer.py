@@ -60,9 +60,16 @@ def train(tmp: Path, nproc: int, ckpt: str, *args: str, env: dict | None = None)
     return run(tmp, nproc, ckpt, *args, env=env)[0]
 
 
-def run(tmp: Path, nproc: int, ckpt: str, *args: str, env: dict | None = None):
+def run(
+    tmp: Path,
+    nproc: int,
+    ckpt: str,
+    *args: str,
+    env: dict | None = None,
+    metrics: Path | None = None,
+):
     """(metrics records, stderr) of a successful run."""
-    metrics = tmp / f"metrics-{time.monotonic_ns()}.jsonl"
+    metrics = metrics or tmp / f"metrics-{time.monotonic_ns()}.jsonl"
     result = subprocess.run(
         command(nproc, *FAST, "--checkpoint-dir", ckpt, "--metrics", str(metrics), *args),
         cwd=ROOT,
@@ -321,28 +328,6 @@ def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto):
     assert aside["Body"].read() == body[:100]  # moved as it was, while step 6 was saved anew
 
 
-def test_single_process_run_creates_its_metrics_folder(tmp_path):
-    metrics = tmp_path / "not" / "yet" / "metrics.jsonl"
-    result = subprocess.run(
-        command(
-            1,
-            *FAST,
-            "--steps",
-            "2",
-            "--checkpoint-dir",
-            str(tmp_path / "ckpt"),
-            "--metrics",
-            str(metrics),
-        ),
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=120,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    assert event(records(metrics), "done")["step"] == 2
-
-
 def test_a_world_size_that_does_not_divide_the_global_batch_still_trains(tmp_path):
     # 7 sequences over 2 workers: 4 and 3 of them, weighted so the gradient is the batch mean.
     recs = train(
@@ -385,7 +370,7 @@ def test_bad_input_under_the_launcher_exits_2_once_without_restarts(tmp_path, ar
     assert "Traceback" not in result.stderr and "ChildFailedError" not in result.stderr
 
 
-def test_ranks_come_from_openmpi_under_mpirun(tmp_path):
+def test_ranks_come_from_openmpi_under_mpirun_and_the_metrics_folder_is_made(tmp_path):
     env = {
         "OMPI_COMM_WORLD_RANK": "0",
         "OMPI_COMM_WORLD_SIZE": "1",
@@ -394,7 +379,8 @@ def test_ranks_come_from_openmpi_under_mpirun(tmp_path):
         "MASTER_ADDR": "127.0.0.1",
         "MASTER_PORT": str(_free_port()),
     }
-    recs = train(tmp_path, 1, str(tmp_path / "ckpt"), "--steps", "2", env=env)
+    metrics = tmp_path / "not" / "yet" / "metrics.jsonl"
+    recs, _ = run(tmp_path, 1, str(tmp_path / "ckpt"), "--steps", "2", env=env, metrics=metrics)
     assert event(recs, "start")["world_size"] == 1 and event(recs, "done")["step"] == 2
 
 
