@@ -4,7 +4,7 @@ in its package's day_two.py), then those of what builds on them: the stack's job
 (workloads/day_two.py) and the DevServers (devservers/day_two.py)."""
 
 from devservers.day_two import HOLDERS as DEVSERVER_HOLDERS
-from devservers.day_two import flavors
+from devservers.day_two import flavors, stranded_homes
 from infra.core.change import Change, Consequences, StackJob, Step
 from infra.core.day_two import consequences as integration_consequences
 from infra.integrations import FACTS
@@ -12,7 +12,7 @@ from infra.stack.config import StackConfig
 from workloads.day_two import held_revisions, jobs, kinds, runtimes
 
 # In the order their lines appear under each heading.
-CHECKS = (jobs, kinds, runtimes, flavors, held_revisions)
+CHECKS = (jobs, kinds, runtimes, flavors, stranded_homes, held_revisions)
 
 
 def consequences(
@@ -34,5 +34,7 @@ def consequences(
         job_outputs or {},
         runtime_outputs or {},
         {**FACTS.holders, **DEVSERVER_HOLDERS},
+        flavors={f.name: f.node_pool for f in config.dev_servers.flavors},
+        pool_zones={p.name: p.availability_zone for p in config.node_pools if p.availability_zone},
     )
     return integration_consequences(change, FACTS, CHECKS)

@@ -58,6 +58,7 @@ from infra.storage.lustre import DATASETS_CLAIM as FSX_DATASETS_CLAIM
 from infra.storage.shared_file_system import CLAIM as EFS_CLAIM
 from policies.offline import check
 from policies.pack_config import policy_settings
+from policies.rules.cost import ceiling_rise
 from workloads.stack_code import runs
 
 FACTS_FILE = "facts.json"
@@ -697,6 +698,12 @@ def main(argv: list[str] | None = None) -> int:
             steps, config, args.stack, plan.outputs.get("jobs"), plan.outputs.get("runtimes")
         )
         effects.notes += release_moves(base.plan.outputs, plan.outputs)
+        rise = ceiling_rise(
+            plan_cost(config.region, base.plan).total_per_hour,
+            plan_cost(config.region, plan).total_per_hour,
+            "budget_usd_per_hour" in config.policy.model_fields_set,
+        )
+        effects.refusals += [rise] if rise else []
     write_plan(plan, out)
     (out / FACTS_FILE).write_text(json.dumps(new, indent=2) + "\n")
     (out / CHANGES_FILE).write_text("\n".join(changed) + "\n")

@@ -3,8 +3,11 @@ flavor, and stops those of a deleted one (devservers/operator.py on_flavor, cont
 _refused)."""
 
 from devservers.api import API_VERSION
-from infra.core.change import DELETE
+from infra.core.change import DELETE, UPDATE
 from infra.core.day_two import Change, existing
+from infra.core.declared import dig, listed
+from infra.karpenter.facts import NODEPOOL
+from infra.vpc.day_two import zones_dropped
 
 FLAVOR = f"kubernetes:{API_VERSION}:DevServerFlavor"
 # A user's DevServer namespace as a data holder (infra/core/data_holders.py), and what losing it
@@ -36,3 +39,43 @@ def flavors(change: Change) -> None:
                 f"DevServer flavor {name} changes ({', '.join(fields) or 'spec'}): every server "
                 "of that flavor restarts on new pods (homes stay; what runs in them ends)"
             )
+
+
+ZONE = "topology.kubernetes.io/zone"
+
+
+def stranded_homes(change: Change) -> None:
+    """A home is an EBS volume, which attaches only in the AZ it was made in: when a flavor's pool
+    leaves a zone (an EFA pool's availabilityZone, a zone the VPC drops), the homes made there
+    stay, and their servers cannot start on the pool's nodes elsewhere (the pod stays Pending on
+    its volume's node affinity) until each home is moved. A hybrid pool's homes are on its
+    machines, in no AZ."""
+    dropped = zones_dropped(change.steps)
+    left: dict[str, set[str]] = {}
+    for step in change.steps:
+        if step.type == NODEPOOL and step.op == UPDATE and _pool_zones(step.new):
+            name = dig(step.new.inputs, "metadata", "name")
+            left[name] = _pool_zones(step.old) - _pool_zones(step.new)
+    for flavor, pool in sorted(change.flavors.items()):
+        # Where its homes are: the pool's one AZ, or any of the VPC's (hybrid: none).
+        homes_in = {change.pool_zones[pool]} if pool in change.pool_zones else dropped
+        on_ec2 = dropped & homes_in if pool in change.pools else set()
+        zones = sorted(on_ec2 | left.get(pool, set()))
+        if zones:
+            change.found.restarts.append(
+                f"DevServer flavor {flavor}: homes made in {', '.join(zones)} stay there (an EBS "
+                f"volume attaches in its own AZ only), so their servers cannot start on {pool} "
+                "until each home is moved (snapshot it, restore it in the pool's zone: "
+                "day-two.md, Moving a pool to another zone)"
+            )
+
+
+def _pool_zones(pool) -> set[str]:
+    """The zones a NodePool's requirements hold it to; none: every zone of its subnets."""
+    requirements = listed(dig(pool.inputs, "spec", "template", "spec", "requirements"))
+    return {
+        zone
+        for r in requirements
+        if r.get("key") == ZONE and r.get("operator") == "In"
+        for zone in r.get("values") or []
+    }

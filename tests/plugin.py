@@ -69,23 +69,25 @@ def suite_temp_dir():
     shutil.rmtree(path, ignore_errors=True)
 
 
-# The modules that take longest (seconds, two workers, --durations summed per module, 2026-11-29),
-# run first: xdist's loadfile hands modules out in collection order, and a long one left for last
-# runs alone.
+# The modules that take longest (seconds, three workers, summed per module, 2026-11-30; the
+# trainer's after its one-worker runs moved in-process), run first: xdist's loadfile hands modules
+# out in collection order, and a long one left for last runs alone.
 SLOWEST_FIRST = [
-    "test_trainer.py",  # 260
-    "test_docs_examples.py",  # 160
-    "test_day_two_running.py",  # 140
-    "test_mesh.py",  # 125
-    "test_user_code_cluster.py",  # 110
-    "test_stack_code.py",  # 45
-    "test_watch_and_fetch.py",  # 40
-    "test_mesh_netns.py",  # 35
-    "test_user_code.py",  # 35
-    "test_unreachable_cluster.py",  # 30
-    "test_plan.py",  # 28
-    "test_day_two_edits.py",  # 28
-    "test_devctl_run.py",  # 25
+    "test_day_two_running.py",  # 200
+    "test_trainer.py",  # 170
+    "test_docs_examples.py",  # 150
+    "test_mesh.py",  # 130
+    "test_user_code_cluster.py",  # 115
+    "test_user_code.py",  # 55
+    "test_watch_and_fetch.py",  # 50
+    "test_stack_code.py",  # 50
+    "test_mesh_netns.py",  # 45
+    "test_plan_changes.py",  # 45
+    "test_day_two_edits.py",  # 33
+    "test_plan.py",  # 32
+    "test_unreachable_cluster.py",  # 29
+    "test_policies.py",  # 28
+    "test_devctl_run.py",  # 23
 ]
 
 

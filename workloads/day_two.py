@@ -21,23 +21,16 @@ def jobs(change: Change) -> None:
         if step.op == DELETE:
             found.restarts.append(f"job {name} is deleted: its pods are killed (checkpoints stay)")
         elif step.op == REPLACE:
-            old, new = _checkpoints(step.old), _checkpoints(step.new)
-            resumes = (
-                "it restarts from its newest checkpoint"
-                if old == new
-                else f"it starts again from step 0 at {new[1]} in {new[0]}: its checkpoints stay "
-                f"at {old[1]} in {old[0]}"
-            )
             found.restarts.append(
                 f"job {name} is deleted and created again ({', '.join(step.reasons[:2])}): "
-                f"{resumes}"
+                f"{_resumes(step)}"
             )
         else:
             restarting = kueue_restarts(step)
             if restarting:
                 found.restarts.append(
                     f"job {name} restarts ({', '.join(restarting)}): Kueue suspends it, queues it "
-                    "again and it resumes from its newest checkpoint"
+                    f"again and {_resumes(step)}"
                 )
             else:
                 found.restarts.append(
@@ -72,6 +65,18 @@ def kinds(change: Change) -> None:
                 "job in one update and add it back in the next (it resumes from its newest "
                 "checkpoint when its store stays)"
             )
+
+
+def _resumes(step) -> str:
+    """Where a restarted job carries on: from its newest checkpoint, or from step 0 when its
+    checkpoint folder moved (the trainer looks for checkpoints in its new folder only)."""
+    old, new = _checkpoints(step.old), _checkpoints(step.new)
+    if old == new:
+        return "it resumes from its newest checkpoint"
+    return (
+        f"it starts again from step 0 at {new[1]} in {new[0]}: its checkpoints stay at {old[1]} "
+        f"in {old[0]} (copy its newest step-* folder there first to carry on from it)"
+    )
 
 
 def _checkpoints(job) -> tuple[str, str]:

@@ -82,6 +82,10 @@ class Change:
     found: Consequences = field(default_factory=Consequences)
     # Pools whose nodes drift (infra/karpenter/day_two.py), for the checks of what runs on them.
     drifted: set[str] = field(default_factory=set)
+    # Every DevServer flavor: its name and the NodePool its servers run on.
+    flavors: dict[str, str] = field(default_factory=dict)
+    # The NodePools held to one AZ (EFA pools): name and AZ.
+    pool_zones: dict[str, str] = field(default_factory=dict)
 
     def loss(self, holder: str) -> str:
         """What losing `holder` loses, in words."""

@@ -19,6 +19,7 @@ EKS = Integration(
         day_two.versions,
         day_two.controllers,
         day_two.control_plane_subnets,
+        day_two.control_plane_network,
         day_two.log_retention,
     ),
 )

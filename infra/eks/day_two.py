@@ -4,7 +4,8 @@ at a time, replaces a node group's nodes one by one, and the controllers restart
 from infra.core.change import UPDATE, Step
 from infra.core.day_two import Change
 from infra.core.kinds import HELM_RELEASE
-from infra.eks.facts import EKS_CLUSTER, EKS_COMPONENT, NODE_GROUP
+from infra.eks.facts import EKS_CLUSTER, EKS_COMPONENT, LAUNCH_TEMPLATE, NODE_GROUP
+from infra.vpc.day_two import vpc_replaced, zones_added, zones_dropped
 
 # The control plane: pulumi-eks's component offline (its children are invisible under mocks), the
 # aws:eks Cluster it creates in a real preview.
@@ -59,6 +60,14 @@ def controllers(change: Change) -> None:
                 f"node group {step.name}: EKS replaces its nodes one at a time (rolling update); "
                 "the controllers on them restart elsewhere"
             )
+        elif step.type == LAUNCH_TEMPLATE and any(p.startswith(REPLACING) for p in step.reasons):
+            fields = sorted({p.split(".")[0].split("[")[0] for p in step.reasons})
+            found.restarts.append(
+                f"launch template {step.name} changes ({', '.join(fields)}): a new version, "
+                "which the system node group takes: EKS replaces every system node, one at a "
+                "time (rolling update, maxUnavailable 1); the controllers on them (Karpenter, "
+                "Kueue, the operators, CoreDNS) restart on the new nodes, and jobs keep running"
+            )
         elif step.type == HELM_RELEASE and "version" in step.reasons:
             found.notes.append(
                 f"Helm release {step.name}: chart {step.old.inputs.get('version')} -> "
@@ -66,6 +75,10 @@ def controllers(change: Change) -> None:
                 "running"
             )
 
+
+# What of a launch template its instances are made from: a change makes a new version, which an
+# EKS managed node group rolls its nodes onto (its tags alone change nothing that runs).
+REPLACING = ("blockDeviceMappings", "metadataOptions", "tagSpecifications", "imageId", "userData")
 
 # pulumi-eks takes the control plane's subnets as subnetIds or as the private and public ones.
 SUBNET_INPUTS = ("subnetIds", "privateSubnetIds", "publicSubnetIds", "vpcConfig.subnetIds")
@@ -83,6 +96,36 @@ def control_plane_subnets(change: Change) -> None:
                 "its own subnets (in place; they must lie in the cluster's original AZs and "
                 "VPC); the platform's webhook policies admit the API server from them once "
                 "the update is done"
+            )
+
+
+def control_plane_network(change: Change) -> None:
+    """EKS keeps a cluster in the VPC and the AZs it was created in: an update may name other
+    subnets, but "all subnets that you add must be in the same set of AZs as originally
+    provided", at least one in each, "and ... in the same VPC as the original subnets" (EKS user
+    guide, networking/network-reqs.adoc, VPC requirements); an EFS file system's mount targets
+    all lie in one VPC too. Such an update fails half applied: refused before it starts."""
+    way = (
+        "allowed: the network as it is, or a new stack for the new network (a new cluster and "
+        "file systems; data moved by hand)"
+    )
+    replaced = vpc_replaced(change.steps)
+    if replaced:
+        change.found.refusals.append(
+            f"eks-network: the VPC is replaced ({', '.join(replaced)}): EKS keeps the cluster in "
+            f"the VPC it was made in, and EFS its mount targets, so the update would fail half "
+            f"applied; {way}"
+        )
+        return
+    for zones, verb in (
+        (zones_dropped(change.steps), "leaves"),
+        (zones_added(change.steps), "adds"),
+    ):
+        if zones:
+            change.found.refusals.append(
+                f"eks-network: the VPC {verb} {', '.join(sorted(zones))} (network.azCount): "
+                "EKS takes control-plane subnets only in the AZs the cluster was made in, one in "
+                f"each at least, so the update would fail half applied; {way}"
             )
 
 

@@ -58,8 +58,25 @@ def drift(change: Change) -> None:
                 pool = pools.get(name)
                 nodes = _pool_nodes(pool) if pool else "its nodes"
                 drifted[name] = f"{name}: every node ({cause}); {nodes}"
+            left = _reservations(step.old) - _reservations(step.new)
+            if left and name not in drifted:
+                drifted[name] = (
+                    f"{name}: the nodes in capacity reservation {', '.join(sorted(left))} (no "
+                    "longer selected: karpenter-provider-aws pkg/cloudprovider/drift.go "
+                    "isCapacityReservationDrifted)"
+                )
     change.found.drifts += [drifted[name] for name in sorted(drifted)]
     change.drifted |= set(drifted)
+
+
+def _reservations(nodeclass) -> set[str]:
+    """The capacity reservations an EC2NodeClass selects, each as its selector term reads."""
+    terms = listed(dig(nodeclass.inputs, "spec", "capacityReservationSelectorTerms"))
+    return {
+        term.get("id")
+        or "tagged " + " ".join(f"{k}={v}" for k, v in sorted((term.get("tags") or {}).items()))
+        for term in terms
+    }
 
 
 def _nodepool_drift(step: Step) -> str | None:

@@ -26,7 +26,8 @@ class PolicyConfig(Model):
         gt=0,
         allow_inf_nan=False,
         description="The cost-budget policy's ceiling: the plan's whole cost table at its "
-        "ceilings, USD per hour.",
+        "ceilings, USD per hour. Unset (1000), an edit that raises the ceiling more than 25 % "
+        "over the plan before it is refused until the same change sets this.",
     )
     allowed_public_ingress: list[str] = Field(
         default_factory=list,

@@ -1,4 +1,5 @@
-"""The cost rule: the hourly ceiling of every priced resource stays under the stack's budget."""
+"""The cost rules: the hourly ceiling of every priced resource stays under the stack's budget, and
+an edit that raises it steeply says so by setting the budget in the same change."""
 
 import math
 
@@ -59,3 +60,25 @@ def cost_budget(args: StackValidationArgs, report: ReportViolation) -> None:
             f"cost ceiling ${cost.total_per_hour:,.2f}/hour exceeds the budget ${budget:,.2f}/hour "
             f"(dearest: {', '.join(f'{line.item} ${line.usd_per_hour:,.2f}' for line in dearest)})"
         )
+
+
+# How far an edit may raise the stack's cost ceiling over the plan before it while the stack file
+# leaves policy.budgetUsdPerHour unset (the default budget is a backstop, far above a small
+# stack): a typo in maxNodes or an instance type ten times dearer must not pass as an ordinary
+# change.
+CEILING_RISE = 1.25
+
+
+def ceiling_rise(before_per_hour: float, after_per_hour: float, budget_set: bool) -> str | None:
+    """The refusal of a rise over CEILING_RISE without a budget set in the stack file, or None."""
+    unbounded = math.isinf(before_per_hour) or math.isinf(after_per_hour)  # cost_budget says so
+    if budget_set or unbounded or after_per_hour <= before_per_hour * CEILING_RISE:
+        return None
+    times = after_per_hour / before_per_hour
+    return (
+        f"cost-budget: the cost ceiling rises from ${before_per_hour:,.2f} to "
+        f"${after_per_hour:,.2f}/hour against the plan before (x{times:.1f}), more than "
+        f"{CEILING_RISE - 1:.0%}, and the stack file sets no "
+        "policy.budgetUsdPerHour; allowed: a smaller rise, or policy.budgetUsdPerHour set in this "
+        f"change (at least {math.ceil(after_per_hour)})"
+    )

@@ -244,6 +244,26 @@ def test_fewer_zones_say_the_subnets_nodes_must_go_first(base):
     deleted = [n for n in effects.notes if n.startswith("subnet ")]
     assert {n.split(" ")[1] for n in deleted} >= {"network-private-2", "network-public-2"}
     assert all("AWS refuses while a node" in n for n in deleted)
+    assert (
+        "eks-network: the VPC leaves us-west-2c (network.azCount): EKS takes control-plane "
+        "subnets only in the AZs the cluster was made in" in effects.refusals[0]
+    )
+    # gpu-1's pool spans the zones, so some of its homes may be in the one that goes; a100-8's
+    # pool is held to us-west-2a, which stays.
+    homes = [r for r in effects.restarts if r.startswith("DevServer flavor ")]
+    assert [h.split(":")[0] for h in homes] == ["DevServer flavor gpu-1"]
+    assert "homes made in us-west-2c stay there" in homes[0] and "on gpu-small" in homes[0]
+
+
+def test_a_pool_moved_to_another_zone_names_the_homes_it_strands(base):
+    """red before: the plan named the pool's drift, not the servers that cannot start again."""
+    effects, _ = effects_of(base, nodePools=pools_with("gpu-large", availabilityZone="us-west-2b"))
+    homes = [r for r in effects.restarts if r.startswith("DevServer flavor ")]
+    assert homes == [
+        "DevServer flavor a100-8: homes made in us-west-2a stay there (an EBS volume attaches in "
+        "its own AZ only), so their servers cannot start on gpu-large until each home is moved "
+        "(snapshot it, restore it in the pool's zone: day-two.md, Moving a pool to another zone)"
+    ]
 
 
 def test_one_nat_gateway_instead_of_one_per_zone_says_what_connections_break(base):
@@ -377,3 +397,73 @@ def test_a_larger_file_system_resizes_its_volumes_not_the_claims_the_api_server_
         r for r in after.of_type("kubernetes:core/v1:PersistentVolumeClaim") if "fsx" in r.name
     )
     assert claim.ignore_changes == ["spec.resources"]
+
+
+def test_a_job_whose_checkpoint_store_moves_starts_again_from_step_0(base):
+    """fsx -> s3 with the revision bumped: an update Kueue restarts the job for, whose trainer
+    finds no checkpoint in its new folder (red before: "it resumes from its newest checkpoint")."""
+    jobs = stack_values(STACK)["training-platform:jobs"]
+    moved = [
+        {**j, "checkpoint": "s3", "revision": 2} if j["name"] == "gpt-large" else j for j in jobs
+    ]
+    effects, _ = effects_of(base, jobs=moved)
+    (line,) = [r for r in effects.restarts if r.startswith("job gpt-large ")]
+    assert "Kueue suspends it, queues it again and it starts again from step 0 at s3://" in line
+    assert "/checkpoints/team-b/gpt-large in team-b: its checkpoints stay at /fsx/" in line
+
+
+def test_a_larger_system_node_disk_names_the_rolling_replacement_of_every_system_node(base):
+    """red before: a new launch template version printed only cost lines."""
+    cluster = stack_values(STACK)["training-platform:cluster"]
+    group = {**cluster["systemNodeGroup"], "diskSizeGib": 100}
+    effects, _ = effects_of(base, cluster={**cluster, "systemNodeGroup": group})
+    (line,) = [r for r in effects.restarts if r.startswith("launch template ")]
+    assert "changes (blockDeviceMappings): a new version" in line
+    assert "EKS replaces every system node, one at a time" in line
+
+
+def test_a_reservation_swapped_drifts_the_nodes_in_the_old_one():
+    """Karpenter drifts a node whose reservation its EC2NodeClass no longer selects, although the
+    selector terms are outside the class's hash (red before: nothing printed)."""
+
+    def holding(reservation: str):
+        pool = {
+            "capacityTypes": ["reserved", "on-demand"],
+            "capacityReservations": [
+                {"id": reservation, "instanceType": "p4d.24xlarge", "instanceCount": 4}
+            ],
+        }
+        return planned(nodePools=pools_with("gpu-large", **pool))
+
+    config, values = holding("cr-0aaaaaaaaaaaaaaaa")
+    before = run_offline(lambda: build_platform(config), STACK, values)
+    config, values = holding("cr-0bbbbbbbbbbbbbbbb")
+    after = run_offline(lambda: build_platform(config), STACK, values, None, before.outputs)
+    drifts = consequences(plan_steps(before, after), config, STACK).drifts
+    assert [d for d in drifts if d.startswith("gpu-large:")] == [
+        "gpu-large: the nodes in capacity reservation cr-0aaaaaaaaaaaaaaaa (no longer selected: "
+        "karpenter-provider-aws pkg/cloudprovider/drift.go isCapacityReservationDrifted)"
+    ]
+
+
+def test_a_new_vpc_range_is_refused_as_eks_and_efs_cannot_follow(base):
+    """red before: the VPC and subnets were listed as replaced, "no data lost"."""
+    effects, _ = effects_of(base, network={"cidr": "10.64.0.0/16"})
+    assert [r for r in effects.refusals if r.startswith("eks-network")] == [
+        "eks-network: the VPC is replaced (cidrBlock): EKS keeps the cluster in the VPC it was "
+        "made in, and EFS its mount targets, so the update would fail half applied; allowed: "
+        "the network as it is, or a new stack for the new network (a new cluster and file "
+        "systems; data moved by hand)"
+    ]
+
+
+def test_one_more_zone_is_refused_as_eks_keeps_its_original_zones():
+    """Adding an AZ: EKS refuses control-plane subnets outside the cluster's first AZs."""
+    config, values = planned(network={"azCount": 2})
+    before = run_offline(lambda: build_platform(config), STACK, values)
+    config, values = planned()
+    after = run_offline(lambda: build_platform(config), STACK, values, None, before.outputs)
+    refusals = consequences(plan_steps(before, after), config, STACK).refusals
+    assert [r.split(":")[1] for r in refusals if r.startswith("eks-network")] == [
+        " the VPC adds us-west-2c (network.azCount)"
+    ]

@@ -66,6 +66,29 @@ def test_max_nodes_edit_against_the_previous_plan_lists_exactly_what_moves(tmp_p
     assert (out / CHANGES_FILE).read_text() == "no change\n"
 
 
+def test_a_steep_cost_rise_needs_the_budget_set_in_the_same_change(tmp_path, capsys):
+    """Without policy.budgetUsdPerHour the budget follows the plan before: gpu-small's maxNodes
+    12 -> 40 passed the default $1,000/hour before."""
+    out = tmp_path / "build/plan/dev"
+    args = ["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(out)]
+    shutil.copy(ROOT / "Pulumi.dev.yaml", tmp_path)
+    assert main(args) == 0
+    write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(12))  # 12 % up: an ordinary edit
+    assert main(args) == 0
+    write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(40))
+    capsys.readouterr()
+    assert main(args) == 1
+    assert (
+        "  [mandatory] cost-budget: the cost ceiling rises from $428.67 to $588.10/hour "
+        "against the plan before (x1.4), more than 25%, and the stack file sets no "
+        "policy.budgetUsdPerHour; allowed: a smaller rise, or policy.budgetUsdPerHour set in "
+        "this change (at least 589)"
+    ) in capsys.readouterr().out.splitlines()
+    budgeted = {"budgetUsdPerHour": 600}
+    write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(40), policy=budgeted)
+    assert main(args) == 0
+
+
 def test_against_a_git_ref_plans_the_stack_file_as_it_was_there(tmp_path, capsys):
     def git(*args):
         subprocess.run(["git", "-C", str(tmp_path), *args], check=True, capture_output=True)

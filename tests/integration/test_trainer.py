@@ -57,6 +57,10 @@ def records(metrics: Path) -> list[dict]:
 
 
 def train(tmp: Path, nproc: int, ckpt: str, *args: str, env: dict | None = None) -> list[dict]:
+    """The metrics records of a successful run: several workers under torchrun, one in this
+    process (train_here: no interpreter and torch to start)."""
+    if nproc == 1:
+        return train_here(tmp, ckpt, *args, env=env)
     return run(tmp, nproc, ckpt, *args, env=env)[0]
 
 
@@ -93,7 +97,7 @@ def event(recs: list[dict], name: str) -> dict:
     return next(r for r in recs if r.get("event") == name)
 
 
-def test_two_worker_ddp_loss_falls_and_ranks_hold_identical_parameters(tmp_path):
+def test_two_worker_ddp_loss_falls_and_ranks_hold_identical_parameters(tmp_path, capsys):
     recs = train(tmp_path, 2, str(tmp_path / "ckpt"), "--steps", "30", "--eval-every", "10")
     losses = [r["loss"] for r in recs if "loss" in r]
     assert losses[-1] < losses[0] - 1.0, losses
@@ -106,7 +110,9 @@ def test_two_worker_ddp_loss_falls_and_ranks_hold_identical_parameters(tmp_path)
     assert event(recs, "start")["accumulation"] == 1
 
     # Re-running a finished job (a torchrun restart, a resubmitted job) ends at once, with 0.
-    again, stderr = run(tmp_path, 2, str(tmp_path / "ckpt"), "--steps", "30")
+    capsys.readouterr()
+    again = train(tmp_path, 1, str(tmp_path / "ckpt"), "--steps", "30")
+    stderr = capsys.readouterr().err
     assert "the run is already complete" in stderr and "step-00000030" in stderr
     assert event(again, "complete")["step"] == 30 and not [r for r in again if "loss" in r]
 
@@ -157,7 +163,7 @@ def test_sigterm_saves_a_checkpoint_and_exits_then_resumes(tmp_path):
     stopped = event(records(metrics), "stopped")
     committed, uncommitted = LocalStore(str(ckpt)).steps()
     assert committed == [stopped["step"]] and not uncommitted
-    resumed = train(tmp_path, 2, str(ckpt), "--steps", str(stopped["step"] + 5))
+    resumed = train(tmp_path, 1, str(ckpt), "--steps", str(stopped["step"] + 5))
     assert event(resumed, "start")["resumed_from"] == stopped["step"]
     assert event(resumed, "done")["step"] == stopped["step"] + 5
 
@@ -290,7 +296,7 @@ def moto():
         yield env
 
 
-def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto):
+def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto, capsys):
     s3 = s3_client(moto)
     s3.create_bucket(Bucket="ckpts")
     uri = "s3://ckpts/runs/tiny"
@@ -319,7 +325,9 @@ def test_s3_checkpoints_save_resume_and_prune(tmp_path, moto):
     shard = next(k for k in keys if k.startswith("runs/tiny/step-00000006/") and "distcp" in k)
     body = s3.get_object(Bucket="ckpts", Key=shard)["Body"].read()
     s3.put_object(Bucket="ckpts", Key=shard, Body=body[:100])
-    recs, stderr = run(tmp_path, 1, uri, "--steps", "8", "--checkpoint-every", "2", env=moto)
+    capsys.readouterr()
+    recs = train(tmp_path, 1, uri, "--steps", "8", "--checkpoint-every", "2", env=moto)
+    stderr = capsys.readouterr().err
     assert f"checkpoint {uri}/step-00000006 is unreadable" in stderr
     assert event(recs, "start")["resumed_from"] == 4
     assert event(recs, "done")["step"] == 8

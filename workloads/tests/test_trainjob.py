@@ -558,4 +558,7 @@ def test_a_trainjob_moved_to_another_queue_starts_from_step_0_and_the_plan_says_
     (line,) = [r for r in effects.restarts if r.startswith("job gpt-small-v2")]
     assert "it starts again from step 0 at s3://" in line
     assert "/checkpoints/research/gpt-small-v2 in research: its checkpoints stay at s3://" in line
-    assert line.endswith("/checkpoints/team-a/gpt-small-v2 in team-a")
+    assert line.endswith(
+        "/checkpoints/team-a/gpt-small-v2 in team-a (copy its newest step-* folder there first "
+        "to carry on from it)"
+    )
