@@ -286,11 +286,12 @@ def cost_rows(cost: StackCost, stack: list[Declared]) -> list[str]:
 def expected_rows(expected: Expected) -> list[str]:
     rows = []
     for run in expected.pools:
-        rate = (
-            f"{money(run.spot, 4)} spot"
-            if run.spot is not None
-            else "On-Demand" + (" (no spot figure)" if run.spot_allowed else "")
-        )
+        if run.spot is not None and run.packed:
+            rate = f"On-Demand (spot {money(run.spot, 4)} at best)"
+        elif run.spot is not None:
+            rate = f"{money(run.spot, 4)} spot"
+        else:
+            rate = "On-Demand" + (" (no spot figure)" if run.spot_allowed else "")
         rows.append(
             [
                 run.pool,

@@ -68,10 +68,16 @@ def addon_pod_sets(addon: str, configuration: object, facts: Facts) -> list[PodS
 
 
 def overlay_pod_sets(r: Declared, directory: str, facts: Facts) -> list[PodSet]:
+    if directory not in facts.overlays:
+        # Its Deployments would go unaccounted on the system nodes (the JobSet controller once did).
+        raise LookupError(
+            f"kustomize overlay {directory}: no integration says which pods it runs; list them in "
+            "its integration's overlays (infra/<integration>/facts.py, OverlayPods)"
+        )
     selector, tolerations = SYSTEM_PLACED
     return [
-        PodSet(r.name, pods.component, 1, False, Requests(), selector, tolerations, {}, pods.source)
-        for pods in facts.overlays.get(directory, [])
+        PodSet(r.name, p.component, 1, False, p.requests, selector, tolerations, {}, p.source)
+        for p in facts.overlays[directory]
     ]
 
 

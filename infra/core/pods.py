@@ -164,10 +164,11 @@ class AddonPods:
 @dataclass(frozen=True)
 class OverlayPods:
     """A Deployment of a kustomize overlay: on the system nodes (deploy/manifests/system-nodes),
-    with the requests upstream sets (none, so far)."""
+    with the requests upstream sets."""
 
     component: str
     source: str
+    requests: Requests = field(default_factory=Requests)
 
 
 SYSTEM_PLACED = (SYSTEM_NODE_LABEL, [{"key": SYSTEM_TAINT_KEY, "operator": "Exists"}])

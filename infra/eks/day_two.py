@@ -1,7 +1,7 @@
 """What a change does to the control plane and the system nodes: EKS upgrades one minor version
 at a time, replaces a node group's nodes one by one, and the controllers restart."""
 
-from infra.core.change import UPDATE, Step
+from infra.core.change import DELETE, REPLACE, UPDATE, Step
 from infra.core.day_two import Change
 from infra.core.kinds import HELM_RELEASE
 from infra.eks.facts import EKS_CLUSTER, EKS_COMPONENT, LAUNCH_TEMPLATE, NODE_GROUP
@@ -105,6 +105,8 @@ def control_plane_network(change: Change) -> None:
     provided", at least one in each, "and ... in the same VPC as the original subnets" (EKS user
     guide, networking/network-reqs.adoc, VPC requirements); an EFS file system's mount targets
     all lie in one VPC too. Such an update fails half applied: refused before it starts."""
+    if any(s.type in EKS_CLUSTERS and s.op in (REPLACE, DELETE) for s in change.steps):
+        return  # the cluster goes too: the data-loss rule speaks for it
     way = (
         "allowed: the network as it is, or a new stack for the new network (a new cluster and "
         "file systems; data moved by hand)"

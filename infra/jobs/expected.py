@@ -8,7 +8,8 @@ Nodes a reservation or a static pool holds are already in the floor and add noth
 priced at the cheapest type its pool allows (Karpenter picks the cheapest offering that fits), at
 the region's spot estimate where the pool may use spot (spotPrices: the highest AZ's price in a
 public dataset, with its date), else On-Demand; the On-Demand figure is given beside it as the
-bound when spot capacity is not there.
+bound when spot capacity is not there. A pool held to one AZ and one cluster placement group (EFA)
+is priced On-Demand: spot for many such nodes together is the best case, not the expected one.
 """
 
 from collections.abc import Sequence
@@ -41,10 +42,12 @@ class PoolRun:
     )  # the spot estimate per node-hour, where the pool may use spot and one is known
     on_demand: float  # per node-hour
     disks: float  # per node-hour
+    packed: bool = False  # one AZ, one cluster placement group: spot is the best case
 
     @property
     def per_hour(self) -> float:
-        return self.billed * ((self.spot if self.spot is not None else self.on_demand) + self.disks)
+        spot = self.spot is not None and not self.packed
+        return self.billed * ((self.spot if spot else self.on_demand) + self.disks)
 
     @property
     def on_demand_per_hour(self) -> float:
@@ -97,6 +100,7 @@ def expected_cost(cost: StackCost, stack: Sequence[Declared]) -> Expected:
                 cost.prices.spot_usd_per_hour.get(kind) if spot else None,
                 book.instance(kind),
                 sum(d.per_hour(book) for d in node_disks(classes, book)),
+                any(dig(c.props, "spec", "placementGroupSelector") for c in classes),
             )
         )
     return Expected(cost.baseline_per_hour, runs)

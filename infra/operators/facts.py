@@ -2,7 +2,7 @@
 expected cost prices them) and the Deployments of the overlays that install the operators."""
 
 from infra.core.facts import K8S, K8S_OBJECT, ImmutableRule, Kind, ReplaceRule
-from infra.core.pods import OverlayPods
+from infra.core.pods import OverlayPods, Requests
 
 PYTORCHJOB = "kubernetes:kubeflow.org/v1:PyTorchJob"
 MPIJOB = "kubernetes:kubeflow.org/v2beta1:MPIJob"
@@ -57,8 +57,22 @@ KINDS = (
 
 
 # The overlays in deploy/manifests: their Deployments go to the system nodes (its system-nodes
-# component); upstream sets no requests.
+# component), with the requests upstream sets.
 OVERLAYS = {
+    "manifests/trainer": [
+        OverlayPods(
+            "trainer-controller-manager",
+            "kubeflow/trainer v2.3.0 manifests/base/manager/manager.yaml: none",
+        ),
+        # v0.12.0 through the trainer's manifests/third-party/jobset; the requests are unchanged
+        # from v0.9.1 to main at 08dfbdfd (2026-08-18).
+        OverlayPods(
+            "jobset-controller-manager",
+            "kubernetes-sigs/jobset v0.12.0 config/components/manager/manager.yaml: 500m CPU, "
+            "128Mi",
+            Requests(cpu=0.5, memory_mib=128),
+        ),
+    ],
     "manifests/training-operator": [
         OverlayPods(
             "training-operator", "kubeflow/trainer v1.9.4 manifests/base/deployment.yaml: none"

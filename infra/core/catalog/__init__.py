@@ -119,6 +119,7 @@ class UnpricedError(LookupError):
 # `sources` keys of prices no source confirmed: the plan lists such prices as unverified.
 FROM_MEMORY = "from-memory"
 COPIED = "copied-from-us-east-1"  # a new region's service prices, written by refresh
+OUTDATED = "outdated-"  # a source whose figures AWS has changed since it was read
 
 
 @dataclass(frozen=True)
@@ -131,7 +132,7 @@ class ServicePrice:
 
     @property
     def unverified(self) -> bool:
-        return self.source_key in (FROM_MEMORY, COPIED)
+        return self.source_key in (FROM_MEMORY, COPIED) or self.source_key.startswith(OUTDATED)
 
     @property
     def source_key(self) -> str:
