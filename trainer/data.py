@@ -6,15 +6,20 @@ turns a text file or a directory of them into a file of uint8 tokens. With no --
 default corpus: the CPython standard library's own sources, real text on every machine with Python.
 """
 
+from __future__ import annotations
+
 import argparse
 import math
 import os
 import sys
 import sysconfig
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 import numpy as np
-import torch
+
+if TYPE_CHECKING:
+    import torch
 
 DEFAULT_TOKENS = Path("build/data/stdlib.bin")
 TEXT_SUFFIXES = {".py", ".txt", ".md", ".rst", ".json", ".yaml", ".yml", ".toml", ".c", ".h"}
@@ -75,6 +80,10 @@ class TokenData:
     def batch(self, sample_indices: list[int]) -> tuple[torch.Tensor, torch.Tensor]:
         starts = [(i * self.stride) % self.windows for i in sample_indices]
         rows = np.stack([self.tokens[s : s + self.seq_len + 1] for s in starts]).astype(np.int64)
+        # Imported here: preparing a token file (python -m trainer.data, every worker's first
+        # look at the default corpus) needs no torch, whose import is 2 s of CPU.
+        import torch
+
         rows = torch.from_numpy(rows)
         if self.pin_memory:
             rows = rows.pin_memory()

@@ -240,7 +240,7 @@ def test_a_flavor_edit_restarts_its_servers_and_a_removed_one_stops_them(base):
 
 
 def test_fewer_zones_say_the_subnets_nodes_must_go_first(base):
-    effects, _ = effects_of(base, network={"azCount": 2})
+    effects, two_zones = effects_of(base, network={"azCount": 2})
     deleted = [n for n in effects.notes if n.startswith("subnet ")]
     assert {n.split(" ")[1] for n in deleted} >= {"network-private-2", "network-public-2"}
     assert all("AWS refuses while a node" in n for n in deleted)
@@ -253,6 +253,12 @@ def test_fewer_zones_say_the_subnets_nodes_must_go_first(base):
     homes = [r for r in effects.restarts if r.startswith("DevServer flavor ")]
     assert [h.split(":")[0] for h in homes] == ["DevServer flavor gpu-1"]
     assert "homes made in us-west-2c stay there" in homes[0] and "on gpu-small" in homes[0]
+    # The other way, a zone added: EKS refuses control-plane subnets outside the first AZs.
+    config, _ = planned()
+    added = consequences(plan_steps(two_zones, base), config, STACK).refusals
+    assert [r.split(":")[1] for r in added if r.startswith("eks-network")] == [
+        " the VPC adds us-west-2c (network.azCount)"
+    ]
 
 
 def test_a_pool_moved_to_another_zone_names_the_homes_it_strands(base):
@@ -454,16 +460,4 @@ def test_a_new_vpc_range_is_refused_as_eks_and_efs_cannot_follow(base):
         "made in, and EFS its mount targets, so the update would fail half applied; allowed: "
         "the network as it is, or a new stack for the new network (a new cluster and file "
         "systems; data moved by hand)"
-    ]
-
-
-def test_one_more_zone_is_refused_as_eks_keeps_its_original_zones():
-    """Adding an AZ: EKS refuses control-plane subnets outside the cluster's first AZs."""
-    config, values = planned(network={"azCount": 2})
-    before = run_offline(lambda: build_platform(config), STACK, values)
-    config, values = planned()
-    after = run_offline(lambda: build_platform(config), STACK, values, None, before.outputs)
-    refusals = consequences(plan_steps(before, after), config, STACK).refusals
-    assert [r.split(":")[1] for r in refusals if r.startswith("eks-network")] == [
-        " the VPC adds us-west-2c (network.azCount)"
     ]

@@ -224,7 +224,7 @@ def test_moving_the_stack_to_another_region_reprices_it():
         "Cost storage quota dev-bob/devservers $/hour 0.055 -> 0.065",  # 500 GiB
         "Cost floor $/hour 0.354 -> 0.401",
         # No spot figure in Frankfurt's file: the jobs' nodes at On-Demand.
-        "Cost expected $/hour 43.479 -> 84.804",
+        "Cost expected $/hour 67.931 -> 84.804",
         "Cost NodePools max $/hour 382.498 -> 477.463",
         "Cost ceiling $/hour 383.119 -> 478.182",
     ]
