@@ -5,8 +5,8 @@ _refused)."""
 from devservers.api import API_VERSION
 from infra.core.change import DELETE, UPDATE
 from infra.core.day_two import Change, existing
-from infra.core.declared import dig, listed
-from infra.karpenter.facts import NODEPOOL
+from infra.core.declared import dig
+from infra.karpenter.facts import NODEPOOL, ZONE_LABEL, allowed
 from infra.vpc.day_two import zones_dropped
 
 FLAVOR = f"kubernetes:{API_VERSION}:DevServerFlavor"
@@ -41,9 +41,6 @@ def flavors(change: Change) -> None:
             )
 
 
-ZONE = "topology.kubernetes.io/zone"
-
-
 def stranded_homes(change: Change) -> None:
     """A home is an EBS volume, which attaches only in the AZ it was made in: when a flavor's pool
     leaves a zone (an EFA pool's availabilityZone, a zone the VPC drops), the homes made there
@@ -53,9 +50,8 @@ def stranded_homes(change: Change) -> None:
     dropped = zones_dropped(change.steps)
     left: dict[str, set[str]] = {}
     for step in change.steps:
-        if step.type == NODEPOOL and step.op == UPDATE and _pool_zones(step.new):
-            name = dig(step.new.inputs, "metadata", "name")
-            left[name] = _pool_zones(step.old) - _pool_zones(step.new)
+        if step.type == NODEPOOL and step.op == UPDATE and (now := _pool_zones(step.new)):
+            left[dig(step.new.inputs, "metadata", "name")] = _pool_zones(step.old) - now
     for flavor, pool in sorted(change.flavors.items()):
         # Where its homes are: the pool's one AZ, or any of the VPC's (hybrid: none).
         homes_in = {change.pool_zones[pool]} if pool in change.pool_zones else dropped
@@ -72,10 +68,4 @@ def stranded_homes(change: Change) -> None:
 
 def _pool_zones(pool) -> set[str]:
     """The zones a NodePool's requirements hold it to; none: every zone of its subnets."""
-    requirements = listed(dig(pool.inputs, "spec", "template", "spec", "requirements"))
-    return {
-        zone
-        for r in requirements
-        if r.get("key") == ZONE and r.get("operator") == "In"
-        for zone in r.get("values") or []
-    }
+    return set(allowed(dig(pool.inputs, "spec", "template", "spec"), ZONE_LABEL))

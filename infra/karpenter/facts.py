@@ -27,6 +27,7 @@ NODEPOOL = "kubernetes:karpenter.sh/v1:NodePool"
 NODECLASS = "kubernetes:karpenter.k8s.aws/v1:EC2NodeClass"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+ZONE_LABEL = "topology.kubernetes.io/zone"
 # What an EC2NodeClass's capacity reservations hold (JSON: a list of {instanceType,
 # instanceCount, reservationType, durationHours?, upfrontFeeUsd?, id or tags}), written by
 # infra/karpenter/node_pools.py.
@@ -80,14 +81,19 @@ def _reserved_capacity(r: Declared, stack: Sequence[Declared], book: PriceBook) 
     return lines
 
 
-def pool_types(spec: object) -> list[str]:
-    """The instance types a NodePool template's requirements allow (its In requirement)."""
+def allowed(spec: object, key: str) -> list[str]:
+    """The values of `key` a NodePool template's requirements allow (its In requirement)."""
     return [
         str(t)
         for requirement in listed(dig(spec, "requirements"))
-        if dig(requirement, "key") == INSTANCE_TYPE_LABEL and dig(requirement, "operator") == "In"
+        if dig(requirement, "key") == key and dig(requirement, "operator") == "In"
         for t in listed(dig(requirement, "values"))
     ]
+
+
+def pool_types(spec: object) -> list[str]:
+    """The instance types a NodePool template's requirements allow (its In requirement)."""
+    return allowed(spec, INSTANCE_TYPE_LABEL)
 
 
 def pool_capacity_types(spec: object) -> list[str]:
