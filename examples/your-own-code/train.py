@@ -100,6 +100,7 @@ def main() -> None:
             print(f"checkpoint step {step}", flush=True)
         dist.barrier()
 
+    stopped = False
     while step < args.epochs * per_epoch:
         batch = mine[(step % per_epoch) * args.batch :][: args.batch]
         x, y = images[batch].to(device), labels[batch].to(device)
@@ -117,12 +118,10 @@ def main() -> None:
         dist.all_reduce(asked)
         if asked.item() or step % per_epoch == 0:
             save()
-        if asked.item():
-            writer.close()
-            dist.destroy_process_group()
-            return
+        if stopped := bool(asked.item()):
+            break
 
-    if rank == 0:
+    if rank == 0 and not stopped:
         with torch.no_grad():
             test_x, test_y = pictures(512, seed=2)
             accuracy = (model(test_x.to(device)).argmax(1).cpu() == test_y).float().mean().item()
@@ -130,7 +129,9 @@ def main() -> None:
         torch.save(model.state_dict(), outputs / "model.pt")
         (outputs / "accuracy.txt").write_text(f"{accuracy:.4f}\n")
     writer.close()
-    # A rank that tears gloo down while rank 0 still evaluates can abort at exit.
+    # A rank that tears gloo down under a live DDP reducer, or while rank 0 still evaluates, can
+    # abort at exit.
+    del ddp
     dist.barrier()
     dist.destroy_process_group()
 
