@@ -8,9 +8,13 @@ costs follows from the store's prices, per run of the job (a run's length in hou
 step time the plan cannot know):
   EFS (Elastic Throughput)  every byte written bills per GB; storage: the kept checkpoints
   S3                        one PUT per 8 MiB part (s3torchconnector's default part size) plus
-                            the files' own requests; storage: the kept checkpoints, and every
-                            replaced one for 7 days as a noncurrent version (the bucket's rule)
-  FSx for Lustre            no per-byte charge (throughput is provisioned)
+                            the files' own requests; storage: the kept checkpoints, and each one
+                            --keep-last prunes for the days the bucket's lifecycle rule keeps
+                            noncurrent versions (versioning keeps every deleted object)
+  FSx for Lustre            no per-byte charge on the file system (throughput is provisioned);
+                            its export to the bucket (fsx/checkpoints/) bills as S3: a PUT per
+                            file at least, the kept copies, and the pruned ones as noncurrent
+                            versions under their own lifecycle rule
 Gradient traffic between a job's nodes bills $0.01/GB each way when they sit in different AZs:
 pools without an availabilityZone may spread, so those jobs get an upper bound (every node's ring
 all-reduce traffic, 2 (n-1)/n of the fp32 gradients a step, crossing AZs).
@@ -21,14 +25,16 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 
 from infra.core.bill import PriceBook, StackCost
+from infra.core.catalog import HOURS_PER_MONTH
 from infra.core.declared import Declared, dig, listed
 from infra.jobs.declared import DeclaredJob, declared_jobs
 from infra.karpenter.facts import NODEPOOL
+from infra.storage.config import CHECKPOINT_PREFIX, FSX_EXPORT_PREFIX
+from infra.storage.facts import LIFECYCLE
 from infra.vpc.facts import NAT_GATEWAY, VPC_ENDPOINT
 
 GB = 1e9
 S3_PART_BYTES = 8 * 2**20  # s3torchconnector's default multipart part size
-NONCURRENT_DAYS = 7  # the training bucket keeps a replaced object this long (bucket.py)
 TOPOLOGY_ZONE = "topology.kubernetes.io/zone"
 
 
@@ -44,10 +50,46 @@ def _gb(n: float) -> str:
     return f"{n / GB:,.3g} GB"
 
 
-def _checkpoints(job: DeclaredJob, book: PriceBook) -> list[UsageLine]:
+def _noncurrent_days(stack: Sequence[Declared], prefix: str) -> int:
+    """Days the bucket's lifecycle rule for `prefix` keeps noncurrent versions (0: no rule)."""
+    for rule in (
+        rule for r in stack if r.type == LIFECYCLE for rule in listed(dig(r.props, "rules"))
+    ):
+        if dig(rule, "filter", "prefix") == prefix:
+            return int(dig(rule, "noncurrentVersionExpiration", "noncurrentDays") or 0)
+    return 0
+
+
+def _kept_in_s3(
+    job: DeclaredJob, book: PriceBook, size: float, where: str, days: int
+) -> list[UsageLine]:
+    """The kept checkpoints a month, and what a run's pruned ones cost as noncurrent versions."""
+    kept, pruned = job.options.keep_last, max(job.checkpoints - job.options.keep_last, 0)
+    storage = book.usd("s3StandardPerGibMonth")
+    month_share = days * 24 / HOURS_PER_MONTH
+    return [
+        UsageLine(
+            f"{job.name} kept {where}",
+            f"{kept} kept x {_gb(size)} x ${storage}/GB-month",
+            kept * size / GB * storage,
+            "month",
+        ),
+        UsageLine(
+            f"{job.name} pruned versions",
+            f"{pruned} pruned x {_gb(size)} kept {days} days as noncurrent versions "
+            f"(storage.bucket.noncurrentVersionDays) x ${storage}/GB-month",
+            pruned * size / GB * storage * month_share,
+            "run",
+        ),
+    ]
+
+
+def _checkpoints(job: DeclaredJob, stack: Sequence[Declared], book: PriceBook) -> list[UsageLine]:
     size, count, kept = job.model.checkpoint_bytes(), job.checkpoints, job.options.keep_last
     each = f"{count} checkpoints x {_gb(size)} ({job.options.model}, 12 B/parameter)"
     name = f"{job.name} checkpoints"
+    put = book.usd("s3PutPer1000")
+    files = job.ranks + 1  # a DCP checkpoint: one file a rank and the metadata
     if job.store == "efs":
         rate = book.usd("efsElasticWritePerGb")
         storage = book.usd("efsStandardPerGibMonth")
@@ -61,10 +103,8 @@ def _checkpoints(job: DeclaredJob, book: PriceBook) -> list[UsageLine]:
             ),
         ]
     if job.store == "s3":
-        put = book.usd("s3PutPer1000")
-        storage = book.usd("s3StandardPerGibMonth")
         # One PUT a part, and a create and a complete for each rank's file and the metadata.
-        requests = count * (math.ceil(size / S3_PART_BYTES) + 3 * (job.ranks + 1))
+        requests = count * (math.ceil(size / S3_PART_BYTES) + 3 * files)
         return [
             UsageLine(
                 name,
@@ -73,16 +113,20 @@ def _checkpoints(job: DeclaredJob, book: PriceBook) -> list[UsageLine]:
                 requests / 1000 * put,
                 "run",
             ),
-            UsageLine(
-                f"{job.name} kept in S3",
-                f"at least {kept} kept x {_gb(size)} x ${storage}/GB-month, + each replaced "
-                f"one for {NONCURRENT_DAYS} days (noncurrent version)",
-                kept * size / GB * storage,
-                "month",
-            ),
+            *_kept_in_s3(job, book, size, "in S3", _noncurrent_days(stack, CHECKPOINT_PREFIX)),
         ]
     if job.store == "fsx":
-        return [UsageLine(name, f"FSx for Lustre: {each}, no per-byte charge", 0.0, "run")]
+        days = _noncurrent_days(stack, f"{FSX_EXPORT_PREFIX}/")
+        return [
+            UsageLine(
+                name,
+                f"FSx for Lustre: {each}, no per-byte charge; exported to the bucket: at least "
+                f"{count} x {files} files = {count * files:,} PUTs x ${put}/1000",
+                count * files / 1000 * put,
+                "run",
+            ),
+            *_kept_in_s3(job, book, size, "in S3 (FSx export)", days),
+        ]
     return []
 
 
@@ -123,7 +167,7 @@ def usage_lines(cost: StackCost, stack: Sequence[Declared]) -> list[UsageLine]:
     book = cost.book
     lines = []
     for job in declared_jobs(stack):
-        lines += _checkpoints(job, book) + _cross_az(job, stack, book)
+        lines += _checkpoints(job, stack, book) + _cross_az(job, stack, book)
     types = set(cost.usage_types) | {r.type for r in stack}
     if NAT_GATEWAY in types:
         lines.append(

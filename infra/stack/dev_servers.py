@@ -121,8 +121,15 @@ class DevServersConfig(Model):
     )
     ssh_load_balancer_cidrs: list[Cidr] = Field(
         default_factory=list,
-        description="Source ranges a DevServer's SSH LoadBalancer admits; empty: SSH only "
-        "through the API server's port-forward (devctl ssh).",
+        # Each range is two inbound rules of the balancer's security group, TCP 22 and ICMP for
+        # path MTU discovery (the AWS cloud provider, kubernetes/kubernetes#63572), and a group
+        # holds 60 by default (VPC quotas, "Inbound or outbound rules per security group"):
+        # beyond 30 the balancer fails with RulesPerSecurityGroupLimitExceeded
+        # (kubernetes/kubernetes#68684) after `pulumi up`, when a user asks for one.
+        max_length=30,
+        description="Source ranges a DevServer's SSH LoadBalancer admits, at most 30 (two rules "
+        "each in its security group of 60 by default); empty: SSH only through the API "
+        "server's port-forward (devctl ssh).",
     )
     operator_image: ImageConfig = Field(
         default=ImageConfig(),

@@ -365,6 +365,30 @@ def test_checkpoint_io_is_estimated_per_run_from_the_jobs(dev_plan):
     assert "gpt-large-mpi cross-AZ" not in usage
 
 
+def test_pruned_checkpoints_are_priced_for_as_long_as_the_buckets_rule_keeps_their_versions(
+    prod_plan,
+):
+    """Versioning keeps every checkpoint the trainer prunes (--keep-last 3) as a noncurrent
+    version: prod's gpt-large-mpi writes to S3, gpt-large to FSx, which exports to the bucket's
+    fsx/checkpoints/; each prefix has its lifecycle rule, whose days the stack sets."""
+    size = PRESETS["gpt2-124m"].checkpoint_bytes() / 1e9
+    week = service("s3StandardPerGibMonth", prod_plan.region) * 7 * 24 / HOURS_PER_MONTH
+    usage = {
+        u.item: u
+        for u in usage_lines(plan_cost(prod_plan.region, prod_plan), declared_in(prod_plan))
+    }
+    for job, checkpoints in (("gpt-large-mpi", 1000), ("gpt-large", 2000)):
+        line = usage[f"{job} pruned versions"]
+        assert (line.per, line.usd) == ("run", pytest.approx((checkpoints - 3) * size * week))
+    exported = usage["gpt-large checkpoints"]
+    assert exported.formula.endswith("2000 x 129 files = 258,000 PUTs x $0.005/1000")
+    assert usage["gpt-large kept in S3 (FSx export)"].per == "month"
+    longer = plan_of("prod", storage={"bucket": {"noncurrentVersionDays": 28}})
+    usage = {u.item: u for u in usage_lines(plan_cost(longer.region, longer), declared_in(longer))}
+    assert usage["gpt-large pruned versions"].usd == pytest.approx(1997 * size * 4 * week)
+    assert "kept 28 days as noncurrent versions" in usage["gpt-large pruned versions"].formula
+
+
 # --- prices: sourced and complete -------------------------------------------------------------
 
 

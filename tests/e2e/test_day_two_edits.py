@@ -21,7 +21,7 @@ from infra.stack.data_loss import DataLossAcknowledgement
 from infra.stack.loading import parse_stack_config
 from infra.storage.day_two import deleting_updates
 from tests.config_edits import Edit, _valid, entry_edits, key_edits
-from tests.plugin import stack_values
+from tests.plugin import plan_of, stack_values
 
 STACK = "prod"
 TEAMS = {f"queues.teams[{t}]" for t in ("team-a", "team-b", "research")}
@@ -225,9 +225,7 @@ NOT_EDITABLE = {
 
 @pytest.fixture(scope="module")
 def base():
-    values = stack_values(STACK)
-    config = parse_stack_config(values, f"Pulumi.{STACK}.yaml")
-    return values, run_offline(lambda: build_platform(config), STACK, values)
+    return stack_values(STACK), plan_of(STACK)
 
 
 def batches(values: dict, edits: list[Edit]) -> list[list[Edit]]:

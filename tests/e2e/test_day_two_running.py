@@ -29,8 +29,7 @@ def planned(**sections):
 
 @pytest.fixture(scope="module")
 def base():
-    config, values = planned()
-    return run_offline(lambda: build_platform(config), STACK, values)
+    return plan_of(STACK)
 
 
 def effects_of(base, **sections):

@@ -68,12 +68,11 @@ def test_max_nodes_edit_against_the_previous_plan_lists_exactly_what_moves(tmp_p
 
 def test_a_steep_cost_rise_needs_the_budget_set_in_the_same_change(tmp_path, capsys):
     """Without policy.budgetUsdPerHour the budget follows the plan before: gpu-small's maxNodes
-    12 -> 40 passed the default $1,000/hour before."""
+    12 -> 40 passed the default $1,000/hour before. (4 -> 12, 12 % up, is an ordinary edit:
+    test_max_nodes_edit_against_the_previous_plan_lists_exactly_what_moves.)"""
     out = tmp_path / "build/plan/dev"
     args = ["--stack", "dev", "--project-dir", str(tmp_path), "--out", str(out)]
-    shutil.copy(ROOT / "Pulumi.dev.yaml", tmp_path)
-    assert main(args) == 0
-    write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(12))  # 12 % up: an ordinary edit
+    write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(12))
     assert main(args) == 0
     write_stack(tmp_path, nodePools=with_gpu_small_max_nodes(40))
     capsys.readouterr()

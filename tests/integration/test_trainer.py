@@ -3,6 +3,7 @@
 import contextlib
 import json
 import os
+import shutil
 import signal
 import socket
 import subprocess
@@ -123,8 +124,9 @@ def test_resume_at_a_different_world_size(tmp_path, parallel, first, second):
     args = ["--parallel", parallel, "--checkpoint-every", "5"]
     reference = tmp_path / "reference"
     train(tmp_path, first, str(reference), "--steps", "10", *args)
+    # The reference run's step-5 checkpoint, as a run stopped there would have left it.
     resized = tmp_path / "resized"
-    train(tmp_path, first, str(resized), "--steps", "5", *args)
+    shutil.copytree(reference / step_name(5), resized / step_name(5))
     recs = train(tmp_path, second, str(resized), "--steps", "10", *args)
     start = event(recs, "start")
     assert (start["world_size"], start["resumed_from"], start["samples"]) == (second, 5, 40)
