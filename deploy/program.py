@@ -8,12 +8,14 @@ import pulumi_aws as aws
 
 from devservers.api import OWNER_LABEL
 from devservers.component import DevServers
+from infra.billing.cost_allocation import CostAllocationTags
 from infra.core.catalog import load_prices
 from infra.core.context import ClusterContext
 from infra.core.data_holders import DataGuard
 from infra.core.pools import image_target
 from infra.core.releases import VERSIONS_OUTPUT
 from infra.core.releases import deployed as deployed_releases
+from infra.core.tags import stack_tags
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.cluster import Cluster
 from infra.eks.node_monitoring_agent import NodeMonitoringAgent
@@ -85,13 +87,15 @@ def build_platform(config: StackConfig) -> None:
     hybrid = hybrid_nodes(config, base)
     queues = tenants(config, base, kueue, stored, hybrid, gpu_metrics)
     workloads(config, base, operators, kueue, stored.bucket, queues)
+    if config.billing.activate_cost_allocation_tags:
+        CostAllocationTags("billing")
     exports(base, stored.bucket)
 
 
 def cluster_and_nodes(config: StackConfig) -> Base:
     """The VPC, the cluster and its system nodes, Karpenter and its NodePools, EBS."""
     stack = pulumi.get_stack()
-    tags = {"training-platform:stack": stack, "training-platform:cluster": config.cluster.name}
+    tags = stack_tags(stack, config.cluster.name)
     network = Network("network", config.network, cluster_name=config.cluster.name, tags=tags)
     # Every data holder is protected but those the stack file acknowledges losing.
     data = DataGuard(config.released)

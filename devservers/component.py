@@ -35,6 +35,7 @@ from devservers.api import (
     user_namespace,
 )
 from devservers.day_two import user_holder
+from devservers.render import NAMESPACE_SLOT
 from infra.core.catalog import RegionPrices
 from infra.core.context import ClusterContext
 from infra.core.data_holders import annotated
@@ -43,6 +44,7 @@ from infra.core.nodes import SYSTEM_PLACEMENT
 from infra.core.paths import PROJECT_DIR
 from infra.core.pools import Pool
 from infra.core.rbac import CONNECT, READ, binding, group, rule
+from infra.core.tags import NAMESPACE_TAG, as_list
 from infra.gpu.metrics import NAMESPACE as DCGM_NAMESPACE
 from infra.hybrid.homes import STORAGE_CLASS as HYBRID_HOME_STORAGE_CLASS
 from infra.hybrid.placement import node_selector, tolerations
@@ -326,6 +328,9 @@ class DevServers(pulumi.ComponentResource):
                     [trainer_repository, *config.allowed_image_registries]
                 ),
                 "DEVSERVERS_REQUIRE_IMAGE_DIGEST": str(config.require_image_digest).lower(),
+                # What an SSH load balancer bills under: the stack's tags and its user's
+                # namespace (the operator fills it in).
+                "DEVSERVERS_LB_TAGS": as_list({**cluster.tags, NAMESPACE_TAG: NAMESPACE_SLOT}),
                 "DEVSERVERS_PRICES": json.dumps(
                     {
                         kind.name: prices.instance(kind.name)

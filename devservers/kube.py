@@ -84,6 +84,7 @@ def settings_from_env(environ=os.environ) -> Settings:
         allowed_images=listed("DEVSERVERS_ALLOWED_IMAGES"),
         require_image_digest=environ.get("DEVSERVERS_REQUIRE_IMAGE_DIGEST", "false") == "true",
         prices={k: float(v) for k, v in json.loads(environ.get("DEVSERVERS_PRICES", "{}")).items()},
+        load_balancer_tags=environ.get("DEVSERVERS_LB_TAGS", ""),
     )
 
 

@@ -119,6 +119,12 @@ class RenderError(ValueError):
     """The server cannot be rendered as asked (a message for its status)."""
 
 
+# The AWS cloud provider tags the load balancer it makes for a Service with these (the legacy
+# provider's Classic ELB, and the AWS Load Balancer Controller's NLB, read the same annotation).
+LOAD_BALANCER_TAGS = "service.beta.kubernetes.io/aws-load-balancer-additional-resource-tags"
+NAMESPACE_SLOT = "{namespace}"
+
+
 @dataclass(frozen=True)
 class Settings:
     """What the platform decides for every server (the operator's environment)."""
@@ -137,6 +143,9 @@ class Settings:
     # USD per hour of the instance types the flavors' pools launch (the stack's price file),
     # for the savings idle stops report.
     prices: dict[str, float] = field(default_factory=dict)
+    # AWS tags of an SSH load balancer (`k=v,k=v`, NAMESPACE_SLOT standing for the server's
+    # namespace): what its hours bill under.
+    load_balancer_tags: str = ""
 
 
 def world_size(server: dict) -> int:
@@ -298,12 +307,11 @@ def ssh_service(server: dict, settings: Settings) -> dict:
                 "devServers.sshLoadBalancerCidrs); use ClusterIP and devctl ssh"
             )
         spec["loadBalancerSourceRanges"] = list(settings.ssh_cidrs)
-    return {
-        "apiVersion": "v1",
-        "kind": "Service",
-        "metadata": _metadata(server, ssh_service_name(server)),
-        "spec": spec,
-    }
+    metadata = _metadata(server, ssh_service_name(server))
+    if spec["type"] == "LoadBalancer" and settings.load_balancer_tags:
+        tags = settings.load_balancer_tags.replace(NAMESPACE_SLOT, metadata["namespace"])
+        metadata["annotations"] = {LOAD_BALANCER_TAGS: tags}
+    return {"apiVersion": "v1", "kind": "Service", "metadata": metadata, "spec": spec}
 
 
 def network_policy(server: dict, settings: Settings) -> dict:

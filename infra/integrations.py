@@ -10,6 +10,7 @@ infra/core read only what is listed here.
 from collections.abc import Sequence
 from typing import Any
 
+from infra.billing import BILLING
 from infra.core import capacity, cost, replacement, steps
 from infra.core.catalog import RegionPrices, load_prices
 from infra.core.declared import Declared, declared_in
@@ -28,7 +29,7 @@ from infra.vpc import VPC
 
 # The order of the program (deploy/program.py), the core's generic kinds last: the cost table
 # lists its lines in this order.
-INTEGRATIONS = (VPC, EKS, KARPENTER, GPU, OPERATORS, KUEUE, STORAGE, HYBRID, IMAGES, CORE)
+INTEGRATIONS = (VPC, EKS, KARPENTER, GPU, OPERATORS, KUEUE, STORAGE, HYBRID, IMAGES, BILLING, CORE)
 FACTS = Facts(INTEGRATIONS)
 
 

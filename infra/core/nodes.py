@@ -27,8 +27,6 @@ POOL_LABEL = "training-platform.node-restriction.kubernetes.io/pool"
 # matched to the machine by its credentials (infra/hybrid/gateway_sync.py), and pods of a job or
 # flavor select the machines they may use by it (infra/hybrid/placement.py).
 MACHINE_LABEL = "training-platform.node-restriction.kubernetes.io/machine"
-# The EC2NodeClass tags its instances with their pool (an EC2 tag, not a node label).
-POOL_TAG = "training-platform/pool"
 GPU_TAINT = {"key": "nvidia.com/gpu", "value": "true", "effect": "NoSchedule"}
 # What the DaemonSets that serve GPU nodes (device plugins, DCGM exporter) tolerate.
 GPU_TOLERATION = {"key": GPU_TAINT["key"], "operator": "Exists", "effect": "NoSchedule"}

@@ -54,6 +54,8 @@ class RecordedResource:
     delete_before_replace: bool = False
     # Inputs whose changes the engine ignores, keeping the deployed values (ignoreChanges).
     ignore_changes: list[str] = field(default_factory=list)
+    # Deleting it from the stack leaves the cloud resource in place (retainOnDelete).
+    retain_on_delete: bool = False
     # What the resource's dependents may read of it: its id and the string outputs the provider
     # computes (arn, dnsName, ...). A dependent whose inputs hold one of them changes when this
     # resource is replaced (infra/core/steps.py).
@@ -73,6 +75,8 @@ class RecordedResource:
             "deleteBeforeReplace": self.delete_before_replace,
             "ignoreChanges": self.ignore_changes,
             "outputs": self.outputs,
+            # Only where set, so the entries of every other resource read as before.
+            **({"retainOnDelete": True} if self.retain_on_delete else {}),
         }
 
     @classmethod
@@ -89,6 +93,7 @@ class RecordedResource:
             protect=entry.get("protect", False),
             delete_before_replace=entry.get("deleteBeforeReplace", False),
             ignore_changes=entry.get("ignoreChanges", []),
+            retain_on_delete=entry.get("retainOnDelete", False),
             outputs=entry.get("outputs", {}),
         )
 
@@ -413,6 +418,7 @@ class RecordingMonitor(mocks.MockMonitor):
                     protect=request.protect,
                     delete_before_replace=request.deleteBeforeReplace,
                     ignore_changes=list(request.ignoreChanges),
+                    retain_on_delete=request.retainOnDelete,
                     outputs={
                         "id": id_,
                         **{

@@ -11,6 +11,7 @@ from infra.core.context import ClusterContext, VpcPlacement
 from infra.core.data_holders import DataGuard
 from infra.core.iam import node_role, partition
 from infra.core.nodes import SYSTEM_NODE_LABEL, SYSTEM_TAINT_KEY
+from infra.core.tags import POOL_TAG, SYSTEM_POOL
 from infra.core.versions import KUBERNETES_VERSIONS
 from infra.eks.config import ClusterConfig
 from infra.eks.facts import CLUSTER
@@ -246,8 +247,13 @@ class Cluster(pulumi.ComponentResource):
             metadata_options=aws.ec2.LaunchTemplateMetadataOptionsArgs(
                 http_endpoint="enabled", http_tokens="required", http_put_response_hop_limit=1
             ),
+            # A managed node group's own tags stay on the node group: its instances and their
+            # root volumes, which bill, are tagged from here, as Karpenter tags a pool's.
             tag_specifications=[
-                aws.ec2.LaunchTemplateTagSpecificationArgs(resource_type="instance", tags=tags)
+                aws.ec2.LaunchTemplateTagSpecificationArgs(
+                    resource_type=billed, tags={**tags, POOL_TAG: SYSTEM_POOL}
+                )
+                for billed in ("instance", "volume")
             ],
             tags=tags,
             opts=child,

@@ -13,7 +13,8 @@ import yaml
 
 from infra.core.config import ConfigError
 from infra.core.context import ClusterContext
-from infra.core.nodes import EFA_NODE_LABELS, GPU_NODE_LABELS, GPU_TAINT, POOL_LABEL, POOL_TAG
+from infra.core.nodes import EFA_NODE_LABELS, GPU_NODE_LABELS, GPU_TAINT, POOL_LABEL
+from infra.core.tags import POOL_TAG
 from infra.karpenter.config import NodePoolConfig
 from infra.karpenter.facts import RESERVATIONS_ANNOTATION
 from infra.vpc.network import discovery_tag

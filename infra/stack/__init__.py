@@ -3,4 +3,15 @@ sections, and reading it from Pulumi config or a stack file.
 """
 
 # The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
-INPUTS = ("core", "eks", "hybrid", "images", "jobs", "karpenter", "kueue", "storage", "vpc")
+INPUTS = (
+    "billing",
+    "core",
+    "eks",
+    "hybrid",
+    "images",
+    "jobs",
+    "karpenter",
+    "kueue",
+    "storage",
+    "vpc",
+)

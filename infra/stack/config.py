@@ -8,6 +8,7 @@ from pydantic import (
     model_validator,
 )
 
+from infra.billing.config import BillingConfig
 from infra.core.config import HYBRID_POOL, ImageConfig, Model, known_region
 from infra.core.pools import Pool
 from infra.eks.config import ClusterConfig, KarpenterConfig
@@ -70,6 +71,7 @@ class StackConfig(Model):
     dev_servers: DevServersConfig = Field(
         default=DevServersConfig(), description=DevServersConfig.__doc__
     )
+    billing: BillingConfig = Field(default=BillingConfig(), description=BillingConfig.__doc__)
     hybrid: HybridConfig | None = Field(
         default=None, description="GPUs outside AWS as EKS hybrid nodes; none by default."
     )

@@ -10,6 +10,7 @@ import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
 from infra.core.iam import csi_driver_addon
+from infra.core.tags import CLUSTER_TAG, NAMESPACE_TAG, STACK_TAG
 from infra.storage.csi_addons import EBS_ADDON, addon_configuration
 
 EBS_CSI_POLICY = "service-role/AmazonEBSCSIDriverPolicy"
@@ -17,18 +18,19 @@ STORAGE_CLASS = "gp3"
 HOME_STORAGE_CLASS = "gp3-home"
 # The EBS CSI driver's parameters of both classes (aws-ebs-csi-driver docs/parameters.md).
 GP3_PARAMETERS = {"type": "gp3", "encrypted": "true", "fsType": "ext4"}
-# Tags the driver puts on each volume it creates (`tagSpecification_<n>: key=value`, with the
-# claim's namespace templated: aws-ebs-csi-driver docs/tagging.md): volumes a destroyed cluster
-# left behind (Released homes) are found by them (docs/platform/upgrades.md).
-VOLUME_CLUSTER_TAG = "training-platform:cluster"
-VOLUME_NAMESPACE_TAG = "training-platform:namespace"
 
 
-def volume_tags(cluster_name: str) -> dict[str, str]:
-    return {
-        "tagSpecification_1": f"{VOLUME_CLUSTER_TAG}={cluster_name}",
-        "tagSpecification_2": f"{VOLUME_NAMESPACE_TAG}={{{{ .PVCNamespace }}}}",
-    }
+def volume_tags(tags: dict[str, str]) -> dict[str, str]:
+    """Tags the driver puts on each volume it creates (`tagSpecification_<n>: key=value`, with
+    the claim's namespace templated: aws-ebs-csi-driver docs/tagging.md): the bill splits by
+    them, and volumes a destroyed cluster left behind (Released homes) are found by them
+    (docs/platform/upgrades.md)."""
+    pairs = [
+        (CLUSTER_TAG, tags[CLUSTER_TAG]),
+        (NAMESPACE_TAG, "{{ .PVCNamespace }}"),
+        (STACK_TAG, tags[STACK_TAG]),
+    ]
+    return {f"tagSpecification_{n}": f"{k}={v}" for n, (k, v) in enumerate(pairs, start=1)}
 
 
 class BlockStorage(pulumi.ComponentResource):
@@ -63,7 +65,7 @@ class BlockStorage(pulumi.ComponentResource):
                 class_name,
                 metadata={"name": class_name, "annotations": annotations},
                 provisioner="ebs.csi.aws.com",
-                parameters={**GP3_PARAMETERS, **volume_tags(cluster.config_name)},
+                parameters={**GP3_PARAMETERS, **volume_tags(cluster.tags)},
                 # Create the volume in the AZ the pod lands in, not before.
                 volume_binding_mode="WaitForFirstConsumer",
                 allow_volume_expansion=True,

@@ -113,9 +113,8 @@ def error_for(**sections) -> str:
         (
             {"clusterr": {}},
             "training-platform:clusterr",
-            "allowed keys here: acknowledgeDataLoss, cluster, devServers, hybrid, image, jobs, "
-            "karpenter, monitoring, "
-            "network, nodePools, policy, queues, runtimes, storage",
+            "allowed keys here: acknowledgeDataLoss, billing, cluster, devServers, hybrid, image, "
+            "jobs, karpenter, monitoring, network, nodePools, policy, queues, runtimes, storage",
         ),
     ],
 )
