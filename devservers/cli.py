@@ -9,6 +9,7 @@
     devctl keep box 2h | stop box | start box | delete box [--delete-home]
     devctl status [job] -n <team>            (the team's jobs: queued and why, running, finished)
     devctl savings [--since 7d] [--all-namespaces]   (what idle stops saved, per user)
+    devctl usage [--since 7d] [-A] [--format csv]    (GPU-hours and dollars per job, user, team)
 
 It talks to the cluster with the kubernetes Python client and your kubeconfig (the namespace is
 dev-<you>, for `status` your team's: --namespace, else the kubeconfig context's), never
@@ -44,7 +45,7 @@ from devservers.savings import RETENTION
 from mesh.workdir import DEFAULT_EXCLUDES, DEFAULT_MAX_MB
 
 # The commands about a team's jobs, in the team's namespace (the others: a user's DevServers).
-TEAM_COMMANDS = ("status", "logs", "fetch", "submit")
+TEAM_COMMANDS = ("status", "logs", "fetch", "submit", "usage")
 DURATION = r"^([0-9]+[hm])+$"  # as the CRD's idleTimeout: 2h, 45m, 1h30m
 
 
@@ -257,6 +258,35 @@ def parser() -> argparse.ArgumentParser:
     fetch.add_argument(
         "--queue", default="", help="the LocalQueue of the copy pod (default: the job's)"
     )
+    usage = team_command(
+        "usage",
+        help="GPU-hours, node-hours and dollars per job, DevServer user and team over a period, "
+        "from what the cluster admitted (priced with the stack's price file)",
+    )
+    usage.add_argument(
+        "--since",
+        type=period,
+        default="7d",
+        help=f"the period up to now (7d, 36h; at most {RETENTION.days}d); default 7d",
+    )
+    usage.add_argument(
+        "-A",
+        "--all-namespaces",
+        action="store_true",
+        help="every namespace, and the pools' nodes and idle time (a platform administrator's "
+        "view; default: your team's namespace)",
+    )
+    usage.add_argument(
+        "--stack",
+        help="the stack file whose pools and price file price it (default: the first "
+        "Pulumi.<stack>.yaml by name)",
+    )
+    usage.add_argument(
+        "--format",
+        choices=("table", "csv", "json"),
+        default="table",
+        help="a table, or CSV or JSON for a spreadsheet or a script (default: table)",
+    )
     from devservers.submit import add_parser
 
     add_parser(team_command)
@@ -398,6 +428,8 @@ def _run(args: argparse.Namespace, devctl: Devctl) -> int:
         devctl.delete(args.name, args.delete_home)
     elif args.command == "savings":
         devctl.savings(args.since, args.all_namespaces)
+    elif args.command == "usage":
+        devctl.usage(args.since, args.all_namespaces, args.stack, args.format)
     elif args.command == "monitor":
         while True:
             devctl.monitor(args.name)

@@ -368,6 +368,64 @@ class Devctl:
                 file=self.out,
             )
 
+    def usage(self, since: timedelta, everyone: bool, stack: str | None, form: str) -> None:
+        """GPU-hours, node-hours and dollars per job, DevServer user and (with the nodes'
+        rights) idle pool over the period, from what the cluster holds (devservers/usage_report.py
+        says what it reads and how it prices)."""
+        from devservers import usage_report
+        from devservers.job_status import WORKLOAD_API
+        from devservers.stack_defaults import StackDefaults, StackDefaultsError
+
+        try:
+            config = StackDefaults.load(stack).config
+        except StackDefaultsError as e:
+            raise CliError(str(e)) from None
+        until = now()
+        start = until - since
+        namespace = None if everyone else self.namespace
+        where = "all namespaces" if everyone else f"namespace {self.namespace}"
+        try:
+            workloads = self.cluster.list(WORKLOAD_API, "Workload", namespace, {})
+            pods = self.cluster.list("v1", "Pod", namespace, {})
+        except PermissionError as e:
+            raise CliError(
+                f"not allowed to read the jobs of {where} ({e}); a team's members read their "
+                "own namespace, `-A` needs a platform administrator"
+            ) from None
+        # DevServers live in their users' namespaces and nodes are the cluster's: read what
+        # these rights allow.
+        servers = self._readable(API_VERSION, "DevServer", namespace) or []
+        found = self._readable("v1", "Node", None)
+        nodes = None if found is None else {n["metadata"]["name"]: n for n in found}
+        pricing = usage_report.pricing_of(config)
+        flavors = {f.name: f.node_pool for f in config.dev_servers.flavors}
+        lines = usage_report.job_lines(workloads, pods, nodes or {}, pricing, start, until)
+        lines += usage_report.devserver_lines(servers, flavors, start, until)
+        if everyone and nodes is not None:
+            provisioned = usage_report.node_lines(nodes.values(), pricing, start, until)
+            lines += provisioned + usage_report.idle_lines(provisioned, lines)
+        meta = {
+            "since": timestamp(start),
+            "until": timestamp(until),
+            "scope": where,
+            "prices": pricing.source(),
+            "nodesRead": nodes is not None,
+        }
+        if form == "csv":
+            print(usage_report.as_csv(lines), end="", file=self.out)
+        elif form == "json":
+            print(usage_report.as_json(lines, meta), file=self.out)
+        else:
+            self._table(usage_report.as_rows(lines))
+            print("\n".join(usage_report.notes(meta)), file=self.out)
+
+    def _readable(self, api_version: str, kind: str, namespace: str | None) -> list[dict] | None:
+        """The objects, or None where these rights may not list them."""
+        try:
+            return self.cluster.list(api_version, kind, namespace, {})
+        except PermissionError:
+            return None
+
     def pods(self, server: dict) -> list[str]:
         """Every pod of the server, all ready (what `devctl run` needs)."""
         name = server["metadata"]["name"]

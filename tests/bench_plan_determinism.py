@@ -42,9 +42,11 @@ def plan_once(stack: str, out: Path) -> tuple[str, float, int]:
         timeout=600,
     )
     took = time.monotonic() - started
+    # Each run writes to a folder of its own, which the summary and changes.txt name.
     digest = hashlib.sha256(done.stdout.replace(str(out), "<out>").encode())
     for path in sorted(p for p in out.rglob("*") if p.is_file() and p.parent.name != "base"):
-        digest.update(str(path.relative_to(out)).encode() + b"\0" + path.read_bytes())
+        written = path.read_bytes().replace(str(out).encode(), b"<out>")
+        digest.update(str(path.relative_to(out)).encode() + b"\0" + written)
     if done.returncode != 0:
         print(f"{stack}: exit {done.returncode}\n{done.stdout[-2000:]}{done.stderr[-2000:]}")
     return digest.hexdigest()[:16], took, done.returncode

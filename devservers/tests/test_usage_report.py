@@ -1,0 +1,233 @@
+"""`devctl usage`: a scripted day on the local Kubernetes API, with the dev plan's RBAC, counted by
+hand. Kueue's Workloads, the operators' pods, Karpenter's nodes and the DevServer operator's usage
+record are left as those controllers write them (devservers/usage_report.py names the fields)."""
+
+import csv
+import io
+import json
+from datetime import datetime, timedelta
+
+import pytest
+import yaml
+
+from devservers import cli
+from devservers.api import API_VERSION, crds, parse_timestamp, timestamp
+from infra.core.catalog import load_prices
+from infra.core.nodes import POOL_LABEL
+from infra.kueue.tests.kueue_rules import WORKLOAD_VERSION
+from infra.operators.tests.job_crds import job_crds
+from tests.kube_api import ADMIN, KubeAPI, rbac_of, user
+from tests.kube_api.rbac import Authorizer
+
+TEAM, OTHER, ALICE_NS = "team-a", "research", "dev-alice"
+PRICES = load_prices("us-west-2")
+OD = PRICES.instance("g5.12xlarge")  # gpu-small's one type
+P4D = PRICES.instance("p4d.24xlarge")  # gpu-large's
+P4D_SPOT = PRICES.spot_usd_per_hour["p4d.24xlarge"]
+CPU_OD = PRICES.instance("m6i.2xlarge")
+
+
+def ago(now: datetime, hours: float) -> str:
+    return timestamp(now - timedelta(hours=hours))
+
+
+@pytest.fixture(scope="module")
+def day(dev_plan):
+    """The cluster as it stands at `now`, after a day of work (hours before now):
+    - nodes: gpu-small On-Demand since 10, gpu-large spot since 6, cpu On-Demand since 4 (idle);
+    - team-a's job a: the 4 GPUs of the gpu-small node, admitted 10 to 2, finished;
+    - team-a's job b: admitted 2 h before an eviction (Kueue keeps that as seconds), admitted
+      again 5 h ago, running on 4 of the spot p4d's 8 GPUs;
+    - research's job c: admitted 3 h ago, running on the spot node's other 4;
+    - alice's DevServer: a quarter of a gpu-small node from 4 to 1."""
+    api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
+    served = {(k.group, k.plural): k for k in api.kinds.values()}
+    for crd in [*job_crds(), *crds()]:
+        api.call(api.create, served[("apiextensions.k8s.io", "customresourcedefinitions")], "", crd)
+    for namespace in (TEAM, OTHER, ALICE_NS):
+        api.call(api.create, served[("", "namespaces")], "", {"metadata": {"name": namespace}})
+    api.settle()
+    served = {(k.group, k.plural): k for k in api.kinds.values()}
+    now = datetime.now().astimezone()
+
+    def put(group, plural, namespace, body):
+        status = body.pop("status", None)
+        created = api.call(api.create, served[(group, plural)], namespace, body)
+        if status is not None:
+            created = api.call(
+                api.replace, served[(group, plural)], created, {**created, "status": status}
+            )
+        return created
+
+    def backdate(key, hours):
+        """The creation time the controller's object had: the local API stamps its own."""
+
+        def stamp():
+            api.store[key]["metadata"]["creationTimestamp"] = ago(now, hours)
+
+        api.call(stamp)
+
+    def node(name, pool, instance, capacity, since):
+        labels = {POOL_LABEL: pool, "node.kubernetes.io/instance-type": instance,
+                  "karpenter.sh/capacity-type": capacity}  # fmt: skip
+        put("", "nodes", "", {"metadata": {"name": name, "labels": labels}})
+        backdate(("", "nodes", "", name), since)
+
+    def job(namespace, name, pool, gpus, on, admitted, finished=None, past=0, created=None):
+        # The job first: the garbage collector deletes a Workload whose owner does not exist.
+        replicas = {"Worker": {"template": {"spec": {"containers": []}}}}
+        meta = put("kubeflow.org", "pytorchjobs", namespace, {
+            "apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "metadata": {"name": name},
+            "spec": {"pytorchReplicaSpecs": replicas},
+        })["metadata"]  # fmt: skip
+        usage = {"nvidia.com/gpu": str(gpus), "cpu": str(gpus * 10), "memory": f"{gpus * 40}Gi"}
+        conditions = [{"type": "Admitted", "status": "True", "reason": "Admitted",
+                       "lastTransitionTime": ago(now, admitted)}]  # fmt: skip
+        if finished is not None:
+            conditions.append({"type": "Finished", "status": "True", "reason": "Succeeded",
+                               "lastTransitionTime": ago(now, finished)})  # fmt: skip
+        owner = {"apiVersion": "kubeflow.org/v1", "kind": "PyTorchJob", "name": name,
+                 "uid": meta["uid"], "controller": True}  # fmt: skip
+        workload = put("kueue.x-k8s.io", "workloads", namespace, {
+            "apiVersion": f"kueue.x-k8s.io/{WORKLOAD_VERSION}", "kind": "Workload",
+            "metadata": {"name": f"pytorchjob-{name}", "ownerReferences": [owner]},
+            "spec": {"queueName": namespace, "podSets": [{"name": "worker", "count": 1}]},
+            "status": {
+                "conditions": conditions,
+                "admission": {"clusterQueue": f"team-{namespace}", "podSetAssignments": [
+                    {"name": "worker", "flavors": {"nvidia.com/gpu": pool},
+                     "resourceUsage": usage, "count": 1}]},
+                **({"accumulatedPastExecutionTimeSeconds": past} if past else {}),
+            },
+        })  # fmt: skip
+        if created is not None:
+            backdate(
+                ("kueue.x-k8s.io", "workloads", namespace, workload["metadata"]["name"]), created
+            )
+        labels = {"training.kubeflow.org/job-name": name,
+                  "training.kubeflow.org/operator-name": "pytorchjob-controller"}  # fmt: skip
+        put("", "pods", namespace, {
+            "metadata": {"name": f"{name}-worker-0", "labels": labels},
+            "spec": {"nodeName": on, "containers": [{"name": "pytorch", "image": "x"}]},
+        })  # fmt: skip
+
+    node("n-od", "gpu-small", "g5.12xlarge", "on-demand", 10)
+    node("n-spot", "gpu-large", "p4d.24xlarge", "spot", 6)
+    node("n-idle", "cpu", "m6i.2xlarge", "on-demand", 4)
+    job(TEAM, "a", "gpu-small", 4, "n-od", admitted=10, finished=2)
+    job(TEAM, "b", "gpu-large", 4, "n-spot", admitted=5, past=7200, created=12)
+    job(OTHER, "c", "gpu-large", 4, "n-spot", admitted=3)
+    flavor = next(
+        f.inputs["metadata"]["name"]
+        for f in dev_plan.of_type(f"kubernetes:{API_VERSION}:DevServerFlavor")
+        if f.inputs["spec"]["nodePool"] == "gpu-small"
+    )
+    put(API_VERSION.split("/")[0], "devservers", ALICE_NS, {
+        "apiVersion": API_VERSION, "kind": "DevServer",
+        "metadata": {"name": "box"},
+        "spec": {"owner": "alice", "flavor": flavor, "image": "x"},
+        "status": {"usage": [{"state": "Running", "start": ago(now, 4), "end": ago(now, 1),
+                              "instanceType": "g5.12xlarge", "nodes": 0.25,
+                              "usdPerHour": 0.25 * OD}]},
+    })  # fmt: skip
+    member = next(
+        e.inputs
+        for e in dev_plan.of_type("aws:eks/accessEntry:AccessEntry")
+        if e.inputs.get("kubernetesGroups") == [f"team:{TEAM}"]
+    )
+    api.member = user(member["principalArn"], member["kubernetesGroups"])
+    yield api
+    api.stop()
+
+
+def usage(api, who, tmp_path, monkeypatch, capsys, *argv) -> tuple[int, str]:
+    """`devctl usage` as `who` runs it: exit code, and what it printed (errors on stderr)."""
+    config = tmp_path / "kubeconfig"
+    config.write_text(yaml.safe_dump(api.kubeconfig(api.add_token(who), TEAM)))
+    monkeypatch.setenv("KUBECONFIG", str(config))
+    monkeypatch.setattr("tempfile.tempdir", str(tmp_path))  # the client's discovery cache
+    out = io.StringIO()
+    code = cli.main(["usage", "--stack", "dev", *argv], out=out)
+    return code, out.getvalue() + capsys.readouterr().err
+
+
+def rows(text: str) -> dict[tuple[str, str, str], dict]:
+    return {(r["team"], r["what"], r["name"]): r for r in csv.DictReader(io.StringIO(text))}
+
+
+def test_the_platform_view_counts_the_day_by_hand(day, tmp_path, monkeypatch, capsys):
+    code, text = usage(
+        day, ADMIN, tmp_path, monkeypatch, capsys, "-A", "--since", "1d", "--format", "csv"
+    )
+    assert code == 0, text
+    found = rows(text)
+    expected = {
+        # team, what, name: capacity, GPU-hours, node-hours, USD
+        (TEAM, "job", "PyTorchJob/a"): ("on-demand", 4 * 8, 8, 8 * OD),
+        # 2 h before the eviction (created 12 h ago: inside the day) and 5 h since: half a node.
+        (TEAM, "job", "PyTorchJob/b"): ("spot", 4 * 7, 0.5 * 7, 0.5 * 7 * P4D_SPOT),
+        (OTHER, "job", "PyTorchJob/c"): ("spot", 4 * 3, 0.5 * 3, 0.5 * 3 * P4D_SPOT),
+        (ALICE_NS, "devserver", "alice"): ("list", 4 * 0.25 * 3, 0.25 * 3, 0.25 * 3 * OD),
+    }
+    for key, want in expected.items():
+        capacity, gpu_hours, node_hours, usd = want
+        line = found[key]
+        assert line["capacity"] == capacity, key
+        assert float(line["gpu_hours"]) == pytest.approx(gpu_hours, abs=0.01), key
+        assert float(line["node_hours"]) == pytest.approx(node_hours, abs=0.01), key
+        assert float(line["usd"]) == pytest.approx(usd, rel=0.01), key
+    # The pools' nodes: gpu-small 10 h On-Demand, gpu-large 6 h spot, cpu 4 h; idle is the rest.
+    provisioned = [r for r in found.values() if r["what"] == "nodes"]
+    assert sorted(
+        (r["pool"], r["capacity"], round(float(r["node_hours"]), 2)) for r in provisioned
+    ) == [("cpu", "on-demand", 4.0), ("gpu-large", "spot", 6.0), ("gpu-small", "on-demand", 10.0)]
+    idle = {r["pool"]: r for r in found.values() if r["what"] == "idle"}
+    # gpu-small: 10 h less job a's 8 and alice's 0.75; gpu-large: 6 h less b's 3.5 and c's 1.5.
+    assert float(idle["gpu-small"]["node_hours"]) == pytest.approx(1.25, abs=0.01)
+    assert float(idle["gpu-small"]["usd"]) == pytest.approx(1.25 * OD, rel=0.02)
+    assert float(idle["gpu-large"]["node_hours"]) == pytest.approx(1.0, abs=0.01)
+    assert float(idle["gpu-large"]["usd"]) == pytest.approx(P4D_SPOT, rel=0.02)
+    assert float(idle["cpu"]["node_hours"]) == pytest.approx(4, abs=0.01)
+    assert float(idle["cpu"]["usd"]) == pytest.approx(4 * CPU_OD, rel=0.01)
+
+
+def test_a_member_sees_her_team_priced_at_list_and_no_other_team(
+    day, tmp_path, monkeypatch, capsys
+):
+    code, text = usage(day, day.member, tmp_path, monkeypatch, capsys, "--since", "1d")
+    assert code == 0, text
+    lines = text.splitlines()
+    assert lines[0].split() == [
+        "TEAM",
+        "WHAT",
+        "NAME",
+        "POOL",
+        "CAPACITY",
+        "GPU-H",
+        "NODE-H",
+        "USD",
+    ]
+    a = next(line.split() for line in lines if "PyTorchJob/a" in line)
+    b = next(line.split() for line in lines if "PyTorchJob/b" in line)
+    # No node to read: the pool's type at its On-Demand price, said as `list`.
+    # The report's now is a little after the fixture's: figures within a minute's drift.
+    assert a[3:5] == ["gpu-small", "list"] and b[3:5] == ["gpu-large", "list"]
+    figures = [[float(x.replace(",", "")) for x in row[5:]] for row in (a, b)]
+    assert figures[0] == pytest.approx([32, 8, 8 * OD], rel=0.01)
+    assert figures[1] == pytest.approx([28, 3.5, 3.5 * P4D], rel=0.01)
+    assert "PyTorchJob/c" not in text  # research's
+    assert not any(line.split()[1:2] in (["idle"], ["nodes"]) for line in lines)
+    assert "nodes not readable with these rights" in text
+    assert "infra/core/catalog/prices/us-west-2.yaml" in text
+    code, text = usage(day, day.member, tmp_path, monkeypatch, capsys, "-n", OTHER)
+    assert code != 0 and f"not allowed to read the jobs of namespace {OTHER}" in text
+
+
+def test_json_holds_the_same_lines_and_says_what_priced_them(day, tmp_path, monkeypatch, capsys):
+    code, text = usage(day, ADMIN, tmp_path, monkeypatch, capsys, "-A", "--format", "json")
+    assert code == 0, text
+    report = json.loads(text)
+    assert report["nodesRead"] is True and report["scope"] == "all namespaces"
+    assert parse_timestamp(report["until"]) - parse_timestamp(report["since"]) == timedelta(days=7)
+    assert {(r["team"], r["name"]) for r in report["lines"] if r["what"] == "job"} == {
+        (TEAM, "PyTorchJob/a"), (TEAM, "PyTorchJob/b"), (OTHER, "PyTorchJob/c")}  # fmt: skip

@@ -1,0 +1,349 @@
+"""Who used what: GPU-hours, node-hours and dollars per job, DevServer user and idle node over a
+period, per team, from what the cluster itself holds (`devctl usage`).
+
+What it reads, with the caller's own rights (a team member sees her namespace; `-A` with a
+platform administrator's rights sees every namespace and the nodes):
+- each Kueue Workload (kueue.x-k8s.io/v1beta2): per pod set the flavor it was admitted to (a
+  pool's flavor is named after the pool: infra/kueue/queues.py) and the resources admitted
+  (status.admission.podSetAssignments[].resourceUsage, the pod set's total); when: from the
+  Admitted condition's lastTransitionTime to the Finished condition's (or the period's end), and
+  status.accumulatedPastExecutionTimeSeconds, the time of earlier admissions that ended in an
+  eviction (Kueue pkg/workload/admissionchecks.go, v0.19.2; the same at v0.20), which Kueue keeps
+  without dates: it counts when the Workload was created inside the period;
+- the job's pods (devservers.job_status: the labels each operator sets) for the nodes they run
+  on, and those Nodes' instance type and karpenter.sh/capacity-type;
+- each DevServer's status.usage, the operator's record of its running periods (devservers/
+  savings.py);
+- the Nodes (with `-A`): each node's hours from its creation, for the idle line.
+
+How it prices: with the stack's price file (infra/core/catalog/prices/<region>.yaml), the file
+the plan uses, named in the report. A pod set holds a share of its pool's nodes: of GPUs, vCPUs
+and memory, whichever share of the node's instance type is largest (as DevServers count theirs).
+That share is priced at its node's rate: On-Demand list price, or the file's spot estimate on a
+node labelled spot; where its nodes cannot be read (a team member may not read nodes, or the pods
+are gone), at the pool's cheapest type On-Demand, said as such.
+
+What it cannot see: a Workload goes with its job, and a Node with its instance: a job deleted or
+a node gone before the report are not in it. Idle is what the nodes that exist now were not
+admitted for; a node that came and went is missing from both sides.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import json
+from collections.abc import Iterable
+from dataclasses import asdict, dataclass
+from datetime import datetime
+
+from devservers.api import parse_timestamp
+from devservers.job_status import KINDS as JOB_KINDS
+from devservers.job_status import condition, is_true
+from devservers.savings import RUNNING, hours
+from infra.core.catalog import (
+    InstanceType,
+    RegionPrices,
+    UnpricedError,
+    load_catalog,
+    load_prices,
+)
+from infra.core.nodes import POOL_LABEL
+from infra.stack.config import StackConfig
+
+GPU = "nvidia.com/gpu"
+INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
+CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
+ON_DEMAND, SPOT = "on-demand", "spot"
+GIB = 2**30
+UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9}
+
+
+def quantity(text: str | int | float) -> float:
+    """A Kubernetes resource quantity as a number (cores, bytes, GPUs)."""
+    text = str(text)
+    if text.endswith("m"):
+        return float(text[:-1]) / 1000
+    for suffix, factor in UNITS.items():
+        if text.endswith(suffix):
+            return float(text[: -len(suffix)]) * factor
+    return float(text)
+
+
+@dataclass(frozen=True)
+class Line:
+    """One row of the report."""
+
+    team: str  # the namespace
+    what: str  # job, devserver or idle
+    name: str  # kind/name of the job, the DevServer user, or the idle pool
+    pool: str
+    capacity: str  # on-demand, spot, mixed, or "list" where the nodes were not read
+    gpu_hours: float
+    node_hours: float
+    usd: float | None  # None: no price (a hybrid machine)
+
+
+@dataclass(frozen=True)
+class Pricing:
+    """The stack's pools and the price file."""
+
+    prices: RegionPrices
+    pools: dict[str, tuple[str, ...]]  # pool name -> its instance types
+
+    def node(self, instance: str, capacity: str) -> float | None:
+        try:
+            if capacity == SPOT and instance in self.prices.spot_usd_per_hour:
+                return self.prices.spot_usd_per_hour[instance]
+            return self.prices.instance(instance)
+        except UnpricedError:
+            return None
+
+    def source(self) -> str:
+        return (
+            f"{self.prices.file}: On-Demand {self.prices.instance_source} (as of "
+            f"{self.prices.instance_as_of}); spot {self.prices.spot_source}"
+        )
+
+    def cheapest(self, pool: str) -> str | None:
+        types = [t for t in self.pools.get(pool, ()) if self.node(t, ON_DEMAND) is not None]
+        return min(types, key=lambda t: self.node(t, ON_DEMAND)) if types else None
+
+
+def pricing_of(config: StackConfig) -> Pricing:
+    pools = {p.name: tuple(p.instance_types) for p in config.node_pools if not p.hybrid}
+    return Pricing(load_prices(config.region), pools)
+
+
+def share(usage: dict, kind: InstanceType) -> float:
+    """Nodes of `kind` the resources `usage` take: the largest of the GPU, CPU and memory
+    shares."""
+    parts = [quantity(usage.get("cpu", 0)) / kind.vcpu]
+    parts.append(quantity(usage.get("memory", 0)) / (kind.memory_gib * GIB))
+    if kind.gpus:
+        parts.append(quantity(usage.get(GPU, 0)) / kind.gpus)
+    return max(parts)
+
+
+def admitted_hours(workload: dict, since: datetime, until: datetime) -> float:
+    """Hours the Workload held its quota inside the period (see the module's docstring)."""
+    total = 0.0
+    admitted = condition(workload, "Admitted")
+    if is_true(workload, "Admitted"):
+        finished = condition(workload, "Finished")
+        end = parse_timestamp(finished["lastTransitionTime"]) if finished else until
+        total += hours({"start": admitted["lastTransitionTime"]}, since, min(end, until))
+    past = (workload.get("status") or {}).get("accumulatedPastExecutionTimeSeconds") or 0
+    if past and parse_timestamp(workload["metadata"]["creationTimestamp"]) >= since:
+        total += past / 3600
+    return total
+
+
+def _job_pods(workload: dict, pods: list[dict]) -> list[dict]:
+    owner = next(
+        (r for r in workload["metadata"].get("ownerReferences") or [] if r.get("controller")),
+        None,
+    )
+    kind = next((k for k in JOB_KINDS if owner and k.kind == owner["kind"]), None)
+    if kind is None:
+        return []
+    wanted = kind.pod_labels(owner["name"])
+    return [
+        p
+        for p in pods
+        if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+    ]
+
+
+def _job_name(workload: dict) -> str:
+    owner = next(
+        (r for r in workload["metadata"].get("ownerReferences") or [] if r.get("controller")),
+        None,
+    )
+    return f"{owner['kind']}/{owner['name']}" if owner else workload["metadata"]["name"]
+
+
+def job_lines(
+    workloads: Iterable[dict],
+    pods: list[dict],
+    nodes: dict[str, dict],
+    pricing: Pricing,
+    since: datetime,
+    until: datetime,
+) -> list[Line]:
+    catalog = load_catalog()
+    lines = []
+    for workload in workloads:
+        admission = (workload.get("status") or {}).get("admission")
+        spent = admitted_hours(workload, since, until)
+        if not admission or not spent:
+            continue
+        on = [nodes[p["spec"]["nodeName"]] for p in _job_pods(workload, pods)
+              if p.get("spec", {}).get("nodeName") in nodes]  # fmt: skip
+        for assignment in admission["podSetAssignments"]:
+            pool = next(iter((assignment.get("flavors") or {}).values()), "")
+            usage = assignment.get("resourceUsage") or {}
+            seen = [n for n in on if _labels(n).get(POOL_LABEL) == pool]
+            kinds = {_labels(n).get(INSTANCE_TYPE_LABEL) for n in seen} - {None}
+            capacities = {_labels(n).get(CAPACITY_TYPE_LABEL, ON_DEMAND) for n in seen}
+            instance = next(iter(kinds)) if len(kinds) == 1 else pricing.cheapest(pool)
+            if instance is None or instance not in catalog:
+                continue
+            capacity = (capacities.pop() if len(capacities) == 1 else "mixed") if seen else "list"
+            node_hours = share(usage, catalog[instance]) * spent
+            rate = pricing.node(instance, capacity)
+            lines.append(
+                Line(
+                    workload["metadata"]["namespace"],
+                    "job",
+                    _job_name(workload),
+                    pool,
+                    capacity,
+                    quantity(usage.get(GPU, 0)) * spent,
+                    node_hours,
+                    None if rate is None else node_hours * rate,
+                )
+            )
+    return lines
+
+
+def devserver_lines(
+    servers: Iterable[dict], flavors: dict[str, str], since: datetime, until: datetime
+) -> list[Line]:
+    """Per user: the running periods the operator recorded (devservers/savings.py), on the pool
+    of each server's flavor (`flavors`: flavor -> pool, from the stack file)."""
+    catalog = load_catalog()
+    found: dict[tuple[str, str, str], list[float]] = {}
+    for server in servers:
+        key = (
+            server["metadata"]["namespace"],
+            server["spec"]["owner"],
+            flavors.get(server["spec"]["flavor"], ""),
+        )
+        for period in (server.get("status") or {}).get("usage") or []:
+            if period["state"] != RUNNING:
+                continue
+            # `nodes` is the share of nodes the pods held, `usdPerHour` that share's price.
+            spent = hours(period, since, until)
+            gpus = max(
+                (catalog[t].gpus for t in period["instanceType"].split("+") if t in catalog),
+                default=0,
+            )
+            totals = found.setdefault(key, [0.0, 0.0, 0.0])
+            totals[0] += spent * period["nodes"] * gpus
+            totals[1] += spent * period["nodes"]
+            totals[2] += spent * period.get("usdPerHour", 0)
+    return [
+        Line(namespace, "devserver", owner, pool, "list", gpu, node, usd)
+        for (namespace, owner, pool), (gpu, node, usd) in sorted(found.items())
+    ]
+
+
+def node_lines(
+    nodes: Iterable[dict], pricing: Pricing, since: datetime, until: datetime
+) -> list[Line]:
+    """Per pool and capacity type, the hours of the pool's nodes that exist (the system nodes are
+    the floor, no pool's)."""
+    found: dict[tuple[str, str], list[float]] = {}
+    for node in nodes:
+        labels = _labels(node)
+        if POOL_LABEL not in labels:
+            continue
+        capacity = labels.get(CAPACITY_TYPE_LABEL, ON_DEMAND)
+        spent = hours({"start": node["metadata"]["creationTimestamp"]}, since, until)
+        rate = pricing.node(labels.get(INSTANCE_TYPE_LABEL, ""), capacity)
+        totals = found.setdefault((labels[POOL_LABEL], capacity), [0.0, 0.0, 0.0])
+        totals[0] += spent * _gpus(labels.get(INSTANCE_TYPE_LABEL, ""))
+        totals[1] += spent
+        totals[2] += spent * (rate or 0)
+    return [
+        Line("", "nodes", pool, pool, capacity, gpu, node_hours, usd)
+        for (pool, capacity), (gpu, node_hours, usd) in sorted(found.items())
+    ]
+
+
+def idle_lines(provisioned: list[Line], used: list[Line]) -> list[Line]:
+    """Per pool: its nodes' hours less those jobs and DevServers were admitted for, at the
+    pool's average rate over its nodes."""
+    lines = []
+    for pool in sorted({line.pool for line in provisioned}):
+        mine = [line for line in provisioned if line.pool == pool]
+        node_hours = sum(line.node_hours for line in mine)
+        usd = sum(line.usd or 0 for line in mine)
+        gpus = sum(line.gpu_hours for line in mine)
+        admitted = sum(line.node_hours for line in used if line.pool == pool)
+        admitted_gpus = sum(line.gpu_hours for line in used if line.pool == pool)
+        idle = max(node_hours - admitted, 0.0)
+        capacity = "+".join(sorted({line.capacity for line in mine}))
+        lines.append(
+            Line("", "idle", pool, pool, capacity, max(gpus - admitted_gpus, 0.0), idle,
+                 usd * idle / node_hours if node_hours else 0.0)
+        )  # fmt: skip
+    return lines
+
+
+def _gpus(instance: str) -> int:
+    catalog = load_catalog()
+    return catalog[instance].gpus if instance in catalog else 0
+
+
+def _labels(obj: dict) -> dict:
+    return obj["metadata"].get("labels") or {}
+
+
+def as_csv(lines: list[Line]) -> str:
+    out = io.StringIO()
+    writer = csv.DictWriter(out, fieldnames=list(Line.__dataclass_fields__))
+    writer.writeheader()
+    for line in lines:
+        writer.writerow(asdict(line))
+    return out.getvalue()
+
+
+def as_json(lines: list[Line], meta: dict) -> str:
+    return json.dumps({**meta, "lines": [asdict(line) for line in lines]}, indent=2)
+
+
+def as_rows(lines: list[Line]) -> list[list[str]]:
+    """A header, then each team's lines and its total, the total used, then the pools' nodes and
+    their idle time."""
+    rows = [["TEAM", "WHAT", "NAME", "POOL", "CAPACITY", "GPU-H", "NODE-H", "USD"]]
+    used = [line for line in lines if line.what in ("job", "devserver")]
+    for team in sorted({line.team for line in used}):
+        mine = [line for line in used if line.team == team]
+        rows += [_row(line) for line in mine]
+        rows.append(_row(_total(mine, team, f"total {team}")))
+    if used:
+        rows.append(_row(_total(used, "", "total used")))
+    return rows + [_row(line) for line in lines if line.what in ("nodes", "idle")]
+
+
+def notes(meta: dict) -> list[str]:
+    """Where the figures come from, under the table."""
+    found = [f"{meta['since']} to {meta['until']}, {meta['scope']}", f"prices: {meta['prices']}"]
+    if not meta["nodesRead"]:
+        found.append(
+            "nodes not readable with these rights: capacity `list`, the pool's cheapest type "
+            "On-Demand; no idle line"
+        )
+    return found
+
+
+def _total(lines: list[Line], team: str, name: str) -> Line:
+    priced = [line.usd for line in lines if line.usd is not None]
+    return Line(
+        team,
+        "",
+        name,
+        "",
+        "",
+        sum(line.gpu_hours for line in lines),
+        sum(line.node_hours for line in lines),
+        sum(priced) if priced else None,
+    )
+
+
+def _row(line: Line) -> list[str]:
+    usd = "-" if line.usd is None else f"{line.usd:,.2f}"
+    return [line.team, line.what, line.name, line.pool, line.capacity,
+            f"{line.gpu_hours:,.2f}", f"{line.node_hours:,.2f}", usd]  # fmt: skip
