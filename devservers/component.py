@@ -36,7 +36,7 @@ from devservers.api import (
 )
 from devservers.day_two import user_holder
 from devservers.render import NAMESPACE_SLOT
-from infra.core.catalog import RegionPrices
+from infra.core.catalog import HOURS_PER_MONTH, RegionPrices
 from infra.core.context import ClusterContext
 from infra.core.data_holders import annotated
 from infra.core.network_policies import admit_pods, platform_namespace
@@ -61,6 +61,7 @@ from infra.kueue.queues import (
 from infra.stack.dev_servers import DevServersConfig
 from infra.storage.block_storage import HOME_STORAGE_CLASS
 from infra.storage.facts import SSH_LOAD_BALANCERS_ANNOTATION
+from infra.vpc.facts import classic_load_balancer_per_hour
 
 NAMESPACE = "devservers-system"
 OPERATOR = "devserver-operator"
@@ -331,6 +332,17 @@ class DevServers(pulumi.ComponentResource):
                 # What an SSH load balancer bills under: the stack's tags and its user's
                 # namespace (the operator fills it in).
                 "DEVSERVERS_LB_TAGS": as_list({**cluster.tags, NAMESPACE_TAG: NAMESPACE_SLOT}),
+                # What a server bills while it exists, running or stopped: its homes (gp3),
+                # and an SSH load balancer if it asks for one.
+                "DEVSERVERS_KEPT_PRICES": json.dumps(
+                    {
+                        "homeGibHour": prices.usd("ebsGp3PerGibMonth") / HOURS_PER_MONTH,
+                        "sshLoadBalancerHour": classic_load_balancer_per_hour(
+                            len(cluster.vpc.public_subnets), prices.usd
+                        ),
+                    },
+                    sort_keys=True,
+                ),
                 "DEVSERVERS_PRICES": json.dumps(
                     {
                         kind.name: prices.instance(kind.name)
@@ -433,6 +445,7 @@ class DevServers(pulumi.ComponentResource):
             "DEVSERVERS_DCGM_NAMESPACE": DCGM_NAMESPACE,
             "DEVSERVERS_IDLE_GPU_PERCENT": str(config.idle.gpu_percent),
             "DEVSERVERS_IDLE_CPU_PERCENT": str(config.idle.cpu_percent),
+            "DEVSERVERS_COUNTED_STOP_HOURS": str(config.idle.counted_stop_hours),
             "DEVSERVERS_METRICS_PORT": str(METRICS_PORT),
             **settings,
         }

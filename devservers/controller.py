@@ -50,6 +50,7 @@ from devservers.render import (
     host_key_secret,
     host_key_secret_name,
     host_public_key,
+    kept_usd_per_hour,
     owner_of_namespace,
     ssh_enabled,
     ssh_service_name,
@@ -390,6 +391,8 @@ def reconcile(
         idle_stop=bool(outcome.spec.get("stopped")),
         nodes=lambda: _nodes(cluster, server, settings),
         now=now,
+        counted_stop_hours=settings.counted_stop_hours,
+        kept_usd_per_hour=kept_usd_per_hour(server, settings),
     )
     outcome.status["usage"] = change.usage or None
     outcome.events += [("Normal", reason, message) for reason, message in change.events]

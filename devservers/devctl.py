@@ -342,7 +342,19 @@ class Devctl:
             "list DevServers", self.cluster.list, API_VERSION, "DevServer", namespace, {}
         )
         found = report(servers, until - since, until)
-        rows = [["USER", "USED NODE-H", "USED $", "IDLE-STOPPED NODE-H", "SAVED $", "SAVED"]]
+        rows = [
+            [
+                "USER",
+                "USED NODE-H",
+                "USED $",
+                "KEPT $",
+                "IDLE-STOPPED NODE-H",
+                "SAVED $",
+                "SAVED",
+                "FORGOTTEN NODE-H",
+                "BY HAND NODE-H",
+            ]
+        ]
         total = Totals()
         for user in sorted(found):
             totals = found[user]
@@ -358,7 +370,10 @@ class Devctl:
         self._table(rows)
         print(
             "SAVED: what the idle-stopped servers would have cost running, as a share of that "
-            "plus what the servers cost (list prices)",
+            "plus what the servers cost, KEPT (homes, load balancers, running or not) "
+            "included (list prices); only each idle stop's first hours count "
+            "(devServers.idle.countedStopHours), the rest is FORGOTTEN; stops by hand are BY "
+            "HAND, never savings",
             file=self.out,
         )
         if total.unpriced_node_hours:

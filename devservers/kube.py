@@ -85,6 +85,12 @@ def settings_from_env(environ=os.environ) -> Settings:
         require_image_digest=environ.get("DEVSERVERS_REQUIRE_IMAGE_DIGEST", "false") == "true",
         prices={k: float(v) for k, v in json.loads(environ.get("DEVSERVERS_PRICES", "{}")).items()},
         load_balancer_tags=environ.get("DEVSERVERS_LB_TAGS", ""),
+        kept_prices={
+            k: float(v) for k, v in json.loads(environ.get("DEVSERVERS_KEPT_PRICES", "{}")).items()
+        },
+        counted_stop_hours=float(
+            environ.get("DEVSERVERS_COUNTED_STOP_HOURS", defaults.counted_stop_hours)
+        ),
     )
 
 

@@ -143,9 +143,27 @@ class Settings:
     # USD per hour of the instance types the flavors' pools launch (the stack's price file),
     # for the savings idle stops report.
     prices: dict[str, float] = field(default_factory=dict)
+    # What a server bills while it exists (the stack's price file): gp3 per GiB-hour of its
+    # homes, and its SSH load balancer's hour, for the savings record.
+    kept_prices: dict[str, float] = field(default_factory=dict)
+    # Hours of each idle stop the savings report counts as saved (devServers.idle.
+    # countedStopHours): the operator writes it into the stop's period.
+    counted_stop_hours: float = 8.0
     # AWS tags of an SSH load balancer (`k=v,k=v`, NAMESPACE_SLOT standing for the server's
     # namespace): what its hours bill under.
     load_balancer_tags: str = ""
+
+
+def kept_usd_per_hour(server: dict, settings: Settings) -> float | None:
+    """What the server bills whether it runs or not: a home volume a pod (gp3), and its SSH
+    load balancer if it has one; None without the prices."""
+    if "homeGibHour" not in settings.kept_prices:
+        return None
+    size = server["spec"].get("persistentHomeSize", "100Gi")
+    gib = int(size[:-2]) * (1024 if size.endswith("Ti") else 1)
+    homes = world_size(server) * gib * settings.kept_prices["homeGibHour"]
+    balancer = _ssh(server).get("serviceType") == "LoadBalancer" and ssh_enabled(server)
+    return homes + (settings.kept_prices.get("sshLoadBalancerHour", 0.0) if balancer else 0.0)
 
 
 def world_size(server: dict) -> int:

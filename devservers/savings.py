@@ -1,12 +1,19 @@
 """What DevServers cost and what idle stops saved: each server's usage record, and the report.
 
 The operator keeps, in each server's status (`status.usage`, which only it may write), the
-periods the server ran and the periods it stood stopped by an idle stop: from the stop to when
-it was asked to run again (or to now). Each period names the instance type of the nodes its pods
-ran on, the share of those nodes the pods held (`nodes`: GPUs, CPUs or memory, whichever share
-is largest, summed over the pods) and that share's hourly list price. The report (`devctl
-savings`) adds them up over a period of time: node-hours used and their cost, against the
-node-hours idle stops left unused and the cost they saved, per user and in total.
+periods the server ran and the periods it stood stopped: by an idle stop, or by hand (its user
+set spec.stopped), each from the stop to when it was asked to run again (or to now). Each period
+names the instance type of the nodes its pods ran on, the share of those nodes the pods held
+(`nodes`: GPUs, CPUs or memory, whichever share is largest, summed over the pods) and that
+share's hourly list price. The report (`devctl savings`) adds them up over a period of time:
+node-hours used and their cost, against the node-hours idle stops left unused and the cost they
+saved, per user and in total.
+
+What it counts as saved is bounded: only the first `countedHours` of an idle stop (the stack's
+devServers.idle.countedStopHours, a working day by default, written into the period when the
+stop opens it). A server stopped for idleness and not started again for days was forgotten, not
+saved by the stop: the rest of its stop is reported apart. Stops by hand are the user's own
+doing and are reported apart too, never as savings.
 
 The record lives in the status rather than in Kubernetes Events, which the API server keeps for
 an hour (kube-apiserver --event-ttl, 1h by default); the operator also emits an Event and
@@ -21,7 +28,7 @@ from datetime import datetime, timedelta
 
 from devservers.api import parse_timestamp, timestamp
 
-RUNNING, IDLE_STOPPED = "Running", "IdleStopped"
+RUNNING, IDLE_STOPPED, STOPPED = "Running", "IdleStopped", "Stopped"
 # How long a closed period is kept (reports reach back this far), and how many at most.
 RETENTION = timedelta(days=35)
 MAX_PERIODS = 200
@@ -54,6 +61,18 @@ def hours(period: dict, since: datetime, until: datetime) -> float:
     return max((end - start).total_seconds(), 0) / 3600
 
 
+def counted_hours(period: dict, since: datetime, until: datetime) -> float:
+    """The hours of an idle stop between `since` and `until` within its first countedHours."""
+    counted = {**period, "end": timestamp(_counted_end(period, until))}
+    return hours(counted, since, until)
+
+
+def _counted_end(period: dict, until: datetime) -> datetime:
+    start = parse_timestamp(period["start"])
+    end = parse_timestamp(period["end"]) if period.get("end") else until
+    return min(end, start + timedelta(hours=period.get("countedHours", float("inf"))))
+
+
 @dataclass
 class Change:
     """A server's usage record after a reconcile, and the Events to emit for it."""
@@ -69,20 +88,34 @@ def record(
     idle_stop: bool,
     nodes,
     now: datetime,
+    counted_stop_hours: float = 8.0,
+    kept_usd_per_hour: float | None = None,
 ) -> Change:
     """The record after a reconcile that found the server `running` (all pods ready) or not,
     `wanted` to run (spec.stopped false) or not, and stopping it now for idleness (`idle_stop`);
-    `nodes()` says where its pods run (read only when a running period opens)."""
+    `nodes()` says where its pods run (read only when a running period opens). An idle stop's
+    period carries `counted_stop_hours`, the part of it the report counts as saved; every period
+    `kept_usd_per_hour`, what the server bills running or not (its homes, a load balancer)."""
+    kept = {} if kept_usd_per_hour is None else {"keptUsdPerHour": round(kept_usd_per_hour, 6)}
     usage = [dict(p) for p in usage]
     events = []
     last = usage[-1] if usage and not usage[-1].get("end") else None
     stamp = timestamp(now)
     if last and last["state"] == RUNNING and (idle_stop or not running):
         last["end"] = stamp
+        stopped = {k: last[k] for k in ("instanceType", "nodes", "usdPerHour") if k in last}
+        stopped.update(kept)
         if idle_stop:
-            stopped = {k: last[k] for k in ("instanceType", "nodes", "usdPerHour") if k in last}
-            usage.append({"state": IDLE_STOPPED, "start": stamp, **stopped})
+            usage.append(
+                {"state": IDLE_STOPPED, "start": stamp, "countedHours": counted_stop_hours,
+                 **stopped}
+            )  # fmt: skip
             events.append(("IdleStop", f"stopped for idleness: {_describe(last)} not spent"))
+        elif not wanted:  # its user stopped it
+            usage.append({"state": STOPPED, "start": stamp, **stopped})
+        last = None
+    elif last and last["state"] == STOPPED and wanted:
+        last["end"] = stamp
         last = None
     elif last and last["state"] == IDLE_STOPPED and wanted:
         last["end"] = stamp
@@ -102,7 +135,7 @@ def record(
         )
         last = None
     if running and not idle_stop and last is None:
-        usage.append({"state": RUNNING, "start": stamp, **nodes().fields()})
+        usage.append({"state": RUNNING, "start": stamp, **nodes().fields(), **kept})
     oldest = now - RETENTION
     kept = [p for p in usage if not p.get("end") or parse_timestamp(p["end"]) >= oldest]
     return Change(kept[-MAX_PERIODS:], events)
@@ -116,8 +149,11 @@ def _describe(period: dict) -> str:
 class Totals:
     used_node_hours: float = 0.0
     used_usd: float = 0.0
-    stopped_node_hours: float = 0.0
+    stopped_node_hours: float = 0.0  # idle-stopped, within each stop's counted hours
     saved_usd: float = 0.0
+    forgotten_node_hours: float = 0.0  # idle-stopped beyond them
+    by_hand_node_hours: float = 0.0  # stopped by its user
+    kept_usd: float = 0.0  # homes and load balancers, running or not
     unpriced_node_hours: float = 0.0  # on nodes without a price (hybrid machines)
 
     def add(self, period: dict, since: datetime, until: datetime) -> None:
@@ -126,12 +162,17 @@ class Totals:
         usd = spent * period.get("usdPerHour", 0)
         if "usdPerHour" not in period:
             self.unpriced_node_hours += node_hours
+        self.kept_usd += spent * period.get("keptUsdPerHour", 0)
         if period["state"] == RUNNING:
             self.used_node_hours += node_hours
             self.used_usd += usd
+        elif period["state"] == STOPPED:
+            self.by_hand_node_hours += node_hours
         else:
-            self.stopped_node_hours += node_hours
-            self.saved_usd += usd
+            counted = counted_hours(period, since, until)
+            self.stopped_node_hours += counted * period["nodes"]
+            self.saved_usd += counted * period.get("usdPerHour", 0)
+            self.forgotten_node_hours += (spent - counted) * period["nodes"]
 
     def merge(self, other: Totals) -> None:
         for name in vars(self):
@@ -142,16 +183,20 @@ class Totals:
         return [
             f"{self.used_node_hours:.2f}",
             f"{self.used_usd:.2f}",
+            f"{self.kept_usd:.2f}",
             f"{self.stopped_node_hours:.2f}",
             f"{self.saved_usd:.2f}",
             "-" if reduction is None else f"{reduction:.1%}",
+            f"{self.forgotten_node_hours:.2f}",
+            f"{self.by_hand_node_hours:.2f}",
         ]
 
     @property
     def reduction(self) -> float | None:
-        """The share of what the servers would have cost without idle stops that the stops
-        saved; None when nothing was priced."""
-        total = self.used_usd + self.saved_usd
+        """The share of what the servers would have cost without idle stops (what they cost,
+        homes and load balancers included, plus what the stops saved) that the stops saved;
+        None when nothing was priced."""
+        total = self.used_usd + self.kept_usd + self.saved_usd
         return self.saved_usd / total if total else None
 
 

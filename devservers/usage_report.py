@@ -187,11 +187,12 @@ def job_lines(
             kinds = {_labels(n).get(INSTANCE_TYPE_LABEL) for n in seen} - {None}
             capacities = {_labels(n).get(CAPACITY_TYPE_LABEL, ON_DEMAND) for n in seen}
             instance = next(iter(kinds)) if len(kinds) == 1 else pricing.cheapest(pool)
-            if instance is None or instance not in catalog:
-                continue
             capacity = (capacities.pop() if len(capacities) == 1 else "mixed") if seen else "list"
-            node_hours = share(usage, catalog[instance]) * spent
-            rate = pricing.node(instance, capacity)
+            if instance in catalog:
+                node_hours = share(usage, catalog[instance]) * spent
+                rate = pricing.node(instance, capacity)
+            else:  # a pool of no EC2 type (the hybrid machines): its GPU-hours, no price
+                node_hours, rate, capacity = 0.0, None, "unpriced"
             lines.append(
                 Line(
                     workload["metadata"]["namespace"],

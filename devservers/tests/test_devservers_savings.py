@@ -4,14 +4,15 @@ to nodes of the dev stack's instance types (as the scheduler binds them); then `
 against a count by hand, and the Events and metrics each idle stop and restart left."""
 
 import io
+import re
 from datetime import timedelta
 
 import pytest
 from prometheus_client import generate_latest
 
 from devservers import cli
-from devservers.api import API_VERSION
-from devservers.savings import IDLE_STOPPED, RUNNING, record
+from devservers.api import API_VERSION, timestamp
+from devservers.savings import IDLE_STOPPED, RUNNING, STOPPED, Totals, record
 from devservers.tests.test_devservers_operator import START, World, gpu_at
 from devservers.tests.test_devservers_render import server as server_manifest
 
@@ -92,21 +93,31 @@ def test_a_week_of_idle_stops_reports_what_they_saved(week, monkeypatch):
     # By hand. box: 1 of the node's 4 GPUs (its largest share: 8 of 48 vCPU, 40 of 192 GiB),
     # 0.25 node of g5.12xlarge at $5.672/h = $1.418/h. It ran 09:00-17:00 on five days, 40 h
     # (10 node-hours, $56.72), and stood idle-stopped 17:00-09:00 four times and from the fifth
-    # day's 17:00 to the end of the week, 4 x 16 + 64 = 128 h (32 node-hours, $181.504). lab: 4
-    # of 8 vCPU and 16 of 32 GiB, 0.5 node of m6i.2xlarge at $0.384/h = $0.192/h, all 168 h of
-    # the week (84 node-hours, $32.256); its day before the week is not counted.
-    assert savings(week, monkeypatch, "--since", "7d", "--all-namespaces", who="admin") == (
-        "2026-11-22T09:00:00Z to 2026-11-29T09:00:00Z, 2 servers (all namespaces)\n"
-        "USER   USED NODE-H  USED $  IDLE-STOPPED NODE-H  SAVED $  SAVED\n"
-        "alice  10.00        56.72   32.00                181.50   76.2%\n"
-        "bob    84.00        32.26   0.00                 0.00     0.0%\n"
-        "total  94.00        88.98   32.00                181.50   67.1%\n"
-        "SAVED: what the idle-stopped servers would have cost running, as a share of that plus "
-        "what the servers cost (list prices)\n"
-    )
-    # 181.504 / (181.504 + 56.72) = 76.19 %; with bob's: 181.504 / 270.48 = 67.10 %.
-    mine = savings(week, monkeypatch, "--since", "36h")  # alice's own: from Friday 21:00
-    assert "alice  0.00         0.00    9.00                 51.05    100.0%" in mine  # 36 h
+    # day's 17:00 to the end of the week, 4 x 16 + 64 = 128 h. Of each stop the first 8 h count
+    # (devServers.idle.countedStopHours): 5 x 8 = 40 h saved (10 node-hours, $56.72), the other
+    # 88 h (22 node-hours) forgotten. lab: 4 of 8 vCPU and 16 of 32 GiB, 0.5 node of m6i.2xlarge
+    # at $0.384/h = $0.192/h, all 168 h of the week (84 node-hours, $32.256); its day before the
+    # week is not counted. Each keeps a 100 GiB gp3 home all week, running or not: 168 h x 100 x
+    # $0.08 / 730 h = $1.8411 (KEPT). SAVED: 56.72 / (56.72 + 1.8411 + 56.72) = 49.20 %; in all,
+    # 56.72 / (56.72 + 32.256 + 2 x 1.8411 + 56.72) = 37.97 %.
+    report = savings(week, monkeypatch, "--since", "7d", "--all-namespaces", who="admin")
+    lines = report.splitlines()
+    assert lines[0] == "2026-11-22T09:00:00Z to 2026-11-29T09:00:00Z, 2 servers (all namespaces)"
+    assert re.split(" {2,}", lines[1]) == [
+        "USER", "USED NODE-H", "USED $", "KEPT $", "IDLE-STOPPED NODE-H", "SAVED $", "SAVED",
+        "FORGOTTEN NODE-H", "BY HAND NODE-H"]  # fmt: skip
+    assert [line.split() for line in lines[2:5]] == [
+        ["alice", "10.00", "56.72", "1.84", "10.00", "56.72", "49.2%", "22.00", "0.00"],
+        ["bob", "84.00", "32.26", "1.84", "0.00", "0.00", "0.0%", "0.00", "0.00"],
+        ["total", "94.00", "88.98", "3.68", "10.00", "56.72", "38.0%", "22.00", "0.00"],
+    ]
+    assert lines[5].startswith("SAVED: what the idle-stopped servers would have cost running")
+    # alice's own, from Friday 21:00: her last stop's counted 8 h ended at 01:00, before it; her
+    # home bills its 36 h (0.39).
+    mine = savings(week, monkeypatch, "--since", "36h")
+    assert ["alice", "0.00", "0.00", "0.39", "0.00", "0.00", "0.0%", "9.00", "0.00"] in [
+        line.split() for line in mine.splitlines()
+    ]
     assert "bob" not in mine and "total" not in mine
 
     events = week.api.objects("events", "dev-alice")
@@ -154,3 +165,30 @@ def test_the_record_keeps_35_days():
         period.update(instanceType="t", nodes=1)
     change = record([old, recent, running], True, True, False, None, START)
     assert change.usage == [recent, running] and change.events == []
+
+
+def test_stops_by_hand_are_their_own_kind_and_an_idle_stop_counts_its_first_hours():
+    fields = {"instanceType": "g5.12xlarge", "nodes": 0.5, "usdPerHour": 2.836}
+
+    def at(hours: float):
+        return START + timedelta(hours=hours)
+
+    running = [{"state": RUNNING, "start": timestamp(at(0)), **fields}]
+    stopped = record(running, False, False, False, None, at(2)).usage  # devctl stop
+    assert [p["state"] for p in stopped] == [RUNNING, STOPPED] and "end" not in stopped[1]
+    started = record(stopped, False, True, False, None, at(5)).usage  # devctl start
+    assert started[1]["end"] == timestamp(at(5))
+    by_hand = Totals()
+    for period in started:
+        by_hand.add(period, at(0), at(6))
+    assert (by_hand.by_hand_node_hours, by_hand.saved_usd) == (1.5, 0.0)
+
+    idle = record(running, True, True, True, None, at(2), counted_stop_hours=8).usage
+    assert idle[1]["state"] == IDLE_STOPPED and idle[1]["countedHours"] == 8
+    whole, late = Totals(), Totals()
+    for period in idle:
+        whole.add(period, at(0), at(32))  # 30 h stopped: 8 counted, 22 forgotten
+        late.add(period, at(8), at(32))  # from 6 h into the stop: 2 counted
+    assert (whole.stopped_node_hours, whole.forgotten_node_hours) == (4.0, 11.0)
+    assert whole.saved_usd == pytest.approx(8 * 2.836)
+    assert (late.stopped_node_hours, late.forgotten_node_hours) == (1.0, 11.0)

@@ -108,7 +108,8 @@ def day(dev_plan):
                   "training.kubeflow.org/operator-name": "pytorchjob-controller"}  # fmt: skip
         put("", "pods", namespace, {
             "metadata": {"name": f"{name}-worker-0", "labels": labels},
-            "spec": {"nodeName": on, "containers": [{"name": "pytorch", "image": "x"}]},
+            "spec": {**({"nodeName": on} if on else {}),
+                     "containers": [{"name": "pytorch", "image": "x"}]},
         })  # fmt: skip
 
     node("n-od", "gpu-small", "g5.12xlarge", "on-demand", 10)
@@ -117,6 +118,7 @@ def day(dev_plan):
     job(TEAM, "a", "gpu-small", 4, "n-od", admitted=10, finished=2)
     job(TEAM, "b", "gpu-large", 4, "n-spot", admitted=5, past=7200, created=12)
     job(OTHER, "c", "gpu-large", 4, "n-spot", admitted=3)
+    job(OTHER, "d", "hybrid", 1, None, admitted=2)  # on a machine outside AWS
     flavor = next(
         f.inputs["metadata"]["name"]
         for f in dev_plan.of_type(f"kubernetes:{API_VERSION}:DevServerFlavor")
@@ -176,6 +178,10 @@ def test_the_platform_view_counts_the_day_by_hand(day, tmp_path, monkeypatch, ca
         assert float(line["gpu_hours"]) == pytest.approx(gpu_hours, abs=0.01), key
         assert float(line["node_hours"]) == pytest.approx(node_hours, abs=0.01), key
         assert float(line["usd"]) == pytest.approx(usd, rel=0.01), key
+    # The hybrid machines' pool has no EC2 price: its GPU-hours, no node share, no dollars.
+    hybrid = found[(OTHER, "job", "PyTorchJob/d")]
+    assert (hybrid["capacity"], hybrid["node_hours"], hybrid["usd"]) == ("unpriced", "0.0", "")
+    assert float(hybrid["gpu_hours"]) == pytest.approx(2, abs=0.01)
     # The pools' nodes: gpu-small 10 h On-Demand, gpu-large 6 h spot, cpu 4 h; idle is the rest.
     provisioned = [r for r in found.values() if r["what"] == "nodes"]
     assert sorted(
@@ -230,4 +236,5 @@ def test_json_holds_the_same_lines_and_says_what_priced_them(day, tmp_path, monk
     assert report["nodesRead"] is True and report["scope"] == "all namespaces"
     assert parse_timestamp(report["until"]) - parse_timestamp(report["since"]) == timedelta(days=7)
     assert {(r["team"], r["name"]) for r in report["lines"] if r["what"] == "job"} == {
-        (TEAM, "PyTorchJob/a"), (TEAM, "PyTorchJob/b"), (OTHER, "PyTorchJob/c")}  # fmt: skip
+        (TEAM, "PyTorchJob/a"), (TEAM, "PyTorchJob/b"), (OTHER, "PyTorchJob/c"),
+        (OTHER, "PyTorchJob/d")}  # fmt: skip

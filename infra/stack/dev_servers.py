@@ -103,6 +103,13 @@ class DevServerIdle(Model):
         description="CPU use between two checks, % of one core, at or below which a server "
         "without a GPU figure is idle.",
     )
+    counted_stop_hours: int = Field(
+        default=8,
+        ge=1,
+        le=168,
+        description="Hours of each idle stop `devctl savings` counts as saved (a working day); "
+        "the rest of a longer stop is reported apart, as a server forgotten, not a saving.",
+    )
 
 
 class DevServersConfig(Model):

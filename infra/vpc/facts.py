@@ -1,7 +1,7 @@
 """What the platform knows about the VPC's resource kinds: NAT gateways, endpoints and public
 addresses bill by the hour; the VPC's own constructs are free; which inputs replace them."""
 
-from collections.abc import Sequence
+from collections.abc import Callable, Sequence
 
 from infra.core.bill import CostLine, PriceBook
 from infra.core.catalog import UnpricedError
@@ -61,7 +61,13 @@ def classic_load_balancer(stack: Sequence[Declared], book: PriceBook) -> tuple[i
     """The AZs a Classic Load Balancer spans and its hourly rate with a public IPv4 address in
     each."""
     azs = public_azs(stack)
-    return azs, book.usd("classicLoadBalancerPerHour") + azs * book.usd("publicIpv4PerHour")
+    return azs, classic_load_balancer_per_hour(azs, book.usd)
+
+
+def classic_load_balancer_per_hour(azs: int, usd: Callable[[str], float]) -> float:
+    """A Classic Load Balancer's hourly rate with a public IPv4 address in each of `azs` AZs
+    (`usd`: a price file's figure by key)."""
+    return usd("classicLoadBalancerPerHour") + azs * usd("publicIpv4PerHour")
 
 
 def _service(r: Declared, stack: Sequence[Declared], book: PriceBook) -> list[CostLine]:

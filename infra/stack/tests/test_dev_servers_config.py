@@ -115,7 +115,11 @@ def test_names_repeat_and_enabled_without_flavors_are_errors():
         ({"gpuPercent": 101}, "idle.gpuPercent", "less than or equal to 100"),
         ({"cpuPercent": -1}, "idle.cpuPercent", "greater than or equal to 0"),
         ({"gpuPercent": "5%"}, "idle.gpuPercent", "integer"),
-        ({"memoryPercent": 5}, "idle.memoryPercent", "allowed keys here: cpuPercent, gpuPercent"),
+        (
+            {"memoryPercent": 5},
+            "idle.memoryPercent",
+            "allowed keys here: countedStopHours, cpuPercent, gpuPercent",
+        ),
     ],
 )
 def test_idle_floors_are_percentages(idle, key, allowed):
