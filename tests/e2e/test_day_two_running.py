@@ -118,9 +118,7 @@ def test_an_args_edit_is_held_back_until_the_revision_moves(base):
 
 @pytest.mark.parametrize("version", sorted(KUBERNETES_VERSIONS))
 def test_each_supported_version_plans_with_its_add_ons_and_the_node_group_follows(version):
-    values = stack_values(STACK, cluster={"kubernetesVersion": version})
-    config = parse_stack_config(values, f"Pulumi.{STACK}.yaml")
-    plan = run_offline(lambda: build_platform(config), STACK, values)
+    plan = plan_of(STACK, cluster={"kubernetesVersion": version})
     cluster = plan.one(EKS)
     group = plan.one(NODE_GROUP)
     pins = KUBERNETES_VERSIONS[version].addons
@@ -153,8 +151,7 @@ STEPS = [
 def test_an_upgrade_rolls_every_pool_and_the_system_nodes_without_losing_data(
     old_version, new_version
 ):
-    old_config, old_values = planned(cluster={"kubernetesVersion": old_version})
-    old = run_offline(lambda: build_platform(old_config), STACK, old_values)
+    old = plan_of(STACK, cluster={"kubernetesVersion": old_version})
     effects, after = effects_of(old, cluster={"kubernetesVersion": new_version})
     assert not effects.losses and not effects.refusals
     assert all(f"AMI for Kubernetes {old_version} -> {new_version}" in d for d in effects.drifts)
@@ -172,8 +169,7 @@ def test_an_upgrade_rolls_every_pool_and_the_system_nodes_without_losing_data(
 
 def test_the_upgrades_span_every_supported_version_and_skipping_one_is_refused():
     assert sorted(STEPS) == [("1.34", "1.35"), ("1.35", "1.36"), ("1.36", "1.37")]
-    old_config, old_values = planned(cluster={"kubernetesVersion": "1.35"})
-    old = run_offline(lambda: build_platform(old_config), STACK, old_values)
+    old = plan_of(STACK, cluster={"kubernetesVersion": "1.35"})
     effects, _ = effects_of(old, cluster={"kubernetesVersion": "1.37"})
     assert effects.refusals == [
         "kubernetes-version: cluster.kubernetesVersion 1.35 -> 1.37: EKS upgrades one minor "
@@ -192,8 +188,7 @@ def test_a_kubernetes_downgrade_is_refused_as_eks_refuses_it(base):
 def test_a_real_previews_cluster_resource_drifts_the_pools_and_skips_no_version():
     """A real preview names the control plane aws:eks/cluster:Cluster (pulumi-eks's child), not
     the component the offline plan records: the same rules hold for it."""
-    old_config, old_values = planned(cluster={"kubernetesVersion": "1.34"})
-    old = run_offline(lambda: build_platform(old_config), STACK, old_values)
+    old = plan_of(STACK, cluster={"kubernetesVersion": "1.34"})
     config, values = planned()
     new = run_offline(lambda: build_platform(config), STACK, values, None, old.outputs)
     steps = plan_steps(old, new)
