@@ -28,14 +28,13 @@ from infra.core.bill import PriceBook, StackCost
 from infra.core.catalog import HOURS_PER_MONTH
 from infra.core.declared import Declared, dig, listed
 from infra.jobs.declared import DeclaredJob, declared_jobs
-from infra.karpenter.facts import NODEPOOL
+from infra.karpenter.facts import NODEPOOL, ZONE_LABEL, allowed
 from infra.storage.config import CHECKPOINT_PREFIX, FSX_EXPORT_PREFIX
 from infra.storage.facts import LIFECYCLE
 from infra.vpc.facts import NAT_GATEWAY, VPC_ENDPOINT
 
 GB = 1e9
 S3_PART_BYTES = 8 * 2**20  # s3torchconnector's default multipart part size
-TOPOLOGY_ZONE = "topology.kubernetes.io/zone"
 
 
 @dataclass(frozen=True)
@@ -132,12 +131,10 @@ def _checkpoints(job: DeclaredJob, stack: Sequence[Declared], book: PriceBook) -
 
 def _zones(pool: str, stack: Sequence[Declared]) -> list[str]:
     return [
-        str(z)
+        zone
         for r in stack
         if r.type == NODEPOOL and dig(r.props, "metadata", "name") == pool
-        for req in listed(dig(r.props, "spec", "template", "spec", "requirements"))
-        if dig(req, "key") == TOPOLOGY_ZONE
-        for z in listed(dig(req, "values"))
+        for zone in allowed(dig(r.props, "spec", "template", "spec"), ZONE_LABEL)
     ]
 
 
