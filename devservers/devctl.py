@@ -415,7 +415,7 @@ class Devctl:
         pricing = usage_report.pricing_of(config)
         flavors = {f.name: f.node_pool for f in config.dev_servers.flavors}
         lines = usage_report.job_lines(workloads, pods, nodes or {}, pricing, start, until)
-        lines += usage_report.devserver_lines(servers, flavors, start, until)
+        lines += usage_report.devserver_lines(servers, flavors, pricing, start, until)
         if everyone and nodes is not None:
             provisioned = usage_report.node_lines(nodes.values(), pricing, start, until)
             lines += provisioned + usage_report.idle_lines(provisioned, lines)

@@ -118,6 +118,15 @@ def owned_by(workload: dict, job: dict) -> bool:
     )
 
 
+def labelled(objects: list[dict], wanted: dict[str, str]) -> list[dict]:
+    """Those of `objects` that carry every label of `wanted`."""
+    return [
+        o
+        for o in objects
+        if all((o["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
+    ]
+
+
 def pod_done(pod: dict) -> bool:
     """Kueue's PodsReady counts pods that are ready or have succeeded."""
     status = pod.get("status") or {}
@@ -279,12 +288,7 @@ def collect(cluster, namespace: str, name: str | None = None) -> list[JobStatus]
     statuses = []
     for kind, job in sorted(jobs, key=lambda kj: kj[1]["metadata"]["name"]):
         owned = next((w for w in workloads if owned_by(w, job)), None)
-        wanted = kind.pod_labels(job["metadata"]["name"])
-        mine = [
-            p
-            for p in pods
-            if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
-        ]
+        mine = labelled(pods, kind.pod_labels(job["metadata"]["name"]))
         status = describe(kind, job, owned, mine)
         if status.state in ("running", "admitted"):
             status = describe(kind, job, owned, mine, _newest_start(cluster, kind, mine))

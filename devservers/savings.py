@@ -56,21 +56,25 @@ class Nodes:
 
 def hours(period: dict, since: datetime, until: datetime) -> float:
     """The hours of `period` between `since` and `until` (an open period runs to `until`)."""
-    start = max(parse_timestamp(period["start"]), since)
-    end = min(parse_timestamp(period["end"]) if period.get("end") else until, until)
-    return max((end - start).total_seconds(), 0) / 3600
+    return hours_between(parse_timestamp(period["start"]), _end(period, until), since, until)
+
+
+def hours_between(start: datetime, end: datetime, since: datetime, until: datetime) -> float:
+    """The hours from `start` to `end` that fall between `since` and `until`."""
+    return max((min(end, until) - max(start, since)).total_seconds(), 0) / 3600
 
 
 def counted_hours(period: dict, since: datetime, until: datetime) -> float:
-    """The hours of an idle stop between `since` and `until` within its first countedHours."""
-    counted = {**period, "end": timestamp(_counted_end(period, until))}
-    return hours(counted, since, until)
+    """The hours of an idle stop between `since` and `until` within its first countedHours
+    (periods recorded before the cap existed carry none and count whole)."""
+    start, end = parse_timestamp(period["start"]), _end(period, until)
+    if "countedHours" in period:
+        end = min(end, start + timedelta(hours=period["countedHours"]))
+    return hours_between(start, end, since, until)
 
 
-def _counted_end(period: dict, until: datetime) -> datetime:
-    start = parse_timestamp(period["start"])
-    end = parse_timestamp(period["end"]) if period.get("end") else until
-    return min(end, start + timedelta(hours=period.get("countedHours", float("inf"))))
+def _end(period: dict, until: datetime) -> datetime:
+    return parse_timestamp(period["end"]) if period.get("end") else until
 
 
 @dataclass

@@ -37,11 +37,14 @@ from collections.abc import Iterable
 from dataclasses import asdict, dataclass
 from datetime import datetime
 
-from devservers.api import parse_timestamp
+from kubernetes.utils import parse_quantity
+
+from devservers.api import GPU, parse_timestamp
 from devservers.job_status import KINDS as JOB_KINDS
-from devservers.job_status import condition, is_true
-from devservers.savings import RUNNING, hours
+from devservers.job_status import condition, is_true, labelled
+from devservers.savings import RUNNING, hours, hours_between
 from infra.core.catalog import (
+    Catalog,
     InstanceType,
     RegionPrices,
     UnpricedError,
@@ -51,23 +54,15 @@ from infra.core.catalog import (
 from infra.core.nodes import POOL_LABEL
 from infra.stack.config import StackConfig
 
-GPU = "nvidia.com/gpu"
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 ON_DEMAND, SPOT = "on-demand", "spot"
 GIB = 2**30
-UNITS = {"Ki": 2**10, "Mi": 2**20, "Gi": 2**30, "Ti": 2**40, "k": 1e3, "M": 1e6, "G": 1e9}
 
 
 def quantity(text: str | int | float) -> float:
     """A Kubernetes resource quantity as a number (cores, bytes, GPUs)."""
-    text = str(text)
-    if text.endswith("m"):
-        return float(text[:-1]) / 1000
-    for suffix, factor in UNITS.items():
-        if text.endswith(suffix):
-            return float(text[: -len(suffix)]) * factor
-    return float(text)
+    return float(parse_quantity(text))
 
 
 @dataclass(frozen=True)
@@ -90,6 +85,7 @@ class Pricing:
 
     prices: RegionPrices
     pools: dict[str, tuple[str, ...]]  # pool name -> its instance types
+    catalog: Catalog
 
     def node(self, instance: str, capacity: str) -> float | None:
         try:
@@ -112,7 +108,7 @@ class Pricing:
 
 def pricing_of(config: StackConfig) -> Pricing:
     pools = {p.name: tuple(p.instance_types) for p in config.node_pools if not p.hybrid}
-    return Pricing(load_prices(config.region), pools)
+    return Pricing(load_prices(config.region), pools, load_catalog())
 
 
 def share(usage: dict, kind: InstanceType) -> float:
@@ -132,34 +128,29 @@ def admitted_hours(workload: dict, since: datetime, until: datetime) -> float:
     if is_true(workload, "Admitted"):
         finished = condition(workload, "Finished")
         end = parse_timestamp(finished["lastTransitionTime"]) if finished else until
-        total += hours({"start": admitted["lastTransitionTime"]}, since, min(end, until))
+        total += hours_between(parse_timestamp(admitted["lastTransitionTime"]), end, since, until)
     past = (workload.get("status") or {}).get("accumulatedPastExecutionTimeSeconds") or 0
     if past and parse_timestamp(workload["metadata"]["creationTimestamp"]) >= since:
         total += past / 3600
     return total
 
 
+def _owner(workload: dict) -> dict | None:
+    """The job the Workload was made for (its controller owner)."""
+    refs = workload["metadata"].get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None)
+
+
 def _job_pods(workload: dict, pods: list[dict]) -> list[dict]:
-    owner = next(
-        (r for r in workload["metadata"].get("ownerReferences") or [] if r.get("controller")),
-        None,
-    )
+    owner = _owner(workload)
     kind = next((k for k in JOB_KINDS if owner and k.kind == owner["kind"]), None)
     if kind is None:
         return []
-    wanted = kind.pod_labels(owner["name"])
-    return [
-        p
-        for p in pods
-        if all((p["metadata"].get("labels") or {}).get(k) == v for k, v in wanted.items())
-    ]
+    return labelled(pods, kind.pod_labels(owner["name"]))
 
 
 def _job_name(workload: dict) -> str:
-    owner = next(
-        (r for r in workload["metadata"].get("ownerReferences") or [] if r.get("controller")),
-        None,
-    )
+    owner = _owner(workload)
     return f"{owner['kind']}/{owner['name']}" if owner else workload["metadata"]["name"]
 
 
@@ -171,7 +162,7 @@ def job_lines(
     since: datetime,
     until: datetime,
 ) -> list[Line]:
-    catalog = load_catalog()
+    catalog = pricing.catalog
     lines = []
     for workload in workloads:
         admission = (workload.get("status") or {}).get("admission")
@@ -209,11 +200,15 @@ def job_lines(
 
 
 def devserver_lines(
-    servers: Iterable[dict], flavors: dict[str, str], since: datetime, until: datetime
+    servers: Iterable[dict],
+    flavors: dict[str, str],
+    pricing: Pricing,
+    since: datetime,
+    until: datetime,
 ) -> list[Line]:
     """Per user: the running periods the operator recorded (devservers/savings.py), on the pool
     of each server's flavor (`flavors`: flavor -> pool, from the stack file)."""
-    catalog = load_catalog()
+    catalog = pricing.catalog
     found: dict[tuple[str, str, str], list[float]] = {}
     for server in servers:
         key = (
@@ -254,7 +249,8 @@ def node_lines(
         spent = hours({"start": node["metadata"]["creationTimestamp"]}, since, until)
         rate = pricing.node(labels.get(INSTANCE_TYPE_LABEL, ""), capacity)
         totals = found.setdefault((labels[POOL_LABEL], capacity), [0.0, 0.0, 0.0])
-        totals[0] += spent * _gpus(labels.get(INSTANCE_TYPE_LABEL, ""))
+        kind = pricing.catalog.types.get(labels.get(INSTANCE_TYPE_LABEL, ""))
+        totals[0] += spent * (kind.gpus if kind else 0)
         totals[1] += spent
         totals[2] += spent * (rate or 0)
     return [
@@ -281,11 +277,6 @@ def idle_lines(provisioned: list[Line], used: list[Line]) -> list[Line]:
                  usd * idle / node_hours if node_hours else 0.0)
         )  # fmt: skip
     return lines
-
-
-def _gpus(instance: str) -> int:
-    catalog = load_catalog()
-    return catalog[instance].gpus if instance in catalog else 0
 
 
 def _labels(obj: dict) -> dict:

@@ -192,3 +192,9 @@ def test_stops_by_hand_are_their_own_kind_and_an_idle_stop_counts_its_first_hour
     assert (whole.stopped_node_hours, whole.forgotten_node_hours) == (4.0, 11.0)
     assert whole.saved_usd == pytest.approx(8 * 2.836)
     assert (late.stopped_node_hours, late.forgotten_node_hours) == (1.0, 11.0)
+
+    # Recorded before the cap existed: no countedHours, the whole stop counts as it did then.
+    legacy = Totals()
+    for period in idle:
+        legacy.add({k: v for k, v in period.items() if k != "countedHours"}, at(0), at(32))
+    assert (legacy.stopped_node_hours, legacy.forgotten_node_hours) == (15.0, 0.0)
