@@ -393,6 +393,7 @@ def reconcile(
         now=now,
         counted_stop_hours=settings.counted_stop_hours,
         kept_usd_per_hour=kept_usd_per_hour(server, settings),
+        gone=lambda names: all(cluster.get("v1", "Node", n, None) is None for n in names),
     )
     outcome.status["usage"] = change.usage or None
     outcome.events += [("Normal", reason, message) for reason, message in change.events]
@@ -408,7 +409,7 @@ def _nodes(cluster: Cluster, server: dict, settings: Settings) -> Nodes:
     pods = [
         p for p in cluster.list("v1", "Pod", meta["namespace"], _labels(server)) if pod_ready(p)
     ]
-    types, shares, prices = set(), 0.0, []
+    types, shares, prices, names = set(), 0.0, [], set()
     for pod in pods:
         node_name = pod["spec"].get("nodeName")
         node = cluster.get("v1", "Node", node_name, None) if node_name else None
@@ -417,6 +418,7 @@ def _nodes(cluster: Cluster, server: dict, settings: Settings) -> Nodes:
             shares += 1
             prices.append(None)
             continue
+        names.add(node_name)
         labels = node["metadata"].get("labels") or {}
         kind = labels.get(INSTANCE_TYPE_LABEL, "unknown")
         capacity = (node.get("status") or {}).get("capacity") or {}
@@ -435,7 +437,7 @@ def _nodes(cluster: Cluster, server: dict, settings: Settings) -> Nodes:
         price = settings.prices.get(kind)
         prices.append(None if price is None else price * share)
     usd = None if None in prices or not prices else sum(prices)
-    return Nodes("+".join(sorted(types)) or "unknown", shares, usd)
+    return Nodes("+".join(sorted(types)) or "unknown", shares, usd, tuple(sorted(names)))
 
 
 def _reconcile(

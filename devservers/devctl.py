@@ -26,7 +26,7 @@ from devservers.api import (
 )
 from devservers.controller import pod_ready
 from devservers.render import home_claims, world_size
-from devservers.savings import Totals, report
+from devservers.savings import LEDGER, LEDGER_LABELS, Totals, records, report
 
 
 class CliError(Exception):
@@ -341,6 +341,8 @@ class Devctl:
         servers = self._call(
             "list DevServers", self.cluster.list, API_VERSION, "DevServer", namespace, {}
         )
+        servers = records(servers, self._ledgers(namespace))
+        deleted = sum(1 for s in servers if "deletedAt" in s["metadata"])
         found = report(servers, until - since, until)
         rows = [
             [
@@ -351,6 +353,8 @@ class Devctl:
                 "IDLE-STOPPED NODE-H",
                 "SAVED $",
                 "SAVED",
+                "NODE VIEW $",
+                "NODE VIEW",
                 "FORGOTTEN NODE-H",
                 "BY HAND NODE-H",
             ]
@@ -363,7 +367,8 @@ class Devctl:
         if len(found) != 1:
             rows.append(["total", *total.row()])
         print(
-            f"{timestamp(until - since)} to {timestamp(until)}, {len(servers)} servers "
+            f"{timestamp(until - since)} to {timestamp(until)}, {len(servers)} servers"
+            f"{f' ({deleted} deleted)' if deleted else ''} "
             f"({'all namespaces' if everyone else self.namespace})",
             file=self.out,
         )
@@ -373,7 +378,8 @@ class Devctl:
             "plus what the servers cost, KEPT (homes, load balancers, running or not) "
             "included (list prices); only each idle stop's first hours count "
             "(devServers.idle.countedStopHours), the rest is FORGOTTEN; stops by hand are BY "
-            "HAND, never savings",
+            "HAND, never savings. NODE VIEW: only what fell after the stopped server's nodes "
+            "went (a floor; SAVED, which counts nodes kept up for others, a ceiling)",
             file=self.out,
         )
         if total.unpriced_node_hours:
@@ -409,7 +415,9 @@ class Devctl:
             ) from None
         # DevServers live in their users' namespaces and nodes are the cluster's: read what
         # these rights allow.
-        servers = self._readable(API_VERSION, "DevServer", namespace) or []
+        servers = records(
+            self._readable(API_VERSION, "DevServer", namespace) or [], self._ledgers(namespace)
+        )
         found = self._readable("v1", "Node", None)
         nodes = None if found is None else {n["metadata"]["name"]: n for n in found}
         pricing = usage_report.pricing_of(config)
@@ -434,12 +442,25 @@ class Devctl:
             self._table(usage_report.as_rows(lines))
             print("\n".join(usage_report.notes(meta)), file=self.out)
 
-    def _readable(self, api_version: str, kind: str, namespace: str | None) -> list[dict] | None:
+    def _readable(
+        self, api_version: str, kind: str, namespace: str | None, labels: dict | None = None
+    ) -> list[dict] | None:
         """The objects, or None where these rights may not list them."""
         try:
-            return self.cluster.list(api_version, kind, namespace, {})
+            return self.cluster.list(api_version, kind, namespace, labels or {})
         except PermissionError:
             return None
+
+    def _ledgers(self, namespace: str | None) -> list[dict]:
+        """The operator's copies of the DevServer records (devservers.savings.LEDGER) that these
+        rights may read: a user's namespace, or every user namespace."""
+        found = self._readable("v1", "ConfigMap", namespace, LEDGER_LABELS) or []
+        return [
+            c
+            for c in found
+            if c["metadata"]["name"] == LEDGER
+            and c["metadata"]["namespace"].startswith(NAMESPACE_PREFIX)
+        ]
 
     def pods(self, server: dict) -> list[str]:
         """Every pod of the server, all ready (what `devctl run` needs)."""

@@ -13,7 +13,9 @@ costs at most its EXEC_SECONDS, in one worker). A server is reconciled by one th
 (a lock per server), so a check and a kopf handler never write its status from two readings.
 
 What the operator leaves on objects is what its RBAC allows (devservers/component.py):
-kopf's bookkeeping annotations on DevServers only, their status, and Events about them.
+kopf's bookkeeping annotations on DevServers only, their status, Events about them, and in each
+user namespace the ledger ConfigMap that keeps a copy of its servers' usage records
+(devservers.savings.LEDGER), which outlives a deleted server.
 Flavors, which it may only read, are seen through an event handler, which keeps no state on
 them; the servers of a flavor come from an index of the DevServers kopf watches in the dev-*
 namespaces (no cluster-wide list). The idle check is a task started with the operator that walks
@@ -37,6 +39,7 @@ import kopf
 
 from devservers.api import API_VERSION, FLAVORS, GROUP, SERVER_LABEL, SERVERS, VERSION, timestamp
 from devservers.controller import CpuSamples, reconcile
+from devservers.savings import LEDGER, LEDGER_LABELS, ledger_data, ledger_entry, ledger_key
 
 IDLE_CHECK_SECONDS = float(os.environ.get("DEVSERVERS_IDLE_CHECK_SECONDS", "60"))
 # Servers checked at once. A check waits on the API server and the pods' execs, not on this
@@ -155,7 +158,15 @@ async def _each(memo: kopf.Memo, servers: list[tuple[str, str]], measure: bool) 
 @kopf.on.create(GROUP, VERSION, SERVERS)
 @kopf.on.update(GROUP, VERSION, SERVERS, field="spec")
 def on_server(name, namespace, memo: kopf.Memo, **_) -> None:
-    _refresh(memo, name, namespace)
+    _refresh(memo, name, namespace, copy=True)
+
+
+@kopf.on.event(GROUP, VERSION, SERVERS)
+def on_server_event(type, body, memo: kopf.Memo, **_) -> None:
+    """A deleted server's record stays in its namespace's ledger, closed now."""
+    if type == "DELETED":
+        usage = (body.get("status") or {}).get("usage") or []
+        _copy(memo, dict(body), usage, now(), deleted=True)
 
 
 def _changed(server: dict, status: dict) -> dict:
@@ -164,9 +175,11 @@ def _changed(server: dict, status: dict) -> dict:
     return {k: v for k, v in status.items() if previous.get(k) != v}
 
 
-def _refresh(memo: kopf.Memo, name: str, namespace: str, measure: bool = False) -> None:
-    """Reconcile a server as it is now, write what changed, and emit its Events; one thread
-    per server at a time."""
+def _refresh(
+    memo: kopf.Memo, name: str, namespace: str, measure: bool = False, copy: bool = False
+) -> None:
+    """Reconcile a server as it is now, write what changed, copy a changed usage record (or any,
+    with `copy`) to the ledger, and emit its Events; one thread per server at a time."""
     lock = memo.locks.setdefault((namespace, name), threading.Lock())
     with lock:
         server = memo.cluster.get(API_VERSION, "DevServer", name, namespace)
@@ -178,11 +191,38 @@ def _refresh(memo: kopf.Memo, name: str, namespace: str, measure: bool = False) 
         changed = _changed(server, outcome.status)
         if changed:
             memo.cluster.patch_status(name, namespace, changed)
+        if copy or "usage" in changed:
+            _copy(memo, server, outcome.status.get("usage") or [], moment)
         if outcome.spec:
             memo.cluster.patch(API_VERSION, "DevServer", name, namespace, {"spec": outcome.spec})
         for kind, reason, message in outcome.events:
             _event(memo, server, kind, reason, message, moment)
         memo.metrics.observe(server, outcome.status.get("usage") or [], outcome.events)
+
+
+def _copy(memo: kopf.Memo, server: dict, usage: list, moment, deleted: bool = False) -> None:
+    """Write the server's record to its namespace's ledger (devservers.savings.LEDGER)."""
+    meta = server["metadata"]
+    if not usage:
+        return
+    ledger = memo.cluster.get("v1", "ConfigMap", LEDGER, meta["namespace"])
+    entry = ledger_entry(server, usage, moment, deleted)
+    data = ledger_data(ledger, ledger_key(server), entry, moment)
+    if ledger is None:
+        memo.cluster.create(
+            {
+                "apiVersion": "v1",
+                "kind": "ConfigMap",
+                "metadata": {
+                    "name": LEDGER,
+                    "namespace": meta["namespace"],
+                    "labels": LEDGER_LABELS,
+                },
+                "data": data,
+            }
+        )
+    else:
+        memo.cluster.patch("v1", "ConfigMap", LEDGER, meta["namespace"], {"data": data})
 
 
 def _event(memo: kopf.Memo, server: dict, kind: str, reason: str, message: str, moment) -> None:

@@ -15,14 +15,27 @@ stop opens it). A server stopped for idleness and not started again for days was
 saved by the stop: the rest of its stop is reported apart. Stops by hand are the user's own
 doing and are reported apart too, never as savings.
 
+Saved two ways. The share view counts a stop's share of its nodes as saved for its counted
+hours, whether or not the node went: a node that stays up for other servers' pods saves nothing,
+so it is a ceiling. The node view counts it only from when the operator found every node the
+server ran on gone (`nodesGoneAt`, seen at its checks of stopped servers): the unheld part of a
+node that went is credited to no one, so it is a floor. Where the truth lies between the two
+depends on how servers share nodes; docs/users/idle-savings.md has a simulated week of both
+against the nodes that really ran.
+
 The record lives in the status rather than in Kubernetes Events, which the API server keeps for
 an hour (kube-apiserver --event-ttl, 1h by default); the operator also emits an Event and
-updates its Prometheus metrics at every idle stop and restart, for those who watch live. A
-deleted server's record goes with it, so the report covers the servers that exist.
+updates its Prometheus metrics at every idle stop and restart, for those who watch live. It is
+copied at every change into the ConfigMap LEDGER of the server's namespace, which its user may
+read and only the operator may write, so that a deleted server stays in the report for as long
+as its periods are kept (RETENTION): the operator closes its record when it sees the deletion
+(or, deleted while the operator was down, at the record's last copy).
 """
 
 from __future__ import annotations
 
+import json
+from collections.abc import Callable
 from dataclasses import dataclass
 from datetime import datetime, timedelta
 
@@ -32,6 +45,13 @@ RUNNING, IDLE_STOPPED, STOPPED = "Running", "IdleStopped", "Stopped"
 # How long a closed period is kept (reports reach back this far), and how many at most.
 RETENTION = timedelta(days=35)
 MAX_PERIODS = 200
+# The ConfigMap, in each user namespace, that keeps a copy of every server's record there:
+# one key per server (`<name>.<uid>`), a JSON object.
+LEDGER = "devserver-usage"
+LEDGER_LABELS = {"dev.training-platform.io/ledger": "usage"}  # what devctl lists them by
+# Room left under the API server's 1 MiB object limit: the oldest deleted servers' records go
+# first when the copies would exceed it.
+LEDGER_BYTES = 900_000
 
 
 @dataclass(frozen=True)
@@ -42,9 +62,12 @@ class Nodes:
     instance_type: str
     nodes: float
     usd_per_hour: float | None
+    names: tuple[str, ...] = ()  # the nodes' names, for the node view
 
     def fields(self) -> dict:
         found = {"instanceType": self.instance_type, "nodes": round(self.nodes, 4)}
+        if self.names:
+            found["nodeNames"] = list(self.names)
         if self.usd_per_hour is not None:
             found["usdPerHour"] = round(self.usd_per_hour, 4)
         return found
@@ -67,14 +90,28 @@ def hours_between(start: datetime, end: datetime, since: datetime, until: dateti
 def counted_hours(period: dict, since: datetime, until: datetime) -> float:
     """The hours of an idle stop between `since` and `until` within its first countedHours
     (periods recorded before the cap existed carry none and count whole)."""
-    start, end = parse_timestamp(period["start"]), _end(period, until)
-    if "countedHours" in period:
-        end = min(end, start + timedelta(hours=period["countedHours"]))
-    return hours_between(start, end, since, until)
+    return hours_between(
+        parse_timestamp(period["start"]), _counted_end(period, until), since, until
+    )
+
+
+def node_hours_gone(period: dict, since: datetime, until: datetime) -> float:
+    """The counted hours of an idle stop, between `since` and `until`, after its nodes went."""
+    if not period.get("nodesGoneAt"):
+        return 0.0
+    gone = parse_timestamp(period["nodesGoneAt"])
+    return hours_between(gone, _counted_end(period, until), since, until)
 
 
 def _end(period: dict, until: datetime) -> datetime:
     return parse_timestamp(period["end"]) if period.get("end") else until
+
+
+def _counted_end(period: dict, until: datetime) -> datetime:
+    end = _end(period, until)
+    if "countedHours" in period:
+        end = min(end, parse_timestamp(period["start"]) + timedelta(hours=period["countedHours"]))
+    return end
 
 
 @dataclass
@@ -94,20 +131,31 @@ def record(
     now: datetime,
     counted_stop_hours: float = 8.0,
     kept_usd_per_hour: float | None = None,
+    gone: Callable[[list[str]], bool] = lambda names: False,
 ) -> Change:
     """The record after a reconcile that found the server `running` (all pods ready) or not,
     `wanted` to run (spec.stopped false) or not, and stopping it now for idleness (`idle_stop`);
     `nodes()` says where its pods run (read only when a running period opens). An idle stop's
-    period carries `counted_stop_hours`, the part of it the report counts as saved; every period
-    `kept_usd_per_hour`, what the server bills running or not (its homes, a load balancer)."""
+    period carries `counted_stop_hours`, the part of it the report counts as saved, and the time
+    `gone(names)` first says none of its nodes is left; every period `kept_usd_per_hour`, what
+    the server bills running or not (its homes, a load balancer)."""
     kept = {} if kept_usd_per_hour is None else {"keptUsdPerHour": round(kept_usd_per_hour, 6)}
     usage = [dict(p) for p in usage]
     events = []
     last = usage[-1] if usage and not usage[-1].get("end") else None
     stamp = timestamp(now)
+    if (
+        last
+        and last["state"] == IDLE_STOPPED
+        and last.get("nodeNames")
+        and not last.get("nodesGoneAt")
+        and gone(last["nodeNames"])
+    ):
+        last["nodesGoneAt"] = stamp
     if last and last["state"] == RUNNING and (idle_stop or not running):
         last["end"] = stamp
-        stopped = {k: last[k] for k in ("instanceType", "nodes", "usdPerHour") if k in last}
+        carried = ("instanceType", "nodes", "usdPerHour", "nodeNames")
+        stopped = {k: last[k] for k in carried if k in last}
         stopped.update(kept)
         if idle_stop:
             usage.append(
@@ -155,6 +203,7 @@ class Totals:
     used_usd: float = 0.0
     stopped_node_hours: float = 0.0  # idle-stopped, within each stop's counted hours
     saved_usd: float = 0.0
+    node_saved_usd: float = 0.0  # of saved_usd, what fell after the stop's nodes went
     forgotten_node_hours: float = 0.0  # idle-stopped beyond them
     by_hand_node_hours: float = 0.0  # stopped by its user
     kept_usd: float = 0.0  # homes and load balancers, running or not
@@ -176,6 +225,9 @@ class Totals:
             counted = counted_hours(period, since, until)
             self.stopped_node_hours += counted * period["nodes"]
             self.saved_usd += counted * period.get("usdPerHour", 0)
+            self.node_saved_usd += node_hours_gone(period, since, until) * period.get(
+                "usdPerHour", 0
+            )
             self.forgotten_node_hours += (spent - counted) * period["nodes"]
 
     def merge(self, other: Totals) -> None:
@@ -183,14 +235,18 @@ class Totals:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def row(self) -> list[str]:
-        reduction = self.reduction
+        def share(saved: float | None) -> str:
+            return "-" if saved is None else f"{saved:.1%}"
+
         return [
             f"{self.used_node_hours:.2f}",
             f"{self.used_usd:.2f}",
             f"{self.kept_usd:.2f}",
             f"{self.stopped_node_hours:.2f}",
             f"{self.saved_usd:.2f}",
-            "-" if reduction is None else f"{reduction:.1%}",
+            share(self.reduction),
+            f"{self.node_saved_usd:.2f}",
+            share(self.node_reduction),
             f"{self.forgotten_node_hours:.2f}",
             f"{self.by_hand_node_hours:.2f}",
         ]
@@ -200,15 +256,93 @@ class Totals:
         """The share of what the servers would have cost without idle stops (what they cost,
         homes and load balancers included, plus what the stops saved) that the stops saved;
         None when nothing was priced."""
-        total = self.used_usd + self.kept_usd + self.saved_usd
-        return self.saved_usd / total if total else None
+        return self._of_total(self.saved_usd)
+
+    @property
+    def node_reduction(self) -> float | None:
+        """The same with only what the node view counts as saved."""
+        return self._of_total(self.node_saved_usd)
+
+    def _of_total(self, saved: float) -> float | None:
+        total = self.used_usd + self.kept_usd + saved
+        return saved / total if total else None
 
 
 def report(servers: list[dict], since: datetime, until: datetime) -> dict[str, Totals]:
-    """Totals per owner (spec.owner) of `servers` between `since` and `until`."""
+    """Totals per owner (spec.owner) of `servers` (live ones and deleted ones from the ledgers:
+    `records`) between `since` and `until`."""
     found: dict[str, Totals] = {}
     for server in servers:
         totals = found.setdefault(server["spec"]["owner"], Totals())
         for period in (server.get("status") or {}).get("usage") or []:
             totals.add(period, since, until)
+    return found
+
+
+def ledger_key(server: dict) -> str:
+    return f"{server['metadata']['name']}.{server['metadata']['uid']}"
+
+
+def ledger_entry(server: dict, usage: list[dict], now: datetime, deleted: bool = False) -> dict:
+    """A server's copy in its namespace's ledger. A deleted server's open period ends now."""
+    usage = [dict(p) for p in usage]
+    if deleted and usage and not usage[-1].get("end"):
+        usage[-1]["end"] = timestamp(now)
+    entry = {
+        "name": server["metadata"]["name"],
+        "owner": server["spec"]["owner"],
+        "flavor": server["spec"]["flavor"],
+        "usage": usage,
+        "recordedAt": timestamp(now),
+    }
+    if deleted:
+        entry["deletedAt"] = timestamp(now)
+    return entry
+
+
+def ledger_data(ledger: dict | None, key: str, entry: dict, now: datetime) -> dict:
+    """The merge patch of the ledger's data that writes `entry` at `key` and drops deleted
+    servers' copies whose periods all ended before RETENTION, then the oldest deleted ones while
+    the copies would pass LEDGER_BYTES (None deletes a key)."""
+    data = {**((ledger or {}).get("data") or {}), key: json.dumps(entry, sort_keys=True)}
+    changes: dict[str, str | None] = {key: data[key]}
+    oldest = now - RETENTION
+    deleted = sorted(
+        (json.loads(text)["deletedAt"], name)
+        for name, text in data.items()
+        if name != key and "deletedAt" in json.loads(text)
+    )
+    for when, name in deleted:
+        if parse_timestamp(when) < oldest or sum(map(len, data.values())) > LEDGER_BYTES:
+            changes[name] = None
+            del data[name]
+    return changes
+
+
+def records(servers: list[dict], ledgers: list[dict]) -> list[dict]:
+    """`servers`, and as servers the ledgers' copies of those that are gone (with
+    `metadata.deletedAt`); a copy whose deletion the operator did not see ends at its last
+    write."""
+    live = {(s["metadata"]["namespace"], ledger_key(s)) for s in servers}
+    found = list(servers)
+    for ledger in ledgers:
+        namespace = ledger["metadata"]["namespace"]
+        for key, text in sorted((ledger.get("data") or {}).items()):
+            if (namespace, key) in live:
+                continue
+            entry = json.loads(text)
+            usage = [dict(p) for p in entry["usage"]]
+            if usage and not usage[-1].get("end"):
+                usage[-1]["end"] = entry["recordedAt"]
+            found.append(
+                {
+                    "metadata": {
+                        "name": entry["name"],
+                        "namespace": namespace,
+                        "deletedAt": entry.get("deletedAt", entry["recordedAt"]),
+                    },
+                    "spec": {"owner": entry["owner"], "flavor": entry["flavor"]},
+                    "status": {"usage": usage},
+                }
+            )
     return found

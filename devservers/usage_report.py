@@ -12,8 +12,8 @@ platform administrator's rights sees every namespace and the nodes):
   without dates: it counts when the Workload was created inside the period;
 - the job's pods (devservers.job_status: the labels each operator sets) for the nodes they run
   on, and those Nodes' instance type and karpenter.sh/capacity-type;
-- each DevServer's status.usage, the operator's record of its running periods (devservers/
-  savings.py);
+- each DevServer's status.usage, the operator's record of its running periods, and the
+  operator's copies of deleted servers' records (devservers/savings.py, LEDGER);
 - the Nodes (with `-A`): each node's hours from its creation, for the idle line.
 
 How it prices: with the stack's price file (infra/core/catalog/prices/<region>.yaml), the file

@@ -78,6 +78,7 @@ SLOWEST_FIRST = [
     "test_docs_examples.py",  # 150
     "test_mesh.py",  # 130
     "test_user_code_cluster.py",  # 115
+    "test_devservers_week.py",  # 60
     "test_user_code.py",  # 55
     "test_watch_and_fetch.py",  # 50
     "test_stack_code.py",  # 50
@@ -98,7 +99,7 @@ SLOWEST_FIRST = [
 # is what it needs: a real process or the local API makes it `integration`, a whole stack's plan
 # `e2e`, anything less `unit`; each test outside tests/ is also marked with its package's name.
 LEVELS = ("unit", "integration", "e2e")
-REAL = {"dev_cluster", "local_cluster", "namespaces", "trainer_cluster", "cluster"}
+REAL = {"dev_cluster", "local_cluster", "namespaces", "trainer_cluster", "cluster", "weeks"}
 # Fixtures that plan a whole stack: dev_plan, prod_plan, stack_plan and the modules' own *_plan.
 WHOLE_STACK = {"plan", "planned"}
 

@@ -12,6 +12,7 @@ import subprocess
 import sys
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
+from functools import cached_property
 from pathlib import Path
 
 import kopf
@@ -38,7 +39,7 @@ class World:
     """The dev stack's API, the operator's cluster boundary (its settings from the plan's
     Deployment, with `settings` laid over them) and a clock the test moves."""
 
-    def __init__(self, dev_cluster: Cluster, monkeypatch, **settings):
+    def __init__(self, dev_cluster: Cluster, monkeypatch, user: str = "alice", **settings):
         self.dev_cluster, self.api = dev_cluster, dev_cluster.api
         client = config.new_client_from_config(str(dev_cluster.kubeconfigs["operator"]))
         self.memo = operator.with_state(
@@ -46,11 +47,16 @@ class World:
             KubeCluster(client),
             replace(settings_from_env(dev_cluster.operator_env), **settings),
         )
-        self.users = {"alice": dev_cluster.client("alice")}
+        self.users = {user: dev_cluster.client(user)}
         self.clock = START
         monkeypatch.setattr(operator, "now", lambda: self.clock)
         monkeypatch.setattr(devctl, "now", lambda: self.clock)
-        monkeypatch.setenv("KUBECONFIG", str(dev_cluster.kubeconfigs["alice"]))
+        monkeypatch.setenv("KUBECONFIG", str(dev_cluster.kubeconfigs[user]))
+
+    @cached_property
+    def admin(self):
+        """A platform administrator's client."""
+        return self.dev_cluster.client()
 
     def devctl(self, *argv: str) -> str:
         """devctl as alice runs it (her kubeconfig), on the test's clock."""
@@ -79,7 +85,7 @@ class World:
         return self.server(name)
 
     def patch(self, kind: str, name: str, body: dict, namespace: str | None = "dev-alice"):
-        resource = self.dev_cluster.client().resources.get(api_version=API_VERSION, kind=kind)
+        resource = self.admin.resources.get(api_version=API_VERSION, kind=kind)
         resource.patch(
             name=name, namespace=namespace, body=body, content_type="application/merge-patch+json"
         )

@@ -4,15 +4,29 @@ to nodes of the dev stack's instance types (as the scheduler binds them); then `
 against a count by hand, and the Events and metrics each idle stop and restart left."""
 
 import io
+import json
 import re
 from datetime import timedelta
 
 import pytest
+from kubernetes.dynamic.exceptions import ForbiddenError
 from prometheus_client import generate_latest
 
-from devservers import cli
+from devservers import cli, operator
 from devservers.api import API_VERSION, timestamp
-from devservers.savings import IDLE_STOPPED, RUNNING, STOPPED, Totals, record
+from devservers.savings import (
+    IDLE_STOPPED,
+    LEDGER,
+    LEDGER_BYTES,
+    RUNNING,
+    STOPPED,
+    Totals,
+    ledger_data,
+    ledger_entry,
+    record,
+    records,
+    report,
+)
 from devservers.tests.test_devservers_operator import START, World, gpu_at
 from devservers.tests.test_devservers_render import server as server_manifest
 
@@ -78,6 +92,11 @@ def run_the_week(world: World, monkeypatch) -> None:
         world.refresh()
         world.refresh()
         assert world.status()["phase"] == "Stopped"
+    # Karpenter removes the empty GPU node half an hour after the last stop; the operator's next
+    # check of the stopped server finds it gone.
+    world.clock = START + timedelta(days=4, hours=8, minutes=30)
+    world.dev_cluster.client().resources.get(api_version="v1", kind="Node").delete(name="gpu-node")
+    world.refresh()
     world.clock = START + timedelta(days=7)
 
 
@@ -100,25 +119,44 @@ def test_a_week_of_idle_stops_reports_what_they_saved(week, monkeypatch):
     # week is not counted. Each keeps a 100 GiB gp3 home all week, running or not: 168 h x 100 x
     # $0.08 / 730 h = $1.8411 (KEPT). SAVED: 56.72 / (56.72 + 1.8411 + 56.72) = 49.20 %; in all,
     # 56.72 / (56.72 + 32.256 + 2 x 1.8411 + 56.72) = 37.97 %.
+    # The node view: the first four stops saved nothing, the node stayed (bob's or anyone's pods
+    # could have kept it); the fifth counts from 17:30, when the operator found the node gone, to
+    # its counted end at 01:00: 7.5 h x $1.418 = $10.635, 10.635 / (56.72 + 1.8411 + 10.635) =
+    # 15.37 %. bob deletes his server at the end of the week: the ledger keeps its record.
+    lab = week.server("lab", "dev-bob")
+    week.dev_cluster.client().resources.get(api_version=API_VERSION, kind="DevServer").delete(
+        name="lab", namespace="dev-bob"
+    )
+    week.api.settle()
+    operator.on_server_event(type="DELETED", body=lab, memo=week.memo)
     report = savings(week, monkeypatch, "--since", "7d", "--all-namespaces", who="admin")
     lines = report.splitlines()
-    assert lines[0] == "2026-11-22T09:00:00Z to 2026-11-29T09:00:00Z, 2 servers (all namespaces)"
+    assert lines[0] == (
+        "2026-11-22T09:00:00Z to 2026-11-29T09:00:00Z, 2 servers (1 deleted) (all namespaces)"
+    )
     assert re.split(" {2,}", lines[1]) == [
         "USER", "USED NODE-H", "USED $", "KEPT $", "IDLE-STOPPED NODE-H", "SAVED $", "SAVED",
-        "FORGOTTEN NODE-H", "BY HAND NODE-H"]  # fmt: skip
+        "NODE VIEW $", "NODE VIEW", "FORGOTTEN NODE-H", "BY HAND NODE-H"]  # fmt: skip
     assert [line.split() for line in lines[2:5]] == [
-        ["alice", "10.00", "56.72", "1.84", "10.00", "56.72", "49.2%", "22.00", "0.00"],
-        ["bob", "84.00", "32.26", "1.84", "0.00", "0.00", "0.0%", "0.00", "0.00"],
-        ["total", "94.00", "88.98", "3.68", "10.00", "56.72", "38.0%", "22.00", "0.00"],
-    ]
+        ["alice", "10.00", "56.72", "1.84", "10.00", "56.72", "49.2%", "10.63", "15.4%", "22.00",
+         "0.00"],
+        ["bob", "84.00", "32.26", "1.84", "0.00", "0.00", "0.0%", "0.00", "0.0%", "0.00", "0.00"],
+        ["total", "94.00", "88.98", "3.68", "10.00", "56.72", "38.0%", "10.63", "10.3%", "22.00",
+         "0.00"],
+    ]  # fmt: skip
     assert lines[5].startswith("SAVED: what the idle-stopped servers would have cost running")
     # alice's own, from Friday 21:00: her last stop's counted 8 h ended at 01:00, before it; her
     # home bills its 36 h (0.39).
     mine = savings(week, monkeypatch, "--since", "36h")
-    assert ["alice", "0.00", "0.00", "0.39", "0.00", "0.00", "0.0%", "9.00", "0.00"] in [
-        line.split() for line in mine.splitlines()
-    ]
+    assert ["alice", "0.00", "0.00", "0.39", "0.00", "0.00", "0.0%", "0.00", "0.0%", "9.00",
+            "0.00"] in [line.split() for line in mine.splitlines()]  # fmt: skip
     assert "bob" not in mine and "total" not in mine
+    # bob reads his deleted server's week from his namespace's ledger, which he may not write.
+    assert "84.00" in savings(week, monkeypatch, "--since", "7d", who="bob")
+    ledgers = week.dev_cluster.client("bob").resources.get(api_version="v1", kind="ConfigMap")
+    with pytest.raises(ForbiddenError):
+        ledgers.patch(name="devserver-usage", namespace="dev-bob", body={"data": {}},
+                      content_type="application/merge-patch+json")  # fmt: skip
 
     events = week.api.objects("events", "dev-alice")
     box = [(e["type"], e["reason"], e["message"]) for e in events]
@@ -153,7 +191,7 @@ def test_a_week_of_idle_stops_reports_what_they_saved(week, monkeypatch):
         'state="idle_stopped"'
     )
     assert f"devserver_usd_per_hour{{{stopped}}} 1.418" in metrics
-    assert week.api.refusals == []
+    assert [r for r in week.api.refusals if "system:serviceaccount" in r] == []
 
 
 def test_the_record_keeps_35_days():
@@ -198,3 +236,49 @@ def test_stops_by_hand_are_their_own_kind_and_an_idle_stop_counts_its_first_hour
     for period in idle:
         legacy.add({k: v for k, v in period.items() if k != "countedHours"}, at(0), at(32))
     assert (legacy.stopped_node_hours, legacy.forgotten_node_hours) == (15.0, 0.0)
+
+
+def test_the_ledger_keeps_deleted_servers_and_bounds_itself():
+    """A deleted server's copy ends at its deletion, or at its last copy where the operator did
+    not see the deletion; a live server's copy is not counted twice; deleted copies go after
+    RETENTION, and the oldest first when the ConfigMap would pass LEDGER_BYTES."""
+
+    def server(name, uid):
+        return {"metadata": {"name": name, "namespace": "dev-alice", "uid": uid},
+                "spec": {"owner": "alice", "flavor": "gpu-1"}}  # fmt: skip
+
+    running = [{"state": RUNNING, "start": timestamp(START), "instanceType": "t", "nodes": 1.0}]
+    later = START + timedelta(hours=3)
+    seen = ledger_entry(server("seen", "1"), running, later, deleted=True)
+    unseen = ledger_entry(server("unseen", "2"), running, START + timedelta(hours=2))
+    live = {**server("live", "3"), "status": {"usage": running}}
+    ledger = {
+        "metadata": {"name": LEDGER, "namespace": "dev-alice"},
+        "data": {
+            "seen.1": json.dumps(seen),
+            "unseen.2": json.dumps(unseen),
+            "live.3": json.dumps(ledger_entry(live, running, START)),
+        },
+    }
+    found = records([live], [ledger])
+    assert [s["metadata"]["name"] for s in found] == ["live", "seen", "unseen"]
+    assert [s["status"]["usage"][-1].get("end") for s in found] == [
+        None, timestamp(later), timestamp(START + timedelta(hours=2))]  # fmt: skip
+    assert found[1]["metadata"]["deletedAt"] == timestamp(later)
+    totals = report(found, START, START + timedelta(hours=10))["alice"]
+    assert totals.used_node_hours == 10 + 3 + 2
+
+    # 36 days on, the deleted copy ages out when the next write comes; the live one stays.
+    month = START + timedelta(days=36)
+    changes = ledger_data(ledger, "live.3", ledger_entry(live, running, month), month)
+    assert changes["seen.1"] is None and "unseen.2" not in changes and changes["live.3"]
+    # Full: the oldest deleted copies go until the rest fits.
+    big = {**seen, "usage": running * 3000}
+    full = {"data": {f"old{i}.{i}": json.dumps({**big, "deletedAt": timestamp(START + timedelta(
+        hours=i))}) for i in range(5)}}  # fmt: skip
+    size = len(full["data"]["old0.0"])
+    changes = ledger_data(full, "live.3", ledger_entry(live, running, START), START)
+    dropped = sorted(k for k, v in changes.items() if v is None)
+    kept = 5 - len(dropped)
+    assert kept * size <= LEDGER_BYTES < (kept + 1) * size and dropped == [
+        f"old{i}.{i}" for i in range(len(dropped))]  # fmt: skip

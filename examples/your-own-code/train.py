@@ -14,6 +14,7 @@ Unset, all three folders default to ./run.
 import argparse
 import os
 import signal
+import sys
 from pathlib import Path
 
 import torch
@@ -130,10 +131,13 @@ def main() -> None:
         (outputs / "accuracy.txt").write_text(f"{accuracy:.4f}\n")
     writer.close()
     # A rank that tears gloo down under a live DDP reducer, or while rank 0 still evaluates, can
-    # abort at exit.
+    # abort at exit; torch 2.13's gloo still does, rarely, in the interpreter's own teardown after
+    # all of this, so once every output is written the process leaves without it.
     del ddp
     dist.barrier()
     dist.destroy_process_group()
+    sys.stdout.flush()
+    os._exit(0)
 
 
 if __name__ == "__main__":

@@ -415,7 +415,7 @@ class KubeAPI:
             while busy():
                 if self._controllers_task.done():  # a controller raised: say what, not a timeout
                     self._controllers_task.result()
-                await asyncio.sleep(0.02)
+                await asyncio.sleep(0.002)
 
         asyncio.run_coroutine_threadsafe(asyncio.wait_for(settled(), timeout), self._loop).result()
 
@@ -643,7 +643,7 @@ class KubeAPI:
     async def _control(self) -> None:
         while True:
             await self._dirty.wait()
-            await asyncio.sleep(0.01)  # let a burst of writes land first
+            await asyncio.sleep(0.002)  # let a burst of writes land first
             self._dirty.clear()
             for controller in [*self.controllers, *getattr(self.runtime, "controllers", [])]:
                 try:
