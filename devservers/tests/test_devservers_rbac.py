@@ -5,11 +5,13 @@ request with the dev plan's Roles, ClusterRoles and bindings and Kubernetes' own
 would refuse fails the test; so does anything that keeps a DevServer or its namespace from
 going away while the operator is down (a finalizer)."""
 
+import json
 import sys
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from devservers.api import API_VERSION
+from devservers.savings import LEDGER
 from devservers.tests.devserver_pods import serve_pod
 from devservers.tests.test_devservers_render import IMAGE
 from tests.openssh import OpenSsh
@@ -139,6 +141,24 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
     assert started.returncode == 0, started.stderr
     dev_cluster.wait(lambda: dev_cluster.status().get("phase") == "Running", "box Running again")
     assert "IdleRestart" in [e["reason"] for e in api.objects("events", "dev-alice")]
+    # Its record is copied to the namespace's ledger; a server deleted while the operator runs
+    # stays there, closed at its deletion (kopf's DELETED event, no finalizer).
+    uid = dev_cluster.server()["metadata"]["uid"]
+    copy = json.loads(api.read("configmaps", "dev-alice", LEDGER)["data"][f"box.{uid}"])
+    assert [p["state"] for p in copy["usage"]][-3:] == ["Running", "IdleStopped", "Running"]
+    created = dev_cluster.devctl("alice", "create", "lab", "--flavor", FLAVOR, "--image", IMAGE)
+    assert created.returncode == 0, created.stderr
+    dev_cluster.wait(lambda: dev_cluster.status("lab").get("phase") == "Running", "lab Running")
+    lab = dev_cluster.server("lab")["metadata"]["uid"]
+    assert dev_cluster.devctl("alice", "delete", "lab").returncode == 0
+
+    def closed() -> dict | None:
+        text = api.read("configmaps", "dev-alice", LEDGER)["data"].get(f"lab.{lab}")
+        entry = json.loads(text) if text else {}
+        return entry if "deletedAt" in entry else None
+
+    entry = dev_cluster.wait(closed, "lab's record closed in the ledger")
+    assert entry["usage"][-1]["end"] == entry["deletedAt"]
     assert api.refusals == []
 
     # With the operator down (as during `pulumi destroy`), deletion completes: no finalizer.
