@@ -93,6 +93,9 @@ OPERATOR_NAMESPACED_RULES = [
     rule([GROUP], [f"{SERVERS}/finalizers"], ["update"]),
     rule(["apps"], ["statefulsets"], CHILD),
     rule([""], ["services", "configmaps"], CHILD),
+    # The servers' usage records' copies (devservers.savings.LEDGER_PREFIX): listed to drop the
+    # expired ones when a server is deleted.
+    rule([""], ["configmaps"], ["list"]),
     rule(["networking.k8s.io"], ["networkpolicies"], CHILD),  # who reaches a server's pods
     # Each server's SSH host key: made once, then read for its public half (devservers.controller
     # _host_key). No list, update or delete: the garbage collector deletes it with its server,

@@ -26,7 +26,7 @@ from devservers.api import (
 )
 from devservers.controller import pod_ready
 from devservers.render import home_claims, world_size
-from devservers.savings import LEDGER, LEDGER_LABELS, Totals, records, report
+from devservers.savings import LEDGER_LABELS, LEDGER_PREFIX, Totals, report, with_deleted
 
 
 class CliError(Exception):
@@ -341,7 +341,7 @@ class Devctl:
         servers = self._call(
             "list DevServers", self.cluster.list, API_VERSION, "DevServer", namespace, {}
         )
-        servers = records(servers, self._ledgers(namespace))
+        servers = with_deleted(servers, self._ledgers(namespace), until - since)
         deleted = sum(1 for s in servers if "deletedAt" in s["metadata"])
         found = report(servers, until - since, until)
         rows = [
@@ -379,7 +379,8 @@ class Devctl:
             "included (list prices); only each idle stop's first hours count "
             "(devServers.idle.countedStopHours), the rest is FORGOTTEN; stops by hand are BY "
             "HAND, never savings. NODE VIEW: only what fell after the stopped server's nodes "
-            "went (a floor; SAVED, which counts nodes kept up for others, a ceiling)",
+            "went (SAVED also counts shares of nodes kept up for others; neither counts a freed "
+            "node's unheld part)",
             file=self.out,
         )
         if total.unpriced_node_hours:
@@ -415,9 +416,10 @@ class Devctl:
             ) from None
         # DevServers live in their users' namespaces and nodes are the cluster's: read what
         # these rights allow.
-        servers = records(
-            self._readable(API_VERSION, "DevServer", namespace) or [], self._ledgers(namespace)
-        )
+        # Deleted servers only where the live ones could be read: else every copy would look
+        # like a deleted server's.
+        servers = self._readable(API_VERSION, "DevServer", namespace)
+        servers = [] if servers is None else with_deleted(servers, self._ledgers(namespace), start)
         found = self._readable("v1", "Node", None)
         nodes = None if found is None else {n["metadata"]["name"]: n for n in found}
         pricing = usage_report.pricing_of(config)
@@ -452,13 +454,13 @@ class Devctl:
             return None
 
     def _ledgers(self, namespace: str | None) -> list[dict]:
-        """The operator's copies of the DevServer records (devservers.savings.LEDGER) that these
-        rights may read: a user's namespace, or every user namespace."""
+        """The operator's copies of the DevServer records (devservers.savings.LEDGER_PREFIX) that
+        these rights may read: a user's namespace, or every user namespace."""
         found = self._readable("v1", "ConfigMap", namespace, LEDGER_LABELS) or []
         return [
             c
             for c in found
-            if c["metadata"]["name"] == LEDGER
+            if c["metadata"]["name"].startswith(LEDGER_PREFIX)
             and c["metadata"]["namespace"].startswith(NAMESPACE_PREFIX)
         ]
 

@@ -14,8 +14,8 @@ costs at most its EXEC_SECONDS, in one worker). A server is reconciled by one th
 
 What the operator leaves on objects is what its RBAC allows (devservers/component.py):
 kopf's bookkeeping annotations on DevServers only, their status, Events about them, and in each
-user namespace the ledger ConfigMap that keeps a copy of its servers' usage records
-(devservers.savings.LEDGER), which outlives a deleted server.
+user namespace a ConfigMap per server that keeps a copy of its usage record
+(devservers.savings.LEDGER_PREFIX), which outlives the server.
 Flavors, which it may only read, are seen through an event handler, which keeps no state on
 them; the servers of a flavor come from an index of the DevServers kopf watches in the dev-*
 namespaces (no cluster-wide list). The idle check is a task started with the operator that walks
@@ -39,7 +39,13 @@ import kopf
 
 from devservers.api import API_VERSION, FLAVORS, GROUP, SERVER_LABEL, SERVERS, VERSION, timestamp
 from devservers.controller import CpuSamples, reconcile
-from devservers.savings import LEDGER, LEDGER_LABELS, ledger_data, ledger_entry, ledger_key
+from devservers.savings import (
+    LEDGER_LABELS,
+    MAX_DELETED,
+    copied_record,
+    expired,
+    ledger_copy,
+)
 
 IDLE_CHECK_SECONDS = float(os.environ.get("DEVSERVERS_IDLE_CHECK_SECONDS", "60"))
 # Servers checked at once. A check waits on the API server and the pods' execs, not on this
@@ -86,6 +92,7 @@ def with_state(memo: kopf.Memo, cluster, settings) -> kopf.Memo:
     memo.settings = settings
     memo.cpu_samples = CpuSamples()
     memo.locks = {}
+    memo.unwritten = set()  # (namespace, name) of servers whose ledger copy failed
     memo.metrics = Metrics()
     memo.checks = ThreadPoolExecutor(CHECK_WORKERS, thread_name_prefix="idle-check")
     return memo
@@ -132,6 +139,7 @@ async def sweep(memo: kopf.Memo, servers: list[tuple[str, str]]) -> float:
     memo.metrics.retain(set(servers))
     for key in set(memo.locks) - set(servers):
         memo.locks.pop(key, None)
+    memo.unwritten &= set(servers)
     took = time.monotonic() - started
     memo.metrics.check_seconds.set(took)
     memo.metrics.checked.set(len(servers))
@@ -162,11 +170,18 @@ def on_server(name, namespace, memo: kopf.Memo, **_) -> None:
 
 
 @kopf.on.event(GROUP, VERSION, SERVERS)
-def on_server_event(type, body, memo: kopf.Memo, **_) -> None:
-    """A deleted server's record stays in its namespace's ledger, closed now."""
-    if type == "DELETED":
-        usage = (body.get("status") or {}).get("usage") or []
-        _copy(memo, dict(body), usage, now(), deleted=True)
+def on_server_deleted(type, body, memo: kopf.Memo, **_) -> None:
+    """A deleted server's copy of its record stays, closed now. kopf does not retry an event
+    handler, so the write is tried a few times."""
+    if type != "DELETED":
+        return
+    meta = body["metadata"]
+    usage = (body.get("status") or {}).get("usage") or []
+    with _lock(memo, meta["namespace"], meta["name"]):
+        for attempt in range(3):
+            if _write_ledger(memo, dict(body), usage, now(), deleted=True):
+                break
+            time.sleep(2**attempt)
 
 
 def _changed(server: dict, status: dict) -> dict:
@@ -180,8 +195,7 @@ def _refresh(
 ) -> None:
     """Reconcile a server as it is now, write what changed, copy a changed usage record (or any,
     with `copy`) to the ledger, and emit its Events; one thread per server at a time."""
-    lock = memo.locks.setdefault((namespace, name), threading.Lock())
-    with lock:
+    with _lock(memo, namespace, name):
         server = memo.cluster.get(API_VERSION, "DevServer", name, namespace)
         if server is None or server["metadata"].get("deletionTimestamp"):
             return
@@ -191,38 +205,53 @@ def _refresh(
         changed = _changed(server, outcome.status)
         if changed:
             memo.cluster.patch_status(name, namespace, changed)
-        if copy or "usage" in changed:
-            _copy(memo, server, outcome.status.get("usage") or [], moment)
         if outcome.spec:
             memo.cluster.patch(API_VERSION, "DevServer", name, namespace, {"spec": outcome.spec})
         for kind, reason, message in outcome.events:
             _event(memo, server, kind, reason, message, moment)
         memo.metrics.observe(server, outcome.status.get("usage") or [], outcome.events)
+        # Last, and best effort: a copy that failed is written again at the next reconcile.
+        key = (namespace, name)
+        if copy or "usage" in changed or key in memo.unwritten:
+            if _write_ledger(memo, server, outcome.status.get("usage") or [], moment):
+                memo.unwritten.discard(key)
+            else:
+                memo.unwritten.add(key)
 
 
-def _copy(memo: kopf.Memo, server: dict, usage: list, moment, deleted: bool = False) -> None:
-    """Write the server's record to its namespace's ledger (devservers.savings.LEDGER)."""
+def _lock(memo: kopf.Memo, namespace: str, name: str) -> threading.Lock:
+    return memo.locks.setdefault((namespace, name), threading.Lock())
+
+
+def _write_ledger(
+    memo: kopf.Memo, server: dict, usage: list, moment, deleted: bool = False
+) -> bool:
+    """Copy the server's record to its ledger ConfigMap (devservers.savings.LEDGER_PREFIX); on
+    a deletion, also drop the namespace's expired copies. False if the API refused or failed."""
     meta = server["metadata"]
     if not usage:
-        return
-    ledger = memo.cluster.get("v1", "ConfigMap", LEDGER, meta["namespace"])
-    entry = ledger_entry(server, usage, moment, deleted)
-    data = ledger_data(ledger, ledger_key(server), entry, moment)
-    if ledger is None:
-        memo.cluster.create(
-            {
-                "apiVersion": "v1",
-                "kind": "ConfigMap",
-                "metadata": {
-                    "name": LEDGER,
-                    "namespace": meta["namespace"],
-                    "labels": LEDGER_LABELS,
-                },
-                "data": data,
-            }
-        )
-    else:
-        memo.cluster.patch("v1", "ConfigMap", LEDGER, meta["namespace"], {"data": data})
+        return True
+    copy = ledger_copy(server, usage, moment, deleted)
+    name, namespace = copy["metadata"]["name"], meta["namespace"]
+    try:
+        found = memo.cluster.get("v1", "ConfigMap", name, namespace)
+        if found is None:
+            memo.cluster.create(copy)
+        elif "deletedAt" not in (copied_record(found) or {}):  # a late write never reopens it
+            patch = {"metadata": {"labels": LEDGER_LABELS}, "data": copy["data"]}
+            memo.cluster.patch("v1", "ConfigMap", name, namespace, patch)
+        if deleted:
+            ledgers = memo.cluster.list("v1", "ConfigMap", namespace, LEDGER_LABELS)
+            for old, early in expired(ledgers, moment):
+                memo.cluster.delete("v1", "ConfigMap", old, namespace)
+                if early:
+                    _event(memo, server, "Warning", "UsageRecordDropped",
+                           f"more than {MAX_DELETED} deleted servers in 35 days: the usage "
+                           f"record {old} of an older one is dropped", moment)  # fmt: skip
+    except OSError as e:
+        logger.warning("usage record of %s/%s: %s", namespace, meta["name"], e)
+        return False
+    return True
 
 
 def _event(memo: kopf.Memo, server: dict, kind: str, reason: str, message: str, moment) -> None:

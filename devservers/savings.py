@@ -16,20 +16,20 @@ saved by the stop: the rest of its stop is reported apart. Stops by hand are the
 doing and are reported apart too, never as savings.
 
 Saved two ways. The share view counts a stop's share of its nodes as saved for its counted
-hours, whether or not the node went: a node that stays up for other servers' pods saves nothing,
-so it is a ceiling. The node view counts it only from when the operator found every node the
-server ran on gone (`nodesGoneAt`, seen at its checks of stopped servers): the unheld part of a
-node that went is credited to no one, so it is a floor. Where the truth lies between the two
-depends on how servers share nodes; docs/users/idle-savings.md has a simulated week of both
-against the nodes that really ran.
+hours, whether or not the node went: it over-credits stops whose nodes stay up for other
+servers' pods. The node view counts it only from when the operator found every node the server
+ran on gone (`nodesGoneAt`, seen at its checks of stopped servers). Both under-credit a node
+that went: its unheld part is credited to no one (a gpu-1 server alone on a g5.12xlarge frees
+the whole node and is credited its quarter). docs/platform/idle-savings.md has a simulated week
+of both against the nodes that really ran.
 
 The record lives in the status rather than in Kubernetes Events, which the API server keeps for
 an hour (kube-apiserver --event-ttl, 1h by default); the operator also emits an Event and
 updates its Prometheus metrics at every idle stop and restart, for those who watch live. It is
-copied at every change into the ConfigMap LEDGER of the server's namespace, which its user may
-read and only the operator may write, so that a deleted server stays in the report for as long
-as its periods are kept (RETENTION): the operator closes its record when it sees the deletion
-(or, deleted while the operator was down, at the record's last copy).
+copied at every change into a ConfigMap of the server's namespace (LEDGER_PREFIX), which its user
+may read and only the operator may write, so that a deleted server stays in the report for as
+long as its periods are kept (RETENTION): the operator closes its copy when it sees the deletion
+(or, deleted while the operator was down, the copy ends at its last write).
 """
 
 from __future__ import annotations
@@ -45,13 +45,14 @@ RUNNING, IDLE_STOPPED, STOPPED = "Running", "IdleStopped", "Stopped"
 # How long a closed period is kept (reports reach back this far), and how many at most.
 RETENTION = timedelta(days=35)
 MAX_PERIODS = 200
-# The ConfigMap, in each user namespace, that keeps a copy of every server's record there:
-# one key per server (`<name>.<uid>`), a JSON object.
-LEDGER = "devserver-usage"
-LEDGER_LABELS = {"dev.training-platform.io/ledger": "usage"}  # what devctl lists them by
-# Room left under the API server's 1 MiB object limit: the oldest deleted servers' records go
-# first when the copies would exceed it.
-LEDGER_BYTES = 900_000
+# Each server's record is copied into a ConfigMap of its namespace, LEDGER_PREFIX + its uid
+# (one per server: each stays far under the API server's 1 MiB object limit), labelled
+# LEDGER_LABELS for devctl to list them. A namespace keeps the copies of at most MAX_DELETED
+# deleted servers within RETENTION: beyond it the oldest go, each with a Warning Event.
+LEDGER_PREFIX = "devserver-usage-"
+LEDGER_LABELS = {"dev.training-platform.io/ledger": "usage"}
+RECORD_KEY = "record"
+MAX_DELETED = 50
 
 
 @dataclass(frozen=True)
@@ -149,6 +150,7 @@ def record(
         and last["state"] == IDLE_STOPPED
         and last.get("nodeNames")
         and not last.get("nodesGoneAt")
+        and _counted_end(last, now + timedelta(seconds=1)) > now  # past it, nothing would count
         and gone(last["nodeNames"])
     ):
         last["nodesGoneAt"] = stamp
@@ -235,7 +237,7 @@ class Totals:
             setattr(self, name, getattr(self, name) + getattr(other, name))
 
     def row(self) -> list[str]:
-        def share(saved: float | None) -> str:
+        def percent(saved: float | None) -> str:
             return "-" if saved is None else f"{saved:.1%}"
 
         return [
@@ -244,9 +246,9 @@ class Totals:
             f"{self.kept_usd:.2f}",
             f"{self.stopped_node_hours:.2f}",
             f"{self.saved_usd:.2f}",
-            share(self.reduction),
+            percent(self.reduction),
             f"{self.node_saved_usd:.2f}",
-            share(self.node_reduction),
+            percent(self.node_reduction),
             f"{self.forgotten_node_hours:.2f}",
             f"{self.by_hand_node_hours:.2f}",
         ]
@@ -270,7 +272,7 @@ class Totals:
 
 def report(servers: list[dict], since: datetime, until: datetime) -> dict[str, Totals]:
     """Totals per owner (spec.owner) of `servers` (live ones and deleted ones from the ledgers:
-    `records`) between `since` and `until`."""
+    `with_deleted`) between `since` and `until`."""
     found: dict[str, Totals] = {}
     for server in servers:
         totals = found.setdefault(server["spec"]["owner"], Totals())
@@ -279,70 +281,86 @@ def report(servers: list[dict], since: datetime, until: datetime) -> dict[str, T
     return found
 
 
-def ledger_key(server: dict) -> str:
-    return f"{server['metadata']['name']}.{server['metadata']['uid']}"
+def ledger_name(server: dict) -> str:
+    return f"{LEDGER_PREFIX}{server['metadata']['uid']}"
 
 
-def ledger_entry(server: dict, usage: list[dict], now: datetime, deleted: bool = False) -> dict:
-    """A server's copy in its namespace's ledger. A deleted server's open period ends now."""
-    usage = [dict(p) for p in usage]
+def ledger_copy(server: dict, usage: list[dict], now: datetime, deleted: bool = False) -> dict:
+    """The ConfigMap that keeps a server's record: its periods without the node names (only the
+    operator's own check reads them), and a deleted server's open period ended now."""
+    usage = [{k: v for k, v in p.items() if k != "nodeNames"} for p in usage]
     if deleted and usage and not usage[-1].get("end"):
         usage[-1]["end"] = timestamp(now)
-    entry = {
-        "name": server["metadata"]["name"],
+    meta = server["metadata"]
+    record = {
+        "name": meta["name"],
         "owner": server["spec"]["owner"],
         "flavor": server["spec"]["flavor"],
         "usage": usage,
         "recordedAt": timestamp(now),
     }
     if deleted:
-        entry["deletedAt"] = timestamp(now)
-    return entry
+        record["deletedAt"] = timestamp(now)
+    return {
+        "apiVersion": "v1",
+        "kind": "ConfigMap",
+        "metadata": {
+            "name": ledger_name(server),
+            "namespace": meta["namespace"],
+            "labels": LEDGER_LABELS,
+        },  # fmt: skip
+        "data": {RECORD_KEY: json.dumps(record, sort_keys=True)},
+    }
 
 
-def ledger_data(ledger: dict | None, key: str, entry: dict, now: datetime) -> dict:
-    """The merge patch of the ledger's data that writes `entry` at `key` and drops deleted
-    servers' copies whose periods all ended before RETENTION, then the oldest deleted ones while
-    the copies would pass LEDGER_BYTES (None deletes a key)."""
-    data = {**((ledger or {}).get("data") or {}), key: json.dumps(entry, sort_keys=True)}
-    changes: dict[str, str | None] = {key: data[key]}
-    oldest = now - RETENTION
+def copied_record(ledger: dict | None) -> dict | None:
+    """The record a ledger ConfigMap holds; None if it holds none that reads (an edit by hand)."""
+    try:
+        record = json.loads(((ledger or {}).get("data") or {})[RECORD_KEY])
+        return record if isinstance(record.get("usage"), list) and record.get("owner") else None
+    except (KeyError, TypeError, ValueError):
+        return None
+
+
+def expired(ledgers: list[dict], now: datetime) -> list[tuple[str, bool]]:
+    """(name, within retention) of the namespace's ledger ConfigMaps to delete: deleted servers'
+    whose periods all ended before RETENTION, then the oldest deleted beyond MAX_DELETED."""
     deleted = sorted(
-        (json.loads(text)["deletedAt"], name)
-        for name, text in data.items()
-        if name != key and "deletedAt" in json.loads(text)
+        (record["deletedAt"], ledger["metadata"]["name"])
+        for ledger in ledgers
+        if (record := copied_record(ledger)) and "deletedAt" in record
     )
-    for when, name in deleted:
-        if parse_timestamp(when) < oldest or sum(map(len, data.values())) > LEDGER_BYTES:
-            changes[name] = None
-            del data[name]
-    return changes
+    oldest = now - RETENTION
+    old = [(name, False) for when, name in deleted if parse_timestamp(when) < oldest]
+    recent = [name for when, name in deleted if parse_timestamp(when) >= oldest]
+    return old + [(name, True) for name in recent[: max(len(recent) - MAX_DELETED, 0)]]
 
 
-def records(servers: list[dict], ledgers: list[dict]) -> list[dict]:
+def with_deleted(servers: list[dict], ledgers: list[dict], since: datetime) -> list[dict]:
     """`servers`, and as servers the ledgers' copies of those that are gone (with
-    `metadata.deletedAt`); a copy whose deletion the operator did not see ends at its last
-    write."""
-    live = {(s["metadata"]["namespace"], ledger_key(s)) for s in servers}
+    `metadata.deletedAt`), unless gone before `since`; a copy whose deletion the operator did not
+    see ends at its last write; copies that do not read are left out."""
+    live = {s["metadata"].get("uid") for s in servers}
     found = list(servers)
-    for ledger in ledgers:
-        namespace = ledger["metadata"]["namespace"]
-        for key, text in sorted((ledger.get("data") or {}).items()):
-            if (namespace, key) in live:
-                continue
-            entry = json.loads(text)
-            usage = [dict(p) for p in entry["usage"]]
-            if usage and not usage[-1].get("end"):
-                usage[-1]["end"] = entry["recordedAt"]
-            found.append(
-                {
-                    "metadata": {
-                        "name": entry["name"],
-                        "namespace": namespace,
-                        "deletedAt": entry.get("deletedAt", entry["recordedAt"]),
-                    },
-                    "spec": {"owner": entry["owner"], "flavor": entry["flavor"]},
-                    "status": {"usage": usage},
-                }
-            )
+    for ledger in sorted(ledgers, key=lambda c: c["metadata"]["name"]):
+        record = copied_record(ledger)
+        if record is None or ledger["metadata"]["name"].removeprefix(LEDGER_PREFIX) in live:
+            continue
+        gone = record.get("deletedAt", record["recordedAt"])
+        if parse_timestamp(gone) < since:
+            continue
+        usage = [dict(p) for p in record["usage"]]
+        if usage and not usage[-1].get("end"):
+            usage[-1]["end"] = record["recordedAt"]
+        found.append(
+            {
+                "metadata": {
+                    "name": record["name"],
+                    "namespace": ledger["metadata"]["namespace"],
+                    "deletedAt": gone,
+                },
+                "spec": {"owner": record["owner"], "flavor": record["flavor"]},
+                "status": {"usage": usage},
+            }
+        )
     return found

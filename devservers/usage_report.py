@@ -13,7 +13,7 @@ platform administrator's rights sees every namespace and the nodes):
 - the job's pods (devservers.job_status: the labels each operator sets) for the nodes they run
   on, and those Nodes' instance type and karpenter.sh/capacity-type;
 - each DevServer's status.usage, the operator's record of its running periods, and the
-  operator's copies of deleted servers' records (devservers/savings.py, LEDGER);
+  operator's copies of deleted servers' records (devservers/savings.py, LEDGER_PREFIX);
 - the Nodes (with `-A`): each node's hours from its creation, for the idle line.
 
 How it prices: with the stack's price file (infra/core/catalog/prices/<region>.yaml), the file
@@ -58,11 +58,6 @@ INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 ON_DEMAND, SPOT = "on-demand", "spot"
 GIB = 2**30
-
-
-def quantity(text: str | int | float) -> float:
-    """A Kubernetes resource quantity as a number (cores, bytes, GPUs)."""
-    return float(parse_quantity(text))
 
 
 @dataclass(frozen=True)
@@ -114,10 +109,10 @@ def pricing_of(config: StackConfig) -> Pricing:
 def share(usage: dict, kind: InstanceType) -> float:
     """Nodes of `kind` the resources `usage` take: the largest of the GPU, CPU and memory
     shares."""
-    parts = [quantity(usage.get("cpu", 0)) / kind.vcpu]
-    parts.append(quantity(usage.get("memory", 0)) / (kind.memory_gib * GIB))
+    parts = [float(parse_quantity(usage.get("cpu", 0))) / kind.vcpu]
+    parts.append(float(parse_quantity(usage.get("memory", 0))) / (kind.memory_gib * GIB))
     if kind.gpus:
-        parts.append(quantity(usage.get(GPU, 0)) / kind.gpus)
+        parts.append(float(parse_quantity(usage.get(GPU, 0))) / kind.gpus)
     return max(parts)
 
 
@@ -191,7 +186,7 @@ def job_lines(
                     _job_name(workload),
                     pool,
                     capacity,
-                    quantity(usage.get(GPU, 0)) * spent,
+                    float(parse_quantity(usage.get(GPU, 0))) * spent,
                     node_hours,
                     None if rate is None else node_hours * rate,
                 )
@@ -246,7 +241,8 @@ def node_lines(
         if POOL_LABEL not in labels:
             continue
         capacity = labels.get(CAPACITY_TYPE_LABEL, ON_DEMAND)
-        spent = hours({"start": node["metadata"]["creationTimestamp"]}, since, until)
+        created = parse_timestamp(node["metadata"]["creationTimestamp"])
+        spent = hours_between(created, until, since, until)
         rate = pricing.node(labels.get(INSTANCE_TYPE_LABEL, ""), capacity)
         totals = found.setdefault((labels[POOL_LABEL], capacity), [0.0, 0.0, 0.0])
         kind = pricing.catalog.types.get(labels.get(INSTANCE_TYPE_LABEL, ""))

@@ -11,7 +11,7 @@ from datetime import UTC, datetime, timedelta
 from pathlib import Path
 
 from devservers.api import API_VERSION
-from devservers.savings import LEDGER
+from devservers.savings import LEDGER_PREFIX
 from devservers.tests.devserver_pods import serve_pod
 from devservers.tests.test_devservers_render import IMAGE
 from tests.openssh import OpenSsh
@@ -144,7 +144,9 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
     # Its record is copied to the namespace's ledger; a server deleted while the operator runs
     # stays there, closed at its deletion (kopf's DELETED event, no finalizer).
     uid = dev_cluster.server()["metadata"]["uid"]
-    copy = json.loads(api.read("configmaps", "dev-alice", LEDGER)["data"][f"box.{uid}"])
+    copy = json.loads(
+        api.read("configmaps", "dev-alice", f"{LEDGER_PREFIX}{uid}")["data"]["record"]
+    )
     assert [p["state"] for p in copy["usage"]][-3:] == ["Running", "IdleStopped", "Running"]
     created = dev_cluster.devctl("alice", "create", "lab", "--flavor", FLAVOR, "--image", IMAGE)
     assert created.returncode == 0, created.stderr
@@ -153,8 +155,8 @@ def test_a_devserver_lives_and_dies_under_the_stacks_rbac(dev_cluster):
     assert dev_cluster.devctl("alice", "delete", "lab").returncode == 0
 
     def closed() -> dict | None:
-        text = api.read("configmaps", "dev-alice", LEDGER)["data"].get(f"lab.{lab}")
-        entry = json.loads(text) if text else {}
+        found = api.read("configmaps", "dev-alice", f"{LEDGER_PREFIX}{lab}")
+        entry = json.loads(found["data"]["record"]) if found else {}
         return entry if "deletedAt" in entry else None
 
     entry = dev_cluster.wait(closed, "lab's record closed in the ledger")

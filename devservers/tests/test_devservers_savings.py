@@ -16,16 +16,16 @@ from devservers import cli, operator
 from devservers.api import API_VERSION, timestamp
 from devservers.savings import (
     IDLE_STOPPED,
-    LEDGER,
-    LEDGER_BYTES,
+    LEDGER_PREFIX,
+    MAX_DELETED,
     RUNNING,
     STOPPED,
     Totals,
-    ledger_data,
-    ledger_entry,
+    expired,
+    ledger_copy,
     record,
-    records,
     report,
+    with_deleted,
 )
 from devservers.tests.test_devservers_operator import START, World, gpu_at
 from devservers.tests.test_devservers_render import server as server_manifest
@@ -128,7 +128,7 @@ def test_a_week_of_idle_stops_reports_what_they_saved(week, monkeypatch):
         name="lab", namespace="dev-bob"
     )
     week.api.settle()
-    operator.on_server_event(type="DELETED", body=lab, memo=week.memo)
+    operator.on_server_deleted(type="DELETED", body=lab, memo=week.memo)
     report = savings(week, monkeypatch, "--since", "7d", "--all-namespaces", who="admin")
     lines = report.splitlines()
     assert lines[0] == (
@@ -155,8 +155,8 @@ def test_a_week_of_idle_stops_reports_what_they_saved(week, monkeypatch):
     assert "84.00" in savings(week, monkeypatch, "--since", "7d", who="bob")
     ledgers = week.dev_cluster.client("bob").resources.get(api_version="v1", kind="ConfigMap")
     with pytest.raises(ForbiddenError):
-        ledgers.patch(name="devserver-usage", namespace="dev-bob", body={"data": {}},
-                      content_type="application/merge-patch+json")  # fmt: skip
+        ledgers.patch(name=f"devserver-usage-{lab['metadata']['uid']}", namespace="dev-bob",
+                      body={"data": {}}, content_type="application/merge-patch+json")  # fmt: skip
 
     events = week.api.objects("events", "dev-alice")
     box = [(e["type"], e["reason"], e["message"]) for e in events]
@@ -239,28 +239,26 @@ def test_stops_by_hand_are_their_own_kind_and_an_idle_stop_counts_its_first_hour
 
 
 def test_the_ledger_keeps_deleted_servers_and_bounds_itself():
-    """A deleted server's copy ends at its deletion, or at its last copy where the operator did
-    not see the deletion; a live server's copy is not counted twice; deleted copies go after
-    RETENTION, and the oldest first when the ConfigMap would pass LEDGER_BYTES."""
+    """A deleted server's copy ends at its deletion, or at its last write where the operator did
+    not see the deletion; a live server's copy is not counted twice, nor one deleted before the
+    period, nor one that does not read; deleted copies go after RETENTION, and the oldest first
+    beyond MAX_DELETED in a namespace."""
 
     def server(name, uid):
         return {"metadata": {"name": name, "namespace": "dev-alice", "uid": uid},
                 "spec": {"owner": "alice", "flavor": "gpu-1"}}  # fmt: skip
 
-    running = [{"state": RUNNING, "start": timestamp(START), "instanceType": "t", "nodes": 1.0}]
+    running = [{"state": RUNNING, "start": timestamp(START), "instanceType": "t", "nodes": 1.0,
+                "nodeNames": ["ip-10-0-0-1"]}]  # fmt: skip
     later = START + timedelta(hours=3)
-    seen = ledger_entry(server("seen", "1"), running, later, deleted=True)
-    unseen = ledger_entry(server("unseen", "2"), running, START + timedelta(hours=2))
+    seen = ledger_copy(server("seen", "1"), running, later, deleted=True)
+    unseen = ledger_copy(server("unseen", "2"), running, START + timedelta(hours=2))
     live = {**server("live", "3"), "status": {"usage": running}}
-    ledger = {
-        "metadata": {"name": LEDGER, "namespace": "dev-alice"},
-        "data": {
-            "seen.1": json.dumps(seen),
-            "unseen.2": json.dumps(unseen),
-            "live.3": json.dumps(ledger_entry(live, running, START)),
-        },
-    }
-    found = records([live], [ledger])
+    long_gone = ledger_copy(server("old", "4"), running, START - timedelta(days=2), deleted=True)
+    edited = {**ledger_copy(server("edited", "5"), running, START), "data": {"record": "{"}}
+    ledgers = [seen, unseen, ledger_copy(live, running, START), long_gone, edited]
+    assert "nodeNames" not in seen["data"]["record"]  # the operator's own business
+    found = with_deleted([live], ledgers, START - timedelta(days=1))
     assert [s["metadata"]["name"] for s in found] == ["live", "seen", "unseen"]
     assert [s["status"]["usage"][-1].get("end") for s in found] == [
         None, timestamp(later), timestamp(START + timedelta(hours=2))]  # fmt: skip
@@ -268,17 +266,50 @@ def test_the_ledger_keeps_deleted_servers_and_bounds_itself():
     totals = report(found, START, START + timedelta(hours=10))["alice"]
     assert totals.used_node_hours == 10 + 3 + 2
 
-    # 36 days on, the deleted copy ages out when the next write comes; the live one stays.
+    # 36 days on, the deleted copies age out; the live one and the unseen one stay.
     month = START + timedelta(days=36)
-    changes = ledger_data(ledger, "live.3", ledger_entry(live, running, month), month)
-    assert changes["seen.1"] is None and "unseen.2" not in changes and changes["live.3"]
-    # Full: the oldest deleted copies go until the rest fits.
-    big = {**seen, "usage": running * 3000}
-    full = {"data": {f"old{i}.{i}": json.dumps({**big, "deletedAt": timestamp(START + timedelta(
-        hours=i))}) for i in range(5)}}  # fmt: skip
-    size = len(full["data"]["old0.0"])
-    changes = ledger_data(full, "live.3", ledger_entry(live, running, START), START)
-    dropped = sorted(k for k, v in changes.items() if v is None)
-    kept = 5 - len(dropped)
-    assert kept * size <= LEDGER_BYTES < (kept + 1) * size and dropped == [
-        f"old{i}.{i}" for i in range(len(dropped))]  # fmt: skip
+    assert sorted(expired(ledgers, month)) == [
+        ("devserver-usage-1", False), ("devserver-usage-4", False)]  # fmt: skip
+    # Past MAX_DELETED deleted servers within retention, the oldest go (each announced).
+    many = [
+        ledger_copy(server(f"s{i}", f"u{i:03}"), running, START + timedelta(minutes=i), True)
+        for i in range(MAX_DELETED + 2)
+    ]
+    assert expired(many, START + timedelta(days=1)) == [
+        ("devserver-usage-u000", True), ("devserver-usage-u001", True)]  # fmt: skip
+
+
+def test_a_copy_that_fails_holds_up_no_stop_and_is_written_again(week, monkeypatch):
+    """The ledger is written last and best effort: a refusal (say the API server's) leaves the
+    idle stop, its record and its Event as they would be, and the next reconcile copies it."""
+    week.create(lifecycle={"idleTimeout": "30m"})
+    cluster = week.memo.cluster
+    get = cluster.get
+
+    def refusing(api_version, kind, name, namespace):
+        if kind == "ConfigMap" and name.startswith(LEDGER_PREFIX):
+            raise OSError("etcdserver: request timed out")
+        return get(api_version, kind, name, namespace)
+
+    monkeypatch.setattr(cluster, "get", refusing)
+    gpu_at(week, monkeypatch, 1.0)
+    for minutes in (20, 30):  # the warning, then the stop it announced
+        week.clock = START + timedelta(minutes=minutes)
+        week.refresh(measure=True)
+    week.refresh()
+    week.refresh()
+    assert (
+        week.status()["phase"] == "Stopped" and week.status()["usage"][-1]["state"] == IDLE_STOPPED
+    )
+    assert ("dev-alice", "box") in week.memo.unwritten
+    uid = week.server()["metadata"]["uid"]
+
+    def copied() -> list[str]:
+        copy = week.api.read("configmaps", "dev-alice", f"{LEDGER_PREFIX}{uid}")
+        return [p["state"] for p in json.loads(copy["data"]["record"])["usage"]]
+
+    assert copied() == [RUNNING]  # as copied when it started
+
+    monkeypatch.setattr(cluster, "get", get)
+    week.refresh()
+    assert copied() == [RUNNING, IDLE_STOPPED] and week.memo.unwritten == set()

@@ -12,15 +12,16 @@ What stands in, written from upstream and kept simple:
   the server the first time) and whether she stops it by hand when she leaves;
 - kube-scheduler and Karpenter (`Karpenter` below): pods wait behind a scheduling gate until
   bound; a pod goes to the Ready node of its pool with room that has the most free CPU and memory
-  (kube-scheduler's default NodeResourcesFit scoring, LeastAllocated over cpu and memory with
-  weight 1: kubernetes pkg/scheduler/apis/config/v1/default_plugins.go and
-  pkg/scheduler/framework/plugins/noderesources/least_allocated.go), else to a node Karpenter
-  launches of the pool's type, Ready after the stack's cold-start model
-  (infra/karpenter/cold_start.py: launch, image pull onto the pool's disk); a node left empty
-  for its NodePool's consolidateAfter is removed (GPU pools: WhenEmpty, 5 minutes, read from the
-  plan); DevServer pods carry karpenter.sh/do-not-disrupt, so no node holding one is consolidated
-  for underuse. Disruption budgets (one GPU node at a time) are not modelled: a removal takes no
-  time here, so they would not delay one.
+  (kube-scheduler's default NodeResourcesFit scoring: LeastAllocated, over cpu and memory with
+  weight 1 and not GPUs, kubernetes pkg/scheduler/apis/config/v1/defaults.go
+  defaultResourceSpec and pkg/scheduler/framework/plugins/noderesources/least_allocated.go),
+  else to a node Karpenter launches of the pool's type (never past its NodePool's maxNodes),
+  Ready after the stack's cold-start model (infra/karpenter/cold_start.py: launch, then the
+  image pull onto the pool's disk); a node left empty for its NodePool's consolidateAfter is
+  removed (GPU pools: WhenEmpty, 5 minutes, read from the plan); DevServer pods carry
+  karpenter.sh/do-not-disrupt, so no node holding one is consolidated for underuse. Disruption
+  budgets (one GPU node at a time) are not modelled: a removal takes no time here, so they would
+  not delay one.
 - the sweep's cadence: the operator checks every server every 60 s; here a server is checked at
   the moments its outcome can change (a user arrives, her GPUs go busy or quiet, the warning and
   the stop its status announces, a node it ran on goes), which gives the same outcomes to within
@@ -102,7 +103,6 @@ class Karpenter:
         self.consolidate_after = consolidate_after  # pool -> seconds
         self.prices = load_prices(config.region)
         self.nodes: list[Node] = []
-        self.cold_starts: list[tuple[str, float]] = []  # (user, seconds waited for a node)
         self._names = itertools.count(1)
 
     def cold_seconds(self, pool: str, instance: str) -> float:
@@ -126,7 +126,7 @@ class Karpenter:
         launched = []
         for pod in self.pending():
             requests = _requests(pod)
-            pool = self.flavor_pools[self.world_flavor(pod)]
+            pool = self.flavor_pools[self._flavor(pod)]
             live = [n for n in self.nodes if n.pool == pool and n.gone is None and n.fits(requests)]
             ready = [n for n in live if n.ready_at <= now]
             if ready:
@@ -134,6 +134,9 @@ class Karpenter:
             elif live:  # an in-flight node with room: Karpenter counts it
                 node = live[0]
             else:
+                up = sum(1 for n in self.nodes if n.pool == pool and n.gone is None)
+                # The NodePool's limit: Karpenter launches no more (the week is sized under it).
+                assert up < self.pools[pool].max_nodes, f"{pool} at its limit of {up} nodes"
                 instance = self.pools[pool].instance_types[0]
                 kind = self.catalog[instance]
                 wait = timedelta(seconds=self.cold_seconds(pool, instance))
@@ -147,14 +150,13 @@ class Karpenter:
                 )
                 self.nodes.append(node)
                 launched.append(node)
-                self.cold_starts.append((pod["metadata"]["namespace"], wait.total_seconds()))
             node.pods.add(_key(pod))
             node.requests[_key(pod)] = requests
             if node.ready_at <= now:
                 self._bind(pod, node)
         return launched
 
-    def world_flavor(self, pod: dict) -> str:
+    def _flavor(self, pod: dict) -> str:
         server = self.world.server(
             pod["metadata"]["labels"][SERVER_LABEL], pod["metadata"]["namespace"]
         )
