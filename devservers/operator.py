@@ -287,10 +287,26 @@ def _event(memo: kopf.Memo, server: dict, kind: str, reason: str, message: str, 
 
 @kopf.on.event("v1", "pods", labels={SERVER_LABEL: kopf.PRESENT})
 def on_pod(type, labels, namespace, memo: kopf.Memo, **_) -> None:
-    """A pod became ready, was admitted or went away: the server's phase follows at once."""
+    """A pod became ready, was admitted or went away: the server's phase follows at once. A pod
+    of a server that is gone belongs to a StatefulSet its user orphaned (a delete with
+    propagationPolicy Orphan): it would run on, unchecked and unrecorded, so it goes."""
     if type is None:
         return  # the listing at start: kopf resumes every server anyway
-    _refresh(memo, labels[SERVER_LABEL], namespace)
+    name = labels[SERVER_LABEL]
+    _refresh(memo, name, namespace)
+    if type != "DELETED" and memo.cluster.get(API_VERSION, "DevServer", name, namespace) is None:
+        _delete_orphan(memo, name, namespace)
+
+
+def _delete_orphan(memo: kopf.Memo, name: str, namespace: str) -> None:
+    """Delete the server's StatefulSet if nothing owns it any more (its pods go with it)."""
+    found = memo.cluster.get("apps/v1", "StatefulSet", name, namespace)
+    if found is None or (found["metadata"].get("labels") or {}).get(SERVER_LABEL) != name:
+        return
+    if any(r.get("controller") for r in found["metadata"].get("ownerReferences") or []):
+        return  # the garbage collector's to delete
+    logger.warning("deleting %s/%s: its server is gone and its pods would run on", namespace, name)
+    memo.cluster.delete("apps/v1", "StatefulSet", name, namespace)
 
 
 @kopf.on.event(GROUP, VERSION, FLAVORS)

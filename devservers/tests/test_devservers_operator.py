@@ -148,6 +148,22 @@ def test_a_steady_state_check_only_reads(world):
     assert "get /api/v1/namespaces/dev-alice/pods/box-0/exec" in reads
 
 
+def test_pods_left_by_a_server_deleted_with_orphan_propagation_are_stopped(world):
+    """A user may delete her server with propagationPolicy Orphan: its StatefulSet and pods would
+    run on with no idle stop and no record. The operator's next pod event deletes them."""
+    world.create()
+    servers = world.users["alice"].resources.get(api_version=API_VERSION, kind="DevServer")
+    servers.delete(name="box", namespace="dev-alice", body={"propagationPolicy": "Orphan"})
+    world.api.settle()
+    assert world.names("statefulsets", "apps") == {"box"} and "box-0" in world.names("pods")
+    pod = world.api.read("pods", "dev-alice", "box-0")
+    operator.on_pod(type="MODIFIED", labels=pod["metadata"]["labels"], namespace="dev-alice",
+                    memo=world.memo)  # fmt: skip
+    world.api.settle()
+    assert world.names("statefulsets", "apps") == set() and "box-0" not in world.names("pods")
+    assert world.api.refusals == []
+
+
 def test_pods_held_by_kueue_show_as_queued_until_admitted(world):
     def gate(kind, obj):  # Kueue's pod webhook: pods of a queued workload start gated
         if kind.kind == "Pod" and obj["metadata"]["namespace"] == "dev-alice":
