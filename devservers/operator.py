@@ -172,7 +172,9 @@ def on_server(name, namespace, memo: kopf.Memo, **_) -> None:
 @kopf.on.event(GROUP, VERSION, SERVERS)
 def on_server_deleted(type, body, memo: kopf.Memo, **_) -> None:
     """A deleted server's copy of its record stays, closed now. kopf does not retry an event
-    handler, so the write is tried a few times."""
+    handler, so the write is tried a few times. A server deleted with propagationPolicy Orphan
+    (the garbage collector has released its children by the time it is gone) would leave its
+    pods running with no idle check and no record: its StatefulSet goes."""
     if type != "DELETED":
         return
     meta = body["metadata"]
@@ -182,6 +184,7 @@ def on_server_deleted(type, body, memo: kopf.Memo, **_) -> None:
             if _write_ledger(memo, dict(body), usage, now(), deleted=True):
                 break
             time.sleep(2**attempt)
+        _delete_orphan(memo, meta["name"], meta["namespace"])
 
 
 def _changed(server: dict, status: dict) -> dict:
@@ -192,13 +195,16 @@ def _changed(server: dict, status: dict) -> dict:
 
 def _refresh(
     memo: kopf.Memo, name: str, namespace: str, measure: bool = False, copy: bool = False
-) -> None:
+) -> bool:
     """Reconcile a server as it is now, write what changed, copy a changed usage record (or any,
-    with `copy`) to the ledger, and emit its Events; one thread per server at a time."""
+    with `copy`) to the ledger, and emit its Events; one thread per server at a time. False if
+    there is no such server."""
     with _lock(memo, namespace, name):
         server = memo.cluster.get(API_VERSION, "DevServer", name, namespace)
-        if server is None or server["metadata"].get("deletionTimestamp"):
-            return
+        if server is None:
+            return False
+        if server["metadata"].get("deletionTimestamp"):
+            return True
         samples = memo.cpu_samples if measure else None
         moment = now()
         outcome = reconcile(memo.cluster, server, memo.settings, moment, measure=samples)
@@ -217,6 +223,7 @@ def _refresh(
                 memo.unwritten.discard(key)
             else:
                 memo.unwritten.add(key)
+        return True
 
 
 def _lock(memo: kopf.Memo, namespace: str, name: str) -> threading.Lock:
@@ -288,13 +295,12 @@ def _event(memo: kopf.Memo, server: dict, kind: str, reason: str, message: str, 
 @kopf.on.event("v1", "pods", labels={SERVER_LABEL: kopf.PRESENT})
 def on_pod(type, labels, namespace, memo: kopf.Memo, **_) -> None:
     """A pod became ready, was admitted or went away: the server's phase follows at once. A pod
-    of a server that is gone belongs to a StatefulSet its user orphaned (a delete with
-    propagationPolicy Orphan): it would run on, unchecked and unrecorded, so it goes."""
+    whose server is gone belongs to a StatefulSet its user orphaned and the deletion's handler
+    did not see (the operator was down): it goes now."""
     if type is None:
         return  # the listing at start: kopf resumes every server anyway
     name = labels[SERVER_LABEL]
-    _refresh(memo, name, namespace)
-    if type != "DELETED" and memo.cluster.get(API_VERSION, "DevServer", name, namespace) is None:
+    if not _refresh(memo, name, namespace) and type != "DELETED":
         _delete_orphan(memo, name, namespace)
 
 

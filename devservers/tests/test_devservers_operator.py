@@ -148,17 +148,21 @@ def test_a_steady_state_check_only_reads(world):
     assert "get /api/v1/namespaces/dev-alice/pods/box-0/exec" in reads
 
 
-def test_pods_left_by_a_server_deleted_with_orphan_propagation_are_stopped(world):
+@pytest.mark.parametrize("seen", ["at its deletion", "at a pod event after"])
+def test_pods_left_by_a_server_deleted_with_orphan_propagation_are_stopped(world, seen):
     """A user may delete her server with propagationPolicy Orphan: its StatefulSet and pods would
-    run on with no idle stop and no record. The operator's next pod event deletes them."""
-    world.create()
+    run on with no idle stop and no record. The operator deletes them when it sees the server's
+    deletion, or (down then) at the pods' next event."""
+    server = world.create()
     servers = world.users["alice"].resources.get(api_version=API_VERSION, kind="DevServer")
     servers.delete(name="box", namespace="dev-alice", body={"propagationPolicy": "Orphan"})
     world.api.settle()
     assert world.names("statefulsets", "apps") == {"box"} and "box-0" in world.names("pods")
-    pod = world.api.read("pods", "dev-alice", "box-0")
-    operator.on_pod(type="MODIFIED", labels=pod["metadata"]["labels"], namespace="dev-alice",
-                    memo=world.memo)  # fmt: skip
+    if seen == "at its deletion":
+        operator.on_server_deleted(type="DELETED", body=server, memo=world.memo)
+    else:
+        labels = world.api.read("pods", "dev-alice", "box-0")["metadata"]["labels"]
+        operator.on_pod(type="MODIFIED", labels=labels, namespace="dev-alice", memo=world.memo)
     world.api.settle()
     assert world.names("statefulsets", "apps") == set() and "box-0" not in world.names("pods")
     assert world.api.refusals == []
