@@ -12,6 +12,7 @@ import yaml
 
 from devservers import cli
 from devservers.api import API_VERSION, crds, parse_timestamp, timestamp
+from devservers.savings import ledger_copy
 from infra.core.catalog import load_prices
 from infra.core.nodes import POOL_LABEL
 from infra.kueue.tests.kueue_rules import WORKLOAD_VERSION
@@ -39,7 +40,7 @@ def day(dev_plan):
     - team-a's job b: admitted 2 h before an eviction (Kueue keeps that as seconds), admitted
       again 5 h ago, running on 4 of the spot p4d's 8 GPUs;
     - research's job c: admitted 3 h ago, running on the spot node's other 4;
-    - alice's DevServer: a quarter of a gpu-small node from 4 to 1."""
+    - alice's DevServer: a quarter of a gpu-small node from 4 to 1, and one she deleted: 7 to 5."""
     api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
     served = {(k.group, k.plural): k for k in api.kinds.values()}
     for crd in [*job_crds(), *crds()]:
@@ -132,6 +133,13 @@ def day(dev_plan):
                               "instanceType": "g5.12xlarge", "nodes": 0.25,
                               "usdPerHour": 0.25 * OD}]},
     })  # fmt: skip
+    # Her server `old`, deleted 5 h ago after 2 h on a quarter of a gpu-small node: the
+    # operator's copy of its record, as it writes it at the deletion.
+    gone = {"metadata": {"name": "old", "namespace": ALICE_NS, "uid": "u-old"},
+            "spec": {"owner": "alice", "flavor": flavor}}  # fmt: skip
+    ran = [{"state": "Running", "start": ago(now, 7), "instanceType": "g5.12xlarge",
+            "nodes": 0.25, "usdPerHour": 0.25 * OD}]  # fmt: skip
+    put("", "configmaps", ALICE_NS, ledger_copy(gone, ran, now - timedelta(hours=5), True))
     member = next(
         e.inputs
         for e in dev_plan.of_type("aws:eks/accessEntry:AccessEntry")
@@ -169,7 +177,8 @@ def test_the_platform_view_counts_the_day_by_hand(day, tmp_path, monkeypatch, ca
         # 2 h before the eviction (created 12 h ago: inside the day) and 5 h since: half a node.
         (TEAM, "job", "PyTorchJob/b"): ("spot", 4 * 7, 0.5 * 7, 0.5 * 7 * P4D_SPOT),
         (OTHER, "job", "PyTorchJob/c"): ("spot", 4 * 3, 0.5 * 3, 0.5 * 3 * P4D_SPOT),
-        (ALICE_NS, "devserver", "alice"): ("list", 4 * 0.25 * 3, 0.25 * 3, 0.25 * 3 * OD),
+        # box 3 h, and the deleted `old` 2 h, from its copy.
+        (ALICE_NS, "devserver", "alice"): ("list", 4 * 0.25 * 5, 0.25 * 5, 0.25 * 5 * OD),
     }
     for key, want in expected.items():
         capacity, gpu_hours, node_hours, usd = want
@@ -188,9 +197,9 @@ def test_the_platform_view_counts_the_day_by_hand(day, tmp_path, monkeypatch, ca
         (r["pool"], r["capacity"], round(float(r["node_hours"]), 2)) for r in provisioned
     ) == [("cpu", "on-demand", 4.0), ("gpu-large", "spot", 6.0), ("gpu-small", "on-demand", 10.0)]
     idle = {r["pool"]: r for r in found.values() if r["what"] == "idle"}
-    # gpu-small: 10 h less job a's 8 and alice's 0.75; gpu-large: 6 h less b's 3.5 and c's 1.5.
-    assert float(idle["gpu-small"]["node_hours"]) == pytest.approx(1.25, abs=0.01)
-    assert float(idle["gpu-small"]["usd"]) == pytest.approx(1.25 * OD, rel=0.02)
+    # gpu-small: 10 h less job a's 8 and alice's 1.25; gpu-large: 6 h less b's 3.5 and c's 1.5.
+    assert float(idle["gpu-small"]["node_hours"]) == pytest.approx(0.75, abs=0.01)
+    assert float(idle["gpu-small"]["usd"]) == pytest.approx(0.75 * OD, rel=0.02)
     assert float(idle["gpu-large"]["node_hours"]) == pytest.approx(1.0, abs=0.01)
     assert float(idle["gpu-large"]["usd"]) == pytest.approx(P4D_SPOT, rel=0.02)
     assert float(idle["cpu"]["node_hours"]) == pytest.approx(4, abs=0.01)
