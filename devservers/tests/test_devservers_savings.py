@@ -313,3 +313,48 @@ def test_a_copy_that_fails_holds_up_no_stop_and_is_written_again(week, monkeypat
     monkeypatch.setattr(cluster, "get", get)
     week.refresh()
     assert copied() == [RUNNING, IDLE_STOPPED] and week.memo.unwritten == set()
+
+
+def test_past_its_counted_hours_a_stop_stops_looking_for_its_nodes():
+    fields = {"instanceType": "g5.12xlarge", "nodes": 0.25, "usdPerHour": 1.418}
+    stopped = [{"state": IDLE_STOPPED, "start": timestamp(START), "countedHours": 8,
+                "nodeNames": ["n-1"], **fields}]  # fmt: skip
+    asked = []
+
+    def gone(names):
+        asked.append(names)
+        return True
+
+    def at(hours):
+        return record(stopped, False, False, False, None, START + timedelta(hours=hours), gone=gone)
+
+    assert at(7).usage[0]["nodesGoneAt"] == timestamp(START + timedelta(hours=7))
+    assert "nodesGoneAt" not in at(9).usage[0] and asked == [["n-1"]]
+
+
+def test_a_deleted_server_past_the_namespaces_limit_drops_the_oldest_copy_and_says_so(week):
+    """With MAX_DELETED deleted servers' copies already in the namespace, one more deletion drops
+    the oldest, through the operator's RBAC, with a Warning Event."""
+    configmaps = week.admin.resources.get(api_version="v1", kind="ConfigMap")
+    running = [{"state": RUNNING, "start": timestamp(START), "instanceType": "t", "nodes": 1.0}]
+    for i in range(MAX_DELETED):
+        gone = {"metadata": {"name": f"s{i}", "namespace": "dev-alice", "uid": f"u{i:03}"},
+                "spec": {"owner": "alice", "flavor": "gpu-1"}}  # fmt: skip
+        moment = START - timedelta(days=1) + timedelta(minutes=i)
+        configmaps.create(body=ledger_copy(gone, running, moment, True), namespace="dev-alice")
+    box = week.create()
+    week.dev_cluster.client("alice").resources.get(
+        api_version=API_VERSION, kind="DevServer"
+    ).delete(name="box", namespace="dev-alice")
+    week.api.settle()
+    operator.on_server_deleted(type="DELETED", body=box, memo=week.memo)
+    names = week.names("configmaps")
+    assert f"devserver-usage-{box['metadata']['uid']}" in names
+    assert "devserver-usage-u000" not in names and "devserver-usage-u001" in names
+    dropped = [
+        e for e in week.api.objects("events", "dev-alice") if e["reason"] == "UsageRecordDropped"
+    ]
+    assert [e["type"] for e in dropped] == ["Warning"] and "devserver-usage-u000" in dropped[0][
+        "message"
+    ]
+    assert week.api.refusals == []
