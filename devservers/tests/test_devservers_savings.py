@@ -348,6 +348,7 @@ def test_a_deleted_server_past_the_namespaces_limit_drops_the_oldest_copy_and_sa
     ).delete(name="box", namespace="dev-alice")
     week.api.settle()
     operator.on_server_deleted(type="DELETED", body=box, memo=week.memo)
+    week.api.settle()  # the operator deletes in the foreground: the garbage collector finishes
     names = week.names("configmaps")
     assert f"devserver-usage-{box['metadata']['uid']}" in names
     assert "devserver-usage-u000" not in names and "devserver-usage-u001" in names
