@@ -54,6 +54,12 @@ def parse_timestamp(text: str) -> datetime:
     return datetime.fromisoformat(text)
 
 
+def controller_ref(obj: dict) -> dict | None:
+    """The owner reference that names the object's controller (the API server allows one)."""
+    refs = obj["metadata"].get("ownerReferences") or []
+    return next((r for r in refs if r.get("controller")), None)
+
+
 def user_namespace(user: str) -> str:
     return f"{NAMESPACE_PREFIX}{user}"
 

@@ -415,9 +415,8 @@ class Devctl:
                 "own namespace, `-A` needs a platform administrator"
             ) from None
         # DevServers live in their users' namespaces and nodes are the cluster's: read what
-        # these rights allow.
-        # Deleted servers only where the live ones could be read: else every copy would look
-        # like a deleted server's.
+        # these rights allow, and deleted servers' copies only where the live servers could be
+        # read (else every copy would look like a deleted server's).
         servers = self._readable(API_VERSION, "DevServer", namespace)
         servers = [] if servers is None else with_deleted(servers, self._ledgers(namespace), start)
         found = self._readable("v1", "Node", None)

@@ -41,6 +41,7 @@ and Kueue write is named below from their sources:
 import json
 from dataclasses import dataclass
 
+from devservers.api import controller_ref
 from devservers.kube import NotServed
 
 WORKLOAD_API = "kueue.x-k8s.io/v1beta2"
@@ -111,11 +112,8 @@ def _said(found: dict) -> str:
 
 
 def owned_by(workload: dict, job: dict) -> bool:
-    uid = job["metadata"].get("uid")
-    return any(
-        ref.get("controller") and ref.get("uid") == uid
-        for ref in workload["metadata"].get("ownerReferences") or []
-    )
+    owner = controller_ref(workload)
+    return owner is not None and owner.get("uid") == job["metadata"].get("uid")
 
 
 def labelled(objects: list[dict], wanted: dict[str, str]) -> list[dict]:

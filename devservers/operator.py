@@ -37,7 +37,16 @@ from datetime import UTC, datetime
 
 import kopf
 
-from devservers.api import API_VERSION, FLAVORS, GROUP, SERVER_LABEL, SERVERS, VERSION, timestamp
+from devservers.api import (
+    API_VERSION,
+    FLAVORS,
+    GROUP,
+    SERVER_LABEL,
+    SERVERS,
+    VERSION,
+    controller_ref,
+    timestamp,
+)
 from devservers.controller import CpuSamples, reconcile
 from devservers.savings import (
     LEDGER_LABELS,
@@ -309,7 +318,7 @@ def _delete_orphan(memo: kopf.Memo, name: str, namespace: str) -> None:
     found = memo.cluster.get("apps/v1", "StatefulSet", name, namespace)
     if found is None or (found["metadata"].get("labels") or {}).get(SERVER_LABEL) != name:
         return
-    if any(r.get("controller") for r in found["metadata"].get("ownerReferences") or []):
+    if controller_ref(found) is not None:
         return  # the garbage collector's to delete
     logger.warning("deleting %s/%s: its server is gone and its pods would run on", namespace, name)
     memo.cluster.delete("apps/v1", "StatefulSet", name, namespace)

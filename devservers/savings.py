@@ -109,10 +109,21 @@ def _end(period: dict, until: datetime) -> datetime:
 
 
 def _counted_end(period: dict, until: datetime) -> datetime:
-    end = _end(period, until)
-    if "countedHours" in period:
-        end = min(end, parse_timestamp(period["start"]) + timedelta(hours=period["countedHours"]))
-    return end
+    cap = _count_ends(period)
+    return _end(period, until) if cap is None else min(_end(period, until), cap)
+
+
+def _count_ends(period: dict) -> datetime | None:
+    """When an idle stop's counted hours end; None for a period recorded before the cap, which
+    counts whole."""
+    if "countedHours" not in period:
+        return None
+    return parse_timestamp(period["start"]) + timedelta(hours=period["countedHours"])
+
+
+def _counting(period: dict, now: datetime) -> bool:
+    cap = _count_ends(period)
+    return cap is None or now < cap
 
 
 @dataclass
@@ -150,7 +161,7 @@ def record(
         and last["state"] == IDLE_STOPPED
         and last.get("nodeNames")
         and not last.get("nodesGoneAt")
-        and _counted_end(last, now + timedelta(seconds=1)) > now  # past it, nothing would count
+        and _counting(last, now)  # past its counted hours, nothing more would count
         and gone(last["nodeNames"])
     ):
         last["nodesGoneAt"] = stamp
@@ -191,8 +202,8 @@ def record(
     if running and not idle_stop and last is None:
         usage.append({"state": RUNNING, "start": stamp, **nodes().fields(), **kept})
     oldest = now - RETENTION
-    kept = [p for p in usage if not p.get("end") or parse_timestamp(p["end"]) >= oldest]
-    return Change(kept[-MAX_PERIODS:], events)
+    recent = [p for p in usage if not p.get("end") or parse_timestamp(p["end"]) >= oldest]
+    return Change(recent[-MAX_PERIODS:], events)
 
 
 def _describe(period: dict) -> str:

@@ -39,7 +39,7 @@ from datetime import datetime
 
 from kubernetes.utils import parse_quantity
 
-from devservers.api import GPU, parse_timestamp
+from devservers.api import GPU, controller_ref, parse_timestamp
 from devservers.job_status import KINDS as JOB_KINDS
 from devservers.job_status import condition, is_true, labelled
 from devservers.savings import RUNNING, hours, hours_between
@@ -130,14 +130,8 @@ def admitted_hours(workload: dict, since: datetime, until: datetime) -> float:
     return total
 
 
-def _owner(workload: dict) -> dict | None:
-    """The job the Workload was made for (its controller owner)."""
-    refs = workload["metadata"].get("ownerReferences") or []
-    return next((r for r in refs if r.get("controller")), None)
-
-
 def _job_pods(workload: dict, pods: list[dict]) -> list[dict]:
-    owner = _owner(workload)
+    owner = controller_ref(workload)  # the job it was made for
     kind = next((k for k in JOB_KINDS if owner and k.kind == owner["kind"]), None)
     if kind is None:
         return []
@@ -145,7 +139,7 @@ def _job_pods(workload: dict, pods: list[dict]) -> list[dict]:
 
 
 def _job_name(workload: dict) -> str:
-    owner = _owner(workload)
+    owner = controller_ref(workload)  # the job it was made for
     return f"{owner['kind']}/{owner['name']}" if owner else workload["metadata"]["name"]
 
 

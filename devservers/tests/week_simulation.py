@@ -110,14 +110,14 @@ class Karpenter:
         return launch_seconds(kind) + pull_seconds(IMAGES["runtime"], self.pools[pool], kind)
 
     def pending(self) -> list[dict]:
-        pods = self.world.api.objects("pods")
+        reserved = {key for node in self.nodes for key in node.pods}
         return [
             p
-            for p in pods
+            for p in self.world.api.objects("pods")
             if SERVER_LABEL in (p["metadata"].get("labels") or {})
             and not p["metadata"].get("deletionTimestamp")
             and not p["spec"].get("nodeName")
-            and _key(p) not in {k for n in self.nodes for k in n.pods}
+            and _key(p) not in reserved
         ]
 
     def place(self, now: datetime) -> list[Node]:
