@@ -18,7 +18,8 @@ help:
 
 # Reinstall only when the pinned dependencies change.
 $(VENV)/.installed: pyproject.toml requirements/platform.txt requirements/mesh.txt requirements/dev.txt \
-		requirements/docs.txt trainer/requirements.txt devservers/requirements.txt gpuwatch/requirements.txt
+		requirements/docs.txt trainer/requirements.txt devservers/requirements.txt gpuwatch/requirements.txt \
+		usagerecorder/requirements.txt
 	@echo "Creating $(VENV): installing the pinned packages (pulumi SDKs, torch CPU, boto3, test"
 	@echo "tools; about 2.1 GB). About 3.5 minutes on 2 cores; later runs reuse it at once."
 	$(PYTHON) -m venv $(VENV)

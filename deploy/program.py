@@ -8,7 +8,9 @@ import pulumi_aws as aws
 
 from devservers.api import OWNER_LABEL
 from devservers.component import DevServers
+from devservers.job_status import KINDS as JOB_KINDS
 from infra.billing.cost_allocation import CostAllocationTags
+from infra.billing.usage_recorder import UsageRecorder
 from infra.core.catalog import load_prices
 from infra.core.context import ClusterContext
 from infra.core.data_holders import DataGuard
@@ -87,6 +89,15 @@ def build_platform(config: StackConfig) -> None:
     hybrid = hybrid_nodes(config, base)
     queues = tenants(config, base, kueue, stored, hybrid, gpu_metrics)
     workloads(config, base, operators, kueue, stored.bucket, queues)
+    if config.billing.record_usage:
+        UsageRecorder(
+            "usage-recorder",
+            config.billing,
+            {t.namespace_name: queues.namespaces[t.name] for t in config.queues.teams},
+            {kind.kind: kind.pod_labels("{name}") for kind in JOB_KINDS},
+            base.platform,
+            [kueue.release, *base.node_pools.node_pools.values()],
+        )
     if config.billing.activate_cost_allocation_tags:
         CostAllocationTags("billing")
     exports(base, stored.bucket)

@@ -397,6 +397,7 @@ class Devctl:
         from devservers import usage_report
         from devservers.job_status import WORKLOAD_API
         from devservers.stack_defaults import StackDefaults, StackDefaultsError
+        from usagerecorder.records import RECORD_LABEL, RECORD_NAMESPACE
 
         try:
             config = StackDefaults.load(stack).config
@@ -423,10 +424,17 @@ class Devctl:
         nodes = None if found is None else {n["metadata"]["name"]: n for n in found}
         pricing = usage_report.pricing_of(config)
         flavors = {f.name: f.node_pool for f in config.dev_servers.flavors}
-        lines = usage_report.job_lines(workloads, pods, nodes or {}, pricing, start, until)
+        # What the usage recorder kept of admissions and nodes that are gone (usagerecorder/).
+        recorded = self._readable("v1", "ConfigMap", namespace, {RECORD_LABEL: "jobs"}) or []
+        lines = usage_report.jobs(workloads, pods, nodes or {}, recorded, pricing, start, until)
         lines += usage_report.devserver_lines(servers, flavors, pricing, start, until)
         if everyone and nodes is not None:
-            provisioned = usage_report.node_lines(nodes.values(), pricing, start, until)
+            gone = self._readable("v1", "ConfigMap", RECORD_NAMESPACE, {RECORD_LABEL: "nodes"})
+            spans = usage_report.live_nodes(nodes.values(), until)
+            spans += usage_report.recorded_nodes(
+                gone or [], {n["metadata"]["uid"] for n in nodes.values()}
+            )
+            provisioned = usage_report.node_lines(spans, pricing, start, until)
             lines += provisioned + usage_report.idle_lines(provisioned, lines)
         meta = {
             "since": timestamp(start),

@@ -14,7 +14,9 @@ platform administrator's rights sees every namespace and the nodes):
   on, and those Nodes' instance type and karpenter.sh/capacity-type;
 - each DevServer's status.usage, the operator's record of its running periods, and the
   operator's copies of deleted servers' records (devservers/savings.py, LEDGER_PREFIX);
-- the Nodes (with `-A`): each node's hours from its creation, for the idle line.
+- the Nodes (with `-A`): each node's hours from its creation, for the idle line;
+- the usage recorder's records (usagerecorder/records.py): the admissions of Workloads that are
+  gone, in each readable team namespace, and (with `-A`) the nodes that are gone.
 
 How it prices: with the stack's price file (infra/core/catalog/prices/<region>.yaml), the file
 the plan uses, named in the report. A pod set holds a share of its pool's nodes: of GPUs, vCPUs
@@ -23,9 +25,11 @@ That share is priced at its node's rate: On-Demand list price, or the file's spo
 node labelled spot; where its nodes cannot be read (a team member may not read nodes, or the pods
 are gone), at the pool's cheapest type On-Demand, said as such.
 
-What it cannot see: a Workload goes with its job, and a Node with its instance: a job deleted or
-a node gone before the report are not in it. Idle is what the nodes that exist now were not
-admitted for; a node that came and went is missing from both sides.
+What it cannot see: a Workload goes with its job, and a Node with its instance. The recorder
+keeps them (every 5 minutes, for billing.usageRecordDays): a job or node that went between two
+of its runs is counted to the run that last saw it, and one that came and went before the
+recorder ran, or while it was off, is in neither side. Idle is what the pools' nodes were not
+admitted for.
 """
 
 from __future__ import annotations
@@ -34,12 +38,12 @@ import csv
 import io
 import json
 from collections.abc import Iterable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, replace
 from datetime import datetime
 
 from kubernetes.utils import parse_quantity
 
-from devservers.api import GPU, controller_ref, parse_timestamp
+from devservers.api import GPU, NAMESPACE_PREFIX, controller_ref, parse_timestamp
 from devservers.job_status import KINDS as JOB_KINDS
 from devservers.job_status import condition, is_true, labelled
 from devservers.savings import RUNNING, hours, hours_between
@@ -53,6 +57,7 @@ from infra.core.catalog import (
 )
 from infra.core.nodes import POOL_LABEL
 from infra.stack.config import StackConfig
+from usagerecorder.records import admission_key, entries, workload_uid
 
 INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
 CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
@@ -116,8 +121,11 @@ def share(usage: dict, kind: InstanceType) -> float:
     return max(parts)
 
 
-def admitted_hours(workload: dict, since: datetime, until: datetime) -> float:
-    """Hours the Workload held its quota inside the period (see the module's docstring)."""
+def admitted_hours(
+    workload: dict, since: datetime, until: datetime, past_recorded: bool = False
+) -> float:
+    """Hours the Workload held its quota inside the period (see the module's docstring); its
+    earlier admissions not when the recorder kept them (`past_recorded`)."""
     total = 0.0
     admitted = condition(workload, "Admitted")
     if is_true(workload, "Admitted"):
@@ -125,9 +133,40 @@ def admitted_hours(workload: dict, since: datetime, until: datetime) -> float:
         end = parse_timestamp(finished["lastTransitionTime"]) if finished else until
         total += hours_between(parse_timestamp(admitted["lastTransitionTime"]), end, since, until)
     past = (workload.get("status") or {}).get("accumulatedPastExecutionTimeSeconds") or 0
-    if past and parse_timestamp(workload["metadata"]["creationTimestamp"]) >= since:
+    if (
+        past
+        and not past_recorded
+        and parse_timestamp(workload["metadata"]["creationTimestamp"]) >= since
+    ):
         total += past / 3600
     return total
+
+
+def current_admissions(workloads: Iterable[dict]) -> set[str]:
+    """The record keys (usagerecorder/records.py) of the admissions that hold quota now."""
+    return {
+        admission_key(w["metadata"]["uid"], condition(w, "Admitted")["lastTransitionTime"])
+        for w in workloads
+        if is_true(w, "Admitted")
+    }
+
+
+def jobs(
+    workloads: list[dict],
+    pods: list[dict],
+    nodes: dict[str, dict],
+    maps: list[dict],
+    pricing: Pricing,
+    since: datetime,
+    until: datetime,
+) -> list[Line]:
+    """The jobs' lines: each admission that holds quota now from its Workload, every other one
+    the usage recorder kept from its record (`maps`), and Kueue's sum of a Workload's earlier
+    admissions where the recorder kept none of them."""
+    current = current_admissions(workloads)
+    earlier = {workload_uid(key) for _, key, _ in entries(maps) if key not in current}
+    lines = job_lines(workloads, pods, nodes, pricing, since, until, earlier)
+    return lines + recorded_job_lines(maps, current, pricing, since, until)
 
 
 def _job_pods(workload: dict, pods: list[dict]) -> list[dict]:
@@ -143,6 +182,30 @@ def _job_name(workload: dict) -> str:
     return f"{owner['kind']}/{owner['name']}" if owner else workload["metadata"]["name"]
 
 
+def _pod_set_line(
+    team: str,
+    name: str,
+    pool: str,
+    usage: dict,
+    kinds: set[str],  # the instance types of the nodes its pods ran on, where known
+    capacities: set[str],  # and their capacity types (none: its nodes are not known)
+    spent: float,
+    pricing: Pricing,
+) -> Line:
+    """A pod set's share of its pool's nodes for `spent` hours, priced at the nodes it ran on, or
+    at the pool's cheapest type On-Demand (`list`) where they are not known."""
+    instance = next(iter(kinds)) if len(kinds) == 1 else pricing.cheapest(pool)
+    capacity = "list" if not capacities else capacities.pop() if len(capacities) == 1 else "mixed"
+    if instance in pricing.catalog:
+        node_hours = share(usage, pricing.catalog[instance]) * spent
+        rate = pricing.node(instance, capacity)
+    else:  # a pool of no EC2 type (the hybrid machines): its GPU-hours, no price
+        node_hours, rate, capacity = 0.0, None, "unpriced"
+    gpu_hours = float(parse_quantity(usage.get(GPU, 0))) * spent
+    usd = None if rate is None else node_hours * rate
+    return Line(team, "job", name, pool, capacity, gpu_hours, node_hours, usd)
+
+
 def job_lines(
     workloads: Iterable[dict],
     pods: list[dict],
@@ -150,42 +213,62 @@ def job_lines(
     pricing: Pricing,
     since: datetime,
     until: datetime,
+    past_recorded: set[str] = frozenset(),
 ) -> list[Line]:
-    catalog = pricing.catalog
+    """Per Workload of a team namespace and pod set, what it was admitted for in the period
+    (`past_recorded`: the uids whose earlier admissions the recorder kept). DevServer namespaces
+    are left out: Kueue admits each server's pods through a Workload of its own, which
+    devserver_lines counts from the operator's record."""
     lines = []
     for workload in workloads:
+        if workload["metadata"]["namespace"].startswith(NAMESPACE_PREFIX):
+            continue
         admission = (workload.get("status") or {}).get("admission")
-        spent = admitted_hours(workload, since, until)
+        uid = workload["metadata"]["uid"]
+        spent = admitted_hours(workload, since, until, uid in past_recorded)
         if not admission or not spent:
             continue
         on = [nodes[p["spec"]["nodeName"]] for p in _job_pods(workload, pods)
               if p.get("spec", {}).get("nodeName") in nodes]  # fmt: skip
         for assignment in admission["podSetAssignments"]:
             pool = next(iter((assignment.get("flavors") or {}).values()), "")
-            usage = assignment.get("resourceUsage") or {}
             seen = [n for n in on if _labels(n).get(POOL_LABEL) == pool]
             kinds = {_labels(n).get(INSTANCE_TYPE_LABEL) for n in seen} - {None}
             capacities = {_labels(n).get(CAPACITY_TYPE_LABEL, ON_DEMAND) for n in seen}
-            instance = next(iter(kinds)) if len(kinds) == 1 else pricing.cheapest(pool)
-            capacity = (capacities.pop() if len(capacities) == 1 else "mixed") if seen else "list"
-            if instance in catalog:
-                node_hours = share(usage, catalog[instance]) * spent
-                rate = pricing.node(instance, capacity)
-            else:  # a pool of no EC2 type (the hybrid machines): its GPU-hours, no price
-                node_hours, rate, capacity = 0.0, None, "unpriced"
             lines.append(
-                Line(
+                _pod_set_line(
                     workload["metadata"]["namespace"],
-                    "job",
                     _job_name(workload),
                     pool,
-                    capacity,
-                    float(parse_quantity(usage.get(GPU, 0))) * spent,
-                    node_hours,
-                    None if rate is None else node_hours * rate,
-                )
+                    assignment.get("resourceUsage") or {},
+                    kinds,
+                    capacities,
+                    spent,
+                    pricing,
+                )  # fmt: skip
             )
     return lines
+
+
+def recorded_job_lines(
+    maps: list[dict], current: set[str], pricing: Pricing, since: datetime, until: datetime
+) -> list[Line]:
+    """The usage recorder's admissions (usagerecorder/records.py) but those that hold quota now
+    (`current`, which job_lines counts), one line per job and pod set's pool and capacity."""
+    found: dict[tuple, Line] = {}
+    for meta, key, record in entries(maps):
+        spent = hours_between(parse_timestamp(record["from"]), parse_timestamp(record["to"]),
+                              since, until)  # fmt: skip
+        if key in current or not spent:
+            continue
+        for pod_set in record["podSets"]:
+            kinds = set(pod_set["instanceTypes"]) - {""}
+            line = _pod_set_line(meta["namespace"], record["job"], pod_set["pool"],
+                                 pod_set["usage"], kinds, set(pod_set["capacities"]), spent,
+                                 pricing)  # fmt: skip
+            where = (line.team, line.name, line.pool, line.capacity)
+            found[where] = _sum(found[where], line) if where in found else line
+    return list(found.values())
 
 
 def devserver_lines(
@@ -224,22 +307,58 @@ def devserver_lines(
     ]
 
 
+@dataclass(frozen=True)
+class NodeSpan:
+    """A pool's node, from when it was made to when it went (or the period's end)."""
+
+    pool: str
+    instance: str
+    capacity: str
+    start: datetime
+    end: datetime
+
+
+def live_nodes(nodes: Iterable[dict], until: datetime) -> list[NodeSpan]:
+    """The pools' nodes that exist (the system nodes are the floor, no pool's)."""
+    return [
+        NodeSpan(
+            _labels(n)[POOL_LABEL],
+            _labels(n).get(INSTANCE_TYPE_LABEL, ""),
+            _labels(n).get(CAPACITY_TYPE_LABEL, ON_DEMAND),
+            parse_timestamp(n["metadata"]["creationTimestamp"]),
+            until,
+        )
+        for n in nodes
+        if POOL_LABEL in _labels(n)
+    ]
+
+
+def recorded_nodes(maps: list[dict], live: set[str]) -> list[NodeSpan]:
+    """The usage recorder's nodes (usagerecorder/records.py) that are gone (`live`: the uids of
+    those that exist)."""
+    return [
+        NodeSpan(
+            r["pool"],
+            r["instanceType"],
+            r["capacity"],
+            parse_timestamp(r["from"]),
+            parse_timestamp(r["to"]),
+        )  # fmt: skip
+        for _, uid, r in entries(maps)
+        if uid not in live
+    ]
+
+
 def node_lines(
-    nodes: Iterable[dict], pricing: Pricing, since: datetime, until: datetime
+    nodes: Iterable[NodeSpan], pricing: Pricing, since: datetime, until: datetime
 ) -> list[Line]:
-    """Per pool and capacity type, the hours of the pool's nodes that exist (the system nodes are
-    the floor, no pool's)."""
+    """Per pool and capacity type, the hours of the pool's nodes in the period."""
     found: dict[tuple[str, str], list[float]] = {}
     for node in nodes:
-        labels = _labels(node)
-        if POOL_LABEL not in labels:
-            continue
-        capacity = labels.get(CAPACITY_TYPE_LABEL, ON_DEMAND)
-        created = parse_timestamp(node["metadata"]["creationTimestamp"])
-        spent = hours_between(created, until, since, until)
-        rate = pricing.node(labels.get(INSTANCE_TYPE_LABEL, ""), capacity)
-        totals = found.setdefault((labels[POOL_LABEL], capacity), [0.0, 0.0, 0.0])
-        kind = pricing.catalog.types.get(labels.get(INSTANCE_TYPE_LABEL, ""))
+        spent = hours_between(node.start, node.end, since, until)
+        rate = pricing.node(node.instance, node.capacity)
+        totals = found.setdefault((node.pool, node.capacity), [0.0, 0.0, 0.0])
+        kind = pricing.catalog.types.get(node.instance)
         totals[0] += spent * (kind.gpus if kind else 0)
         totals[1] += spent
         totals[2] += spent * (rate or 0)
@@ -323,6 +442,13 @@ def _total(lines: list[Line], team: str, name: str) -> Line:
         sum(line.node_hours for line in lines),
         sum(priced) if priced else None,
     )
+
+
+def _sum(a: Line, b: Line) -> Line:
+    """Line `a` with `b`'s hours and dollars added."""
+    usd = None if a.usd is None and b.usd is None else (a.usd or 0) + (b.usd or 0)
+    return replace(a, gpu_hours=a.gpu_hours + b.gpu_hours, node_hours=a.node_hours + b.node_hours,
+                   usd=usd)  # fmt: skip
 
 
 def _row(line: Line) -> list[str]:

@@ -377,13 +377,15 @@ def test_every_claim_a_servers_pod_mounts_exists_in_its_namespace(efs):
 
 
 def test_every_image_repository_is_named_for_the_cluster_and_needs_nothing_of_it(dev_plan):
-    """The trainer's, the operator's and the watcher's ECR repositories: `<cluster>/<image>`
-    from stack config, so neither they nor the builds into them wait for the EKS cluster."""
+    """The trainer's, the operator's, the watcher's and the usage recorder's ECR repositories:
+    `<cluster>/<image>` from stack config, so neither they nor the builds into them wait for the
+    EKS cluster."""
     repositories = {r.inputs["name"]: r for r in dev_plan.of_type("aws:ecr/repository:Repository")}
     assert set(repositories) == {
         "tp-dev/trainer",
         "tp-dev/devserver-operator",
         "tp-dev/gpu-registration-watch",
+        "tp-dev/usage-recorder",
     }
     for repository in repositories.values():
         assert repository.dependencies == [], repository.name

@@ -5,5 +5,7 @@ from infra.billing import day_two, facts
 from infra.core.facts import Integration
 
 # The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
-INPUTS = ("core",)
-BILLING = Integration("billing", kinds=facts.KINDS, day_two=(day_two.activation,))
+INPUTS = ("core", "images")
+BILLING = Integration(
+    "billing", kinds=facts.KINDS, holders=facts.HOLDERS, day_two=(day_two.activation,)
+)

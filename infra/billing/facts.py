@@ -10,3 +10,10 @@ KINDS = (
         "requests do, a cent each)",
     ),
 )
+
+# The usage recorder's namespace holds the node records (infra/billing/usage_recorder.py).
+USAGE_RECORDS = "billing.recordUsage"
+HOLDERS = {
+    USAGE_RECORDS: "the usage recorder's node records: `devctl usage` no longer counts the pools' "
+    "nodes that are gone (the teams' job records stay in their namespaces)",
+}

@@ -12,8 +12,9 @@ import pulumi
 import pulumi_kubernetes as k8s
 
 from infra.core.context import ClusterContext
-from infra.core.nodes import GPU_NODE_LABELS, SYSTEM_PLACEMENT
+from infra.core.nodes import GPU_NODE_LABELS
 from infra.core.paths import PROJECT_DIR
+from infra.core.system_cronjob import system_cronjob
 from infra.eks.config import KarpenterConfig
 from infra.images.container_image import images
 from infra.karpenter.cold_start import MARGIN, launch_seconds
@@ -99,52 +100,16 @@ class GpuRegistrationWatch(pulumi.ComponentResource):
             subjects=subject,
             opts=cluster.in_cluster(self, event_role, account),
         )
-        labels = {"app.kubernetes.io/name": NAME}
-        k8s.batch.v1.CronJob(
-            name,
-            metadata={"name": NAME, "namespace": NAMESPACE, "labels": labels},
-            spec={
-                "schedule": SCHEDULE,
-                "concurrencyPolicy": "Forbid",
-                "successfulJobsHistoryLimit": 1,
-                "failedJobsHistoryLimit": 3,
-                "jobTemplate": {
-                    "spec": {
-                        "backoffLimit": 0,
-                        "activeDeadlineSeconds": RUN_DEADLINE_S,
-                        "template": {
-                            "metadata": {"labels": labels},
-                            "spec": {
-                                "serviceAccountName": NAME,
-                                "restartPolicy": "Never",
-                                **SYSTEM_PLACEMENT,
-                                "securityContext": {
-                                    "runAsNonRoot": True,
-                                    "seccompProfile": {"type": "RuntimeDefault"},
-                                },
-                                "containers": [
-                                    {
-                                        "name": "watcher",
-                                        "image": image,
-                                        "args": watcher_args(config, gpu_pools),
-                                        "resources": {
-                                            "requests": {"cpu": "50m", "memory": "128Mi"},
-                                            "limits": {"memory": "256Mi"},
-                                        },
-                                        "securityContext": {
-                                            "allowPrivilegeEscalation": False,
-                                            "readOnlyRootFilesystem": True,
-                                            "capabilities": {"drop": ["ALL"]},
-                                        },
-                                    }
-                                ],
-                            },
-                        },
-                    }
-                },
-            },
+        system_cronjob(
+            NAME,
+            NAMESPACE,
+            "watcher",
+            image,
+            watcher_args(config, gpu_pools),
+            SCHEDULE,
+            RUN_DEADLINE_S,
             # Created after, and deleted before, its rights and the NodePools whose claims it
             # deletes (and so before Karpenter, which they depend on).
-            opts=cluster.in_cluster(self, cluster_binding, event_binding, *node_pools),
+            cluster.in_cluster(self, cluster_binding, event_binding, *node_pools),
         )
         self.register_outputs({"image": image})

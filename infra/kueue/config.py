@@ -27,6 +27,7 @@ SYSTEM_NAMESPACES = (
     "local-path-storage",
     "devservers-system",
     "nvidia-device-plugin",
+    "usage-records",
 )
 # DevServer users' namespaces are dev-<user> (devservers/api.py NAMESPACE_PREFIX): no team's.
 USER_NAMESPACE_PREFIX = "dev-"
@@ -48,7 +49,7 @@ class TeamConfig(Model):
         default=None,
         description="Its namespace (default: the team name); not a system namespace (kube-*, "
         "default, kueue-system, kubeflow, kubeflow-system, monitoring, mpi-operator, "
-        "local-path-storage).",
+        "local-path-storage, devservers-system, nvidia-device-plugin, usage-records).",
     )
     own_cluster_queue: bool = Field(
         default=False,

@@ -9,6 +9,7 @@ import re
 
 from pydantic import Field
 
+from infra.billing.facts import USAGE_RECORDS
 from infra.core.config import PATTERN_HINTS, Model
 from infra.eks.facts import CLUSTER
 from infra.images.facts import IMAGES
@@ -18,13 +19,13 @@ from infra.storage.facts import BUCKET, EFS, FSX
 # A holder is a stack-config path: a section's store, or a user's or team's entry by name. The
 # DevServers' holder (devservers/day_two.py) is the stack file's `devServers.users` key.
 HOLDER_PATTERN = re.compile(
-    rf"^({'|'.join(re.escape(h) for h in (CLUSTER, IMAGES, BUCKET, EFS, FSX))}"
+    rf"^({'|'.join(re.escape(h) for h in (CLUSTER, IMAGES, BUCKET, EFS, FSX, USAGE_RECORDS))}"
     rf"|{re.escape('devServers.users')}\[[a-z0-9-]+\]|{re.escape(TEAMS)}\[[a-z0-9-]+\])$"
 )
 
 PATTERN_HINTS[HOLDER_PATTERN.pattern] = (
     "a data holder the plan names: cluster, images, storage.bucket, storage.efs, storage.fsx, "
-    "devServers.users[<user>] or queues.teams[<team>]"
+    "billing.recordUsage, devServers.users[<user>] or queues.teams[<team>]"
 )
 
 
@@ -34,7 +35,8 @@ class DataLossAcknowledgement(Model):
     holder: str = Field(
         pattern=HOLDER_PATTERN.pattern,
         description="The holder the plan names in its refusal: cluster, images, storage.bucket, "
-        "storage.efs, storage.fsx, devServers.users[<user>] or queues.teams[<team>].",
+        "storage.efs, storage.fsx, billing.recordUsage, devServers.users[<user>] or "
+        "queues.teams[<team>].",
     )
     reason: str = Field(
         min_length=1,

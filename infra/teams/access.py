@@ -51,6 +51,9 @@ MEMBER_RULES = [
     rule([""], ["pods/exec", "pods/portforward"], CONNECT),
     # services: `kubectl port-forward svc/tensorboard` reads the Service to find its pod.
     rule([""], ["events", "services"], READ),
+    # The usage recorder's records of the team's jobs (infra/billing/usage_recorder.py), which
+    # `devctl usage` reads; the platform keeps nothing secret in ConfigMaps of team namespaces.
+    rule([""], ["configmaps"], READ),
     rule(["events.k8s.io"], ["events"], READ),
 ]
 

@@ -26,7 +26,10 @@ from tests.plugin import plan_of, stack_values
 STACK = "prod"
 TEAMS = {f"queues.teams[{t}]" for t in ("team-a", "team-b", "research")}
 CAROL = "devServers.users[carol]"
-EVERYTHING = {"cluster", "images", "storage.bucket", "storage.efs", "storage.fsx", CAROL, *TEAMS}
+RECORDS = "billing.recordUsage"
+EVERYTHING = {
+    "cluster", "images", "storage.bucket", "storage.efs", "storage.fsx", RECORDS, CAROL, *TEAMS,
+}  # fmt: skip
 
 # Edits EKS refuses half way through `pulumi up` (infra/eks/day_two.py control_plane_network).
 NETWORK_REFUSED = {"network.cidr", "network.azCount"}
@@ -35,7 +38,7 @@ NETWORK_REFUSED = {"network.cidr", "network.azCount"}
 INVENTORY = {
     "region (and the EFA pool's zone)": EVERYTHING,
     "network.cidr": {"storage.fsx"},
-    "cluster.name": {"cluster", "images", CAROL, *TEAMS},
+    "cluster.name": {"cluster", "images", RECORDS, CAROL, *TEAMS},
     "storage.bucket.kms": {"storage.bucket"},
     "storage.efs.enabled": {"storage.efs"},
     "storage.fsx.enabled (and the jobs on it)": {"storage.fsx"},
@@ -47,6 +50,8 @@ INVENTORY = {
     "devServers.operatorImage.uri": {"images"},
     "karpenter.gpuRegistrationWatchImage.uri": {"images"},
     "image.uri": {"images"},
+    "billing.usageRecorderImage.uri": {"images"},
+    "billing.recordUsage": {RECORDS, "images"},
     "devServers.users[carol].name": {CAROL},
     "devServers.users[carol] removed": {CAROL},
     "devServers.users[carol] renamed": {CAROL},

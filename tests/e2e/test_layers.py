@@ -13,12 +13,12 @@ from infra.images.container_image import context_files
 from tests.plugin import ROOT
 
 # Bottom to top. A folder may import the folders of lower layers, never one of its own layer or
-# above: trainer, mesh and gpuwatch are tools of their own; infra is the platform's building
-# blocks; workloads (training jobs and the trainer image) build on it, and devservers (whose
-# default image is the trainer's) on both; policies judge plans of the program; deploy composes
-# everything (the Pulumi program, plan, preflight), and nothing imports it.
+# above: trainer, mesh, gpuwatch and usagerecorder are tools of their own; infra is the platform's
+# building blocks; workloads (training jobs and the trainer image) build on it, and devservers
+# (whose default image is the trainer's) on both; policies judge plans of the program; deploy
+# composes everything (the Pulumi program, plan, preflight), and nothing imports it.
 LAYERS = [
-    {"trainer", "mesh", "gpuwatch"},
+    {"trainer", "mesh", "gpuwatch", "usagerecorder"},
     {"infra"},
     {"workloads"},
     {"devservers"},
@@ -27,7 +27,7 @@ LAYERS = [
 ]
 PACKAGES = set().union(*LAYERS)
 # Images built from one folder each: what their code imports must be in that folder.
-IMAGES = ["trainer", "devservers", "gpuwatch"]
+IMAGES = ["trainer", "devservers", "gpuwatch", "usagerecorder"]
 
 
 def imported_modules(path: Path) -> set[str]:

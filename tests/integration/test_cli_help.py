@@ -31,6 +31,7 @@ CLIS = {
     "python -m policies.pack_config": "policies.pack_config",
     "python -m devservers.demo": "devservers.demo",
     "python -m gpuwatch.watcher": "gpuwatch.watcher",
+    "python -m usagerecorder.recorder": "usagerecorder.recorder",
     "devctl": "devservers.cli",
     "tp-mesh": "mesh.cli",
 }

@@ -242,6 +242,7 @@ def test_prebuilt_image_by_digest_skips_the_build():
         image={"uri": DIGEST},
         devServers={"operatorImage": {"uri": DIGEST}},
         karpenter={"gpuRegistrationWatchImage": {"uri": DIGEST}},
+        billing={"usageRecorderImage": {"uri": DIGEST}},
     )
     assert not plan.of_type("docker-build:index:Image") and not plan.of_type(
         "aws:ecr/repository:Repository"
@@ -252,8 +253,9 @@ def test_prebuilt_image_by_digest_skips_the_build():
     # aws-ofi-nccl (as `docker build --target efa trainer/` does).
     worker = job_of(plan, "gpt-large-mpi").inputs["spec"]["mpiReplicaSpecs"]["Worker"]
     assert container(worker["template"])["image"] == DIGEST
-    watcher = plan.one("kubernetes:batch/v1:CronJob", "gpu-registration-watch").inputs
-    assert container(watcher["spec"]["jobTemplate"]["spec"]["template"])["image"] == DIGEST
+    for name in ("gpu-registration-watch", "usage-recorder"):
+        cronjob = plan.one("kubernetes:batch/v1:CronJob", name).inputs
+        assert container(cronjob["spec"]["jobTemplate"]["spec"]["template"])["image"] == DIGEST
 
 
 def bad_job(**changes):

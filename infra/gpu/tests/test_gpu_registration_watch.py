@@ -28,7 +28,7 @@ import yaml
 from infra.core.catalog import load_catalog
 from infra.core.tests.crd_schema import CRD_DIR, cel_violations, conformance_errors
 from tests.kube_api import from_plan, service_account
-from tests.kube_api.rbac import request_info
+from tests.kube_api.least_privilege import granted, used
 from tests.plugin import ROOT
 
 CRONJOB = "gpu-registration-watch"
@@ -281,40 +281,6 @@ class Cluster:
     def watcher_requests(self) -> set[str]:
         return {request for who, request in self.api.requests if who == self.account.name}
 
-    def used(self) -> set[tuple[str, str, str, str]]:
-        """(namespace, group, resource, verb) of every request the watcher made."""
-        found = set()
-        for request in self.watcher_requests():
-            verb, path = request.split(" ", 1)
-            info = request_info("GET", path)
-            found.add((info.namespace, info.api_group, info.resource, verb))
-        return found
-
-    def granted(self) -> set[tuple[str, str, str, str]]:
-        """(namespace, group, resource, verb) the plan's RBAC grants the watcher ("" namespace:
-        cluster-wide, through a ClusterRoleBinding)."""
-        account = {"kind": "ServiceAccount", "name": self.account_name, "namespace": self.namespace}
-        found = set()
-        for binding in self.plan.resources:
-            kind = binding.type.rsplit(":", 1)[-1]
-            if kind not in ("ClusterRoleBinding", "RoleBinding"):
-                continue
-            if account not in binding.inputs.get("subjects", []):
-                continue
-            namespace = binding.inputs["metadata"].get("namespace", "")
-            ref = binding.inputs["roleRef"]
-            (role,) = [
-                r
-                for r in self.plan.of_type(f"kubernetes:rbac.authorization.k8s.io/v1:{ref['kind']}")
-                if r.inputs["metadata"]["name"] == ref["name"]
-                and r.inputs["metadata"].get("namespace", "") == namespace
-            ]
-            for rule in role.inputs["rules"]:
-                for group in rule["apiGroups"]:
-                    for resource in rule["resources"]:
-                        found |= {(namespace, group, resource, verb) for verb in rule["verbs"]}
-        return found
-
 
 @pytest.fixture
 def cluster(dev_plan, tmp_path):
@@ -402,7 +368,9 @@ def test_stuck_gpu_nodes_are_replaced_one_per_run_and_nothing_else_is_touched(cl
         "create /api/v1/namespaces/default/events",
     }
     # Least privilege: the plan grants its ServiceAccount exactly what it used, where it used it.
-    assert cluster.granted() == cluster.used()
+    assert granted(cluster.plan, cluster.account_name, cluster.namespace) == used(
+        cluster.api, cluster.account.name
+    )
 
 
 def test_outside_a_pod_without_a_kubeconfig_it_says_so_in_one_line(tmp_path):

@@ -188,7 +188,7 @@ def test_bad_node_health_config_is_one_clear_error(karpenter, key, allowed):
 def test_no_gpu_pool_no_watcher_and_no_exporter_but_the_agent_still_watches_every_node():
     cpu_only = [{"name": "cpu", "instanceTypes": ["m6i.large"], "maxNodes": 2}]
     plan = plan_of("dev", nodePools=cpu_only, jobs=[], devServers=NO_DEV_SERVERS)
-    assert not plan.of_type(CRONJOB)
+    assert [c.name for c in plan.of_type(CRONJOB)] == ["usage-recorder"]
     assert not [r for r in plan.resources if r.name.startswith(("gpu-registration", "dcgm"))]
     assert [a.inputs["addonName"] for a in plan.of_type(ADDON)].count(
         "eks-node-monitoring-agent"

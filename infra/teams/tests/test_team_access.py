@@ -174,6 +174,8 @@ MEMBER_RULES = [
     {"apiGroups": [""], "resources": ["pods/log"], "verbs": ["get"]},
     {"apiGroups": [""], "resources": ["pods/exec", "pods/portforward"], "verbs": ["get", "create"]},
     {"apiGroups": [""], "resources": ["events", "services"], "verbs": READ},
+    # The usage recorder's records of the team's jobs (infra/billing/usage_recorder.py).
+    {"apiGroups": [""], "resources": ["configmaps"], "verbs": READ},
     {"apiGroups": ["events.k8s.io"], "resources": ["events"], "verbs": READ},
 ]
 SECURITY_PAGE = ROOT / "docs" / "platform" / "security-and-tenancy.md"
