@@ -397,7 +397,7 @@ class Devctl:
         from devservers import usage_report
         from devservers.job_status import WORKLOAD_API
         from devservers.stack_defaults import StackDefaults, StackDefaultsError
-        from usagerecorder.records import RECORD_LABEL, RECORD_NAMESPACE
+        from usagerecorder.records import JOB_MAP, NODE_MAP, RECORD_LABEL, RECORD_NAMESPACE
 
         try:
             config = StackDefaults.load(stack).config
@@ -425,14 +425,21 @@ class Devctl:
         pricing = usage_report.pricing_of(config)
         flavors = {f.name: f.node_pool for f in config.dev_servers.flavors}
         # What the usage recorder kept of admissions and nodes that are gone (usagerecorder/).
-        recorded = self._readable("v1", "ConfigMap", namespace, {RECORD_LABEL: "jobs"}) or []
+        # Only the recorder's maps, where it writes them: the team namespaces of the stack.
+        teams = {team.namespace_name for team in config.queues.teams}
+        recorded = [
+            m
+            for m in self._readable("v1", "ConfigMap", namespace, {RECORD_LABEL: "jobs"}) or []
+            if m["metadata"]["namespace"] in teams and m["metadata"]["name"].startswith(JOB_MAP)
+        ]
         lines = usage_report.jobs(workloads, pods, nodes or {}, recorded, pricing, start, until)
         lines += usage_report.devserver_lines(servers, flavors, pricing, start, until)
         if everyone and nodes is not None:
             gone = self._readable("v1", "ConfigMap", RECORD_NAMESPACE, {RECORD_LABEL: "nodes"})
+            gone = [m for m in gone or [] if m["metadata"]["name"].startswith(NODE_MAP)]
             spans = usage_report.live_nodes(nodes.values(), until)
             spans += usage_report.recorded_nodes(
-                gone or [], {n["metadata"]["uid"] for n in nodes.values()}
+                gone, {n["metadata"]["uid"] for n in nodes.values()}
             )
             provisioned = usage_report.node_lines(spans, pricing, start, until)
             lines += provisioned + usage_report.idle_lines(provisioned, lines)

@@ -45,7 +45,7 @@ from kubernetes.utils import parse_quantity
 
 from devservers.api import GPU, NAMESPACE_PREFIX, controller_ref, parse_timestamp
 from devservers.job_status import KINDS as JOB_KINDS
-from devservers.job_status import condition, is_true, labelled
+from devservers.job_status import condition, is_true
 from devservers.savings import RUNNING, hours, hours_between
 from infra.core.catalog import (
     Catalog,
@@ -57,11 +57,20 @@ from infra.core.catalog import (
 )
 from infra.core.nodes import POOL_LABEL
 from infra.stack.config import StackConfig
-from usagerecorder.records import admission_key, entries, workload_uid
+from usagerecorder.records import (
+    CAPACITY_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL,
+    ON_DEMAND,
+    admission_key,
+    entries,
+    job_pods,
+    labels,
+    workload_uid,
+)
 
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
-ON_DEMAND, SPOT = "on-demand", "spot"
+SPOT = "spot"
+# Per job kind, the labels its operator puts on the job's pods (`{name}`: the job's name).
+JOB_POD_LABELS = {kind.kind: kind.pod_labels("{name}") for kind in JOB_KINDS}
 GIB = 2**30
 
 
@@ -122,10 +131,11 @@ def share(usage: dict, kind: InstanceType) -> float:
 
 
 def admitted_hours(
-    workload: dict, since: datetime, until: datetime, past_recorded: bool = False
+    workload: dict, since: datetime, until: datetime, recorded_past_s: float = 0.0
 ) -> float:
-    """Hours the Workload held its quota inside the period (see the module's docstring); its
-    earlier admissions not when the recorder kept them (`past_recorded`)."""
+    """Hours the Workload held its quota inside the period (see the module's docstring); of its
+    earlier admissions, what the recorder did not keep (`recorded_past_s`: the seconds it kept,
+    which recorded_job_lines counts)."""
     total = 0.0
     admitted = condition(workload, "Admitted")
     if is_true(workload, "Admitted"):
@@ -133,22 +143,19 @@ def admitted_hours(
         end = parse_timestamp(finished["lastTransitionTime"]) if finished else until
         total += hours_between(parse_timestamp(admitted["lastTransitionTime"]), end, since, until)
     past = (workload.get("status") or {}).get("accumulatedPastExecutionTimeSeconds") or 0
-    if (
-        past
-        and not past_recorded
-        and parse_timestamp(workload["metadata"]["creationTimestamp"]) >= since
-    ):
+    past = max(past - recorded_past_s, 0)
+    if past and parse_timestamp(workload["metadata"]["creationTimestamp"]) >= since:
         total += past / 3600
     return total
 
 
-def current_admissions(workloads: Iterable[dict]) -> set[str]:
-    """The record keys (usagerecorder/records.py) of the admissions that hold quota now."""
-    return {
-        admission_key(w["metadata"]["uid"], condition(w, "Admitted")["lastTransitionTime"])
-        for w in workloads
-        if is_true(w, "Admitted")
-    }
+def _current_key(workload: dict) -> str | None:
+    """The record key (usagerecorder/records.py) of the admission that holds quota now."""
+    if not is_true(workload, "Admitted"):
+        return None
+    return admission_key(
+        workload["metadata"]["uid"], condition(workload, "Admitted")["lastTransitionTime"]
+    )
 
 
 def jobs(
@@ -161,20 +168,17 @@ def jobs(
     until: datetime,
 ) -> list[Line]:
     """The jobs' lines: each admission that holds quota now from its Workload, every other one
-    the usage recorder kept from its record (`maps`), and Kueue's sum of a Workload's earlier
-    admissions where the recorder kept none of them."""
-    current = current_admissions(workloads)
-    earlier = {workload_uid(key) for _, key, _ in entries(maps) if key not in current}
-    lines = job_lines(workloads, pods, nodes, pricing, since, until, earlier)
+    the usage recorder kept from its record (`maps`), and of Kueue's sum of a Workload's earlier
+    admissions what the recorder did not keep."""
+    recorded = {key: record for _, key, record in entries(maps)}
+    current = {key for w in workloads if (key := _current_key(w))}
+    kept_s: dict[str, float] = {}
+    for key, record in recorded.items():
+        if key not in current:
+            ran = parse_timestamp(record["to"]) - parse_timestamp(record["from"])
+            kept_s[workload_uid(key)] = kept_s.get(workload_uid(key), 0) + ran.total_seconds()
+    lines = job_lines(workloads, pods, nodes, pricing, since, until, kept_s, recorded)
     return lines + recorded_job_lines(maps, current, pricing, since, until)
-
-
-def _job_pods(workload: dict, pods: list[dict]) -> list[dict]:
-    owner = controller_ref(workload)  # the job it was made for
-    kind = next((k for k in JOB_KINDS if owner and k.kind == owner["kind"]), None)
-    if kind is None:
-        return []
-    return labelled(pods, kind.pod_labels(owner["name"]))
 
 
 def _job_name(workload: dict) -> str:
@@ -195,7 +199,7 @@ def _pod_set_line(
     """A pod set's share of its pool's nodes for `spent` hours, priced at the nodes it ran on, or
     at the pool's cheapest type On-Demand (`list`) where they are not known."""
     instance = next(iter(kinds)) if len(kinds) == 1 else pricing.cheapest(pool)
-    capacity = "list" if not capacities else capacities.pop() if len(capacities) == 1 else "mixed"
+    capacity = "list" if not capacities else "mixed" if len(capacities) > 1 else min(capacities)
     if instance in pricing.catalog:
         node_hours = share(usage, pricing.catalog[instance]) * spent
         rate = pricing.node(instance, capacity)
@@ -213,28 +217,37 @@ def job_lines(
     pricing: Pricing,
     since: datetime,
     until: datetime,
-    past_recorded: set[str] = frozenset(),
+    recorded_past_s: dict[str, float] | None = None,
+    recorded: dict[str, dict] | None = None,
 ) -> list[Line]:
     """Per Workload of a team namespace and pod set, what it was admitted for in the period
-    (`past_recorded`: the uids whose earlier admissions the recorder kept). DevServer namespaces
-    are left out: Kueue admits each server's pods through a Workload of its own, which
+    (`recorded_past_s`: per uid, the seconds of its earlier admissions the recorder kept). Where
+    the nodes cannot be read (a team member's rights) or its pods are gone, a pod set is priced
+    at the nodes the recorder saw it on (`recorded`: records by key). DevServer namespaces are
+    left out: Kueue admits each server's pods through a Workload of its own, which
     devserver_lines counts from the operator's record."""
+    recorded_past_s, recorded = recorded_past_s or {}, recorded or {}
     lines = []
     for workload in workloads:
         if workload["metadata"]["namespace"].startswith(NAMESPACE_PREFIX):
             continue
         admission = (workload.get("status") or {}).get("admission")
-        uid = workload["metadata"]["uid"]
-        spent = admitted_hours(workload, since, until, uid in past_recorded)
+        past_s = recorded_past_s.get(workload["metadata"]["uid"], 0.0)
+        spent = admitted_hours(workload, since, until, past_s)
         if not admission or not spent:
             continue
-        on = [nodes[p["spec"]["nodeName"]] for p in _job_pods(workload, pods)
+        on = [nodes[p["spec"]["nodeName"]] for p in job_pods(workload, pods, JOB_POD_LABELS)
               if p.get("spec", {}).get("nodeName") in nodes]  # fmt: skip
+        record = recorded.get(_current_key(workload) or "", {})
+        was = {p["name"]: p for p in record.get("podSets") or []}
         for assignment in admission["podSetAssignments"]:
             pool = next(iter((assignment.get("flavors") or {}).values()), "")
-            seen = [n for n in on if _labels(n).get(POOL_LABEL) == pool]
-            kinds = {_labels(n).get(INSTANCE_TYPE_LABEL) for n in seen} - {None}
-            capacities = {_labels(n).get(CAPACITY_TYPE_LABEL, ON_DEMAND) for n in seen}
+            seen = [labels(n) for n in on if labels(n).get(POOL_LABEL) == pool]
+            kinds = {n.get(INSTANCE_TYPE_LABEL) for n in seen} - {None}
+            capacities = {n.get(CAPACITY_TYPE_LABEL, ON_DEMAND) for n in seen}
+            if not seen and assignment.get("name") in was:
+                kinds = set(was[assignment["name"]]["instanceTypes"]) - {""}
+                capacities = set(was[assignment["name"]]["capacities"])
             lines.append(
                 _pod_set_line(
                     workload["metadata"]["namespace"],
@@ -322,14 +335,14 @@ def live_nodes(nodes: Iterable[dict], until: datetime) -> list[NodeSpan]:
     """The pools' nodes that exist (the system nodes are the floor, no pool's)."""
     return [
         NodeSpan(
-            _labels(n)[POOL_LABEL],
-            _labels(n).get(INSTANCE_TYPE_LABEL, ""),
-            _labels(n).get(CAPACITY_TYPE_LABEL, ON_DEMAND),
+            labels(n)[POOL_LABEL],
+            labels(n).get(INSTANCE_TYPE_LABEL, ""),
+            labels(n).get(CAPACITY_TYPE_LABEL, ON_DEMAND),
             parse_timestamp(n["metadata"]["creationTimestamp"]),
             until,
         )
         for n in nodes
-        if POOL_LABEL in _labels(n)
+        if POOL_LABEL in labels(n)
     ]
 
 
@@ -386,10 +399,6 @@ def idle_lines(provisioned: list[Line], used: list[Line]) -> list[Line]:
                  usd * idle / node_hours if node_hours else 0.0)
         )  # fmt: skip
     return lines
-
-
-def _labels(obj: dict) -> dict:
-    return obj["metadata"].get("labels") or {}
 
 
 def as_csv(lines: list[Line]) -> str:

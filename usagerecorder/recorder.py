@@ -2,7 +2,7 @@
 cluster has forgotten them: a Workload goes with its job, a Node with its instance.
 
 One run (the stack's CronJob runs it every few minutes on the system nodes) reads what exists and
-writes what it saw into ConfigMaps, one per kind, namespace and UTC day:
+writes what it saw into ConfigMaps, per kind, namespace and UTC day (records.py):
   - `usage-nodes-<day>` in --record-namespace: every Node of a pool (--pool-label), keyed by its
     uid, from its creationTimestamp to the run that last saw it, with its pool, instance type
     (node.kubernetes.io/instance-type) and capacity type (karpenter.sh/capacity-type);
@@ -10,13 +10,20 @@ writes what it saw into ConfigMaps, one per kind, namespace and UTC day:
     (kueue.x-k8s.io/v1beta2), keyed by the Workload's uid and the admission's start, with the job
     it was made for (its controller owner), per pod set the pool it was admitted to (the flavor,
     named after the pool), the resources admitted and the instance and capacity types of the
-    nodes its pods ran on (pods found by the labels each operator sets: --job-pods).
-A record goes into the map of the day it started. An admission runs from the Admitted condition's
-lastTransitionTime to the Finished condition's, or, once Kueue evicted it (Admitted turns False:
-Kueue pkg/workload/workload.go UnsetQuotaReservationWithCondition, v0.19.2; the same at v0.20),
-to that condition's lastTransitionTime; an admission or a node that vanished between two runs
-ends at the run that last saw it, so a record is short by at most the schedule's interval.
-Records open at the last run are `open`; maps older than --keep-days are deleted.
+    nodes its pods ran on (its pods: those with the labels each operator sets, --job-pods, and a
+    controller), kept across runs once the pods are gone.
+A record goes into the map of the day it started (a further one once a map nears the API
+server's 1 MiB). An admission runs from the Admitted condition's lastTransitionTime to the
+Finished condition's (Kueue leaves Admitted True beside Finished: pkg/workload/finish), or, once
+Kueue evicted it, to the lastTransitionTime of Admitted turned False (pkg/workload/workload.go
+UnsetQuotaReservationWithCondition, which also clears the admission, and admissionchecks.go
+SyncAdmittedCondition; kubernetes-sigs/kueue v0.19.2 and main at ff69552e, the pinned v0.20.7 is
+not readable here). An admission or a node that vanished between two runs ends at the run that
+last saw it, so a record is short by at most the schedule's interval, and one that came and went
+between two runs is not recorded.
+Records open at the last run are `open`; a map is deleted once every record in it ended more
+than --keep-days ago. A namespace the API server refuses is left for the next run, the others
+recorded, and the run fails so that the CronJob's failed Job says so.
 
 Tenants cannot change the record: team members may read ConfigMaps in their own namespace, not
 write them; the node maps are in a namespace they cannot read.
@@ -29,36 +36,29 @@ from collections.abc import Iterable
 from datetime import UTC, datetime, timedelta
 
 from kubernetes import client, config
+from kubernetes.client.exceptions import ApiException
 from urllib3.exceptions import HTTPError
 
 from usagerecorder.records import (
+    CAPACITY_TYPE_LABEL,
+    INSTANCE_TYPE_LABEL,
     JOB_MAP,
+    MAX_MAP_BYTES,
     NODE_MAP,
+    ON_DEMAND,
     RECORD_LABEL,
     admission_key,
+    controller,
+    entries,
+    job_pods,
+    labels,
+    parse,
     records_of,
+    stamp,
     workload_uid,
 )
 
-INSTANCE_TYPE_LABEL = "node.kubernetes.io/instance-type"
-CAPACITY_TYPE_LABEL = "karpenter.sh/capacity-type"
 WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "workloads")
-
-
-def stamp(moment: datetime) -> str:
-    return moment.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ")
-
-
-def parse(text: str) -> datetime:
-    return datetime.fromisoformat(text)
-
-
-def map_name(prefix: str, moment: datetime) -> str:
-    return f"{prefix}{moment.astimezone(UTC):%Y-%m-%d}"
-
-
-def _labels(obj: dict) -> dict:
-    return obj["metadata"].get("labels") or {}
 
 
 def _condition(obj: dict, kind: str) -> dict | None:
@@ -66,51 +66,34 @@ def _condition(obj: dict, kind: str) -> dict | None:
     return next((c for c in found if c.get("type") == kind), None)
 
 
-def _controller(obj: dict) -> dict | None:
-    refs = obj["metadata"].get("ownerReferences") or []
-    return next((r for r in refs if r.get("controller")), None)
-
-
 def node_records(nodes: Iterable[dict], pool_label: str, now: datetime) -> dict[str, dict]:
     """{uid: record} of the pools' nodes that exist now."""
     found = {}
     for node in nodes:
-        labels = _labels(node)
-        if pool_label not in labels:
+        if pool_label not in labels(node):
             continue  # the system nodes: the stack's floor, no pool's
         found[node["metadata"]["uid"]] = {
             "name": node["metadata"]["name"],
-            "pool": labels[pool_label],
-            "instanceType": labels.get(INSTANCE_TYPE_LABEL, ""),
-            "capacity": labels.get(CAPACITY_TYPE_LABEL, "on-demand"),
-            "from": node["metadata"]["creationTimestamp"],
+            "pool": labels(node)[pool_label],
+            "instanceType": labels(node).get(INSTANCE_TYPE_LABEL, ""),
+            "capacity": labels(node).get(CAPACITY_TYPE_LABEL, ON_DEMAND),
+            "from": stamp(parse(node["metadata"]["creationTimestamp"])),
             "to": stamp(now),
             "open": True,
         }
     return found
 
 
-def job_pods(workload: dict, pods: list[dict], job_pods: dict[str, dict[str, str]]) -> list[dict]:
-    """The pods of the job the Workload was made for, by the labels its operator sets
-    (`job_pods`: kind -> labels, `{name}` standing for the job's name)."""
-    owner = _controller(workload)
-    wanted = job_pods.get(owner["kind"]) if owner else None
-    if wanted is None:
-        return []
-    wanted = {k: v.replace("{name}", owner["name"]) for k, v in wanted.items()}
-    return [p for p in pods if wanted.items() <= _labels(p).items()]
-
-
 def job_records(
     workloads: Iterable[dict],
     pods: list[dict],
     nodes: dict[str, dict],
-    job_pod_labels: dict[str, dict[str, str]],
+    pod_labels: dict[str, dict[str, str]],
     pool_label: str,
     now: datetime,
 ) -> dict[str, dict]:
     """{workload uid.admission start: record} of the admissions that hold quota now (or held it
-    until the job finished)."""
+    until the job finished: Kueue leaves Admitted True beside Finished)."""
     found = {}
     for workload in workloads:
         admitted = _condition(workload, "Admitted")
@@ -119,33 +102,28 @@ def job_records(
             continue
         finished = _condition(workload, "Finished")
         done = finished is not None and finished.get("status") == "True"
-        on = [nodes[p["spec"]["nodeName"]] for p in job_pods(workload, pods, job_pod_labels)
+        on = [nodes[p["spec"]["nodeName"]] for p in job_pods(workload, pods, pod_labels)
               if (p.get("spec") or {}).get("nodeName") in nodes]  # fmt: skip
         pod_sets = []
         for assignment in admission.get("podSetAssignments") or []:
             pool = next(iter((assignment.get("flavors") or {}).values()), "")
-            seen = [n for n in on if _labels(n).get(pool_label) == pool]
+            seen = [labels(n) for n in on if labels(n).get(pool_label) == pool]
             pod_sets.append(
                 {
                     "name": assignment.get("name", ""),
                     "pool": pool,
                     "usage": assignment.get("resourceUsage") or {},
-                    "instanceTypes": sorted(
-                        {_labels(n).get(INSTANCE_TYPE_LABEL, "") for n in seen}
-                    ),
-                    "capacities": sorted(
-                        {_labels(n).get(CAPACITY_TYPE_LABEL, "on-demand") for n in seen}
-                    ),
+                    "instanceTypes": sorted({n.get(INSTANCE_TYPE_LABEL, "") for n in seen}),
+                    "capacities": sorted({n.get(CAPACITY_TYPE_LABEL, ON_DEMAND) for n in seen}),
                 }
             )
-        owner = _controller(workload)
-        key = admission_key(workload["metadata"]["uid"], admitted["lastTransitionTime"])
-        found[key] = {
+        owner = controller(workload)
+        found[admission_key(workload["metadata"]["uid"], admitted["lastTransitionTime"])] = {
             "workload": workload["metadata"]["name"],
             "job": f"{owner['kind']}/{owner['name']}" if owner else workload["metadata"]["name"],
             "podSets": pod_sets,
             "from": stamp(parse(admitted["lastTransitionTime"])),
-            "to": finished["lastTransitionTime"] if done else stamp(now),
+            "to": stamp(parse(finished["lastTransitionTime"]) if done else now),
             "open": not done,
         }
     return found
@@ -162,23 +140,77 @@ def close(record: dict, workload: dict | None) -> dict:
     return {**record, "open": False}
 
 
+def _with_earlier_nodes(record: dict, before: dict) -> dict:
+    """`record` with the instance and capacity types its pod sets were seen on before: once its
+    pods are gone (drained at an eviction, cleaned up after the job finished) a run sees none."""
+    if "podSets" not in record:
+        return record
+    earlier = {p["name"]: p for p in before.get("podSets") or []}
+    pod_sets = []
+    for pod_set in record["podSets"]:
+        was = earlier.get(pod_set["name"], {})
+        pod_sets.append(
+            {
+                **pod_set,
+                **{
+                    key: sorted(set(pod_set[key]) | set(was.get(key) or []))
+                    for key in ("instanceTypes", "capacities")
+                },
+            }
+        )
+    return {**record, "podSets": pod_sets}
+
+
 def merged(
-    recorded: dict[str, tuple[str, dict]],
-    current: dict[str, dict],
-    workloads: dict[str, dict],
-    prefix: str,
-) -> dict[str, dict[str, dict]]:
-    """{map name: {key: record}}: what to write. `recorded` is {key: (map, record)} as stored;
-    `current` what this run saw; `workloads` the Workloads by uid (none for nodes)."""
-    writes: dict[str, dict[str, dict]] = {}
+    recorded: dict[str, tuple[str, dict]], current: dict[str, dict], workloads: dict[str, dict]
+) -> tuple[dict[str, dict[str, dict]], dict[str, dict]]:
+    """What to write: ({map name: {key: record}} of records kept where they are, {key: record}
+    of new ones). `recorded` is {key: (map, record)} as stored; `current` what this run saw;
+    `workloads` the Workloads by uid (none for nodes)."""
+    updates: dict[str, dict[str, dict]] = {}
+    new = {}
     for key, record in current.items():
-        where = recorded[key][0] if key in recorded else map_name(prefix, parse(record["from"]))
-        if key not in recorded or recorded[key][1] != record:
-            writes.setdefault(where, {})[key] = record
+        if key not in recorded:
+            new[key] = record
+            continue
+        where, before = recorded[key]
+        record = _with_earlier_nodes(record, before)
+        if record != before:
+            updates.setdefault(where, {})[key] = record
     for key, (where, record) in recorded.items():
-        if record.get("open") and key not in current:
-            writes.setdefault(where, {})[key] = close(record, workloads.get(workload_uid(key)))
-    return writes
+        if record["open"] and key not in current:
+            updates.setdefault(where, {})[key] = close(record, workloads.get(workload_uid(key)))
+    return updates, new
+
+
+def _size(records: dict[str, str]) -> int:
+    return sum(len(text.encode()) for text in records.values())
+
+
+def placed(maps: list[dict], new: dict[str, dict], prefix: str) -> dict[str, dict[str, str]]:
+    """{map name: {key: JSON}} for the new records: each into a map of the day it began, the
+    first of that day's maps with room under MAX_MAP_BYTES (`<prefix><day>`, then `-1`, ...)."""
+    room = {m["metadata"]["name"]: _size(m.get("data") or {}) for m in maps}
+    found: dict[str, dict[str, str]] = {}
+    for key, record in sorted(new.items(), key=lambda item: item[1]["from"]):
+        text = json.dumps(record, sort_keys=True)
+        day = f"{prefix}{parse(record['from']):%Y-%m-%d}"
+        n = 0
+        while room.get(name := day if n == 0 else f"{day}-{n}", 0) + len(text) > MAX_MAP_BYTES:
+            n += 1
+        room[name] = room.get(name, 0) + len(text)
+        found.setdefault(name, {})[key] = text
+    return found
+
+
+def expired(maps: list[dict], oldest: datetime) -> list[str]:
+    """The maps whose every record is closed and ended before `oldest`: a record still open, or
+    one that ran into the kept days, keeps its map however old the day it began."""
+    ends: dict[str, list[tuple[bool, str]]] = {m["metadata"]["name"]: [] for m in maps}
+    for meta, _, record in entries(maps):
+        ends[meta["name"]].append((record["open"], record["to"]))
+    cutoff = stamp(oldest)
+    return sorted(n for n, found in ends.items() if not any(o or to >= cutoff for o, to in found))
 
 
 def read_maps(core: client.CoreV1Api, namespace: str, kind: str) -> list[dict]:
@@ -188,39 +220,34 @@ def read_maps(core: client.CoreV1Api, namespace: str, kind: str) -> list[dict]:
     return json.loads(found.data)["items"]
 
 
-def write(
+def record(
     core: client.CoreV1Api,
     namespace: str,
     kind: str,
-    maps: list[dict],
-    writes: dict[str, dict[str, dict]],
-) -> None:
+    current: dict[str, dict],
+    workloads: dict[str, dict],
+    oldest: datetime,
+) -> int:
+    """Fold what this run saw into the namespace's maps of `kind`; returns the records written."""
+    prefix = NODE_MAP if kind == "nodes" else JOB_MAP
+    maps = read_maps(core, namespace, kind)
+    updates, new = merged(records_of(maps), current, workloads)
     existing = {m["metadata"]["name"] for m in maps}
-    for name, records in sorted(writes.items()):
-        data = {key: json.dumps(record, sort_keys=True) for key, record in records.items()}
+    writes = {name: {k: json.dumps(r, sort_keys=True) for k, r in found.items()}
+              for name, found in updates.items()}  # fmt: skip
+    for name, found in placed(maps, new, prefix).items():
+        writes.setdefault(name, {}).update(found)
+    for name, data in sorted(writes.items()):
         if name in existing:
             core.patch_namespaced_config_map(
                 name, namespace, {"data": data}, _content_type="application/merge-patch+json"
             )
         else:
-            core.create_namespaced_config_map(
-                namespace,
-                {
-                    "metadata": {"name": name, "labels": {RECORD_LABEL: kind}},
-                    "data": data,
-                },
-            )
-
-
-def prune(
-    core: client.CoreV1Api, namespace: str, maps: list[dict], prefix: str, oldest: datetime
-) -> list[str]:
-    """Delete the maps of days before `oldest`; returns their names."""
-    names = [m["metadata"]["name"] for m in maps if m["metadata"]["name"].startswith(prefix)]
-    gone = [name for name in names if name < map_name(prefix, oldest)]
-    for name in gone:
+            body = {"metadata": {"name": name, "labels": {RECORD_LABEL: kind}}, "data": data}
+            core.create_namespaced_config_map(namespace, body)
+    for name in expired([m for m in maps if m["metadata"]["name"] not in writes], oldest):
         core.delete_namespaced_config_map(name, namespace)
-    return gone
+    return sum(len(data) for data in writes.values())
 
 
 def _list(call, *args) -> list[dict]:
@@ -233,34 +260,34 @@ def run(
     record_namespace: str,
     namespaces: list[str],
     pool_label: str,
-    job_pod_labels: dict[str, dict[str, str]],
+    pod_labels: dict[str, dict[str, str]],
     keep: timedelta,
     now: datetime,
-) -> dict[str, int]:
-    """One pass; returns how many records it wrote per namespace."""
+) -> tuple[dict[str, int], dict[str, str]]:
+    """One pass: ({namespace: records written}, {namespace: why it failed}). A namespace the API
+    refuses (a map past its size, a name taken) fails alone: the others are still recorded."""
     oldest = now - keep
-    written = {}
+    written, failed = {}, {}
     nodes = {n["metadata"]["name"]: n for n in _list(core.list_node)}
-    maps = read_maps(core, record_namespace, "nodes")
-    writes = merged(records_of(maps), node_records(nodes.values(), pool_label, now), {}, NODE_MAP)
-    write(core, record_namespace, "nodes", maps, writes)
-    prune(core, record_namespace, maps, NODE_MAP, oldest)
-    written[record_namespace] = sum(len(w) for w in writes.values())
+    try:
+        current = node_records(nodes.values(), pool_label, now)
+        written[record_namespace] = record(core, record_namespace, "nodes", current, {}, oldest)
+    except ApiException as e:
+        failed[record_namespace] = f"{e.status} {e.reason}"
     for namespace in namespaces:
-        workloads = _list(custom.list_namespaced_custom_object, *WORKLOADS[:2], namespace,
-                          WORKLOADS[2])  # fmt: skip
-        pods = _list(core.list_namespaced_pod, namespace)
-        current = job_records(workloads, pods, nodes, job_pod_labels, pool_label, now)
-        maps = read_maps(core, namespace, "jobs")
-        by_uid = {w["metadata"]["uid"]: w for w in workloads}
-        writes = merged(records_of(maps), current, by_uid, JOB_MAP)
-        write(core, namespace, "jobs", maps, writes)
-        prune(core, namespace, maps, JOB_MAP, oldest)
-        written[namespace] = sum(len(w) for w in writes.values())
-    return written
+        try:
+            workloads = _list(custom.list_namespaced_custom_object, *WORKLOADS[:2], namespace,
+                              WORKLOADS[2])  # fmt: skip
+            pods = _list(core.list_namespaced_pod, namespace)
+            current = job_records(workloads, pods, nodes, pod_labels, pool_label, now)
+            by_uid = {w["metadata"]["uid"]: w for w in workloads}
+            written[namespace] = record(core, namespace, "jobs", current, by_uid, oldest)
+        except ApiException as e:
+            failed[namespace] = f"{e.status} {e.reason}"
+    return written, failed
 
 
-def job_pods_arg(text: str) -> tuple[str, dict[str, str]]:
+def pod_labels_arg(text: str) -> tuple[str, dict[str, str]]:
     """`Kind=label=value,label=value`: the labels of a job's pods ({name}: the job's name)."""
     kind, _, labels = text.partition("=")
     pairs = [item.split("=", 1) for item in labels.split(",") if item]
@@ -280,7 +307,7 @@ def parser() -> argparse.ArgumentParser:
     parser.add_argument("--pool-label", required=True, help="the label naming a node's pool")
     parser.add_argument(
         "--job-pods",
-        type=job_pods_arg,
+        type=pod_labels_arg,
         action="append",
         required=True,
         help="Kind=label=value[,label=value]: the labels of a job's pods, {name} its name",
@@ -303,7 +330,7 @@ def main(argv: list[str] | None = None) -> int:
         )
         return 2
     try:
-        written = run(
+        written, failed = run(
             client.CoreV1Api(),
             client.CustomObjectsApi(),
             args.record_namespace,
@@ -319,7 +346,10 @@ def main(argv: list[str] | None = None) -> int:
         print(f"usagerecorder: cannot reach the API server at {host}: {reason}", file=sys.stderr)
         return 2
     print(" ".join(f"{ns}={count}" for ns, count in written.items()), flush=True)
-    return 0
+    for namespace, why in failed.items():
+        print(f"usagerecorder: namespace {namespace} not recorded: {why}", file=sys.stderr)
+    # A failed namespace fails the run, so the CronJob's Job shows it (failedJobsHistoryLimit).
+    return 1 if failed else 0
 
 
 if __name__ == "__main__":

@@ -69,11 +69,14 @@ class Recorder:
     def run(self) -> datetime:
         """One run; returns when it started."""
         started = datetime.now().astimezone()
-        done = subprocess.run(self.command, cwd=ROOT, env=self.env, capture_output=True,
-                              text=True, timeout=60)  # fmt: skip
+        done = self.process(self.command)
         assert done.returncode == 0, done.stdout + done.stderr
         assert self.api.refusals == []
         return started
+
+    def process(self, command: list[str]) -> subprocess.CompletedProcess:
+        return subprocess.run(command, cwd=ROOT, env=self.env, capture_output=True, text=True,
+                              timeout=60)  # fmt: skip
 
 
 @pytest.fixture(scope="module")
@@ -89,7 +92,8 @@ def day(dev_plan, tmp_path_factory):
     - team-a's job e: a whole gpu-small node of its own (on-demand, made 9 h ago), admitted 7 h
       ago; the usage recorder runs, then the job is deleted (its Workload with it) and the node
       goes, Kueue evicts research's c, and the recorder runs again: only its record is left of
-      e and its node, and c's ends at the eviction."""
+      e and its node, and c's ends at the eviction;
+    - team-a's job f: 4 GPUs of the gpu-small node, admitted 1 h ago, after the recorder ran."""
     api = KubeAPI(Authorizer(rbac_of(dev_plan))).start()
     served = {(k.group, k.plural): k for k in api.kinds.values()}
     for crd in [*job_crds(), *crds()]:
@@ -157,7 +161,8 @@ def day(dev_plan, tmp_path_factory):
         labels = {"training.kubeflow.org/job-name": name,
                   "training.kubeflow.org/operator-name": "pytorchjob-controller"}  # fmt: skip
         put("", "pods", namespace, {
-            "metadata": {"name": f"{name}-worker-0", "labels": labels},
+            "metadata": {"name": f"{name}-worker-0", "labels": labels,
+                         "ownerReferences": [{**owner, "blockOwnerDeletion": True}]},
             "spec": {**({"nodeName": on} if on else {}),
                      "containers": [{"name": "pytorch", "image": "x"}]},
         })  # fmt: skip
@@ -245,6 +250,9 @@ def day(dev_plan, tmp_path_factory):
     api.settle()  # the garbage collector deletes job e's Workload and pod
     assert api.read("workloads", TEAM, "pytorchjob-e", group="kueue.x-k8s.io") is None
     recorder.run()
+    # Admitted since the recorder's last run: nothing recorded of it yet.
+    job(TEAM, "f", "gpu-small", 4, "n-od", admitted=1)
+    api.settle()
     yield api
     api.stop()
 
@@ -281,6 +289,7 @@ def test_the_platform_view_counts_the_day_by_hand(day, tmp_path, monkeypatch, ca
         (ALICE_NS, "devserver", "alice"): ("list", 4 * 0.25 * 5, 0.25 * 5, 0.25 * 5 * OD),
         # Deleted with its node: from the recorder's record, 7 h to its first run.
         (TEAM, "job", "PyTorchJob/e"): ("on-demand", 4 * 7, 7, 7 * OD),
+        (TEAM, "job", "PyTorchJob/f"): ("on-demand", 4, 1, OD),
     }
     for key, want in expected.items():
         capacity, gpu_hours, node_hours, usd = want
@@ -302,17 +311,17 @@ def test_the_platform_view_counts_the_day_by_hand(day, tmp_path, monkeypatch, ca
         (r["pool"], r["capacity"], round(float(r["node_hours"]), 1)) for r in provisioned
     ) == [("cpu", "on-demand", 4.0), ("gpu-large", "spot", 6.0), ("gpu-small", "on-demand", 19.0)]
     idle = {r["pool"]: r for r in found.values() if r["what"] == "idle"}
-    # gpu-small: 19 h less job a's 8, e's 7 and alice's 1.25; gpu-large: 6 h less b's 3.5 and
-    # c's 1.5.
-    assert float(idle["gpu-small"]["node_hours"]) == pytest.approx(2.75, abs=0.02)
-    assert float(idle["gpu-small"]["usd"]) == pytest.approx(2.75 * OD, rel=0.02)
+    # gpu-small: 19 h less job a's 8, e's 7, f's 1 and alice's 1.25; gpu-large: 6 h less b's
+    # 3.5 and c's 1.5.
+    assert float(idle["gpu-small"]["node_hours"]) == pytest.approx(1.75, abs=0.02)
+    assert float(idle["gpu-small"]["usd"]) == pytest.approx(1.75 * OD, rel=0.02)
     assert float(idle["gpu-large"]["node_hours"]) == pytest.approx(1.0, abs=0.01)
     assert float(idle["gpu-large"]["usd"]) == pytest.approx(P4D_SPOT, rel=0.02)
     assert float(idle["cpu"]["node_hours"]) == pytest.approx(4, abs=0.01)
     assert float(idle["cpu"]["usd"]) == pytest.approx(4 * CPU_OD, rel=0.01)
 
 
-def test_a_member_sees_her_team_priced_at_list_and_no_other_team(
+def test_a_member_sees_her_team_priced_at_the_recorded_nodes_or_list_and_no_other_team(
     day, tmp_path, monkeypatch, capsys
 ):
     code, text = usage(day, day.member, tmp_path, monkeypatch, capsys, "--since", "1d")
@@ -328,18 +337,23 @@ def test_a_member_sees_her_team_priced_at_list_and_no_other_team(
         "NODE-H",
         "USD",
     ]
-    a = next(line.split() for line in lines if "PyTorchJob/a" in line)
-    b = next(line.split() for line in lines if "PyTorchJob/b" in line)
-    # No node to read: the pool's type at its On-Demand price, said as `list`.
+    found = {
+        name: next(line.split() for line in lines if f"PyTorchJob/{name}" in line)
+        for name in "abef"
+    }
+    # She may not read nodes: what the recorder saw them run on (a, b, and e, which is gone),
+    # or, for f, which it has not seen yet, the pool's type at its On-Demand price, as `list`.
     # The report's now is a little after the fixture's: figures within a minute's drift.
-    assert a[3:5] == ["gpu-small", "list"] and b[3:5] == ["gpu-large", "list"]
-    figures = [[float(x.replace(",", "")) for x in row[5:]] for row in (a, b)]
-    assert figures[0] == pytest.approx([32, 8, 8 * OD], rel=0.01)
-    assert figures[1] == pytest.approx([28, 3.5, 3.5 * P4D], rel=0.01)
-    # The recorder saw e's node: its record says what it was, which her rights cannot read.
-    e = next(line.split() for line in lines if "PyTorchJob/e" in line)
-    assert e[3:5] == ["gpu-small", "on-demand"]
-    assert [float(x.replace(",", "")) for x in e[5:]] == pytest.approx([28, 7, 7 * OD], rel=0.01)
+    expected = {
+        "a": ("gpu-small", "on-demand", [32, 8, 8 * OD]),
+        "b": ("gpu-large", "spot", [28, 3.5, 3.5 * P4D_SPOT]),
+        "e": ("gpu-small", "on-demand", [28, 7, 7 * OD]),
+        "f": ("gpu-small", "list", [4, 1, OD]),
+    }
+    for name, (pool, capacity, figures) in expected.items():
+        row = found[name]
+        assert row[3:5] == [pool, capacity], name
+        assert [float(x.replace(",", "")) for x in row[5:]] == pytest.approx(figures, rel=0.01)
     assert "PyTorchJob/c" not in text  # research's
     assert not any(line.split()[1:2] in (["idle"], ["nodes"]) for line in lines)
     assert "nodes not readable with these rights" in text
@@ -356,7 +370,7 @@ def test_json_holds_the_same_lines_and_says_what_priced_them(day, tmp_path, monk
     assert parse_timestamp(report["until"]) - parse_timestamp(report["since"]) == timedelta(days=7)
     assert {(r["team"], r["name"]) for r in report["lines"] if r["what"] == "job"} == {
         (TEAM, "PyTorchJob/a"), (TEAM, "PyTorchJob/b"), (OTHER, "PyTorchJob/c"),
-        (OTHER, "PyTorchJob/d"), (TEAM, "PyTorchJob/e")}  # fmt: skip
+        (OTHER, "PyTorchJob/d"), (TEAM, "PyTorchJob/e"), (TEAM, "PyTorchJob/f")}  # fmt: skip
 
 
 def records(api, namespace: str) -> dict[str, dict]:
@@ -411,3 +425,20 @@ def test_a_member_reads_her_teams_records_and_can_change_none(day, tmp_path):
         with pytest.raises(k8s_client.ApiException) as refused:
             attempt()
         assert refused.value.status == 403
+
+
+def test_a_namespace_the_recorder_may_not_read_fails_the_run_and_no_other(day):
+    """A team namespace whose RBAC is not there yet (a team added, its Role not applied): that
+    namespace is named and the run fails, and the others are recorded all the same."""
+    recorder = day.recorder
+    command = [a for a in recorder.command if not a.startswith("--namespaces=")]
+    before = records(day, TEAM)
+    done = recorder.process([*command, f"--namespaces={ALICE_NS},{TEAM}"])
+    refused = list(day.refusals)
+    day.refusals.clear()
+    assert done.returncode == 1, done.stdout + done.stderr
+    assert done.stderr.startswith(f"usagerecorder: namespace {ALICE_NS} not recorded: 403 ")
+    assert "Traceback" not in done.stderr and any(ALICE_NS in r for r in refused)
+    # team-a was recorded all the same: job f, admitted since the last run, is in it now.
+    after = records(day, TEAM)
+    assert set(after) > set(before) and "PyTorchJob/f" in {r["job"] for r in after.values()}

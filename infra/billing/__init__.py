@@ -7,5 +7,8 @@ from infra.core.facts import Integration
 # The packages of infra this one may import, besides itself (tests/e2e/test_layers.py).
 INPUTS = ("core", "images")
 BILLING = Integration(
-    "billing", kinds=facts.KINDS, holders=facts.HOLDERS, day_two=(day_two.activation,)
+    "billing",
+    kinds=facts.KINDS,
+    holders=facts.HOLDERS,
+    day_two=(day_two.activation, day_two.recorder_rights),
 )

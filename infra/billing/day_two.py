@@ -6,6 +6,9 @@ CostAllocationTag: "it can take up to 24 hours for the tag keys to appear")."""
 from infra.billing.facts import COST_ALLOCATION_TAG
 from infra.core.change import CREATE, DELETE, Change
 
+CRONJOB = "kubernetes:batch/v1:CronJob"
+RECORDER = "usage-recorder"
+
 
 def activation(change: Change) -> None:
     steps = [s for s in change.steps if s.type == COST_ALLOCATION_TAG]
@@ -22,4 +25,16 @@ def activation(change: Change) -> None:
             f"billing: {', '.join(dropped)} leave the stack but stay active (retainOnDelete: "
             "other stacks billed to the payer may use them); deactivate them in the Billing "
             "console if none does"
+        )
+
+
+def recorder_rights(change: Change) -> None:
+    """The usage recorder's first `pulumi up` grants rights a reviewer should see in the plan:
+    its own, and the team members' read of their namespace's ConfigMaps, where its records go."""
+    if any(s.op == CREATE and s.type == CRONJOB and s.name == RECORDER for s in change.steps):
+        change.found.notes.append(
+            "billing: the usage recorder starts (a CronJob, every 5 minutes): it may list nodes "
+            "cluster-wide, list Workloads and pods and write ConfigMaps in each team namespace, "
+            "and keeps the node records in namespace usage-records; team members may now read "
+            "the ConfigMaps of their own namespace, where the records of their jobs go"
         )

@@ -259,7 +259,10 @@ def test_the_import_check_sees_imports_for_typing_and_inside_functions(tmp_path)
 # the image.
 BUMPS = {
     "karpenter": ("KARPENTER_CHART", {"gpuwatch/watcher.py"}),
-    "kueue": ("KUEUE_CHART", {"trainer/cluster_copy.py", "devservers/job_status.py"}),
+    "kueue": (
+        "KUEUE_CHART",
+        {"trainer/cluster_copy.py", "devservers/job_status.py", "usagerecorder/recorder.py"},
+    ),
 }
 
 

@@ -21,6 +21,11 @@ COMMANDS = {
         "-m", "gpuwatch.watcher", "--pools", "gpu-small", "--node-selector", "gpu=true",
         "--timeout-seconds", "600", "--max-deletions", "1",
     ],
+    "usagerecorder.recorder": [
+        "-m", "usagerecorder.recorder", "--record-namespace", "usage-records",
+        "--namespaces", "team-a", "--pool-label", "pool", "--job-pods", "PyTorchJob=a={name}",
+        "--keep-days", "35",
+    ],
     "devctl": ["-m", "devservers.cli", "list", "-n", "dev-alice"],
     "trainer.fetch": [
         "-m", "trainer.fetch", "/efs/checkpoints/job", "--namespace", "team-a", "--image", IMAGE,

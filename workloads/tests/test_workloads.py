@@ -329,6 +329,9 @@ def test_bad_jobs_are_config_errors(changes, key_path, message):
 
 
 def test_local_twin_runs_the_jobs_own_arguments(tmp_path):
+    """The command `make job-local` runs: the job's arguments with the steps replaced. The docs'
+    example (docs/users/jobs.md, `make job-local JOB=smoke-cpu STEPS=20`) runs it to the end
+    under tests/e2e/test_docs_examples.py."""
     config = parse_stack_config(stack_values("dev"), "Pulumi.dev.yaml")
     (job,) = [j for j in config.jobs if j.name == "smoke-cpu"]
     command = local_command(list(job.args), nproc=2, steps=3, checkpoint=tmp_path / "ckpt")
@@ -340,17 +343,7 @@ def test_local_twin_runs_the_jobs_own_arguments(tmp_path):
         "--checkpoint-dir",
         str(tmp_path / "ckpt"),
     ]
-    result = subprocess.run(
-        [sys.executable, "-m", "workloads.local", "smoke-cpu", "--steps", "3"]
-        + ["--checkpoint-dir", str(tmp_path / "local")],
-        cwd=ROOT,
-        capture_output=True,
-        text=True,
-        timeout=180,
-    )
-    assert result.returncode == 0, result.stderr[-2000:]
-    done = json.loads(next(line for line in result.stdout.splitlines() if '"done"' in line))
-    assert done["step"] == 3 and len(done["param_digests"]) == 2
+    assert "--nproc-per-node=2" in command
 
 
 def test_local_twin_names_the_jobs_there_are():

@@ -107,6 +107,12 @@ def test_turning_it_off_deletes_the_node_records_and_is_refused_until_acknowledg
     found = consequences(plan_steps(base, off), config, "prod", None, None)
     assert any(USAGE_RECORDS in r and r.startswith("data-loss") for r in found.refusals)
     assert any("usage recorder's node records" in line for line in found.losses)
+    # Turned on (as on a stack from before it): the plan names the rights it grants.
+    config = parse_stack_config(stack_values("prod"), "x")
+    found = consequences(plan_steps(off, base), config, "prod", None, None)
+    (note,) = [n for n in found.notes if n.startswith("billing: the usage recorder starts")]
+    assert "team members may now read the ConfigMaps of their own namespace" in note
+    assert not found.refusals
 
 
 @pytest.mark.parametrize(
