@@ -75,6 +75,12 @@ system-packages:
 	@bash tools/system-packages.sh
 
 ## test: lint, the strict docs build and the whole offline test suite
+# The suite starts hundreds of Python processes (the CLIs, torchrun's workers, the recorder...):
+# each reuses its modules' bytecode, and each pytest worker its rewritten test modules, instead
+# of compiling them again, also where the environment turns the cache off
+# (PYTHONDONTWRITEBYTECODE, set on the machine this was measured on). The caches go to the
+# __pycache__ folders git ignores.
+test: export PYTHONDONTWRITEBYTECODE :=
 test: $(VENV)/.installed system-packages lint docs
 	$(PY) -m pytest
 

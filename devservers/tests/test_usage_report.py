@@ -321,6 +321,31 @@ def test_the_platform_view_counts_the_day_by_hand(day, tmp_path, monkeypatch, ca
     assert float(idle["cpu"]["usd"]) == pytest.approx(4 * CPU_OD, rel=0.01)
 
 
+def test_the_docs_show_the_days_report_as_it_prints(day, tmp_path, monkeypatch, capsys):
+    code, text = usage(day, ADMIN, tmp_path, monkeypatch, capsys, "-A", "--since", "1d")
+    assert code == 0, text
+    page = (ROOT / "docs" / "platform" / "capacity-and-cost.md").read_text()
+    shown = page.split("```text\nTEAM ")[1].split("```")[0]
+    printed = text.split("TEAM ", 1)[1].split("\n2026-")[0]
+
+    def rows(table: str) -> dict[str, list[str]]:
+        found = {}
+        for line in ("TEAM " + table).strip().splitlines():
+            words = [w for w in line.split() if not re.fullmatch(r"[\d,.]+|-", w)]
+            found[" ".join(words)] = [w for w in line.split() if w not in words]
+        return found
+
+    shown, printed = rows(shown), rows(printed)
+    assert list(shown) == list(printed)
+    for name, figures in printed.items():
+        for want, got in zip(shown[name], figures, strict=True):
+            if want == "-" or got == "-":
+                assert want == got, name
+            else:  # the report's now moves on from the fixture's: a minute's drift
+                number = float(got.replace(",", ""))
+                assert float(want.replace(",", "")) == pytest.approx(number, abs=0.05, rel=0.01)
+
+
 def test_a_member_sees_her_team_priced_at_the_recorded_nodes_or_list_and_no_other_team(
     day, tmp_path, monkeypatch, capsys
 ):
