@@ -325,7 +325,7 @@ def test_the_docs_show_the_days_report_as_it_prints(day, tmp_path, monkeypatch, 
     code, text = usage(day, ADMIN, tmp_path, monkeypatch, capsys, "-A", "--since", "1d")
     assert code == 0, text
     page = (ROOT / "docs" / "platform" / "capacity-and-cost.md").read_text()
-    shown = page.split("```text\nTEAM ")[1].split("```")[0]
+    shown = page.split("$ .venv/bin/devctl usage -A --since 1d\nTEAM ")[1].split("```")[0]
     printed = text.split("TEAM ", 1)[1].split("\n2026-")[0]
 
     def rows(table: str) -> dict[str, list[str]]:
