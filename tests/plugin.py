@@ -3,9 +3,11 @@ namespaces for tests that run real WireGuard, and the dev stack's DevServers on 
 Kubernetes API."""
 
 import copy
+import hashlib
 import inspect
 import json
 import os
+import pickle
 import shutil
 import subprocess
 import sys
@@ -37,12 +39,24 @@ NO_DEV_SERVERS = {"enabled": False, "flavors": [], "users": []}
 SUITE_PLAN_DAY = "2026-11-28"
 
 
+# Where the plans of this run are shared between the xdist workers (plan_of): made by the process
+# that starts them, which they inherit it from, and removed when the run ends.
+PLANS_VARIABLE = "TRAINING_PLATFORM_TEST_PLANS"
+
+
 def pytest_configure(config: pytest.Config) -> None:
     os.environ[PLAN_DAY_VARIABLE] = SUITE_PLAN_DAY
+    if not hasattr(config, "workerinput"):  # the controller, or a run without workers
+        os.environ[PLANS_VARIABLE] = tempfile.mkdtemp(prefix="tp-plans-")
     for level in LEVELS:
         config.addinivalue_line("markers", f"{level}: a test of the {level} level")
     for package in PACKAGES_WITH_TESTS:
         config.addinivalue_line("markers", f"{package}: a test beside {package}")
+
+
+def pytest_unconfigure(config: pytest.Config) -> None:
+    if not hasattr(config, "workerinput"):
+        shutil.rmtree(os.environ.pop(PLANS_VARIABLE, ""), ignore_errors=True)
 
 
 def pytest_xdist_auto_num_workers(config: pytest.Config) -> int:
@@ -166,12 +180,26 @@ _PLANS: dict[str, Plan] = {}
 
 def plan_of(stack: str, **sections: Any) -> Plan:
     """Offline plan of `stack`, optionally with config sections patched (camelCase keys). A
-    config planned before in this process is not planned again: the caller gets a copy."""
+    config planned before in this run, by this process or another worker, is not planned again
+    (a plan takes 2-3 s of CPU; the suite asks for the same ones in several workers): the caller
+    gets a copy."""
     values = stack_values(stack, **sections)
-    key = json.dumps([stack, values], sort_keys=True, default=str)
+    # The plan's day is the environment's (a test may move it): part of what was planned.
+    day = os.environ.get(PLAN_DAY_VARIABLE)
+    key = json.dumps([stack, values, day], sort_keys=True, default=str)
     if key not in _PLANS:
-        config = parse_stack_config(values, f"Pulumi.{stack}.yaml")
-        _PLANS[key] = run_offline(lambda: build_platform(config), stack, values)
+        shared = os.environ.get(PLANS_VARIABLE)
+        stored = Path(shared or ".") / f"{hashlib.sha256(key.encode()).hexdigest()}.pickle"
+        if shared and stored.exists():
+            _PLANS[key] = pickle.loads(stored.read_bytes())
+        else:
+            config = parse_stack_config(values, f"Pulumi.{stack}.yaml")
+            _PLANS[key] = run_offline(lambda: build_platform(config), stack, values)
+        if shared and not stored.exists():
+            # Written whole, then renamed: a worker reading it never sees half a plan.
+            partial = stored.with_suffix(f".{os.getpid()}")
+            partial.write_bytes(pickle.dumps(_PLANS[key]))
+            partial.replace(stored)
     return copy.deepcopy(_PLANS[key])
 
 
