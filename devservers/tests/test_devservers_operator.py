@@ -10,6 +10,8 @@ import os
 import shutil
 import subprocess
 import sys
+import time
+from collections import Counter
 from dataclasses import replace
 from datetime import UTC, datetime, timedelta
 from functools import cached_property
@@ -258,12 +260,21 @@ def run_in_pod(world: World, *commands: list[str]) -> list[subprocess.Popen]:
 
 @pytest.fixture
 def in_pod(world):
-    """run_in_pod for a test: what it starts is killed when the test ends."""
+    """run_in_pod for a test, returning once the pod shows each command's program (the kubelet
+    enters the pod's namespaces first: measured before, it was not yet there, seen once in a
+    loaded suite); what it starts is killed when the test ends."""
     started = []
 
     def start(*commands: list[str]) -> list[subprocess.Popen]:
+        pod = world.api.read("pods", "dev-alice", "box-0")
         new = run_in_pod(world, *commands)
         started.extend(new)
+        # /proc/<pid>/stat's name: the program's file name, cut to 15 characters.
+        wanted = Counter(Path(command[0]).name[:15] for command in commands)
+        deadline = time.monotonic() + 30
+        while Counter(world.api.runtime.processes(pod)) & wanted != wanted:
+            assert time.monotonic() < deadline, (wanted, world.api.runtime.processes(pod))
+            time.sleep(0.05)
         return new
 
     yield start
