@@ -8,7 +8,7 @@ import pulumi_aws as aws
 
 from devservers.api import OWNER_LABEL
 from devservers.component import DevServers
-from devservers.job_status import KINDS as JOB_KINDS
+from devservers.usage_report import POD_LABELS as JOB_POD_LABELS
 from infra.billing.cost_allocation import CostAllocationTags
 from infra.billing.usage_recorder import UsageRecorder
 from infra.core.catalog import load_prices
@@ -94,7 +94,7 @@ def build_platform(config: StackConfig) -> None:
             "usage-recorder",
             config.billing,
             {t.namespace_name: queues.namespaces[t.name] for t in config.queues.teams},
-            {kind.kind: kind.pod_labels("{name}") for kind in JOB_KINDS},
+            JOB_POD_LABELS,
             base.platform,
             [kueue.release, *base.node_pools.node_pools.values()],
         )

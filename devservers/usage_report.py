@@ -61,7 +61,7 @@ from usagerecorder.records import (
     CAPACITY_TYPE_LABEL,
     INSTANCE_TYPE_LABEL,
     ON_DEMAND,
-    admission_key,
+    current_key,
     entries,
     job_pods,
     labels,
@@ -69,8 +69,11 @@ from usagerecorder.records import (
 )
 
 SPOT = "spot"
-# Per job kind, the labels its operator puts on the job's pods (`{name}`: the job's name).
-JOB_POD_LABELS = {kind.kind: kind.pod_labels("{name}") for kind in JOB_KINDS}
+# Per job kind, the labels its operator puts on the job's pods, `{name}` for the job's name: what
+# the usage recorder is given (--job-pods, deploy/program.py) and what this report matches pods
+# by (usagerecorder/records.py job_pods). Here, not in job_status.py, which the operator's image
+# holds: it has no use for it.
+POD_LABELS = {kind.kind: kind.pod_labels("{name}") for kind in JOB_KINDS}
 GIB = 2**30
 
 
@@ -149,15 +152,6 @@ def admitted_hours(
     return total
 
 
-def _current_key(workload: dict) -> str | None:
-    """The record key (usagerecorder/records.py) of the admission that holds quota now."""
-    if not is_true(workload, "Admitted"):
-        return None
-    return admission_key(
-        workload["metadata"]["uid"], condition(workload, "Admitted")["lastTransitionTime"]
-    )
-
-
 def jobs(
     workloads: list[dict],
     pods: list[dict],
@@ -171,7 +165,7 @@ def jobs(
     the usage recorder kept from its record (`maps`), and of Kueue's sum of a Workload's earlier
     admissions what the recorder did not keep."""
     recorded = {key: record for _, key, record in entries(maps)}
-    current = {key for w in workloads if (key := _current_key(w))}
+    current = {key for w in workloads if (key := current_key(w))}
     kept_s: dict[str, float] = {}
     for key, record in recorded.items():
         if key not in current:
@@ -236,9 +230,9 @@ def job_lines(
         spent = admitted_hours(workload, since, until, past_s)
         if not admission or not spent:
             continue
-        on = [nodes[p["spec"]["nodeName"]] for p in job_pods(workload, pods, JOB_POD_LABELS)
+        on = [nodes[p["spec"]["nodeName"]] for p in job_pods(workload, pods, POD_LABELS)
               if p.get("spec", {}).get("nodeName") in nodes]  # fmt: skip
-        record = recorded.get(_current_key(workload) or "", {})
+        record = recorded.get(current_key(workload) or "", {})
         was = {p["name"]: p for p in record.get("podSets") or []}
         for assignment in admission["podSetAssignments"]:
             pool = next(iter((assignment.get("flavors") or {}).values()), "")
@@ -268,7 +262,7 @@ def recorded_job_lines(
 ) -> list[Line]:
     """The usage recorder's admissions (usagerecorder/records.py) but those that hold quota now
     (`current`, which job_lines counts), one line per job and pod set's pool and capacity."""
-    found: dict[tuple, Line] = {}
+    found: dict[tuple, list[Line]] = {}
     for meta, key, record in entries(maps):
         spent = hours_between(parse_timestamp(record["from"]), parse_timestamp(record["to"]),
                               since, until)  # fmt: skip
@@ -279,9 +273,8 @@ def recorded_job_lines(
             line = _pod_set_line(meta["namespace"], record["job"], pod_set["pool"],
                                  pod_set["usage"], kinds, set(pod_set["capacities"]), spent,
                                  pricing)  # fmt: skip
-            where = (line.team, line.name, line.pool, line.capacity)
-            found[where] = _sum(found[where], line) if where in found else line
-    return list(found.values())
+            found.setdefault((line.team, line.name, line.pool, line.capacity), []).append(line)
+    return [_summed(lines) for lines in found.values()]
 
 
 def devserver_lines(
@@ -440,24 +433,20 @@ def notes(meta: dict) -> list[str]:
 
 
 def _total(lines: list[Line], team: str, name: str) -> Line:
+    return _summed(lines, team=team, what="", name=name, pool="", capacity="")
+
+
+def _summed(lines: list[Line], **fields) -> Line:
+    """The first line with the hours and dollars of all (no dollars if none is priced), and
+    `fields` set."""
     priced = [line.usd for line in lines if line.usd is not None]
-    return Line(
-        team,
-        "",
-        name,
-        "",
-        "",
-        sum(line.gpu_hours for line in lines),
-        sum(line.node_hours for line in lines),
-        sum(priced) if priced else None,
+    return replace(
+        lines[0],
+        gpu_hours=sum(line.gpu_hours for line in lines),
+        node_hours=sum(line.node_hours for line in lines),
+        usd=sum(priced) if priced else None,
+        **fields,
     )
-
-
-def _sum(a: Line, b: Line) -> Line:
-    """Line `a` with `b`'s hours and dollars added."""
-    usd = None if a.usd is None and b.usd is None else (a.usd or 0) + (b.usd or 0)
-    return replace(a, gpu_hours=a.gpu_hours + b.gpu_hours, node_hours=a.node_hours + b.node_hours,
-                   usd=usd)  # fmt: skip
 
 
 def _row(line: Line) -> list[str]:

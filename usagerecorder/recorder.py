@@ -47,8 +47,10 @@ from usagerecorder.records import (
     NODE_MAP,
     ON_DEMAND,
     RECORD_LABEL,
-    admission_key,
+    admitted_now,
+    condition,
     controller,
+    current_key,
     entries,
     job_pods,
     labels,
@@ -59,11 +61,6 @@ from usagerecorder.records import (
 )
 
 WORKLOADS = ("kueue.x-k8s.io", "v1beta2", "workloads")
-
-
-def _condition(obj: dict, kind: str) -> dict | None:
-    found = ((obj.get("status") or {}).get("conditions")) or []
-    return next((c for c in found if c.get("type") == kind), None)
 
 
 def node_records(nodes: Iterable[dict], pool_label: str, now: datetime) -> dict[str, dict]:
@@ -96,11 +93,11 @@ def job_records(
     until the job finished: Kueue leaves Admitted True beside Finished)."""
     found = {}
     for workload in workloads:
-        admitted = _condition(workload, "Admitted")
+        admitted = admitted_now(workload)
         admission = (workload.get("status") or {}).get("admission")
-        if not admitted or admitted.get("status") != "True" or not admission:
+        if admitted is None or not admission:
             continue
-        finished = _condition(workload, "Finished")
+        finished = condition(workload, "Finished")
         done = finished is not None and finished.get("status") == "True"
         on = [nodes[p["spec"]["nodeName"]] for p in job_pods(workload, pods, pod_labels)
               if (p.get("spec") or {}).get("nodeName") in nodes]  # fmt: skip
@@ -118,7 +115,7 @@ def job_records(
                 }
             )
         owner = controller(workload)
-        found[admission_key(workload["metadata"]["uid"], admitted["lastTransitionTime"])] = {
+        found[current_key(workload)] = {
             "workload": workload["metadata"]["name"],
             "job": f"{owner['kind']}/{owner['name']}" if owner else workload["metadata"]["name"],
             "podSets": pod_sets,
@@ -132,7 +129,7 @@ def job_records(
 def close(record: dict, workload: dict | None) -> dict:
     """A record that was open at the last run and whose admission or node is gone: it ends when
     Kueue took the quota back, if the Workload says so, else at the run that last saw it."""
-    ended = _condition(workload, "Admitted") if workload else None
+    ended = condition(workload, "Admitted")
     if ended and ended.get("status") == "False":
         at = stamp(parse(ended["lastTransitionTime"]))
         if at >= record["from"]:
@@ -213,13 +210,6 @@ def expired(maps: list[dict], oldest: datetime) -> list[str]:
     return sorted(n for n, found in ends.items() if not any(o or to >= cutoff for o, to in found))
 
 
-def read_maps(core: client.CoreV1Api, namespace: str, kind: str) -> list[dict]:
-    found = core.list_namespaced_config_map(
-        namespace, label_selector=f"{RECORD_LABEL}={kind}", _preload_content=False
-    )
-    return json.loads(found.data)["items"]
-
-
 def record(
     core: client.CoreV1Api,
     namespace: str,
@@ -230,7 +220,9 @@ def record(
 ) -> int:
     """Fold what this run saw into the namespace's maps of `kind`; returns the records written."""
     prefix = NODE_MAP if kind == "nodes" else JOB_MAP
-    maps = read_maps(core, namespace, kind)
+    maps = _list(
+        core.list_namespaced_config_map, namespace, label_selector=f"{RECORD_LABEL}={kind}"
+    )
     updates, new = merged(records_of(maps), current, workloads)
     existing = {m["metadata"]["name"] for m in maps}
     writes = {name: {k: json.dumps(r, sort_keys=True) for k, r in found.items()}
@@ -250,8 +242,9 @@ def record(
     return sum(len(data) for data in writes.values())
 
 
-def _list(call, *args) -> list[dict]:
-    return json.loads(call(*args, _preload_content=False).data)["items"]
+def _list(call, *args, **kwargs) -> list[dict]:
+    """The items of a list call, as the API server sent them (dicts, not the client's models)."""
+    return json.loads(call(*args, **kwargs, _preload_content=False).data)["items"]
 
 
 def run(

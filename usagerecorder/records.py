@@ -53,10 +53,25 @@ def job_pods(workload: dict, pods: list[dict], pod_labels: dict[str, dict[str, s
     return [p for p in pods if wanted.items() <= labels(p).items() and controller(p)]
 
 
-def admission_key(uid: str, admitted_at: str) -> str:
-    """A job record's key: its Workload's uid and when the admission began (the Admitted
-    condition's lastTransitionTime), in seconds since the epoch."""
-    return f"{uid}.{int(parse(admitted_at).timestamp())}"
+def condition(obj: dict | None, kind: str) -> dict | None:
+    found = ((obj or {}).get("status") or {}).get("conditions") or []
+    return next((c for c in found if c.get("type") == kind), None)
+
+
+def admitted_now(workload: dict) -> dict | None:
+    """The Admitted condition of a Workload that holds quota now, or held it until its job
+    finished (Kueue leaves Admitted True beside Finished)."""
+    admitted = condition(workload, "Admitted")
+    return admitted if admitted and admitted.get("status") == "True" else None
+
+
+def current_key(workload: dict) -> str | None:
+    """The record key of the Workload's admission that holds quota now: its uid and when the
+    admission began (the Admitted condition's lastTransitionTime), in seconds since the epoch."""
+    admitted = admitted_now(workload)
+    if admitted is None:
+        return None
+    return f"{workload['metadata']['uid']}.{int(parse(admitted['lastTransitionTime']).timestamp())}"
 
 
 def workload_uid(key: str) -> str:
